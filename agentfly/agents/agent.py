@@ -1,0 +1,93 @@
+"""``Agent``: a model with its chat template, tools, tool-call parser, reward and limits.
+
+    agent = af.Agent(model="runs/tiny", tools=[calculator], reward=math_equal, parser="hermes", max_turns=4)
+    trajectories = agent.run_sync(samples, group_size=4, sampling=af.Sampling(temperature=1.0))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from agentfly.agents.parsers import Parser, get_parser
+from agentfly.context import ResourceProvider
+from agentfly.engines.base import Engine, Sampling
+from agentfly.rewards.reward import Reward, make_reward
+from agentfly.rollout.loop import RolloutRunner
+from agentfly.rollout.trajectory import Trajectory
+from agentfly.tools.tool import Tool, make_tool
+
+ENGINES = ("hf", "vllm")
+
+
+def build_engine(model: str | os.PathLike[str], engine: str, **kwargs: Any) -> Engine:
+    """Load ``model`` (a local directory) into the named engine."""
+    if engine == "hf":
+        from agentfly.engines.hf import HFEngine
+
+        return HFEngine(model, **kwargs)
+    if engine == "vllm":
+        from agentfly.engines.vllm import VLLMEngine
+
+        return VLLMEngine(model, **kwargs)
+    raise ValueError(f"unknown engine {engine!r}; choose one of {ENGINES}")
+
+
+class Agent:
+    """model: a local model directory, or an ``Engine`` already built (e.g. the trainer's).
+    tools: ``@tool`` objects (plain functions are wrapped). reward: a ``@reward`` (or plain function).
+    parser: ``"hermes"``, ``"react"`` or a ``Parser``. max_turns: assistant turns per rollout.
+    max_length: the most tokens in a trajectory (defaults to the engine's context length).
+    resources: the job's ``ResourceEngine`` for tools that declare ``resource=``.
+    max_concurrency: rollouts in flight at once (with the pool limits, this bounds memory).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | Engine,
+        tools: Sequence[Tool | Callable[..., Any]] = (),
+        reward: Reward | Callable[..., Any] | None = None,
+        parser: str | Parser = "hermes",
+        max_turns: int = 4,
+        engine: str = "hf",
+        system_prompt: str | None = None,
+        max_length: int | None = None,
+        resources: ResourceProvider | None = None,
+        max_concurrency: int | None = None,
+        engine_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if isinstance(model, Engine):
+            self.engine = model
+            self.model_name = getattr(model, "model_name", None)
+        else:
+            self.engine = build_engine(model, engine, **dict(engine_kwargs or {}))
+            self.model_name = os.fspath(model)
+        self.tools: dict[str, Tool] = {}
+        for t in tools:
+            t = t if isinstance(t, Tool) else make_tool(t)
+            if t.name in self.tools:
+                raise ValueError(f"two tools are named {t.name!r}; give one a different name with @tool(name=...)")
+            self.tools[t.name] = t
+        self.reward = make_reward(reward) if reward is not None else None
+        self.parser = get_parser(parser)
+        self.max_concurrency = max_concurrency
+        self.runner = RolloutRunner(
+            engine=self.engine, tools=self.tools, parser=self.parser, reward=self.reward, max_turns=max_turns,
+            max_length=max_length, system_prompt=system_prompt, resources=resources, model_name=self.model_name,
+        )
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    async def run(self, samples: Sequence[Mapping[str, Any]], group_size: int = 1,
+                  sampling: Sampling | None = None) -> list[Trajectory]:
+        """Roll out ``group_size`` trajectories per sample, concurrently; ordered sample by sample."""
+        return await self.runner.run(samples, group_size, sampling or Sampling(), self.max_concurrency)
+
+    def run_sync(self, samples: Sequence[Mapping[str, Any]], group_size: int = 1,
+                 sampling: Sampling | None = None) -> list[Trajectory]:
+        """``run`` for code that is not async (starts and closes an event loop)."""
+        return asyncio.run(self.run(samples, group_size, sampling))

@@ -1,0 +1,77 @@
+"""The context layer: ``RolloutContext`` carries one rollout's task sample, ids, injected information and
+the resources it holds.
+
+Tools and rewards receive it by declaring a ``context`` parameter. ``await context.resource(name)``
+acquires the named resource from the job's ``ResourceEngine`` on first use and returns the same instance on
+every later turn of this rollout; ``aclose()`` (run by the rollout loop in ``finally``) releases them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class ResourceProvider(Protocol):
+    """What the context needs from a resource engine (``agentfly.resources.ResourceEngine``)."""
+
+    async def acquire(self, name: str, *, owner: str | None = None, timeout: float | None = None) -> Any:
+        """Return a lease whose ``.instance`` is the resource."""
+
+    async def release(self, lease: Any, *, healthy: bool = True) -> None: ...
+
+
+class NoResourceEngine(RuntimeError):
+    pass
+
+
+@dataclass
+class RolloutContext:
+    sample: dict[str, Any]
+    rollout_id: str
+    group_id: str
+    resources: ResourceProvider | None = None
+    info: dict[str, Any] = field(default_factory=dict)  # injected per-rollout information (e.g. a variation)
+    _leases: dict[str, Any] = field(default_factory=dict, repr=False)
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict, repr=False)
+    _unhealthy: set[str] = field(default_factory=set, repr=False)
+
+    async def resource(self, name: str, timeout: float | None = None) -> Any:
+        """The instance of resource ``name`` this rollout holds, acquiring it on first use."""
+        if name in self._leases:
+            return self._leases[name].instance
+        if self.resources is None:
+            raise NoResourceEngine(
+                f"resource {name!r} was requested but this rollout has no ResourceEngine; "
+                "pass resources=ResourceEngine([...]) to the Agent"
+            )
+        # Two tool calls of one turn may ask at once: only one acquires, the other waits for it.
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            if name not in self._leases:
+                self._leases[name] = await self.resources.acquire(name, owner=self.rollout_id, timeout=timeout)
+        return self._leases[name].instance
+
+    def holds(self, name: str) -> bool:
+        return name in self._leases
+
+    def mark_unhealthy(self, name: str) -> None:
+        """Ask for the instance to be destroyed, not reset, when the rollout releases it."""
+        self._unhealthy.add(name)
+
+    async def aclose(self) -> None:
+        """Release every resource this rollout holds, even if some releases fail."""
+        leases, self._leases = self._leases, {}
+        errors = []
+        for name, lease in leases.items():
+            try:
+                assert self.resources is not None
+                await self.resources.release(lease, healthy=name not in self._unhealthy)
+            except Exception as exc:  # keep releasing the others
+                errors.append(f"{name}: {exc}")
+        if errors:
+            raise RuntimeError("releasing resources failed: " + "; ".join(errors))
+
+
+__all__ = ["NoResourceEngine", "ResourceProvider", "RolloutContext"]

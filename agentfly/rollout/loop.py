@@ -1,0 +1,237 @@
+"""The async multi-turn agent loop.
+
+Each rollout is an explicit state machine, one handler per state:
+
+    GENERATE -> (no tool call) ............................................ DONE
+             -> PARSE -> TOOLS (concurrently) -> OBSERVE -> GENERATE ...
+             -> turn limit / context length .................................. DONE
+    DONE -> REWARD (runs as soon as this rollout ends, while others still generate)
+
+Many rollouts run as asyncio tasks against one engine, which batches their generation requests. Token ids
+are appended, never re-derived from text; the loss mask is written as each token is appended (1 for
+sampled tokens, 0 for prompt, observations and template glue). Every exit path releases the rollout's
+resources (``finally``), including cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentfly.agents.parsers import Parser, ParseResult, ToolCall
+from agentfly.context import ResourceProvider, RolloutContext
+from agentfly.engines.base import Engine, Generation, Sampling
+from agentfly.rewards.reward import Reward
+from agentfly.rollout.render import ChatRenderer
+from agentfly.rollout.trajectory import ToolCallRecord, Trajectory, Turn
+from agentfly.tools.tool import Tool, ToolResult
+
+
+class State(enum.Enum):
+    GENERATE = "generate"
+    TOOLS = "tools"
+    DONE = "done"
+
+
+def initial_messages(sample: Mapping[str, Any], system_prompt: str | None) -> list[dict[str, Any]]:
+    """The conversation a rollout starts from: ``messages``, or a user turn from ``question``/``prompt``."""
+    if "messages" in sample:
+        messages = [dict(m) for m in sample["messages"]]
+    else:
+        text = sample.get("question", sample.get("prompt"))
+        if not isinstance(text, str):
+            raise ValueError(
+                f"a task sample needs 'messages' (a chat) or 'question'/'prompt' (a string); got keys {sorted(sample)}"
+            )
+        messages = [{"role": "user", "content": text}]
+    if system_prompt and not (messages and messages[0]["role"] == "system"):
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
+def turn_seed(base: int | None, rollout_index: int, turn: int) -> int | None:
+    """A distinct, reproducible sampler seed per (rollout, turn)."""
+    if base is None:
+        return None
+    return (base * 1_000_003 + rollout_index * 7919 + turn * 104_729) % (2**63 - 1)
+
+
+@dataclass
+class _Rollout:
+    """The mutable state of one rollout while it runs."""
+
+    traj: Trajectory
+    ctx: RolloutContext
+    messages: list[dict[str, Any]]
+    index: int
+    turn: int = 0
+    last: Generation | None = None
+    parsed: ParseResult | None = None
+    pending_messages: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class RolloutRunner:
+    """Runs rollouts of one agent configuration. Built by ``Agent``; usable on its own."""
+
+    engine: Engine
+    tools: Mapping[str, Tool]
+    parser: Parser
+    reward: Reward | None = None
+    max_turns: int = 4
+    max_length: int | None = None
+    system_prompt: str | None = None
+    resources: ResourceProvider | None = None
+    model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        self.renderer = ChatRenderer(self.engine.tokenizer, [t.schema for t in self.tools.values()] or None)
+        limit = self.engine.max_model_len
+        self.max_length = min(self.max_length or limit, limit)
+
+    # ------------------------------------------------------------------ one rollout
+    async def run_one(
+        self, sample: Mapping[str, Any], sampling: Sampling, *, index: int = 0, group_id: str | None = None,
+        rollout_id: str | None = None, info: Mapping[str, Any] | None = None,
+    ) -> Trajectory:
+        rollout_id = rollout_id or uuid.uuid4().hex[:12]
+        group_id = group_id or rollout_id
+        traj = Trajectory(sample=dict(sample), rollout_id=rollout_id, group_id=group_id,
+                          temperature=sampling.temperature, model=self.model_name)
+        ctx = RolloutContext(sample=dict(sample), rollout_id=rollout_id, group_id=group_id,
+                             resources=self.resources, info=dict(info or {}))
+        r = _Rollout(traj, ctx, [], index)
+        started = time.perf_counter()
+        try:
+            r.messages = initial_messages(sample, self.system_prompt)
+            traj.extend_prompt(self.renderer.prompt_ids(r.messages))
+            traj.prompt_length = len(traj.token_ids)
+            step = State.GENERATE
+            if traj.prompt_length >= self.max_length:
+                traj.finish_reason = "length"
+                step = State.DONE
+            while step is not State.DONE:
+                step = await (self._generate(r, sampling) if step is State.GENERATE else self._tools(r))
+            traj.timings["rollout"] = time.perf_counter() - started
+            await self._score(traj, ctx)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a broken rollout is reported, never a crashed batch
+            traj.finish_reason = "error"
+            traj.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            traj.messages = r.messages
+            # Shielded so a cancelled rollout still returns its resources to the pools.
+            await asyncio.shield(ctx.aclose())
+        return traj
+
+    # ------------------------------------------------------------------ state handlers
+    async def _generate(self, r: _Rollout, sampling: Sampling) -> State:
+        traj = r.traj
+        room = self.max_length - len(traj.token_ids)
+        if room <= 0:
+            traj.finish_reason = "length"
+            return State.DONE
+        turn_sampling = sampling.replace(
+            max_new_tokens=min(sampling.max_new_tokens, room),
+            stop=tuple(dict.fromkeys((*sampling.stop, *self.parser.stop))),
+            seed=turn_seed(sampling.seed, r.index, r.turn),
+        )
+        t0 = time.perf_counter()
+        gen = await self.engine.generate(traj.token_ids, turn_sampling)
+        traj.timings["generate"] = traj.timings.get("generate", 0.0) + time.perf_counter() - t0
+        start, end = traj.extend_sampled(gen.token_ids, gen.logprobs)
+        content = self.renderer.assistant_content(gen.token_ids, self.engine.stop_token_ids)
+        parsed = self.parser.parse(content)
+        r.messages.append({"role": "assistant", "content": content})
+        traj.turns.append(Turn(index=r.turn, start=start, end=end, text=content, finish_reason=gen.finish_reason,
+                               tool_calls=[c.name for c in parsed.tool_calls], parse_errors=list(parsed.errors)))
+        r.turn += 1
+        r.last, r.parsed = gen, parsed
+        if not parsed.tool_calls and not parsed.errors:
+            traj.final_answer = parsed.final_answer if parsed.final_answer is not None else parsed.content
+            traj.finish_reason = "length" if gen.finish_reason == "length" else "answer"
+            return State.DONE
+        if gen.finish_reason == "length" and not parsed.tool_calls:
+            traj.final_answer = parsed.content
+            traj.finish_reason = "length"
+            return State.DONE
+        if r.turn >= self.max_turns:
+            traj.finish_reason = "max_turns"
+            return State.DONE
+        return State.TOOLS
+
+    async def _tools(self, r: _Rollout) -> State:
+        """Run this turn's tool calls concurrently, then append their observations (mask 0)."""
+        assert r.parsed is not None and r.last is not None
+        traj = r.traj
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(self._call(c, r.ctx) for c in r.parsed.tool_calls))
+        traj.timings["tools"] = traj.timings.get("tools", 0.0) + time.perf_counter() - t0
+        new_messages: list[dict[str, Any]] = []
+        for error in r.parsed.errors:
+            message = f"Error: could not parse the tool call: {error}"
+            traj.tool_calls.append(ToolCallRecord(r.turn - 1, "<parse error>", None, message, error))
+            new_messages.append({"role": "tool", "name": "error", "content": message})
+        for call, result in zip(r.parsed.tool_calls, results, strict=True):
+            traj.tool_calls.append(ToolCallRecord(r.turn - 1, call.name, call.arguments, result.observation,
+                                                  result.error, result.latency))
+            new_messages.append({"role": "tool", "name": call.name, "content": result.observation})
+        glue = self.renderer.glue_ids(r.messages, new_messages, r.last.token_ids, self.engine.stop_token_ids)
+        r.messages.extend(new_messages)
+        if len(traj.token_ids) + len(glue) >= self.max_length:
+            traj.finish_reason = "length"
+            return State.DONE
+        traj.extend_observation(glue)
+        return State.GENERATE
+
+    async def _call(self, call: ToolCall, ctx: RolloutContext) -> ToolResult:
+        tool = self.tools.get(call.name)
+        if tool is None:
+            message = f"unknown tool '{call.name}'; available tools: {', '.join(sorted(self.tools)) or 'none'}"
+            return ToolResult(f"Error: {message}", message)
+        return await tool.invoke(call.arguments, context=ctx)
+
+    async def _score(self, traj: Trajectory, ctx: RolloutContext) -> None:
+        if self.reward is None:
+            return
+        t0 = time.perf_counter()
+        result = await self.reward.score(traj.final_answer, traj, ctx, traj.sample)
+        traj.reward, traj.reward_metrics, traj.reward_error = result.reward, result.metrics, result.error
+        traj.timings["reward"] = time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ many rollouts
+    async def run(
+        self, samples: Sequence[Mapping[str, Any]], group_size: int, sampling: Sampling,
+        max_concurrency: int | None = None,
+    ) -> list[Trajectory]:
+        """``group_size`` rollouts of every sample, all concurrent (up to ``max_concurrency``).
+
+        Returns trajectories ordered sample by sample, ``group_size`` consecutive ones per sample.
+        """
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        if self.reward is not None:
+            for sample in samples:
+                self.reward.check_sample(sample)
+        limit = asyncio.Semaphore(max_concurrency or len(samples) * group_size or 1)
+
+        async def one(i: int, sample: Mapping[str, Any], k: int) -> Trajectory:
+            async with limit:
+                group = str(sample.get("id", i))
+                return await self.run_one(sample, sampling, index=i * group_size + k, group_id=group,
+                                          rollout_id=f"{group}/{k}")
+
+        tasks = [asyncio.ensure_future(one(i, s, k)) for i, s in enumerate(samples) for k in range(group_size)]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for t in tasks:
+                t.cancel()

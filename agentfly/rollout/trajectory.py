@@ -1,0 +1,124 @@
+"""``Trajectory``: one rollout, token-exact.
+
+``token_ids`` is the prompt followed, turn by turn, by exactly the tokens the engine sampled and the tokens
+of each observation with its template glue. ``loss_mask[i] == 1`` exactly where ``token_ids[i]`` was sampled
+(mask is set where the token is born, never reconstructed); ``logprobs[i]`` is the sampling logprob there
+and 0.0 elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["answer", "max_turns", "length", "error"]
+
+
+@dataclass
+class ToolCallRecord:
+    """One tool call as it happened: what the model asked for and what it got back."""
+
+    turn: int
+    name: str
+    arguments: Any
+    observation: str
+    error: str | None = None
+    latency: float = 0.0
+
+
+@dataclass
+class Turn:
+    """One assistant turn: the span of sampled tokens ``[start, end)`` in ``token_ids``."""
+
+    index: int
+    start: int
+    end: int
+    text: str
+    finish_reason: str
+    tool_calls: list[str] = field(default_factory=list)  # names, in order
+    parse_errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Trajectory:
+    sample: dict[str, Any]
+    rollout_id: str
+    group_id: str
+    prompt_length: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    tool_calls: list[ToolCallRecord] = field(default_factory=list)
+    final_answer: str | None = None
+    reward: float = 0.0
+    reward_metrics: dict[str, float] = field(default_factory=dict)
+    reward_error: str | None = None
+    finish_reason: FinishReason = "answer"
+    error: str | None = None
+    temperature: float = 1.0
+    model: str | None = None  # the model path or name, so tokens can be decoded later
+    timings: dict[str, float] = field(default_factory=dict)
+
+    # ---------------------------------------------------------------- building (the mask is born here)
+    def extend_prompt(self, ids: list[int]) -> None:
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([0] * len(ids))
+        self.logprobs.extend([0.0] * len(ids))
+
+    def extend_sampled(self, ids: list[int], logprobs: list[float]) -> tuple[int, int]:
+        if len(ids) != len(logprobs):
+            raise ValueError(f"{len(ids)} sampled tokens but {len(logprobs)} logprobs")
+        start = len(self.token_ids)
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([1] * len(ids))
+        self.logprobs.extend(logprobs)
+        return start, len(self.token_ids)
+
+    extend_observation = extend_prompt  # forced tokens: tool results and template glue
+
+    # ---------------------------------------------------------------- derived
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def response_length(self) -> int:
+        return len(self.token_ids) - self.prompt_length
+
+    @property
+    def num_trained_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def tool_errors(self) -> int:
+        return sum(1 for c in self.tool_calls if c.error is not None)
+
+    @property
+    def parse_errors(self) -> int:
+        return sum(len(t.parse_errors) for t in self.turns)
+
+    def mask_spans(self) -> list[tuple[int, int, int]]:
+        """Runs of equal mask value as ``(start, end, mask)``, covering the whole sequence."""
+        spans: list[tuple[int, int, int]] = []
+        for i, m in enumerate(self.loss_mask):
+            if spans and spans[-1][2] == m:
+                spans[-1] = (spans[-1][0], i + 1, m)
+            else:
+                spans.append((i, i + 1, m))
+        return spans
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["num_turns"] = self.num_turns
+        d["tool_errors"] = self.tool_errors
+        d["parse_errors"] = self.parse_errors
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
+        d = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        d["turns"] = [Turn(**t) for t in d.get("turns", [])]
+        d["tool_calls"] = [ToolCallRecord(**c) for c in d.get("tool_calls", [])]
+        return cls(**d)
