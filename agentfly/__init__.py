@@ -12,7 +12,7 @@
 from agentfly import models, rewards, tasks, tools
 from agentfly.agents import Agent
 from agentfly.context import RolloutContext
-from agentfly.engines import Engine, Generation, Sampling
+from agentfly.engines import Engine, Generation, ReplayEngine, Sampling
 from agentfly.rewards import Reward, reward
 from agentfly.rollout import Trajectory, mask_segments, visualize_mask
 from agentfly.tools import Tool, tool
@@ -20,6 +20,6 @@ from agentfly.tools import Tool, tool
 __version__ = "0.1.0"
 
 __all__ = [
-    "Agent", "Engine", "Generation", "Reward", "RolloutContext", "Sampling", "Tool", "Trajectory",
+    "Agent", "Engine", "Generation", "ReplayEngine", "Reward", "RolloutContext", "Sampling", "Tool", "Trajectory",
     "mask_segments", "models", "reward", "rewards", "tasks", "tool", "tools", "visualize_mask",
 ]

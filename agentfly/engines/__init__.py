@@ -1,8 +1,9 @@
 """Generation engines behind one interface: ``HFEngine`` (transformers) and ``VLLMEngine`` (vLLM)."""
 
 from agentfly.engines.base import Engine, Generation, Sampling
+from agentfly.engines.replay import ReplayEngine
 
-__all__ = ["Engine", "Generation", "HFEngine", "Sampling"]
+__all__ = ["Engine", "Generation", "HFEngine", "ReplayEngine", "Sampling", "VLLMEngine"]
 
 
 def __getattr__(name: str):  # heavy engines import torch/vllm only when asked for

@@ -1,0 +1,65 @@
+"""``ReplayEngine``: an engine whose assistant turns are given, not sampled.
+
+It runs written conversations through the exact rollout code path: SFT demonstrations become trajectories
+whose loss mask covers the assistant tokens only, logged conversations can be re-scored, and tests can drive
+the agent loop with chosen outputs. Each turn's text comes from ``script(prompt_text)``; it is tokenised and
+followed by the end-of-turn token, as a model would produce it. With ``model=`` the logprobs are the model's
+(teacher forcing, one forward pass per request); otherwise they are 0.0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from agentfly.engines.base import Engine, Generation, Sampling
+
+
+class ReplayEngine(Engine):
+    def __init__(
+        self,
+        tokenizer: Any,
+        script: Callable[[str], str],
+        *,
+        model: Any = None,
+        max_model_len: int | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.script = script
+        self.model = model
+        eos = tokenizer.eos_token_id
+        if eos is None:
+            raise ValueError("ReplayEngine needs a tokenizer with an eos_token (the end-of-turn token)")
+        self.stop_token_ids = [int(eos)]
+        self.max_model_len = int(max_model_len or getattr(tokenizer, "model_max_length", 4096) or 4096)
+        self.model_name = getattr(tokenizer, "name_or_path", None)
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        text = self.script(self.tokenizer.decode(list(prompt_ids), skip_special_tokens=False))
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        budget = min(sampling.max_new_tokens, self.max_model_len - len(prompt_ids))
+        finish = "stop"
+        if len(ids) + 1 > budget:
+            ids, finish = ids[: max(budget, 0)], "length"
+        else:
+            ids.append(self.stop_token_ids[0])
+        return Generation(ids, self._logprobs(list(prompt_ids), ids, sampling), finish)  # type: ignore[arg-type]
+
+    def _logprobs(self, prompt: list[int], ids: list[int], sampling: Sampling) -> list[float]:
+        if self.model is None or not ids:
+            return [0.0] * len(ids)
+        import torch
+
+        device = next(self.model.parameters()).device
+        with torch.inference_mode():
+            seq = torch.tensor([prompt + ids], device=device)
+            logits = self.model(input_ids=seq).logits[0, len(prompt) - 1: -1].float()
+            if sampling.temperature > 0:
+                logits = logits / sampling.temperature
+            logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids, device=device)[:, None])
+        return logp.squeeze(-1).tolist()
+
+    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        if self.model is not None:
+            self.model.load_state_dict(dict(state_dict), strict=False)
+
