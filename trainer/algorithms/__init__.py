@@ -1,0 +1,82 @@
+"""Advantage estimators and policy losses, one module per algorithm, all pure functions of tensors.
+
+``compute_advantages`` is the one place that picks an estimator by name: an explicit branch per algorithm
+(no registry), so reading it tells you exactly what each name does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.algorithms.core import (
+    aggregate_loss,
+    clipped_policy_loss,
+    clipped_value_loss,
+    entropy_from_logits,
+    kl_estimate,
+    last_token_index,
+    masked_mean,
+    masked_whiten,
+    token_logprobs,
+)
+from trainer.algorithms.dapo import informative_groups, overlong_penalty
+from trainer.algorithms.dr_grpo import dr_grpo_advantages
+from trainer.algorithms.grpo import grpo_advantages
+from trainer.algorithms.ppo import ValueHead, gae_advantages
+from trainer.algorithms.reinforce_pp import reinforce_pp_advantages
+from trainer.algorithms.rloo import rloo_advantages
+
+__all__ = [
+    "ValueHead", "aggregate_loss", "clipped_policy_loss", "clipped_value_loss", "compute_advantages",
+    "dr_grpo_advantages", "entropy_from_logits", "gae_advantages", "grpo_advantages", "informative_groups",
+    "kl_estimate", "masked_mean", "masked_whiten", "outcome_token_rewards", "overlong_penalty",
+    "reinforce_pp_advantages", "rloo_advantages", "token_logprobs",
+]
+
+
+def outcome_token_rewards(
+    rewards: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | None = None, kl_coef: float = 0.0
+) -> torch.Tensor:
+    """Place each sequence's reward on its last mask-1 token, minus ``kl_coef * kl`` on every mask-1 token
+    when KL is applied in the reward (InstructGPT / REINFORCE++). rewards: [B], mask, kl: [B, T] -> [B, T]."""
+    token_rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    rows = torch.arange(mask.shape[0], device=mask.device)
+    has = mask.sum(-1) > 0
+    token_rewards[rows[has], last_token_index(mask)[has]] = rewards.float()[has]
+    if kl is not None and kl_coef:
+        token_rewards = token_rewards - kl_coef * torch.where(mask.bool(), kl.float(), torch.zeros_like(token_rewards))
+    return token_rewards
+
+
+def compute_advantages(
+    name: str,
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    values: torch.Tensor | None = None,
+    std_normalize: bool = True,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    whiten: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Advantages [B, T] (0 on mask-0 tokens) and, for PPO, the critic's returns [B, T] (else None)."""
+    if name == "grpo":
+        return grpo_advantages(token_rewards, mask, group_ids, std_normalize=std_normalize), None
+    if name == "dapo":
+        return grpo_advantages(token_rewards, mask, group_ids, std_normalize=std_normalize), None
+    if name == "dr_grpo":
+        return dr_grpo_advantages(token_rewards, mask, group_ids), None
+    if name == "rloo":
+        return rloo_advantages(token_rewards, mask, group_ids), None
+    if name == "reinforce_pp":
+        return reinforce_pp_advantages(token_rewards, mask, gamma=gamma), None
+    if name == "reinforce_pp_baseline":
+        return reinforce_pp_advantages(token_rewards, mask, group_ids, baseline=True, gamma=gamma), None
+    if name == "ppo":
+        if values is None:
+            raise ValueError("PPO advantages need the critic's values (the value head's output on the batch)")
+        adv, returns = gae_advantages(token_rewards, values, mask, gamma=gamma, lam=lam)
+        return (masked_whiten(adv, mask) if whiten else adv), returns
+    raise ValueError(f"Unknown algorithm {name!r}; use grpo, dr_grpo, dapo, rloo, reinforce_pp, "
+                     "reinforce_pp_baseline or ppo")

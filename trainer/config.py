@@ -1,0 +1,372 @@
+"""Training configuration: dataclasses with help on every field, filled from YAML and ``--set`` overrides.
+
+YAML is only a way to fill these; every field's default is what the cited paper (or the calculator example)
+uses. Loading fails early, naming the key and the fix, for an unknown key, a value of the wrong type, a value
+outside its choices, or a combination that cannot work (``Config.validate``).
+
+    config = load_config("examples/calculator/grpo.yaml", ["algorithm.name=rloo", "engine=vllm"])
+"""
+
+# ruff: noqa: RUF009  -- `_f` returns a dataclasses.field (with help metadata), not a shared default value.
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+AlgorithmName = Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo"]
+ALGORITHMS: tuple[str, ...] = typing.get_args(AlgorithmName)
+LossAggName = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the key and how to fix it."""
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field with its help text in the metadata (shown by ``agentfly train --help-config``)."""
+    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
+        value = default
+        return field(default_factory=lambda: _copy(value), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+def _copy(value: Any) -> Any:
+    import copy
+
+    return copy.deepcopy(value)
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = _f(False, "Train LoRA adapters (peft) instead of all weights; for models that do not fit.")
+    r: int = _f(16, "LoRA rank (Hu et al. 2021 use 4-64).")
+    alpha: int = _f(32, "LoRA scaling numerator; the update is scaled by alpha / r.")
+    dropout: float = _f(0.0, "Dropout on the LoRA input; 0 keeps rollout and training logprobs identical.")
+    target_modules: list[str] = _f(["q_proj", "k_proj", "v_proj", "o_proj"], "Module names that get adapters.")
+
+
+@dataclass
+class ModelConfig:
+    path: str = _f("runs/tiny", "Local model directory (from_pretrained). Nothing is downloaded.")
+    build_tiny: bool = _f(True, "If `path` does not exist, build the tiny CPU model there (agentfly.models.tiny).")
+    tiny_seed: int = _f(0, "Seed of the tiny model's weights and tokenizer when it is built.")
+    dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "Parameter dtype; bfloat16 on GPUs.")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
+    lora: LoraConfig = _f(LoraConfig(), "LoRA settings.")
+
+
+@dataclass
+class DataConfig:
+    task: str = _f("arithmetic", "'arithmetic' (generated calculator problems) or a JSONL file of samples.")
+    train_size: int = _f(20000, "Training problems generated for 'arithmetic' (ignored for a JSONL file).")
+    eval_path: str | None = _f(None, "JSONL of held-out samples; None generates 'arithmetic' test problems.")
+    eval_size: int = _f(500, "Held-out problems used by eval (the bar uses 500 unseen problems).")
+    seed: int = _f(0, "Seed of the generated problems (train and test streams are disjoint).")
+    shuffle: bool = _f(True, "Shuffle the training samples each epoch (seeded by `seed` + epoch).")
+
+
+@dataclass
+class RolloutConfig:
+    tools: list[str] = _f(["agentfly.tools.builtin.calculator:calculator"], "Tools as 'module:attribute'.")
+    reward: str = _f("agentfly.rewards.builtin.math:math_equal", "Reward as 'module:attribute'.")
+    parser: Literal["hermes", "react"] = _f("hermes", "Tool-call format the model writes.")
+    system_prompt: str | None = _f(None, "System message; None leaves the template's default.")
+    max_turns: int = _f(4, "Most assistant turns per trajectory.")
+    prompts_per_step: int = _f(16, "Task samples drawn per training step.")
+    group_size: int = _f(8, "Rollouts per prompt (GRPO's G; DeepSeekMath uses 64, the calculator 8).")
+    temperature: float = _f(1.0, "Sampling temperature; 1.0 keeps the rollout on-policy for the ratio.")
+    top_p: float = _f(1.0, "Nucleus sampling; < 1 makes rollouts off-policy (the ratio does not see it).")
+    top_k: int = _f(0, "Top-k sampling; 0 is off.")
+    max_new_tokens: int = _f(64, "Most tokens one assistant turn may produce.")
+
+
+@dataclass
+class AlgorithmConfig:
+    name: AlgorithmName = _f("grpo", "grpo | dr_grpo | dapo | rloo | reinforce_pp | reinforce_pp_baseline | ppo.")
+    clip_low: float = _f(0.2, "Lower clip: ratio >= 1 - clip_low (PPO: 0.2).")
+    clip_high: float | None = _f(None, "Upper clip: ratio <= 1 + clip_high; None = clip_low, or 0.28 for dapo.")
+    dual_clip: float | None = _f(None, "Dual-clip bound c > 1 for negative advantages (Ye et al. 2020); None off.")
+    loss_agg: LossAggName | None = _f(
+        None, "Loss aggregation; None = the paper's: grpo/rloo seq-mean-token-mean, dr_grpo "
+        "seq-mean-token-sum-norm, dapo/ppo/reinforce_pp token-mean.")
+    std_normalize: bool = _f(True, "GRPO: divide by the group std (Dr. GRPO and `dr_grpo` do not).")
+    kl_coef: float = _f(0.0, "KL-to-reference weight (GRPO paper 0.04; DAPO and Dr. GRPO drop it). 0 skips "
+                        "the reference model entirely.")
+    kl_estimator: Literal["k1", "k2", "k3"] = _f("k3", "KL estimator (Schulman 2020): k1, k2 or k3.")
+    kl_in_reward: bool = _f(False, "Apply KL as a per-token reward penalty (PPO/REINFORCE++) instead of a loss.")
+    entropy_coef: float = _f(0.0, "Entropy bonus weight (subtracted from the loss).")
+    epochs: int = _f(1, "Passes over each rollout batch (PPO epochs). 1 = strictly on-policy.")
+    minibatches: int = _f(1, "Optimizer steps per epoch; the batch of trajectories is split this many ways.")
+    gamma: float = _f(1.0, "Discount for REINFORCE++ and PPO (1.0: outcome rewards, no discount).")
+    lam: float = _f(0.95, "GAE lambda (PPO).")
+    vf_coef: float = _f(0.5, "Value-loss weight (PPO).")
+    value_clip: float | None = _f(0.2, "Value clipping range (PPO); None turns it off.")
+    whiten_advantages: bool = _f(True, "PPO: whiten GAE advantages over the batch's mask-1 tokens.")
+    dynamic_sampling: bool | None = _f(None, "Drop groups with equal rewards and refill; None = on for dapo.")
+    max_sample_batches: int = _f(3, "Dynamic sampling: most rollout rounds per step before training anyway.")
+    overlong_buffer: int = _f(0, "Overlong shaping buffer in tokens (DAPO: 4096 of 20480); 0 is off.")
+    overlong_max_tokens: int = _f(256, "Overlong shaping: response length that gets the full penalty.")
+    overlong_penalty: float = _f(1.0, "Overlong shaping: the largest penalty.")
+
+    @property
+    def resolved_clip_high(self) -> float:
+        if self.clip_high is not None:
+            return self.clip_high
+        return 0.28 if self.name == "dapo" else self.clip_low
+
+    @property
+    def resolved_loss_agg(self) -> str:
+        if self.loss_agg is not None:
+            return self.loss_agg
+        return {"grpo": "seq-mean-token-mean", "rloo": "seq-mean-token-mean",
+                "dr_grpo": "seq-mean-token-sum-norm"}.get(self.name, "token-mean")
+
+    @property
+    def resolved_dynamic_sampling(self) -> bool:
+        return self.name == "dapo" if self.dynamic_sampling is None else self.dynamic_sampling
+
+
+@dataclass
+class OptimConfig:
+    lr: float = _f(1e-4, "AdamW learning rate of the policy.")
+    critic_lr: float | None = _f(None, "Learning rate of the PPO value head; None = lr.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    betas: list[float] = _f([0.9, 0.999], "AdamW betas.")
+    eps: float = _f(1e-8, "AdamW epsilon.")
+    warmup_steps: int = _f(0, "Linear warm-up steps of the learning rate.")
+    schedule: Literal["constant", "linear", "cosine"] = _f("constant", "Learning-rate schedule after warm-up.")
+    grad_clip: float = _f(1.0, "Clip the global gradient norm to this; 0 turns clipping off.")
+
+
+@dataclass
+class EvalConfig:
+    every: int = _f(0, "Evaluate every N steps (and at the end); 0 = only at the end.")
+    size: int | None = _f(None, "Problems per evaluation; None = data.eval_size.")
+    max_new_tokens: int = _f(64, "Most tokens per turn in evaluation (greedy).")
+    batch_size: int = _f(500, "Evaluation rollouts in flight at once.")
+
+
+@dataclass
+class SFTConfig:
+    num_demos: int = _f(64, "Demonstrations generated from training problems.")
+    wrong_fraction: float = _f(0.25, "Share of demonstrations whose final answer is deliberately wrong.")
+    epochs: int = _f(4, "Passes over the demonstrations.")
+    batch_size: int = _f(16, "Demonstrations per optimizer step.")
+    lr: float = _f(3e-3, "AdamW learning rate for SFT.")
+    output_dir: str | None = _f(None, "Where the SFT model is saved; None = <output_dir>/sft.")
+
+
+@dataclass
+class Config:
+    output_dir: str = _f("runs/calculator", "Run directory: events.jsonl, checkpoints, config.yaml.")
+    seed: int = _f(0, "Seed of everything random: data order, sampling, initialisation of new heads.")
+    steps: int = _f(150, "Training steps (one rollout batch and its update each).")
+    max_minutes: float | None = _f(None, "Stop after this many minutes of training (time budget); None = no limit.")
+    engine: Literal["hf", "vllm"] = _f("hf", "Rollout engine: hf (shares the trainer's module) or vllm.")
+    deepspeed: str | None = _f(None, "DeepSpeed JSON config path (ZeRO 1/2/3, bf16); None = plain torch.")
+    device: str = _f("auto", "'auto', 'cpu' or 'cuda[:i]'.")
+    threads: int = _f(0, "torch intra-op threads; 0 = all cores of this machine.")
+    save_every: int = _f(0, "Save a checkpoint every N steps (and at the end); 0 = only at the end.")
+    keep_last: int = _f(2, "Checkpoints kept besides the best one.")
+    log_samples: int = _f(2, "Sample trajectories sent to the event stream each step.")
+    tensorboard: bool = _f(False, "Also write TensorBoard scalars (needs the tensorboard package).")
+    progress: bool = _f(True, "Print a progress bar and a per-step table to the terminal.")
+    model: ModelConfig = _f(ModelConfig(), "The policy model.")
+    data: DataConfig = _f(DataConfig(), "Task samples.")
+    rollout: RolloutConfig = _f(RolloutConfig(), "How trajectories are sampled.")
+    algorithm: AlgorithmConfig = _f(AlgorithmConfig(), "Advantage estimator and policy loss.")
+    optim: OptimConfig = _f(OptimConfig(), "Optimizer and schedule.")
+    eval: EvalConfig = _f(EvalConfig(), "Held-out evaluation (greedy decoding).")
+    sft: SFTConfig = _f(SFTConfig(), "Supervised warm start (agentfly sft).")
+
+    def validate(self) -> Config:
+        """Reject combinations that cannot work, saying which keys to change."""
+        a, r = self.algorithm, self.rollout
+        if r.group_size < 2 and a.name in ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp_baseline"):
+            raise ConfigError(f"rollout.group_size={r.group_size}: {a.name} compares responses to the same prompt, "
+                              "so it needs rollout.group_size >= 2 (or use algorithm.name=ppo / reinforce_pp)")
+        if r.prompts_per_step * r.group_size % a.minibatches:
+            raise ConfigError(f"algorithm.minibatches={a.minibatches} must divide rollout.prompts_per_step * "
+                              f"rollout.group_size = {r.prompts_per_step * r.group_size}")
+        if a.kl_in_reward and a.kl_coef == 0:
+            raise ConfigError("algorithm.kl_in_reward=true does nothing with algorithm.kl_coef=0; set kl_coef > 0")
+        if a.overlong_buffer and a.overlong_buffer > a.overlong_max_tokens:
+            raise ConfigError(f"algorithm.overlong_buffer={a.overlong_buffer} must be <= "
+                              f"algorithm.overlong_max_tokens={a.overlong_max_tokens}")
+        if a.dual_clip is not None and a.dual_clip <= 1:
+            raise ConfigError(f"algorithm.dual_clip={a.dual_clip} must be > 1 (or null to turn it off)")
+        if not 0 <= self.sft.wrong_fraction <= 1:
+            raise ConfigError(f"sft.wrong_fraction={self.sft.wrong_fraction} must be between 0 and 1")
+        for key, value in [("steps", self.steps), ("rollout.group_size", r.group_size),
+                           ("rollout.prompts_per_step", r.prompts_per_step), ("rollout.max_turns", r.max_turns),
+                           ("rollout.max_new_tokens", r.max_new_tokens), ("algorithm.epochs", a.epochs),
+                           ("algorithm.minibatches", a.minibatches), ("data.eval_size", self.data.eval_size)]:
+            if value < 1:
+                raise ConfigError(f"{key}={value} must be >= 1")
+        if self.optim.lr <= 0:
+            raise ConfigError(f"optim.lr={self.optim.lr} must be > 0")
+        if r.temperature <= 0:
+            raise ConfigError("rollout.temperature must be > 0 for RL (greedy rollouts have no exploration); "
+                              "evaluation is greedy anyway")
+        if self.deepspeed is not None and not Path(self.deepspeed).is_file():
+            raise ConfigError(f"deepspeed={self.deepspeed!r}: no such file; pass the path of a DeepSpeed JSON config")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------- loading
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}{hint}")
+        return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} (write it as [a, b] in YAML)")
+        (item,) = typing.get_args(tp)
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        return from_dict(tp, value, prefix=f"{key}.")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported field type {tp!r}")  # pragma: no cover - a bug in this file
+
+
+def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a (possibly partial) mapping, checking every key and value."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            near = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"did you mean '{prefix}{near[0]}'?" if near else f"valid keys: {', '.join(names)}"
+            raise ConfigError(f"unknown config key '{prefix}{key}'; {hint}")
+        kwargs[key] = _coerce(value, hints[key], f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {dotted}: '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"algorithm.name=rloo"`` -> ``("algorithm.name", "rloo")``; the value is read as YAML (numbers, true,
+    null, [lists])."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {text!r}: write overrides as key=value, e.g. --set algorithm.name=rloo")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, base: dict[str, Any] | None = None
+) -> Config:
+    """Read YAML (if any), apply ``key=value`` overrides, build and validate a ``Config``."""
+    data: dict[str, Any] = dict(base or {})
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of config keys")
+        data.update(loaded)
+    for text in overrides or []:
+        key, value = parse_override(text)
+        _set_path(data, key, value)
+    return from_dict(Config, data).validate()
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def describe(cls: type = Config, prefix: str = "") -> list[str]:
+    """One line per field: ``key (type, default): help`` — the reference ``agentfly train --help-config`` prints."""
+    lines = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"{prefix}{f.name}: {f.metadata.get('help', '')}")
+            lines.extend(describe(tp, f"{prefix}{f.name}."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        lines.append(f"  {prefix}{f.name} ({_type_name(tp)}, default {default!r}): {f.metadata.get('help', '')}")
+    return lines
