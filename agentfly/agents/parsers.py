@@ -94,7 +94,7 @@ class HermesParser(Parser):
 class ReActParser(Parser):
     name = "react"
     stop = ("Observation:",)
-    _action = re.compile(r"Action\s*:\s*(.*?)\s*\n\s*Action\s*Input\s*:\s*(.*?)(?=\n\s*(?:Observation|Thought|Action)\s*:|$)", re.S)
+    _action = re.compile(r"Action\s*:\s*(.*?)\s*\n\s*Action\s*Input\s*:\s*(.*?)(?=\n\s*(?:Observation|Thought|Action|Final\s*Answer)\s*:|$)", re.S)
     _final = re.compile(r"Final\s*Answer\s*:\s*(.*)", re.S)
 
     def parse(self, text: str) -> ParseResult:
