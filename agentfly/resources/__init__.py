@@ -1,0 +1,34 @@
+"""The resource layer: pools of sandboxes, environments and services that rollouts hold while they run.
+
+See ``engine.py`` for the lifecycle and ``pool.py`` for the invariants. ``agentfly.resources`` knows
+nothing of agents: the rollout layer reaches it through ``RolloutContext``.
+"""
+
+from agentfly.resources.backends.local import Isolation, Limits
+from agentfly.resources.engine import ResourceEngine
+from agentfly.resources.pool import Lease
+from agentfly.resources.sandbox import PythonSandbox
+from agentfly.resources.spec import (
+    Pool,
+    Resource,
+    ResourceClosed,
+    ResourceError,
+    ResourceSpec,
+    ResourceTimeout,
+    UnknownResource,
+)
+
+__all__ = [
+    "Isolation",
+    "Lease",
+    "Limits",
+    "Pool",
+    "PythonSandbox",
+    "Resource",
+    "ResourceClosed",
+    "ResourceEngine",
+    "ResourceError",
+    "ResourceSpec",
+    "ResourceTimeout",
+    "UnknownResource",
+]

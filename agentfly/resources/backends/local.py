@@ -1,0 +1,265 @@
+"""The ``local`` backend: a resource instance is a child process we own, talked to in JSON lines.
+
+The child runs in a new session (its own process group) so that ``kill`` takes it and everything it
+started; when it runs under a private uid (root parents only, see ``_worker.harden``) every process of that
+uid is killed too, which catches children that left the group with ``setsid``. Limits, the network
+namespace and the filesystem rules are applied by the child itself before it reads its first request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import sysconfig
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from agentfly.resources.spec import ResourceError
+
+WORKER = Path(__file__).with_name("_worker.py")
+STREAM_LIMIT = 64 * 1024 * 1024  # one protocol line may carry a long output
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-process resource limits of a sandbox (``None`` leaves one unset).
+
+    Attributes:
+        cpu_seconds: CPU time over the sandbox's life (RLIMIT_CPU); a reset past half of it replaces the process.
+        memory_bytes: address space (RLIMIT_AS); an allocation beyond it raises MemoryError in the sandbox.
+        open_files: file descriptors (RLIMIT_NOFILE).
+        file_size_bytes: the largest file it may write (RLIMIT_FSIZE).
+        processes: processes and threads (RLIMIT_NPROC); counted per sandbox when it gets a private uid.
+    """
+
+    cpu_seconds: int | None = 300
+    memory_bytes: int | None = 1 << 30
+    open_files: int | None = 256
+    file_size_bytes: int | None = 64 << 20
+    processes: int | None = 32
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What a local sandbox is cut off from.
+
+    Attributes:
+        network: "none" (a fresh network namespace where the kernel allows) or "host".
+        filesystem: "restricted" (Landlock: read the Python installation, system libraries and ``read_paths``;
+            write only the working directory) or "host".
+        own_uid: run as a private uid when the parent is root, so limits and kills are per sandbox.
+        read_paths: extra paths the sandbox may read (data you give it).
+    """
+
+    network: str = "none"
+    filesystem: str = "restricted"
+    own_uid: bool = True
+    read_paths: tuple[str, ...] = ()
+
+
+def runtime_read_paths() -> list[str]:
+    """What an interpreter needs to read to import modules: its installation and the shared libraries."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        with contextlib.suppress(KeyError):
+            paths.add(sysconfig.get_paths()[key])
+    paths.update(p for p in sys.path if p and os.path.isdir(p) and not p.startswith(os.getcwd() + os.sep))
+    paths.update(["/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib", "/usr/share/zoneinfo", "/bin", "/usr/bin",
+                  "/etc/ld.so.cache", "/etc/localtime", "/dev/null", "/dev/urandom", "/dev/zero"])
+    return sorted(p for p in paths if os.path.exists(p))
+
+
+class LocalWorker:
+    """One child process speaking the worker protocol. Requests are serialised (one at a time)."""
+
+    def __init__(
+        self,
+        argv: list[str] | None = None,
+        *,
+        limits: Limits | None = None,
+        isolation: Isolation | None = None,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        harden: bool = True,
+        ready_timeout: float = 60.0,
+    ) -> None:
+        self.argv = argv or [sys.executable, "-I", str(WORKER)]
+        self.limits = limits or Limits()
+        self.isolation_config = isolation or Isolation()
+        self.extra_env = env or {}
+        self.own_workdir = workdir is None
+        self.workdir = workdir
+        self.harden = harden
+        self.ready_timeout = ready_timeout
+        self.proc: asyncio.subprocess.Process | None = None
+        self.pid: int | None = None
+        self.uid: int | None = None
+        self.report: dict[str, Any] = {}
+        self.lock = asyncio.Lock()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def start(self) -> None:
+        if self.workdir is None:
+            self.workdir = tempfile.mkdtemp(prefix="agentfly-sandbox-")
+        config: dict[str, Any] = {"workdir": self.workdir}
+        if self.harden:
+            iso = self.isolation_config
+            config.update(
+                limits={k: v for k, v in asdict(self.limits).items() if v is not None},
+                network=iso.network,
+                filesystem=iso.filesystem,
+                own_uid=iso.own_uid,
+                read_paths=[*runtime_read_paths(), *iso.read_paths],
+            )
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": self.workdir,
+            "TMPDIR": self.workdir,
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+            "AGENTFLY_SANDBOX": json.dumps(config),
+            **self.extra_env,
+        }
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            cwd=self.workdir,
+            env=env,
+            start_new_session=True,  # its own process group: killpg takes its children too
+            limit=STREAM_LIMIT,
+        )
+        self.pid = self.proc.pid
+        try:
+            hello = await asyncio.wait_for(self._read(), self.ready_timeout)
+        except BaseException:
+            await self.kill_async()
+            raise
+        if not hello.get("ready"):
+            await self.kill_async()
+            raise ResourceError(f"sandbox process did not start: {hello.get('error', hello)}")
+        self.report = hello.get("isolation", {})
+        user = str(self.report.get("user", ""))
+        if user.startswith("uid ") and user.split()[1].isdigit() and int(user.split()[1]) >= 100000:
+            self.uid = int(user.split()[1])
+
+    async def _read(self) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdout is not None
+        line = await self.proc.stdout.readline()
+        if not line:
+            code = await self.proc.wait()
+            raise ResourceError(f"sandbox process exited ({describe_exit(code)})")
+        return json.loads(line)
+
+    async def request(self, message: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        """Send one request and wait for its reply; on timeout the process is killed and TimeoutError raised."""
+        async with self.lock:
+            if not self.alive:
+                raise ResourceError("sandbox process is not running")
+            assert self.proc is not None and self.proc.stdin is not None
+            try:
+                self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+                await self.proc.stdin.drain()
+                return await asyncio.wait_for(self._read(), timeout)
+            except (TimeoutError, asyncio.CancelledError):
+                # The reply may still come and would answer the wrong request: the process must go.
+                await self.kill_async()
+                raise
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                code = await self.proc.wait()
+                raise ResourceError(f"sandbox process exited ({describe_exit(code)})") from exc
+
+    def kill(self) -> None:
+        """Kill the process group and every process of the private uid; remove the working directory."""
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+        if self.uid is not None:
+            kill_uid(self.uid)
+        if self.own_workdir and self.workdir and os.path.isdir(self.workdir):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    async def kill_async(self) -> None:
+        self.kill()
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.proc.wait(), 5)
+        if self.proc is not None and self.proc.stdin is not None:
+            with contextlib.suppress(Exception):
+                self.proc.stdin.close()
+
+    async def close(self) -> None:
+        """Ask nicely (close stdin), then kill whatever is left."""
+        if self.proc is not None and self.proc.returncode is None and self.proc.stdin is not None:
+            with contextlib.suppress(Exception):
+                self.proc.stdin.close()
+                await asyncio.wait_for(self.proc.wait(), 2)
+        await self.kill_async()
+
+    def kill_strays(self) -> int:
+        """Kill processes the sandbox left running (private uid only); returns how many."""
+        return kill_uid(self.uid, keep=self.pid) if self.uid is not None else 0
+
+
+def kill_uid(uid: int, keep: int | None = None) -> int:
+    """SIGKILL every process owned by ``uid`` except ``keep``. Loops because a fork bomb keeps forking."""
+    total = 0
+    for _ in range(20):
+        killed = 0
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == keep:
+                continue
+            try:
+                if _real_uid(int(entry)) != uid:
+                    continue
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+            except (OSError, ProcessLookupError):
+                continue
+        total += killed
+        if not killed:
+            break
+    return total
+
+
+def _real_uid(pid: int) -> int | None:
+    # Not os.stat(/proc/pid).st_uid: a process that changed uid is "non-dumpable" and its /proc entry
+    # shows root as the owner.
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("State:") and line.split()[1] in ("Z", "X"):
+                return None  # a zombie: already dead, waits for its parent to reap it
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    return None
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = {
+            "SIGXCPU": ": CPU time limit reached",
+            "SIGKILL": ": killed (timeout, memory, or CPU limit)",
+            "SIGSEGV": ": segmentation fault",
+        }.get(name, "")
+        return f"killed by {name}{hint}"
+    return f"exit code {code}"

@@ -1,0 +1,175 @@
+"""``ResourceEngine``: the pools of one job, behind ``acquire``/``release``/``stats``.
+
+    engine = ResourceEngine([PY, af.envs.SCIENCEWORLD, af.retrieval.WIKI_MINI])
+    async with engine:                       # start() pre-warms each pool's min; aclose() stops everything
+        lease = await engine.acquire("python", owner="rollout-7", timeout=30)
+        await lease.instance.run("x = 1")
+        await engine.release(lease)          # reset in the background, then handed to the next waiter
+
+Rollouts do not call this directly: ``RolloutContext.resource(name)`` acquires on first use and
+``RolloutContext.aclose()`` releases in the rollout loop's ``finally``.
+
+Leaks are guarded at three levels: the rollout's ``finally`` (success, error, timeout, cancellation),
+``aclose()`` (closes instances still leased when the job ends), and a process-wide hook at interpreter exit
+and on SIGTERM that kills the processes of every engine not yet closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import signal
+import threading
+import weakref
+from collections.abc import Iterable
+from types import FrameType
+from typing import Any
+
+from agentfly.resources.pool import GlobalPool, Lease, RolloutPool
+from agentfly.resources.spec import ResourceClosed, ResourceSpec, UnknownResource
+
+_live_engines: weakref.WeakSet[ResourceEngine] = weakref.WeakSet()
+_hooks_installed = False
+_previous_sigterm: Any = None
+
+
+class ResourceEngine:
+    """The resource pools of one job. Safe to share between all rollouts of that job (one event loop)."""
+
+    def __init__(self, specs: Iterable[ResourceSpec] = ()) -> None:
+        self.specs: dict[str, ResourceSpec] = {}
+        self.pools: dict[str, RolloutPool | GlobalPool] = {}
+        for spec in specs:
+            self.add(spec)
+        self.closed = False
+        _live_engines.add(self)
+        _install_exit_hooks()
+
+    def add(self, spec: ResourceSpec) -> None:
+        """Declare one more resource (before or after ``start``)."""
+        if not isinstance(spec, ResourceSpec):
+            raise TypeError(f"ResourceEngine takes ResourceSpec objects, got {type(spec).__name__}: {spec!r}")
+        if spec.name in self.specs:
+            raise ValueError(f"two resources are named {spec.name!r}; give each ResourceSpec a distinct name")
+        self.specs[spec.name] = spec
+        self.pools[spec.name] = RolloutPool(spec) if spec.scope == "rollout" else GlobalPool(spec)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.pools
+
+    def _pool(self, name: str) -> RolloutPool | GlobalPool:
+        try:
+            return self.pools[name]
+        except KeyError:
+            raise UnknownResource(
+                f"no resource named {name!r}; this engine has {sorted(self.pools)}. Add a ResourceSpec(name="
+                f"{name!r}, ...) to the ResourceEngine, or fix the tool's resource= name"
+            ) from None
+
+    async def start(self) -> None:
+        """Pre-warm every pool's ``min`` instances, concurrently. Raises if one cannot start."""
+        if self.closed:
+            raise ResourceClosed("this ResourceEngine was closed; create a new one")
+        await asyncio.gather(*(pool.start() for pool in self.pools.values()))
+
+    async def acquire(self, name: str, *, owner: str | None = None, timeout: float | None = None) -> Lease:
+        """An instance of resource ``name``; waits (FIFO) up to ``timeout`` (default: the spec's) when full."""
+        pool = self._pool(name)
+        if self.closed:
+            raise ResourceClosed(f"this ResourceEngine was closed; cannot acquire {name!r}")
+        return await pool.acquire(owner, pool.spec.acquire_timeout if timeout is None else timeout)
+
+    async def release(self, lease: Lease, *, healthy: bool = True) -> None:
+        """Give ``lease`` back. Never blocks on the reset (it runs in the background); releasing twice is a no-op."""
+        if self.closed:
+            lease.released = True
+            return
+        self._pool(lease.pool).release(lease, healthy)
+
+    async def settle(self, timeout: float = 60.0) -> None:
+        """Wait until background resets, destructions and refills are done (tests, benchmarks, shutdown)."""
+        async def drained() -> None:
+            while True:
+                pending = [t for pool in self.pools.values() for t in pool.tasks if not _is_monitor(t)]
+                if not pending:
+                    return
+                await asyncio.wait(pending)
+
+        await asyncio.wait_for(drained(), timeout)
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per pool: size, in_use, idle, waiting, created, destroyed, failed, acquire p50/p99 ms, isolation."""
+        return {name: pool.stats() for name, pool in self.pools.items()}
+
+    async def aclose(self) -> None:
+        """Close every pool: waiters get ``ResourceClosed``, every instance (idle or leased) is stopped."""
+        if self.closed:
+            return
+        self.closed = True
+        await asyncio.gather(*(pool.aclose() for pool in self.pools.values()), return_exceptions=True)
+        _live_engines.discard(self)
+
+    def close(self) -> None:
+        """Synchronous stop: ``aclose()`` when no event loop runs here, else a hard kill of every instance."""
+        if self.closed:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            with contextlib.suppress(Exception):
+                asyncio.run(self.aclose())
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill every instance's processes at once (interpreter exit, SIGTERM). Does not await anything."""
+        self.closed = True
+        for pool in self.pools.values():
+            pool.kill_all()
+        _live_engines.discard(self)
+
+    async def __aenter__(self) -> ResourceEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"ResourceEngine({list(self.specs)}, closed={self.closed})"
+
+
+def _is_monitor(task: asyncio.Task[Any]) -> bool:
+    coro = task.get_coro()
+    return getattr(coro, "__name__", "") == "_monitor"
+
+
+def _kill_live_engines() -> None:
+    for engine in list(_live_engines):
+        with contextlib.suppress(Exception):
+            engine.kill()
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    _kill_live_engines()
+    previous = _previous_sigterm
+    if callable(previous):
+        previous(signum, frame)
+    elif previous != signal.SIG_IGN:
+        # Default action: die by SIGTERM, as if we had never caught it.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _install_exit_hooks() -> None:
+    """Once per process: kill leftover instances at interpreter exit and on SIGTERM."""
+    global _hooks_installed, _previous_sigterm
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    atexit.register(_kill_live_engines)
+    if threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(ValueError, OSError):
+            _previous_sigterm = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, _on_sigterm)

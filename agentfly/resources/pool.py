@@ -1,0 +1,498 @@
+"""Pools: a bounded set of instances of one resource, handed out first-come first-served.
+
+Invariants (the chaos test checks them after a thousand rollouts with random failures):
+- ``size = idle + in_use + resetting + creating <= max`` at every moment; a slot is reserved *before* an
+  instance is created, so concurrent acquirers can never overshoot ``max``.
+- A released instance is handed straight to the oldest waiter (after its reset), so a waiter that arrived
+  later can never overtake it (FIFO).
+- ``release`` is synchronous bookkeeping plus a background reset task: it cannot be interrupted half-way
+  by a cancellation, which is what makes "release runs on cancellation" hold.
+- A waiter that is cancelled or times out after an instance was already handed to it gives the instance
+  back, so nothing is lost in that race.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentfly.resources.spec import ResourceClosed, ResourceError, ResourceSpec, ResourceTimeout
+
+log = logging.getLogger(__name__)
+_ids = itertools.count(1)
+LATENCY_WINDOW = 10_000
+
+
+@dataclass(eq=False)
+class Instance:
+    """One live resource instance and its bookkeeping."""
+
+    resource: Any
+    id: int = field(default_factory=lambda: next(_ids))
+    created_at: float = field(default_factory=time.monotonic)
+    uses: int = 0
+    holders: int = 0  # global scope: how many leases share it
+    retired: bool = False  # global scope: replaced; destroyed when its last holder releases
+
+
+@dataclass(eq=False)
+class Lease:
+    """A rollout's hold on one instance; ``instance`` is the resource object itself."""
+
+    pool: str
+    owner: str | None
+    slot: Instance
+    acquired_at: float = field(default_factory=time.monotonic)
+    released: bool = False
+
+    @property
+    def instance(self) -> Any:
+        return self.slot.resource
+
+
+class Latencies:
+    """Acquire wait times over the last ``LATENCY_WINDOW`` acquires."""
+
+    def __init__(self) -> None:
+        self.values: deque[float] = deque(maxlen=LATENCY_WINDOW)
+
+    def add(self, seconds: float) -> None:
+        self.values.append(seconds)
+
+    def percentile(self, q: float) -> float | None:
+        if not self.values:
+            return None
+        ordered = sorted(self.values)
+        return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+class BasePool:
+    """What both scopes share: creation, destruction, counters, stats, background tasks."""
+
+    def __init__(self, spec: ResourceSpec) -> None:
+        self.spec = spec
+        self.closed = False
+        self.created = self.destroyed = self.failed = self.timeouts = self.acquires = 0
+        self.latency = Latencies()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.instances: set[Instance] = set()  # every live instance, whatever its state
+        self.isolation: dict[str, Any] | None = None
+        self.last_error: str | None = None
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def _create(self) -> Instance:
+        """Build and start one instance; on failure clean up what started and raise ResourceError."""
+        resource = None
+        try:
+            resource = self.spec.build()
+            await resource.start()
+        except asyncio.CancelledError:
+            if resource is not None:
+                await _quietly_close(resource)
+            raise
+        except Exception as exc:
+            self.failed += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            if resource is not None:
+                await _quietly_close(resource)
+            raise ResourceError(f"could not start resource {self.spec.name!r}: {type(exc).__name__}: {exc}") from exc
+        self.created += 1
+        slot = Instance(resource)
+        self.instances.add(slot)
+        if self.isolation is None:
+            info = getattr(resource, "isolation", None)
+            self.isolation = info() if callable(info) else info
+        if self.closed:  # the engine closed while we were starting it
+            await self._destroy(slot)
+            raise ResourceClosed(f"resource engine closed while starting {self.spec.name!r}")
+        return slot
+
+    async def _destroy(self, slot: Instance) -> None:
+        if slot not in self.instances:
+            return
+        self.instances.discard(slot)
+        self.destroyed += 1
+        await _quietly_close(slot.resource)
+
+    async def _healthy(self, slot: Instance) -> bool:
+        if not self.spec.health_check:
+            return True
+        try:
+            return bool(await asyncio.wait_for(slot.resource.health(), 10))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            return False
+
+    def kill_all(self) -> None:
+        """Synchronous last resort (interpreter exit, SIGTERM): kill every instance's processes."""
+        self.closed = True
+        for slot in list(self.instances):
+            kill = getattr(slot.resource, "kill", None)
+            if callable(kill):
+                try:
+                    kill()
+                except Exception:
+                    log.exception("killing %s instance %d failed", self.spec.name, slot.id)
+        self.instances.clear()
+
+    def base_stats(self) -> dict[str, Any]:
+        p50, p99 = self.latency.percentile(50), self.latency.percentile(99)
+        stats: dict[str, Any] = {
+            "kind": self.spec.kind,
+            "scope": self.spec.scope,
+            "backend": self.spec.backend,
+            "min": self.spec.pool.min,
+            "max": self.spec.pool.max if self.spec.scope == "rollout" else 1,
+            "created": self.created,
+            "destroyed": self.destroyed,
+            "failed": self.failed,
+            "timeouts": self.timeouts,
+            "acquires": self.acquires,
+            "acquire_p50_ms": None if p50 is None else round(p50 * 1000, 3),
+            "acquire_p99_ms": None if p99 is None else round(p99 * 1000, 3),
+            "last_error": self.last_error,
+        }
+        if self.isolation is not None:
+            stats["isolation"] = self.isolation
+            network = str(self.isolation.get("network", ""))
+            stats["network_isolated"] = network.startswith("namespace") or network == "none (container)"
+        return stats
+
+
+class RolloutPool(BasePool):
+    """``scope="rollout"``: each lease holds an instance of its own; at most ``max`` exist."""
+
+    def __init__(self, spec: ResourceSpec) -> None:
+        super().__init__(spec)
+        self.idle: deque[Instance] = deque()
+        self.waiters: deque[asyncio.Future[Instance | None]] = deque()
+        self.in_use = 0
+        self.creating = 0
+        self.resetting = 0
+        self.started = False
+
+    @property
+    def size(self) -> int:
+        return len(self.idle) + self.in_use + self.resetting + self.creating
+
+    async def start(self) -> None:
+        """Create ``min`` instances concurrently (pre-warm) and start the health monitor."""
+        if self.started:
+            return
+        self.started = True
+        await self._fill_to_min()
+        if self.spec.health_check and self.spec.health_interval > 0:
+            self._spawn(self._monitor())
+
+    async def _fill_to_min(self) -> None:
+        need = self.spec.pool.min - self.size
+        if need <= 0 or self.closed:
+            return
+        self.creating += need
+
+        async def one() -> None:
+            try:
+                slot = await self._create()
+            except Exception:
+                self.creating -= 1
+                self._wake_creator()
+                raise
+            self.creating -= 1
+            self._give(slot)
+
+        results = await asyncio.gather(*(one() for _ in range(need)), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors and not self.closed:
+            raise errors[0] if isinstance(errors[0], ResourceError) else ResourceError(str(errors[0]))
+
+    async def acquire(self, owner: str | None, timeout: float | None) -> Lease:
+        if self.closed:
+            raise ResourceClosed(f"resource engine is closed; cannot acquire {self.spec.name!r}")
+        if not self.started:
+            await self.start()
+        start = time.monotonic()
+        slot = await self._obtain(timeout)
+        slot.uses += 1
+        self.acquires += 1
+        self.latency.add(time.monotonic() - start)
+        return Lease(self.spec.name, owner, slot)
+
+    async def _obtain(self, timeout: float | None) -> Instance:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        slot: Instance | None
+        if not self.waiters and self.idle:
+            slot = self.idle.popleft()
+            self.in_use += 1
+        elif not self.waiters and self.size < self.spec.pool.max:
+            self.creating += 1
+            slot = None
+        else:
+            slot = await self._wait(deadline, timeout)  # returns with in_use (or creating) already counted
+        if slot is None:  # we hold a reserved slot: create the instance ourselves
+            return await self._create_reserved()
+        try:
+            healthy = await self._healthy(slot)
+        except BaseException:  # cancelled mid-probe: do not trust the instance, do not lose the slot
+            self.in_use -= 1
+            self.resetting += 1
+            self._spawn(self._recycle(slot, healthy=False))
+            raise
+        if healthy:
+            return slot
+        # A dead idle instance: destroy it and create a new one in the same reserved slot.
+        self.in_use -= 1
+        self.creating += 1
+        self.failed += 1
+        self.last_error = f"instance {slot.id} failed its health check"
+        try:
+            await self._destroy(slot)
+        except BaseException:
+            self.creating -= 1
+            self._wake_creator()
+            raise
+        return await self._create_reserved()
+
+    async def _create_reserved(self) -> Instance:
+        """Create an instance in a slot already counted in ``creating``; free the slot if that fails."""
+        try:
+            slot = await self._create()
+        except BaseException:
+            self.creating -= 1
+            self._wake_creator()
+            raise
+        self.creating -= 1
+        self.in_use += 1
+        return slot
+
+    async def _wait(self, deadline: float | None, timeout: float | None) -> Instance | None:
+        fut: asyncio.Future[Instance | None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(fut)
+        try:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return await asyncio.wait_for(asyncio.shield(fut), remaining)
+        except BaseException as exc:  # timed out, cancelled, or the engine closed
+            if fut in self.waiters:
+                self.waiters.remove(fut)
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                # Handed an instance (or a slot) in the same moment we gave up: pass it on.
+                self._return_handoff(fut.result())
+            else:
+                fut.cancel()
+            if isinstance(exc, TimeoutError):
+                self.timeouts += 1
+                raise ResourceTimeout(
+                    f"no {self.spec.name!r} instance became free within {timeout:g} s: the pool is at its max "
+                    f"of {self.spec.pool.max} ({self.in_use} in use, {len(self.waiters)} waiting). Raise "
+                    "Pool(max=...), raise acquire_timeout, or run fewer rollouts at once."
+                ) from None
+            raise
+
+    def _return_handoff(self, slot: Instance | None) -> None:
+        """A waiter left (timeout/cancel) after being handed ``slot``: pass it on instead of losing it."""
+        if slot is None:
+            self.creating -= 1
+            self._wake_creator()
+        else:
+            self.in_use -= 1
+            self._give(slot)
+
+    def _give(self, slot: Instance) -> None:
+        """Hand a clean instance to the oldest waiter, or park it idle."""
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                self.in_use += 1
+                fut.set_result(slot)
+                return
+        if self.closed:
+            self._spawn(self._destroy(slot))
+        else:
+            self.idle.append(slot)
+
+    def _wake_creator(self) -> None:
+        """A slot came free (an instance was destroyed): let the oldest waiter create a new one."""
+        while self.waiters and self.size < self.spec.pool.max:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                self.creating += 1
+                fut.set_result(None)
+                return
+
+    def release(self, lease: Lease, healthy: bool) -> None:
+        """Give the instance back: reset it in the background, or destroy it when unhealthy."""
+        if lease.released:
+            return
+        lease.released = True
+        self.in_use -= 1
+        self.resetting += 1
+        self._spawn(self._recycle(lease.slot, healthy))
+
+    async def _recycle(self, slot: Instance, healthy: bool) -> None:
+        ok = healthy and not self.closed
+        if ok and self.spec.reset:
+            try:
+                await slot.resource.reset()
+            except asyncio.CancelledError:
+                ok = False
+            except Exception as exc:
+                ok = False
+                self.failed += 1
+                self.last_error = f"reset failed: {type(exc).__name__}: {exc}"
+        self.resetting -= 1
+        if ok:
+            self._give(slot)
+            return
+        await self._destroy(slot)
+        self._wake_creator()
+        if not self.closed and self.size < self.spec.pool.min:
+            self._spawn(self._refill())
+
+    async def _refill(self) -> None:
+        try:
+            await self._fill_to_min()
+        except ResourceError as exc:
+            log.warning("could not refill pool %s to min: %s", self.spec.name, exc)
+
+    async def _monitor(self) -> None:
+        """Probe idle instances now and then; replace the dead ones."""
+        while not self.closed:
+            await asyncio.sleep(self.spec.health_interval)
+            for slot in list(self.idle):
+                if slot not in self.idle or await self._healthy(slot):
+                    continue
+                if slot in self.idle:  # still idle after the probe: nobody took it meanwhile
+                    self.idle.remove(slot)
+                    self.failed += 1
+                    self.last_error = f"instance {slot.id} failed its health check"
+                    await self._destroy(slot)
+                    self._wake_creator()
+            if self.size < self.spec.pool.min:
+                await self._refill()
+
+    async def aclose(self) -> None:
+        """Stop handing out, fail every waiter, and close every instance (also those in use)."""
+        self.closed = True
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_exception(ResourceClosed(f"resource engine closed while waiting for {self.spec.name!r}"))
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.idle.clear()
+        await asyncio.gather(*(self._destroy(slot) for slot in list(self.instances)), return_exceptions=True)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            **self.base_stats(),
+            "size": self.size,
+            "in_use": self.in_use,
+            "idle": len(self.idle),
+            "waiting": sum(1 for f in self.waiters if not f.done()),
+            "resetting": self.resetting,
+            "creating": self.creating,
+        }
+
+
+class GlobalPool(BasePool):
+    """``scope="global"``: one instance shared by every lease; release is a reference-count decrement."""
+
+    def __init__(self, spec: ResourceSpec) -> None:
+        super().__init__(spec)
+        self.current: Instance | None = None
+        self.lock = asyncio.Lock()
+        self.started = False
+
+    async def start(self) -> None:
+        if self.started:
+            return
+        self.started = True
+        if self.spec.pool.min > 0:
+            await self._current()
+
+    async def _current(self) -> Instance:
+        async with self.lock:
+            if self.current is not None and not self.current.retired:
+                return self.current
+            self.current = await self._create()
+            return self.current
+
+    async def acquire(self, owner: str | None, timeout: float | None) -> Lease:
+        if self.closed:
+            raise ResourceClosed(f"resource engine is closed; cannot acquire {self.spec.name!r}")
+        self.started = True
+        start = time.monotonic()
+        try:
+            slot = await asyncio.wait_for(self._current(), timeout)
+        except TimeoutError:
+            self.timeouts += 1
+            raise ResourceTimeout(
+                f"the shared {self.spec.name!r} instance did not start within {timeout:g} s; raise acquire_timeout"
+            ) from None
+        slot.holders += 1
+        slot.uses += 1
+        self.acquires += 1
+        self.latency.add(time.monotonic() - start)
+        return Lease(self.spec.name, owner, slot)
+
+    def release(self, lease: Lease, healthy: bool) -> None:
+        if lease.released:
+            return
+        lease.released = True
+        slot = lease.slot
+        slot.holders -= 1
+        if not healthy and not slot.retired:
+            # New acquirers get a fresh instance; this one goes when its last holder lets go.
+            slot.retired = True
+            self.failed += 1
+            self.last_error = f"shared instance {slot.id} was reported unhealthy"
+            if self.current is slot:
+                self.current = None
+        if slot.retired and slot.holders == 0:
+            self._spawn(self._destroy(slot))
+
+    async def aclose(self) -> None:
+        self.closed = True
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.current = None
+        await asyncio.gather(*(self._destroy(slot) for slot in list(self.instances)), return_exceptions=True)
+
+    def stats(self) -> dict[str, Any]:
+        holders = sum(s.holders for s in self.instances)
+        return {
+            **self.base_stats(),
+            "size": len(self.instances),
+            "in_use": holders,
+            "idle": 1 if self.current is not None and holders == 0 else 0,
+            "waiting": 1 if self.lock.locked() else 0,
+            "resetting": 0,
+            "creating": 0,
+        }
+
+
+async def _quietly_close(resource: Any) -> None:
+    """Close an instance; if that fails or hangs, kill it. Never raises (except for cancellation)."""
+    try:
+        await asyncio.wait_for(resource.close(), 30)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            getattr(resource, "kill", lambda: None)()
+        raise
+    except Exception:
+        log.exception("closing %r failed; killing it", resource)
+        with contextlib.suppress(Exception):
+            getattr(resource, "kill", lambda: None)()
