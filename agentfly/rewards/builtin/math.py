@@ -3,23 +3,39 @@
 from __future__ import annotations
 
 import re
+import threading
 from fractions import Fraction
 
 from agentfly.rewards.reward import reward
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_BOXED = "\\boxed{"
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
+
+
+def _last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}``, with nested braces (``\\boxed{\\frac{1}{2}}``) kept whole."""
+    start = text.rfind(_BOXED)
+    if start < 0:
+        return None
+    depth, begin = 1, start + len(_BOXED)
+    for i in range(begin, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[begin:i]
+    return None
 
 
 def extract_answer(text: str | None) -> str | None:
     """The final answer in ``text``: an ``<answer>`` tag, else ``\\boxed{}``, else the last number."""
     if not text:
         return None
-    for pattern in (_ANSWER_TAG, _BOXED):
-        found = pattern.findall(text)
-        if found:
-            return found[-1].strip()
+    tagged = _ANSWER_TAG.findall(text)
+    if tagged:
+        return tagged[-1].strip()
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        return boxed.strip()
     numbers = _NUMBER.findall(text)
     return numbers[-1] if numbers else text.strip()
 
@@ -36,8 +52,12 @@ def _symbolic_equal(pred: str, gold: str) -> bool:
         from math_verify import parse, verify
     except ImportError:  # pragma: no cover - math-verify is a base dependency
         return False
+    # math-verify times out with signal.alarm, which only works in the main thread; sync rewards run in
+    # worker threads (asyncio.to_thread), where it would raise and every symbolic answer would score 0.
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
     try:
-        return bool(verify(parse(f"${gold}$"), parse(f"${pred}$")))
+        return bool(verify(parse(f"${gold}$", parsing_timeout=timeout), parse(f"${pred}$", parsing_timeout=timeout),
+                           timeout_seconds=timeout))
     except Exception:
         return False
 
