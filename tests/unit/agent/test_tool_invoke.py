@@ -201,7 +201,7 @@ async def test_it_takes_name_description_timeout_and_resource_from_the_decorator
 
 
 def test_it_refuses_a_resource_on_a_tool_without_a_context_parameter() -> None:
-    with pytest.raises(TypeError, match="resource='sandbox'.*'context'"):
+    with pytest.raises(TypeError, match=r"resource='sandbox'.*'context'"):
         @tool(resource="sandbox")
         def no_context(code: str) -> str:
             return code
