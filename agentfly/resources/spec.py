@@ -24,8 +24,12 @@ class ResourceError(RuntimeError):
     """A resource could not be created, reset or reached."""
 
 
-class ResourceTimeout(ResourceError, TimeoutError):
-    """No instance became free within the acquire timeout (the pool is at ``max`` and all are in use)."""
+class ResourceTimeout(ResourceError):
+    """No instance became free within the acquire timeout (the pool is at ``max`` and all are in use).
+
+    Deliberately not a ``TimeoutError``: ``Tool.invoke`` reports those as "the tool timed out", and the
+    model should read that it waited for a busy resource, not that its own call was slow.
+    """
 
 
 class ResourceClosed(ResourceError):
