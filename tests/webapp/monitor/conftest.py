@@ -1,0 +1,104 @@
+"""Fixtures for the live-monitoring tests: two teams' users (alice, bob), a job of alice's team, session
+cookies for websockets, and a channel layer of their own on the real Redis.
+
+The tests run against the real PostgreSQL (``DATABASE_URL``, default ``postgres://postgres@127.0.0.1:5432``)
+and Redis (``REDIS_URL``). They use a test database and a channel-layer prefix of their own, so a parallel
+run of the web app's tests (same job ids, same group names) cannot cross-talk with these.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+os.environ.setdefault("DEBUG", "1")
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/agentfly")
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+import django
+
+# pytest-django sets Django up only when the settings module is known before collection; this folder may be
+# collected on its own, so make sure the app registry is ready before any fixture touches the database.
+django.setup()
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("postgresql"):
+        db.setdefault("TEST", {})["NAME"] = f"test_{db['NAME']}_monitor"
+
+
+@pytest.fixture(autouse=True)
+def private_channel_layer(settings: Any) -> Iterator[None]:
+    """A channel layer with a prefix of this test's own, reset after it (layers are cached per process)."""
+    from channels.layers import channel_layers
+
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [settings.REDIS_URL], "prefix": f"monitor-test-{uuid.uuid4().hex[:8]}",
+                       "capacity": 5000, "expiry": 30},
+        }
+    }
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
+def _make_user(username: str, team_name: str) -> Any:
+    from django.contrib.auth import get_user_model
+
+    from webapp.accounts.models import do_create_team
+
+    user = get_user_model().objects.create_user(username=username, password="correct horse battery staple")
+    do_create_team(team_name, user)
+    return user
+
+
+@pytest.fixture
+def alice(transactional_db: None) -> Any:
+    return _make_user("alice", "Team A")
+
+
+@pytest.fixture
+def bob(transactional_db: None) -> Any:
+    return _make_user("bob", "Team B")
+
+
+@pytest.fixture
+def alice_job(alice: Any) -> Any:
+    """A running job of alice's team (created directly: these tests are about its events, not its run)."""
+    from webapp.accounts.models import Team
+    from webapp.jobs.models import Status, TrainingJob
+
+    team = Team.objects.of(alice).get()
+    return TrainingJob.objects.create(team=team, created_by=alice, name="tiny arithmetic", status=Status.RUNNING,
+                                      config={"steps": 10}, total_steps=10)
+
+
+def _session_cookie(user: Any) -> tuple[bytes, bytes]:
+    """The ``cookie`` header of a browser signed in as ``user``."""
+    from django.conf import settings
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    value = client.cookies[settings.SESSION_COOKIE_NAME].value
+    return (b"cookie", f"{settings.SESSION_COOKIE_NAME}={value}".encode())
+
+
+@pytest.fixture
+def alice_cookie(alice: Any) -> tuple[bytes, bytes]:
+    return _session_cookie(alice)
+
+
+@pytest.fixture
+def bob_cookie(bob: Any) -> tuple[bytes, bytes]:
+    return _session_cookie(bob)
