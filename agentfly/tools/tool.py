@@ -91,6 +91,10 @@ class Tool:
             kwargs = self.validate(arguments)
             if self.takes_context:
                 kwargs["context"] = context
+            if self.resource is not None and callable(getattr(context, "resource", None)):
+                # Acquire before the timeout clock starts: a wait for a busy pool is bounded by the pool's
+                # acquire_timeout and reported as such (ResourceTimeout), not as a slow tool.
+                await context.resource(self.resource)
             if self.is_async:
                 call: Awaitable[Any] = self.fn(**kwargs)
             else:
