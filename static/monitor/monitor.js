@@ -1,0 +1,342 @@
+/* AgentFly live monitoring, shared by the dashboard and the compare page.
+ *
+ * EventSocket: one websocket per job. The server sends the stored history, then live events, each with the
+ * job's sequence number; the socket drops what it already has, and on a gap or a lost connection it
+ * reconnects with back-off asking for `?after=<last seq>`, so the page never shows a hole or a duplicate.
+ *
+ * MetricCharts: Plotly charts that grow with `Plotly.extendTraces`, batched: points are queued as events
+ * arrive and drawn at most every FLUSH_MS, one call per chart. Smoothing (debiased EMA, as TensorBoard
+ * draws it) and the log scale are display-only: the raw stored values are always kept and drawn.
+ */
+(function () {
+  "use strict";
+
+  const FLUSH_MS = 250;
+  const FATAL_CLOSE = {
+    4400: "The page asked for a bad sequence number; reload it.",
+    4401: "You are signed out; sign in again to keep watching.",
+    4403: "This job is not one of your teams' jobs.",
+  };
+
+  /* ------------------------------------------------------------------------------------ the socket */
+  class EventSocket {
+    constructor(path, handlers) {
+      this.path = path;
+      this.handlers = handlers;
+      this.lastSeq = 0;
+      this.attempt = 0;
+      this.ws = null;
+      this.stopped = false;
+      this.timer = null;
+    }
+
+    start() { this._connect(); return this; }
+
+    stop() { this.stopped = true; clearTimeout(this.timer); if (this.ws) this.ws.close(1000); }
+
+    _state(state, detail) { if (this.handlers.onState) this.handlers.onState(state, detail || ""); }
+
+    _connect() {
+      const proto = location.protocol === "https:" ? "wss:" : "ws:";
+      const ws = new WebSocket(`${proto}//${location.host}${this.path}?after=${this.lastSeq}`);
+      this.ws = ws;
+      this._state("connecting");
+      let refusal = "";
+      ws.onmessage = (e) => {
+        const message = JSON.parse(e.data);
+        if (message.type === "error") { refusal = message.message; return; }
+        this._message(message, ws);
+      };
+      ws.onclose = (e) => {
+        if (ws !== this.ws || this.stopped) return;
+        if (FATAL_CLOSE[e.code]) { this.stopped = true; this._state("refused", refusal || FATAL_CLOSE[e.code]); return; }
+        // Back-off with jitter: 0.5 s, 1 s, 2 s ... up to 15 s, so a restarting server is not stampeded.
+        const delay = Math.min(15000, 500 * 2 ** this.attempt) * (0.5 + Math.random() / 2);
+        this.attempt += 1;
+        this._state("reconnecting", `reconnecting in ${(delay / 1000).toFixed(1)} s`);
+        this.timer = setTimeout(() => this._connect(), delay);
+      };
+    }
+
+    _message(message, ws) {
+      if (message.type === "hello") {
+        this.attempt = 0;
+        if (this.handlers.onHello) this.handlers.onHello(message.job);
+        this._state("loading", "loading history");
+      } else if (message.type === "live") {
+        this._state("live");
+      } else if (message.type === "events") {
+        const fresh = message.events.filter((e) => e.seq > this.lastSeq);
+        if (!fresh.length) return;
+        if (fresh[0].seq !== this.lastSeq + 1) {
+          // The server never sends a gap; if one shows up anyway, ask again from what we have.
+          ws.close(4000);
+          return;
+        }
+        for (let i = 1; i < fresh.length; i++) {
+          if (fresh[i].seq !== fresh[i - 1].seq + 1) { fresh.length = i; break; }
+        }
+        this.lastSeq = fresh[fresh.length - 1].seq;
+        this.handlers.onEvents(fresh);
+      }
+    }
+  }
+
+  /* ------------------------------------------------------------------------------ event payloads */
+  // The job body stores flat payloads ({"reward_mean": ...}); the trainer's EventStream nests them
+  // ({"run": ..., "data": {"reward/mean": ...}}). Both reach the page; this is the one place that knows.
+  function payload(event) {
+    const d = event.data || {};
+    if (d.data && typeof d.data === "object" && !Array.isArray(d.data)) return d.data;
+    return d;
+  }
+
+  function normKey(key) { return String(key).toLowerCase().replace(/[^a-z0-9]+/g, "_").replace(/^_|_$/g, ""); }
+
+  function numericMetrics(values, prefix, out) {
+    out = out || {};
+    for (const [k, v] of Object.entries(values)) {
+      if (k === "step" || k === "time" || k === "run" || k === "checkpoint") continue;
+      const key = prefix ? `${prefix}_${normKey(k)}` : normKey(k);
+      if (typeof v === "number" && Number.isFinite(v)) out[key] = v;
+      else if (v && typeof v === "object" && !Array.isArray(v)) numericMetrics(v, key, out);
+    }
+    return out;
+  }
+
+  /* ---------------------------------------------------------------------------------- the charts */
+  const CHARTS = [
+    { id: "reward", title: "Reward", keys: ["reward_mean", "reward", "rewards_mean", "reward_avg"],
+      band: { std: "reward_std", min: "reward_min", max: "reward_max" } },
+    { id: "accuracy", title: "Accuracy", keys: ["accuracy", "reward_accuracy", "acc", "accuracy_mean"] },
+    { id: "loss", title: "Policy loss", keys: ["loss_policy", "policy_loss", "pg_loss", "actor_pg_loss", "loss"] },
+    { id: "kl", title: "KL", keys: ["kl", "loss_kl", "kl_ref", "actor_kl", "kl_mean"] },
+    { id: "entropy", title: "Entropy", keys: ["entropy", "actor_entropy", "entropy_mean", "loss_entropy"] },
+    { id: "clip", title: "Clip fraction", keys: ["clip_fraction", "clip_frac", "loss_clip_fraction", "clipfrac", "actor_pg_clipfrac"] },
+    { id: "length", title: "Response length (tokens)", keys: ["response_length", "response_length_mean", "length_mean"] },
+    { id: "tool_calls", title: "Tool calls per trajectory", keys: ["tool_calls_per_traj", "tool_calls_per_trajectory", "tools_calls_per_traj", "tool_calls_mean", "tool_calls"] },
+    { id: "tool_errors", title: "Tool error rate", keys: ["tool_error_rate", "tools_error_rate", "tool_errors_rate"] },
+    { id: "tokens_per_s", title: "Tokens / s", keys: ["tokens_per_s", "throughput_tokens_per_s", "perf_tokens_per_s", "tokens_s"] },
+    { id: "step_time", title: "Step and stage time (s)", keys: ["step_time", "time_step", "time_total"], prefix: "time_" },
+    { id: "mismatch", title: "Rollout vs trainer logprob mismatch", keys: ["logprob_mismatch", "rollout_logprob_mismatch", "logprob_diff", "mismatch_logprob", "logprob_mismatch_mean", "rollout_trainer_logprob_diff"] },
+  ];
+  const PALETTE = ["#4f46e5", "#d93025", "#0f9d58", "#b7791f", "#2563eb", "#9333ea", "#0891b2", "#be185d"];
+
+  function hexToRgba(hex, alpha) {
+    const n = parseInt(hex.slice(1), 16);
+    return `rgba(${(n >> 16) & 255}, ${(n >> 8) & 255}, ${n & 255}, ${alpha})`;
+  }
+
+  /* One line = one metric of one series (a job): the stored values, and what is drawn from them. */
+  class Line {
+    constructor(series, metric, name, color, hasBand) {
+      Object.assign(this, { series, metric, name, color, hasBand });
+      this.x = []; this.y = []; this.std = []; this.min = []; this.max = [];
+      this.pending = 0; // points stored but not drawn yet
+      this.emaAcc = 0; this.emaN = 0;
+    }
+  }
+
+  class MetricCharts {
+    /* container: the element charts go in; options: {band: bool, onDraw(chartId, div)} */
+    constructor(container, options) {
+      this.container = container;
+      this.options = Object.assign({ band: true }, options || {});
+      this.smoothing = false; this.weight = 0.6; this.logScale = false; this.bandKind = "std";
+      this.charts = new Map(); // id -> {def, div, lines: [Line], dirty: bool}
+      this.seriesNames = new Map();
+      this.timer = null;
+      for (const def of CHARTS) this._chart(def.id, def);
+    }
+
+    setSeriesName(series, name) { this.seriesNames.set(String(series), name); }
+
+    _chart(id, def) {
+      let chart = this.charts.get(id);
+      if (chart) return chart;
+      const box = document.createElement("div");
+      box.className = "chart"; box.hidden = true;
+      const div = document.createElement("div");
+      div.id = `chart-${id}`; div.className = "plot"; div.dataset.points = "0";
+      box.appendChild(div);
+      this.container.appendChild(box);
+      chart = { def, box, div, lines: [], index: new Map(), drawn: false, full: true };
+      this.charts.set(id, chart);
+      return chart;
+    }
+
+    _line(chart, series, metric, label, withBand) {
+      const key = `${series}|${metric}`;
+      let line = chart.index.get(key);
+      if (line) return line;
+      const multiSeries = this.seriesNames.size > 1;
+      const name = multiSeries ? `${this.seriesNames.get(String(series)) || series}${label ? " · " + label : ""}` : (label || chart.def.title);
+      const colorIndex = multiSeries ? [...this.seriesNames.keys()].indexOf(String(series)) : chart.lines.length;
+      line = new Line(series, metric, name, PALETTE[(colorIndex + PALETTE.length) % PALETTE.length], withBand);
+      chart.lines.push(line); chart.index.set(key, line);
+      chart.full = true; // a new trace: redraw the chart once, then extend again
+      return line;
+    }
+
+    /* Queue one metrics event's numbers for `series` at x = step. */
+    add(series, step, values) {
+      const claimed = new Set();
+      for (const def of CHARTS) {
+        const chart = this.charts.get(def.id);
+        const key = def.keys.find((k) => k in values);
+        if (key !== undefined) {
+          claimed.add(key);
+          const band = def.band && this.options.band && (def.band.std in values || def.band.min in values);
+          const line = this._line(chart, series, key, "", band);
+          this._push(line, step, values[key], def.band ? values : null, def.band);
+          if (def.band) for (const k of Object.values(def.band)) claimed.add(k);
+        }
+        if (def.prefix) {
+          for (const k of Object.keys(values)) {
+            if (!k.startsWith(def.prefix) || def.keys.includes(k)) continue;
+            claimed.add(k);
+            this._push(this._line(chart, series, k, k.slice(def.prefix.length), false), step, values[k]);
+          }
+        }
+      }
+      for (const [k, v] of Object.entries(values)) {
+        if (claimed.has(k)) continue;
+        const chart = this._chart(`x-${k}`, { id: `x-${k}`, title: k, keys: [k] });
+        this._push(this._line(chart, series, k, "", false), step, v);
+      }
+      this._schedule();
+    }
+
+    _push(line, step, value, values, band) {
+      line.x.push(step); line.y.push(value);
+      if (band && values) {
+        line.std.push(values[band.std] ?? null);
+        line.min.push(values[band.min] ?? null);
+        line.max.push(values[band.max] ?? null);
+      }
+      line.pending += 1;
+    }
+
+    _schedule() {
+      if (this.timer === null) this.timer = setTimeout(() => { this.timer = null; this.flush(); }, FLUSH_MS);
+    }
+
+    setSmoothing(on, weight) { this.smoothing = on; this.weight = weight; this._redrawAll(); }
+    setBandKind(kind) { this.bandKind = kind; this._redrawAll(); }
+    setLogScale(on) {
+      this.logScale = on;
+      for (const chart of this.charts.values()) if (chart.drawn) Plotly.relayout(chart.div, { "yaxis.type": on ? "log" : "linear" });
+    }
+
+    _redrawAll() { for (const chart of this.charts.values()) chart.full = true; this.flush(); }
+
+    _band(line, i) {
+      const y = line.y[i];
+      if (y === null || y === undefined) return [null, null];
+      if (this.bandKind === "minmax") return [line.min[i], line.max[i]];
+      const s = line.std[i];
+      return s === null || s === undefined ? [null, null] : [y - s, y + s];
+    }
+
+    _ema(line, value) {
+      if (value === null || value === undefined) return null;
+      line.emaAcc = this.weight * line.emaAcc + (1 - this.weight) * value;
+      line.emaN += 1;
+      return line.emaAcc / (1 - this.weight ** line.emaN);
+    }
+
+    _traces(line) {
+      // Fixed order per line: [band low, band high,] raw, smoothed.
+      const traces = [];
+      if (line.hasBand) {
+        const lo = [], hi = [];
+        for (let i = 0; i < line.x.length; i++) { const [a, b] = this._band(line, i); lo.push(a); hi.push(b); }
+        traces.push({ x: line.x.slice(), y: lo, mode: "lines", line: { width: 0 }, hoverinfo: "skip", showlegend: false, name: "band" });
+        traces.push({ x: line.x.slice(), y: hi, mode: "lines", line: { width: 0 }, fill: "tonexty",
+          fillcolor: hexToRgba(line.color, 0.15), hoverinfo: "skip", showlegend: false,
+          name: this.bandKind === "minmax" ? "min/max" : "± std" });
+      }
+      line.emaAcc = 0; line.emaN = 0;
+      const smooth = line.y.map((v) => this._ema(line, v));
+      traces.push({ x: line.x.slice(), y: line.y.slice(), mode: "lines+markers", name: line.name,
+        marker: { size: 4, color: line.color }, line: { color: line.color, width: 1.5 },
+        opacity: this.smoothing ? 0.3 : 1 });
+      traces.push({ x: line.x.slice(), y: smooth, mode: "lines", name: `${line.name} (smoothed)`,
+        line: { color: line.color, width: 2 }, visible: this.smoothing, showlegend: false });
+      return traces;
+    }
+
+    flush() {
+      for (const [id, chart] of this.charts) {
+        if (!chart.lines.length) continue;
+        const pending = chart.lines.some((l) => l.pending > 0);
+        if (!chart.full && !pending) continue;
+        if (chart.full || !chart.drawn) {
+          chart.box.hidden = false;
+          const traces = chart.lines.flatMap((l) => this._traces(l));
+          const layout = {
+            title: { text: chart.def.title, font: { size: 14 } }, margin: { l: 50, r: 12, t: 36, b: 36 },
+            height: 260, xaxis: { title: { text: "step" } }, yaxis: { type: this.logScale ? "log" : "linear" },
+            showlegend: chart.lines.length > 1, legend: { orientation: "h", y: -0.25 }, uirevision: id,
+          };
+          Plotly.react(chart.div, traces, layout, { displaylogo: false, responsive: true });
+          chart.drawn = true; chart.full = false;
+          for (const l of chart.lines) l.pending = 0;
+        } else {
+          const update = { x: [], y: [] }, indices = [];
+          let offset = 0;
+          for (const l of chart.lines) {
+            const n = l.pending, from = l.x.length - n;
+            if (n > 0) {
+              const xs = l.x.slice(from), ys = l.y.slice(from);
+              if (l.hasBand) {
+                const lo = [], hi = [];
+                for (let i = from; i < l.x.length; i++) { const [a, b] = this._band(l, i); lo.push(a); hi.push(b); }
+                update.x.push(xs, xs); update.y.push(lo, hi); indices.push(offset, offset + 1);
+              }
+              const base = offset + (l.hasBand ? 2 : 0);
+              update.x.push(xs, xs); update.y.push(ys, ys.map((v) => this._ema(l, v))); indices.push(base, base + 1);
+              l.pending = 0;
+            }
+            offset += l.hasBand ? 4 : 2;
+          }
+          if (indices.length) Plotly.extendTraces(chart.div, update, indices);
+        }
+        chart.div.dataset.points = String(chart.lines[0].x.length);
+        document.getElementById("charts-empty")?.remove();
+        if (this.options.onDraw) this.options.onDraw(id, chart.div);
+      }
+    }
+  }
+
+  /* ----------------------------------------------------------------------------- page helpers */
+  function bindChartControls(charts) {
+    const smooth = document.getElementById("smooth-toggle");
+    const weight = document.getElementById("smooth-weight");
+    const shown = document.getElementById("smooth-value");
+    const update = () => { shown.textContent = Number(weight.value).toFixed(2); charts.setSmoothing(smooth.checked, Number(weight.value)); };
+    smooth.addEventListener("change", update);
+    weight.addEventListener("input", update);
+    document.getElementById("log-toggle").addEventListener("change", (e) => charts.setLogScale(e.target.checked));
+    const band = document.getElementById("band-kind");
+    if (band) band.addEventListener("change", (e) => charts.setBandKind(e.target.value));
+  }
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") node.className = v; else if (k === "text") node.textContent = v; else node.setAttribute(k, v);
+    }
+    for (const child of children) if (child !== null && child !== undefined) node.append(child);
+    return node;
+  }
+
+  function fmt(value, digits) {
+    if (value === null || value === undefined) return "—";
+    if (typeof value !== "number") return String(value);
+    return Number.isInteger(value) ? String(value) : value.toFixed(digits ?? 3);
+  }
+
+  window.AgentFlyMonitor = { EventSocket, MetricCharts, payload, numericMetrics, normKey, bindChartControls, el, fmt, PALETTE };
+})();

@@ -1,0 +1,1 @@
+"""Accounts and teams: Django users, and teams backed by Django auth groups."""

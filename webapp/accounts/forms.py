@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib.auth import get_user_model
+from django.contrib.auth.forms import UserCreationForm
+from django.contrib.auth.models import Group
+
+
+class SignupForm(UserCreationForm):
+    team_name = forms.CharField(
+        max_length=80, required=False,
+        help_text="Create a team and join it. Leave empty to get a personal team; others can add you to theirs.",
+    )
+
+    class Meta(UserCreationForm.Meta):
+        model = get_user_model()
+        fields = ("username",)
+
+    def clean_team_name(self) -> str:
+        name = self.cleaned_data.get("team_name", "").strip()
+        if name and Group.objects.filter(name=name).exists():
+            raise forms.ValidationError(f"A team named {name!r} already exists; ask one of its members to add you.")
+        return name
+
+
+class TeamForm(forms.Form):
+    name = forms.CharField(max_length=80)
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"].strip()
+        if not name:
+            raise forms.ValidationError("Give the team a name.")
+        if Group.objects.filter(name=name).exists():
+            raise forms.ValidationError(f"A team named {name!r} already exists; pick another name.")
+        return name
+
+
+class AddMemberForm(forms.Form):
+    username = forms.CharField(max_length=150)
+
+    def clean_username(self) -> Any:
+        username = self.cleaned_data["username"].strip()
+        user = get_user_model().objects.filter(username=username).first()
+        if user is None:
+            raise forms.ValidationError(f"No user is called {username!r}; they must sign up first.")
+        return user

@@ -1,0 +1,30 @@
+"""The ASGI entry point: HTTP goes to Django, websockets to the monitor app's consumers.
+
+Websockets authenticate through the session cookie (``AuthMiddlewareStack``) and must come from an allowed
+origin, which is the websocket's equivalent of CSRF protection.
+
+    daphne -b 0.0.0.0 -p 8000 webapp.asgi:application
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+# Django must be set up before anything imports models (the consumers do).
+django_asgi_app = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+
+from webapp.monitor.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    }
+)

@@ -1,0 +1,37 @@
+"""The Celery app: Redis broker and result backend, one queue per hardware class.
+
+Training jobs go to ``cpu`` or ``gpu``; registry introspection and "try it" calls go to ``cpu`` (they import
+user code, which must never happen in the web process). ``acks_late`` with prefetch 1 means a worker takes
+one job at a time and a message is only acknowledged once the task returns, so a job whose worker vanished
+before starting it is redelivered; the task's conditional claim makes a redelivery of a started job a no-op.
+
+    celery -A webapp worker -Q cpu -c 1
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+from kombu import Queue
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+
+app = Celery("webapp")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.update(
+    task_queues=(Queue("cpu"), Queue("gpu")),
+    task_default_queue="cpu",
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    task_track_started=True,
+    worker_send_task_events=True,
+    broker_connection_retry_on_startup=True,
+    result_expires=24 * 3600,
+    # Beat (run as `celery -A webapp beat` or `worker -B`) sweeps for jobs whose worker stopped beating.
+    beat_schedule={
+        "fail-stale-jobs": {"task": "webapp.jobs.tasks.fail_stale_jobs", "schedule": 10.0},
+    },
+)
+app.autodiscover_tasks(["webapp.registry", "webapp.jobs"])

@@ -1,0 +1,25 @@
+from django.contrib import admin
+
+from webapp.accounts.admin import TeamScopedAdmin
+from webapp.jobs.models import Checkpoint, TrainingJob
+
+
+class CheckpointInline(admin.TabularInline):
+    model = Checkpoint
+    extra = 0
+    readonly_fields = ["step", "path", "metrics", "created_at"]
+
+
+@admin.register(TrainingJob)
+class TrainingJobAdmin(TeamScopedAdmin):
+    list_display = ["id", "name", "team", "status", "queue", "step", "total_steps", "created_at"]
+    list_filter = ["status", "queue"]
+    search_fields = ["name"]
+    readonly_fields = ["celery_task_id", "worker", "heartbeat_at", "last_seq", "started_at", "finished_at"]
+    inlines = [CheckpointInline]
+
+
+@admin.register(Checkpoint)
+class CheckpointAdmin(TeamScopedAdmin):
+    team_field = "job__team"
+    list_display = ["job", "step", "path", "created_at"]

@@ -1,0 +1,165 @@
+"""REST API of jobs: launch (validated by the same form as the page), cancel, resume, events, checkpoints."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from webapp.accounts.models import Team
+from webapp.jobs import actions
+from webapp.jobs.forms import ALGORITHMS, MODEL_SOURCES, TASKS, LaunchForm
+from webapp.jobs.models import Checkpoint, Queue, TrainingJob
+from webapp.monitor.events import events_after
+from webapp.monitor.models import EventType
+
+
+class CheckpointSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Checkpoint
+        fields = ["id", "step", "path", "metrics", "created_at"]
+
+
+class JobSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    tool_versions = serializers.SlugRelatedField(slug_field="source_hash", many=True, read_only=True)
+    reward_version = serializers.SlugRelatedField(slug_field="source_hash", read_only=True)
+    resumed_from = serializers.PrimaryKeyRelatedField(read_only=True)
+
+    class Meta:
+        model = TrainingJob
+        fields = ["id", "name", "team", "created_by", "status", "queue", "config", "tool_versions",
+                  "reward_version", "resumed_from", "cancel_requested", "step", "total_steps", "final_metrics",
+                  "error", "last_seq", "created_at", "started_at", "finished_at", "heartbeat_at"]
+
+
+class LaunchSerializer(serializers.Serializer):
+    """The launch fields. Validation is ``LaunchForm``'s, so the page and the API share every rule."""
+
+    name = serializers.CharField(max_length=100)
+    team = serializers.CharField(help_text="Team slug.")
+    model_source = serializers.ChoiceField(choices=MODEL_SOURCES, default="tiny")
+    model_path = serializers.CharField(required=False, allow_blank=True)
+    task = serializers.ChoiceField(choices=TASKS, default="arithmetic")
+    task_path = serializers.CharField(required=False, allow_blank=True)
+    task_size = serializers.IntegerField(default=200)
+    tools = serializers.ListField(child=serializers.IntegerField(), default=list, help_text="Registry entry ids.")
+    reward = serializers.IntegerField(help_text="Registry entry id.")
+    algorithm = serializers.ChoiceField(choices=ALGORITHMS, default="grpo")
+    steps = serializers.IntegerField(default=5)
+    prompts_per_step = serializers.IntegerField(default=2)
+    group_size = serializers.IntegerField(default=2)
+    max_turns = serializers.IntegerField(default=2)
+    max_new_tokens = serializers.IntegerField(default=24)
+    learning_rate = serializers.FloatField(default=1e-4)
+    temperature = serializers.FloatField(default=1.0)
+    seed = serializers.IntegerField(default=0)
+    eval_size = serializers.IntegerField(default=8)
+    save_every = serializers.IntegerField(default=1)
+    resources = serializers.DictField(default=dict)
+    queue = serializers.ChoiceField(choices=Queue.choices, default=Queue.CPU)
+    launch_key = serializers.CharField(required=False, allow_blank=True, max_length=64)
+
+
+def launch_form(request: Request) -> LaunchForm:
+    """Turn API JSON into the launch form's data, refusing fields the API does not know."""
+    data = request.data
+    if not isinstance(data, dict):
+        raise serializers.ValidationError({"non_field_errors": ["Send a JSON object."]})
+    unknown = sorted(set(data) - set(LaunchSerializer().fields))
+    if unknown:
+        raise serializers.ValidationError({k: ["Unknown field."] for k in unknown})
+    defaults = {name: f.default for name, f in LaunchSerializer().fields.items()
+                if f.default is not serializers.empty}
+    merged: dict[str, Any] = {**{k: (v() if callable(v) else v) for k, v in defaults.items()}, **data}
+    team = Team.objects.of(request.user).filter(slug=str(merged.get("team", ""))).first()
+    merged["team"] = team.pk if team else f"unknown team {merged.get('team')!r}"
+    if not isinstance(merged.get("tools"), list):
+        raise serializers.ValidationError({"tools": ["Give a list of registry entry ids."]})
+    if not isinstance(merged.get("resources"), dict):
+        raise serializers.ValidationError({"resources": ['Give an object like {"python": {"max": 4}}.']})
+    merged["resources"] = json.dumps(merged["resources"])
+    merged["launch_key"] = merged.get("launch_key") or request.headers.get("Idempotency-Key", "")
+    return LaunchForm(merged, user=request.user)
+
+
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = JobSerializer
+
+    def get_queryset(self) -> Any:
+        actions.fail_stale_jobs()
+        return TrainingJob.objects.visible_to(self.request.user).select_related("team", "created_by")
+
+    @extend_schema(request=LaunchSerializer, responses={201: JobSerializer, 200: JobSerializer})
+    def create(self, request: Request) -> Response:
+        """Launch a job. With ``launch_key`` (or an ``Idempotency-Key`` header) a repeat returns the same job."""
+        form = launch_form(request)
+        if not form.is_valid():
+            return Response(form.errors.get_json_data(), status=status.HTTP_400_BAD_REQUEST)
+        d = form.cleaned_data
+        job, created = actions.do_launch_job(
+            user=request.user, team=d["team"], name=d["name"], config=form.trainer_config(), queue=d["queue"],
+            tool_versions=[t.current_version for t in d["tools"]], reward_version=d["reward"].current_version,
+            resources=d["resources"], launch_key=d["launch_key"],
+        )
+        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(request=None, responses={200: JobSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        """Cancel the job (idempotent)."""
+        return Response(JobSerializer(actions.do_cancel_job(self.get_object())).data)
+
+    @extend_schema(request=None, responses={201: JobSerializer, 200: JobSerializer})
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: str | None = None) -> Response:
+        """Start a job that continues this one from its last checkpoint (idempotent)."""
+        try:
+            job, created = actions.do_resume_job(user=request.user, job=self.get_object())
+        except actions.NotResumable as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(parameters=[
+        OpenApiParameter("after", int, description="Only events with a larger sequence number."),
+        OpenApiParameter("type", str, many=True, enum=EventType.values),
+        OpenApiParameter("limit", int, description="At most this many (1-5000)."),
+    ], responses={200: dict})
+    @action(detail=True, methods=["get"])
+    def events(self, request: Request, pk: str | None = None) -> Response:
+        """The job's stored events in sequence order."""
+        job = self.get_object()
+        errors: dict[str, list[str]] = {}
+        try:
+            after = int(request.query_params.get("after", 0))
+            if after < 0:
+                raise ValueError
+        except ValueError:
+            errors["after"] = ["Give a sequence number (an integer >= 0)."]
+            after = 0
+        try:
+            limit = int(request.query_params.get("limit", 1000))
+            if not 1 <= limit <= 5000:
+                raise ValueError
+        except ValueError:
+            errors["limit"] = ["Give an integer from 1 to 5000."]
+            limit = 1000
+        types = request.query_params.getlist("type")
+        bad = [t for t in types if t not in EventType.values]
+        if bad:
+            errors["type"] = [f"Unknown event type {t!r}; use one of {EventType.values}." for t in bad]
+        if errors:
+            return Response(errors, status=status.HTTP_400_BAD_REQUEST)
+        return Response({"job": job.pk, "last_seq": job.last_seq,
+                         "events": events_after(job.pk, after, types or None, limit)})
+
+    @extend_schema(responses={200: CheckpointSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def checkpoints(self, request: Request, pk: str | None = None) -> Response:
+        return Response(CheckpointSerializer(self.get_object().checkpoints.all(), many=True).data)

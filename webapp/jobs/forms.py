@@ -1,0 +1,188 @@
+"""The launch form: every field checked, every error on its field, before anything is queued.
+
+The REST API validates through this same form (``LaunchSerializer`` delegates to it), so the browser and
+API clients get identical rules and messages.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from django import forms
+from django.conf import settings
+from django.core.exceptions import ValidationError
+
+from webapp.accounts.models import Team
+from webapp.jobs.models import Queue
+from webapp.registry.models import Entry
+
+ALGORITHMS = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo")
+MODEL_SOURCES = (("tiny", "Tiny model built on the worker (CPU demo)"), ("path", "Local model directory"))
+TASKS = (("arithmetic", "Arithmetic with a calculator (generated)"), ("jsonl", "JSONL file of samples"))
+
+
+def tiny_model_path(seed: int) -> str:
+    return str(Path(settings.AGENTFLY_RUNS_DIR) / "models" / f"tiny-{seed}")
+
+
+class EntryChoiceField(forms.ModelChoiceField):
+    def label_from_instance(self, obj: Entry) -> str:
+        owner = "built-in" if obj.is_builtin else obj.team.slug  # type: ignore[union-attr]
+        return f"{obj.name} ({owner})"
+
+
+class EntryMultipleChoiceField(forms.ModelMultipleChoiceField):
+    def label_from_instance(self, obj: Entry) -> str:
+        owner = "built-in" if obj.is_builtin else obj.team.slug  # type: ignore[union-attr]
+        return f"{obj.name} ({owner})"
+
+
+class LaunchForm(forms.Form):
+    name = forms.CharField(max_length=100, help_text="Shown in job lists.")
+    team = forms.ModelChoiceField(queryset=Team.objects.none(), empty_label=None)
+    model_source = forms.ChoiceField(choices=MODEL_SOURCES, initial="tiny")
+    model_path = forms.CharField(required=False, max_length=500,
+                                 help_text="A directory with config.json on the workers' shared disk.")
+    task = forms.ChoiceField(choices=TASKS, initial="arithmetic")
+    task_path = forms.CharField(required=False, max_length=500, help_text="Required for a JSONL task.")
+    task_size = forms.IntegerField(min_value=1, max_value=1_000_000, initial=200,
+                                   help_text="Problems generated for the arithmetic task.")
+    tools = EntryMultipleChoiceField(queryset=Entry.objects.none(), required=False)
+    reward = EntryChoiceField(queryset=Entry.objects.none())
+    algorithm = forms.ChoiceField(choices=[(a, a) for a in ALGORITHMS], initial="grpo")
+    steps = forms.IntegerField(min_value=1, max_value=100_000, initial=5)
+    prompts_per_step = forms.IntegerField(min_value=1, max_value=1024, initial=2)
+    group_size = forms.IntegerField(min_value=1, max_value=64, initial=2)
+    max_turns = forms.IntegerField(min_value=1, max_value=32, initial=2)
+    max_new_tokens = forms.IntegerField(min_value=1, max_value=8192, initial=24)
+    learning_rate = forms.FloatField(min_value=1e-9, max_value=1.0, initial=1e-4)
+    temperature = forms.FloatField(min_value=0.01, max_value=5.0, initial=1.0)
+    seed = forms.IntegerField(min_value=0, max_value=2**31 - 1, initial=0)
+    eval_size = forms.IntegerField(min_value=1, max_value=100_000, initial=8,
+                                   help_text="Held-out problems evaluated (greedily) at the end.")
+    save_every = forms.IntegerField(min_value=0, max_value=100_000, initial=1,
+                                    help_text="Checkpoint every N steps (0: only at the end).")
+    resources = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
+                                help_text='Pool sizes per resource as JSON, e.g. {"python": {"max": 4}}.')
+    queue = forms.ChoiceField(choices=Queue.choices, initial=Queue.CPU)
+    launch_key = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
+
+    def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.user = user
+        self.fields["team"].queryset = Team.objects.of(user).select_related("group")
+        visible = Entry.objects.visible_to(user).ready().select_related("team", "current_version")
+        self.fields["tools"].queryset = visible.tools()
+        self.fields["reward"].queryset = visible.rewards()
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"].strip()
+        if not name:
+            raise ValidationError("Give the job a name.")
+        return name
+
+    def clean_model_path(self) -> str:
+        return self.cleaned_data.get("model_path", "").strip()
+
+    def clean_task_path(self) -> str:
+        return self.cleaned_data.get("task_path", "").strip()
+
+    def clean_resources(self) -> dict[str, Any]:
+        text = self.cleaned_data.get("resources", "").strip()
+        if not text:
+            return {}
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValidationError(f"Not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.") from None
+        if not isinstance(value, dict):
+            raise ValidationError('Write an object of resource names, e.g. {"python": {"max": 4}}.')
+        for name, pool in value.items():
+            if not isinstance(pool, dict):
+                raise ValidationError(f'Resource "{name}": write its pool as an object like {{"min": 0, "max": 4}}.')
+            unknown = set(pool) - {"min", "max"}
+            if unknown:
+                raise ValidationError(f'Resource "{name}": unknown keys {sorted(unknown)}; only "min" and "max".')
+            for key in ("min", "max"):
+                v = pool.get(key)
+                if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1024):
+                    raise ValidationError(f'Resource "{name}": "{key}" must be an integer from 0 to 1024.')
+            if pool.get("max") is not None and pool.get("min", 0) > pool["max"]:
+                raise ValidationError(f'Resource "{name}": "min" ({pool["min"]}) is larger than "max" ({pool["max"]}).')
+            if pool.get("max") == 0:
+                raise ValidationError(f'Resource "{name}": "max" must be at least 1.')
+        return value
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("model_source") == "path":
+            path = data.get("model_path", "")
+            if not path:
+                self.add_error("model_path", "Give the model directory, or choose the tiny model.")
+            elif not Path(path).is_dir():
+                self.add_error("model_path", f"{path!r} is not a directory on this server.")
+            elif not (Path(path) / "config.json").is_file():
+                self.add_error("model_path", f"{path!r} has no config.json; point at a saved model directory.")
+        if data.get("task") == "jsonl":
+            path = data.get("task_path", "")
+            if not path:
+                self.add_error("task_path", "Give the JSONL file of task samples.")
+            elif not Path(path).is_file():
+                self.add_error("task_path", f"{path!r} is not a file on this server.")
+            elif not path.endswith(".jsonl"):
+                self.add_error("task_path", "The task file must be JSON lines (a .jsonl file).")
+        algorithm = data.get("algorithm")
+        group = data.get("group_size")
+        if algorithm in ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp_baseline") and group is not None and group < 2:
+            self.add_error("group_size", f"{algorithm} compares responses to the same prompt; use a group size of 2 or more.")
+        tools = data.get("tools") or []
+        names = [t.name for t in tools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            self.add_error("tools", f"Two tools are named {', '.join(duplicates)}; pick one of each.")
+        if not self.errors:
+            self.validate_with_trainer()
+        return data
+
+    def trainer_config(self) -> dict[str, Any]:
+        """The validated input as the trainer's configuration (``trainer.config.Config`` as a dict)."""
+        d = self.cleaned_data
+        seed = d["seed"]
+        tiny = d["model_source"] == "tiny"
+        return {
+            "seed": seed,
+            "steps": d["steps"],
+            "save_every": d["save_every"],
+            "threads": 1 if d["queue"] == Queue.CPU else 0,
+            "device": "cpu" if d["queue"] == Queue.CPU else "auto",
+            "progress": False,
+            "model": {"path": tiny_model_path(seed) if tiny else d["model_path"], "build_tiny": tiny,
+                      "tiny_seed": seed},
+            "data": {"task": "arithmetic" if d["task"] == "arithmetic" else d["task_path"],
+                     "train_size": d["task_size"], "eval_size": d["eval_size"], "seed": seed},
+            "eval": {"size": d["eval_size"], "max_new_tokens": d["max_new_tokens"]},
+            "rollout": {
+                "tools": [t.import_path for t in d.get("tools") or []],
+                "reward": d["reward"].import_path,
+                "max_turns": d["max_turns"],
+                "prompts_per_step": d["prompts_per_step"],
+                "group_size": d["group_size"],
+                "temperature": d["temperature"],
+                "max_new_tokens": d["max_new_tokens"],
+            },
+            "algorithm": {"name": d["algorithm"]},
+            "optim": {"lr": d["learning_rate"]},
+        }
+
+    def validate_with_trainer(self) -> None:
+        """Let the trainer's own config check the combination, where the trainer is installed."""
+        try:
+            from trainer.config import Config, ConfigError, from_dict
+        except ImportError:
+            return
+        try:
+            from_dict(Config, self.trainer_config()).validate()
+        except ConfigError as exc:
+            self.add_error(None, f"The trainer refuses this configuration: {exc}")

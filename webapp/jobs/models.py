@@ -1,0 +1,131 @@
+"""``TrainingJob``: one run of the trainer on a worker, and the checkpoints it wrote.
+
+The state machine is ``queued -> running -> succeeded | failed | cancelled`` (``queued -> cancelled`` too).
+Every transition is a conditional UPDATE (``WHERE status IN (...)``), so two processes racing over one job
+(a worker finishing it while a user cancels it, a redelivered message, the stale-job sweeper) cannot both
+win: exactly one update matches, the other sees 0 rows and backs off.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.urls import reverse
+from django.utils import timezone
+
+from webapp.accounts.models import Team
+from webapp.registry.models import Version
+
+
+class Status(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+ACTIVE = (Status.QUEUED, Status.RUNNING)
+FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+
+
+class Queue(models.TextChoices):
+    CPU = "cpu", "CPU"
+    GPU = "gpu", "GPU"
+
+
+class JobQuerySet(models.QuerySet["TrainingJob"]):
+    def visible_to(self, user: object) -> JobQuerySet:
+        return self.filter(team__in=Team.objects.of(user))
+
+
+class TrainingJob(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="jobs")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL,
+                                   related_name="jobs")
+    name = models.CharField(max_length=100)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    queue = models.CharField(max_length=10, choices=Queue.choices, default=Queue.CPU)
+    config = models.JSONField(help_text="The validated launch configuration the worker runs.")
+    tool_versions = models.ManyToManyField(Version, blank=True, related_name="jobs_as_tool")
+    reward_version = models.ForeignKey(Version, null=True, blank=True, on_delete=models.PROTECT,
+                                       related_name="jobs_as_reward")
+    launch_key = models.CharField(max_length=64, blank=True,
+                                  help_text="Client-chosen key that makes a repeated launch return the same job.")
+    resumed_from = models.ForeignKey("Checkpoint", null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="resumed_by")
+    celery_task_id = models.CharField(max_length=64, blank=True)
+    worker = models.CharField(max_length=200, blank=True, help_text="hostname:pid of the worker running it.")
+    cancel_requested = models.BooleanField(default=False)
+    step = models.PositiveIntegerField(default=0)
+    total_steps = models.PositiveIntegerField(default=0)
+    final_metrics = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+    last_seq = models.PositiveBigIntegerField(default=0, help_text="Sequence number of the newest stored event.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "launch_key"], condition=~models.Q(launch_key=""),
+                                    name="job_unique_launch_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.name}"
+
+    def get_absolute_url(self) -> str:
+        return reverse("jobs:detail", args=[self.pk])
+
+    @property
+    def group_name(self) -> str:
+        """The Channels group that hears this job's events."""
+        return f"job-{self.pk}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED
+
+    @property
+    def duration(self) -> float | None:
+        if self.started_at is None:
+            return None
+        end = self.finished_at or timezone.now()
+        return (end - self.started_at).total_seconds()
+
+    @property
+    def progress(self) -> int:
+        return int(100 * self.step / self.total_steps) if self.total_steps else 0
+
+    @property
+    def last_checkpoint(self) -> Checkpoint | None:
+        return self.checkpoints.order_by("-step").first()
+
+    def summary(self) -> dict[str, Any]:
+        return {"id": self.pk, "status": self.status, "step": self.step, "total_steps": self.total_steps}
+
+
+class Checkpoint(models.Model):
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.PositiveIntegerField()
+    path = models.CharField(max_length=500)
+    metrics = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job", "-step"]
+        constraints = [models.UniqueConstraint(fields=["job", "step"], name="checkpoint_unique_step")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} step {self.step}"

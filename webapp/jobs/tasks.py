@@ -1,0 +1,139 @@
+"""The Celery tasks of jobs: ``run_job`` (the training task) and ``fail_stale_jobs`` (the heartbeat sweep).
+
+``run_job`` takes an id, re-fetches the row and claims it with a conditional update; a message for a job
+that is gone, cancelled or already claimed (a redelivery after ``acks_late``) returns quietly. While the
+body runs, a heartbeat thread stamps the row and reads the cancel flag, which the body checks between steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from celery import shared_task
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
+from django.db import connection
+
+from webapp.jobs import actions
+from webapp.jobs.models import Status, TrainingJob
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    """Stamps the job alive every ``JOB_HEARTBEAT_SECONDS`` and mirrors its cancel flag into ``cancelled``."""
+
+    def __init__(self, job_id: int, interval: float) -> None:
+        self.job_id, self.interval = job_id, interval
+        self.cancelled = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-job-{job_id}", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    if actions.beat(self.job_id):
+                        self.cancelled.set()
+                except Exception:  # a database blip must not end the job; the next beat retries
+                    log.warning("heartbeat of job %d failed", self.job_id, exc_info=True)
+                    connection.close()
+                self._stop.wait(self.interval)
+        finally:
+            connection.close()
+
+
+def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run an ORM call on a fresh thread: the body may call back from inside an asyncio event loop, where
+    Django refuses synchronous database access."""
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = fn(*args)
+        except BaseException as exc:
+            result["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
+
+
+def describe_components(config: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """Import the job's tools and reward on this worker and describe the exact versions found."""
+    from webapp.registry.introspect import describe
+
+    rollout = config.get("rollout", {})
+    found = [("tool", p, describe("tool", p)) for p in rollout.get("tools", [])]
+    if rollout.get("reward"):
+        found.append(("reward", rollout["reward"], describe("reward", rollout["reward"])))
+    return found
+
+
+def on_checkpoint(job_id: int, sink: Any, step: int, path: str, metrics: dict[str, Any]) -> None:
+    off_loop(actions.record_checkpoint, job_id, step, path, metrics)
+    # Through the sink, so the log line keeps its place among the trainer's events.
+    sink.emit({"type": "log", "step": step, "level": "info", "checkpoint": path,
+               "message": f"checkpoint saved at step {step}: {path}"})
+
+
+@shared_task(name="webapp.jobs.tasks.run_job", bind=True, acks_late=True,
+             time_limit=settings.JOB_TIME_LIMIT, soft_time_limit=settings.JOB_SOFT_TIME_LIMIT)
+def run_job(self: Any, job_id: int) -> str:
+    from webapp.jobs import body
+    from webapp.monitor.sink import DatabaseEventSink
+
+    job = TrainingJob.objects.filter(pk=job_id).first()
+    if job is None:
+        return "gone"
+    if not actions.claim_job(job_id):
+        return "skipped"
+    output_dir = Path(settings.AGENTFLY_RUNS_DIR) / f"job-{job_id}"
+    output_dir.mkdir(parents=True, exist_ok=True)
+    heartbeat = Heartbeat(job_id, settings.JOB_HEARTBEAT_SECONDS).start()
+    sink = DatabaseEventSink(job_id)
+    status, error, outcome = Status.FAILED, "", body.Outcome()
+    try:
+        for warning in actions.record_versions_used(job_id, describe_components(job.config)):
+            sink.emit({"type": "log", "level": "warning", "message": warning})
+        outcome = body.run(
+            job.config, output_dir=output_dir, sinks=[sink], should_stop=heartbeat.cancelled.is_set,
+            on_checkpoint=lambda step, path, metrics: on_checkpoint(job_id, sink, step, path, metrics),
+            on_step=lambda step: off_loop(actions.record_progress, job_id, step),
+        )
+        status = Status.CANCELLED if outcome.cancelled else Status.SUCCEEDED
+    except SoftTimeLimitExceeded:
+        error = f"the job ran past its time limit of {settings.JOB_SOFT_TIME_LIMIT} s; resume it from its checkpoint"
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        sink.emit({"type": "log", "level": "error", "message": error, "traceback": traceback.format_exc()})
+        log.exception("job %d failed", job_id)
+    finally:
+        sink.close()
+        heartbeat.stop()
+    actions.finish_job(job_id, status, error=error, final_metrics=outcome.final_metrics)
+    return status
+
+
+@shared_task(name="webapp.jobs.tasks.fail_stale_jobs", ignore_result=True)
+def fail_stale_jobs() -> list[int]:
+    """Beat runs this every few seconds: running jobs whose worker stopped beating become failed."""
+    return actions.fail_stale_jobs()

@@ -1,0 +1,12 @@
+from django.urls import path
+
+from webapp.jobs import views
+
+app_name = "jobs"
+urlpatterns = [
+    path("", views.job_list, name="list"),
+    path("launch/", views.launch, name="launch"),
+    path("<int:pk>/", views.job_detail, name="detail"),
+    path("<int:pk>/cancel/", views.cancel, name="cancel"),
+    path("<int:pk>/resume/", views.resume, name="resume"),
+]

@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+import uuid
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from webapp.jobs import actions
+from webapp.jobs.forms import LaunchForm
+from webapp.jobs.models import TrainingJob
+from webapp.monitor.models import JobEvent
+
+
+def visible_jobs(request: HttpRequest):  # type: ignore[no-untyped-def]
+    # Reading the list is also when a dead worker's job is noticed, even if no beat scheduler runs.
+    actions.fail_stale_jobs()
+    return TrainingJob.objects.visible_to(request.user).select_related("team__group", "created_by")
+
+
+@login_required
+def job_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "jobs/job_list.html", {"jobs": visible_jobs(request)[:200]})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def launch(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        form = LaunchForm(request.POST, user=request.user)
+        if form.is_valid():
+            d = form.cleaned_data
+            job, created = actions.do_launch_job(
+                user=request.user, team=d["team"], name=d["name"], config=form.trainer_config(), queue=d["queue"],
+                tool_versions=[t.current_version for t in d["tools"]], reward_version=d["reward"].current_version,
+                resources=d["resources"], launch_key=d["launch_key"],
+            )
+            if created:
+                messages.success(request, f"Job #{job.pk} is queued on the {job.queue} queue.")
+            return redirect(job)
+        return render(request, "jobs/launch.html", {"form": form}, status=400)
+    form = LaunchForm(user=request.user, initial={"launch_key": uuid.uuid4().hex, "name": "calculator-grpo"})
+    return render(request, "jobs/launch.html", {"form": form})
+
+
+@login_required
+def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    job = get_object_or_404(visible_jobs(request), pk=pk)
+    logs = JobEvent.objects.filter(job=job, type__in=["log", "status"]).order_by("-seq")[:200]
+    context = {"job": job, "logs": list(reversed(logs)), "checkpoints": job.checkpoints.all(),
+               "tool_versions": job.tool_versions.select_related("entry")}
+    if request.headers.get("HX-Request"):
+        return render(request, "jobs/_job_live.html", context)
+    return render(request, "jobs/job_detail.html", context)
+
+
+@login_required
+@require_POST
+def cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    job = get_object_or_404(TrainingJob.objects.visible_to(request.user), pk=pk)
+    job = actions.do_cancel_job(job)
+    messages.info(request, "Cancelled." if job.status == "cancelled" else
+                  "Cancel requested; the job stops after its current step." if job.is_active else
+                  f"The job had already {job.status}.")
+    return redirect(job)
+
+
+@login_required
+@require_POST
+def resume(request: HttpRequest, pk: int) -> HttpResponse:
+    job = get_object_or_404(TrainingJob.objects.visible_to(request.user), pk=pk)
+    try:
+        new_job, _ = actions.do_resume_job(user=request.user, job=job)
+    except actions.NotResumable as exc:
+        messages.error(request, str(exc))
+        return redirect(job)
+    messages.success(request, f"Job #{new_job.pk} continues from step {new_job.resumed_from.step}.")  # type: ignore[union-attr]
+    return redirect(new_job)

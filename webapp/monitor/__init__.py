@@ -1,0 +1,1 @@
+"""Monitoring: the events a job emits, stored with per-job sequence numbers and announced to its group."""

@@ -1,0 +1,123 @@
+"""Store a job's events with gap-free per-job sequence numbers, then announce them to ``job-<id>``.
+
+One function, ``append_events``, serves every writer: the worker's sink (batches of metrics, samples,
+resource stats, logs) and the web process's actions (status changes). Numbers are reserved with a single
+``UPDATE ... SET last_seq = last_seq + n`` on the job row, which takes the row's write lock in PostgreSQL and
+the database write lock in SQLite, so concurrent writers get disjoint ranges without a separate sequence.
+The announcement goes out only after the transaction commits: a listener that reacts by reading the
+database always finds the rows it was told about.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+
+from webapp.monitor.models import EventType, JobEvent
+
+log = logging.getLogger(__name__)
+
+EVENT_TYPES = frozenset(EventType.values)
+
+
+class EventError(ValueError):
+    """An event that cannot be stored; the message names the bad field."""
+
+
+def normalise(event: Mapping[str, Any]) -> dict[str, Any]:
+    """Split an emitted event into the stored columns: ``type``, ``step``, ``time`` and the rest as ``data``."""
+    if not isinstance(event, Mapping):
+        raise EventError(f"an event must be a dict, got {type(event).__name__}")
+    kind = event.get("type")
+    if kind not in EVENT_TYPES:
+        raise EventError(f"event type {kind!r} is not one of {sorted(EVENT_TYPES)}")
+    step = event.get("step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        if isinstance(step, float) and step.is_integer():
+            step = int(step)
+        else:
+            raise EventError(f"event step must be an integer or None, got {step!r}")
+    at = event.get("time", time.time())
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+        raise EventError(f"event time must be a Unix timestamp, got {at!r}")
+    # The trainer nests the payload under "data" (and names its run, which the job already identifies);
+    # events made here put it at the top level. Both are stored the same way.
+    payload = event.get("data")
+    if isinstance(payload, Mapping):
+        data = {str(k): _jsonable(v) for k, v in payload.items()}
+    else:
+        data = {k: _jsonable(v) for k, v in event.items() if k not in ("type", "step", "time", "run")}
+    return {"type": kind, "step": step, "time": float(at), "data": data}
+
+
+def _jsonable(value: Any) -> Any:
+    """JSON has no NaN/inf and PostgreSQL's jsonb refuses them: store them as None (a gap in a chart)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        return _jsonable(value.item())
+    return value
+
+
+def append_events(job_id: int, events: Iterable[Mapping[str, Any]]) -> list[JobEvent]:
+    """Store ``events`` for the job under the next sequence numbers and announce them after commit."""
+    from webapp.jobs.models import TrainingJob
+
+    rows = [normalise(e) for e in events]
+    if not rows:
+        return []
+    with transaction.atomic():
+        updated = TrainingJob.objects.filter(pk=job_id).update(last_seq=F("last_seq") + len(rows))
+        if not updated:  # the job was deleted; its events have nowhere to go
+            return []
+        last = TrainingJob.objects.values_list("last_seq", flat=True).get(pk=job_id)
+        first = last - len(rows) + 1
+        stored = JobEvent.objects.bulk_create(
+            [JobEvent(job_id=job_id, seq=first + i, **row) for i, row in enumerate(rows)]
+        )
+        messages = [e.as_message() for e in stored]
+        transaction.on_commit(lambda: publish(job_id, messages))
+    return stored
+
+
+def group_name(job_id: int) -> str:
+    return f"job-{job_id}"
+
+
+def publish(job_id: int, messages: list[dict[str, Any]]) -> None:
+    """Announce stored events to the job's Channels group. The database already has them, so a failure to
+    publish (Redis down) only delays what a live page shows; it must not fail the job."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(
+            group_name(job_id),
+            {"type": "job.events", "job_id": job_id, "first_seq": messages[0]["seq"],
+             "last_seq": messages[-1]["seq"], "events": messages},
+        )
+    except Exception:
+        log.warning("could not publish events %s..%s of job %s", messages[0]["seq"], messages[-1]["seq"], job_id,
+                    exc_info=True)
+
+
+def events_after(job_id: int, after_seq: int = 0, types: Iterable[str] | None = None,
+                 limit: int = 1000) -> list[dict[str, Any]]:
+    """Stored events with ``seq > after_seq`` in order: the history a page loads before it goes live."""
+    qs = JobEvent.objects.filter(job_id=job_id, seq__gt=after_seq)
+    if types:
+        qs = qs.filter(type__in=list(types))
+    return [e.as_message() for e in qs.order_by("seq")[:limit]]

@@ -1,0 +1,40 @@
+"""``JobEvent``: everything a job emitted, in order. The one source of truth for charts and logs.
+
+``seq`` numbers a job's events 1, 2, 3, ... with no gaps; a page that loaded history up to ``seq = n`` and
+then hears live events can drop those ``<= n`` and notice a gap (reload from ``n``) — no duplicates, no holes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+
+
+class EventType(models.TextChoices):
+    METRICS = "metrics", "Metrics"
+    SAMPLES = "samples", "Samples"
+    RESOURCES = "resources", "Resources"
+    STATUS = "status", "Status"
+    LOG = "log", "Log"
+
+
+class JobEvent(models.Model):
+    job = models.ForeignKey("jobs.TrainingJob", on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveBigIntegerField()
+    type = models.CharField(max_length=16, choices=EventType.choices)
+    step = models.IntegerField(null=True, blank=True)
+    time = models.FloatField(help_text="Unix time at which the job emitted the event.")
+    data = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["job", "seq"]
+        constraints = [models.UniqueConstraint(fields=["job", "seq"], name="event_unique_seq")]
+        indexes = [models.Index(fields=["job", "type", "seq"], name="event_job_type_seq")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} #{self.seq} {self.type}"
+
+    def as_message(self) -> dict[str, Any]:
+        """The event as it goes over the wire (REST, websocket): the stored fields, nothing derived."""
+        return {"seq": self.seq, "type": self.type, "step": self.step, "time": self.time, "data": self.data}

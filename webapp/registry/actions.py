@@ -1,0 +1,72 @@
+"""State changes of the registry. Views and the API call these; tasks report back through them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from webapp.accounts.models import Team
+from webapp.registry.models import Entry, EntryStatus, Kind, Version, check_import_path
+
+
+def do_register_entry(*, user: object, team: Team, kind: str, import_path: str) -> Entry:
+    """Register ``import_path`` for ``team`` and queue its inspection on a worker.
+
+    Registering the same path twice returns the existing entry and inspects it again (a new version is
+    recorded if its source changed), so a double submit or a retried API call is harmless.
+    """
+    if kind not in Kind.values:
+        raise ValueError(f"Unknown registry kind: {kind!r}; expected 'tool' or 'reward'")
+    import_path = check_import_path(import_path)
+    if not team.has_member(user):
+        raise PermissionError("you can only register entries for a team you belong to")
+    with transaction.atomic():
+        entry, _ = Entry.objects.get_or_create(
+            team=team, kind=kind, import_path=import_path,
+            defaults={"created_by": user, "status": EntryStatus.PENDING},
+        )
+        Entry.objects.filter(pk=entry.pk).update(status=EntryStatus.PENDING, error="")
+        entry.status, entry.error = EntryStatus.PENDING, ""
+        transaction.on_commit(lambda: queue_inspection(entry.pk))
+    return entry
+
+
+def queue_inspection(entry_id: int) -> None:
+    from webapp.registry.tasks import inspect_entry
+
+    inspect_entry.apply_async(args=[entry_id], queue="cpu")
+
+
+def record_description(entry_id: int, description: object) -> Version | None:
+    """Store what a worker found at the entry's path as its current version (worker side)."""
+    fields = asdict(description)  # type: ignore[call-overload]
+    with transaction.atomic():
+        entry = Entry.objects.select_for_update().filter(pk=entry_id).first()
+        if entry is None:  # deleted while the worker was importing it
+            return None
+        version, _ = Version.objects.get_or_create(
+            entry=entry, source_hash=fields.pop("source_hash"), defaults=fields
+        )
+        entry.current_version = version
+        entry.name = version.name
+        entry.status = EntryStatus.READY
+        entry.error = ""
+        entry.inspected_at = timezone.now()
+        entry.save(update_fields=["current_version", "name", "status", "error", "inspected_at"])
+    return version
+
+
+def record_failure(entry_id: int, error: str) -> None:
+    Entry.objects.filter(pk=entry_id).update(status=EntryStatus.FAILED, error=error, inspected_at=timezone.now())
+
+
+def ensure_builtin(kind: str, import_path: str) -> Entry:
+    """The built-in entry for ``import_path``, created if missing; safe when many workers start at once."""
+    try:
+        with transaction.atomic():
+            entry, _ = Entry.objects.get_or_create(team=None, kind=kind, import_path=import_path)
+    except IntegrityError:  # another worker created it between our read and our insert
+        entry = Entry.objects.get(team=None, kind=kind, import_path=import_path)
+    return entry

@@ -1,0 +1,28 @@
+from django.contrib import admin
+
+from webapp.accounts.admin import TeamScopedAdmin
+from webapp.registry.models import Entry, Version
+
+
+class VersionInline(admin.TabularInline):
+    model = Version
+    extra = 0
+    fields = ["source_hash", "name", "signature", "created_at"]
+    readonly_fields = fields
+    can_delete = False
+
+
+@admin.register(Entry)
+class EntryAdmin(TeamScopedAdmin):
+    list_display = ["name", "kind", "import_path", "team", "status", "inspected_at"]
+    list_filter = ["kind", "status"]
+    search_fields = ["name", "import_path"]
+    readonly_fields = ["current_version", "error", "inspected_at"]
+    inlines = [VersionInline]
+
+
+@admin.register(Version)
+class VersionAdmin(TeamScopedAdmin):
+    team_field = "entry__team"
+    list_display = ["name", "source_hash", "entry", "created_at"]
+    readonly_fields = ["entry", "source_hash", "name", "signature", "docstring", "schema", "resource", "module_file"]

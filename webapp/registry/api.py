@@ -1,0 +1,95 @@
+"""REST API of the registry: list, register (queued for inspection on a worker), try a tool."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.exceptions import TimeoutError as CeleryTimeout
+from django.conf import settings
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from webapp.accounts.models import Team
+from webapp.registry import actions
+from webapp.registry.models import Entry, Kind, Version, check_import_path
+
+
+class VersionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Version
+        fields = ["id", "source_hash", "name", "signature", "docstring", "schema", "resource", "created_at"]
+
+
+class EntrySerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    current_version = VersionSerializer(read_only=True)
+
+    class Meta:
+        model = Entry
+        fields = ["id", "kind", "team", "import_path", "name", "status", "error", "current_version",
+                  "created_at", "inspected_at"]
+
+
+class RegisterSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=Kind.choices)
+    import_path = serializers.CharField(max_length=300)
+    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
+
+    def validate_import_path(self, value: str) -> str:
+        try:
+            return check_import_path(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+    def validate_team(self, team: Team) -> Team:
+        if not team.has_member(self.context["request"].user):
+            raise serializers.ValidationError("You are not a member of this team.")
+        return team
+
+
+class TrySerializer(serializers.Serializer):
+    arguments = serializers.DictField(help_text="The tool's arguments, as the model would send them.")
+
+
+class EntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = EntrySerializer
+
+    def get_queryset(self) -> Any:
+        qs = Entry.objects.visible_to(self.request.user).select_related("team", "current_version")
+        kind = self.request.query_params.get("kind")
+        if kind:
+            if kind not in Kind.values:
+                raise serializers.ValidationError({"kind": f"Unknown kind {kind!r}; use 'tool' or 'reward'."})
+            qs = qs.filter(kind=kind)
+        return qs
+
+    @extend_schema(request=RegisterSerializer, responses={202: EntrySerializer})
+    def create(self, request: Request) -> Response:
+        """Register a tool or reward by import path; a worker imports and describes it."""
+        ser = RegisterSerializer(data=request.data, context={"request": request})
+        ser.is_valid(raise_exception=True)
+        entry = actions.do_register_entry(user=request.user, **ser.validated_data)
+        return Response(EntrySerializer(entry).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=TrySerializer, responses={200: dict})
+    @action(detail=True, methods=["post"], url_path="try")
+    def try_it(self, request: Request, pk: str | None = None) -> Response:
+        """Call a ready tool with arguments on a worker and return its observation."""
+        from webapp.registry.tasks import try_tool
+
+        entry = self.get_object()
+        if entry.kind != Kind.TOOL:
+            return Response({"detail": "Only tools can be tried; this entry is a reward."}, status=400)
+        if entry.current_version is None:
+            return Response({"detail": f"This tool is {entry.status}; it can be tried once it is ready."}, status=409)
+        ser = TrySerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        try:
+            result = try_tool.apply_async(args=[entry.pk, ser.validated_data["arguments"]], queue="cpu").get(
+                timeout=settings.AGENTFLY_TRY_TIMEOUT)
+        except CeleryTimeout:
+            return Response({"detail": "No worker answered in time."}, status=504)
+        return Response(result)

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from webapp.accounts.models import Team
+from webapp.registry.models import Kind, check_import_path
+
+
+class RegisterForm(forms.Form):
+    kind = forms.ChoiceField(choices=Kind.choices)
+    import_path = forms.CharField(max_length=300, help_text="package.module:function, importable on the workers.",
+                                  widget=forms.TextInput(attrs={"placeholder": "my_tools.search:web_search"}))
+    team = forms.ModelChoiceField(queryset=Team.objects.none(), empty_label=None)
+
+    def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["team"].queryset = Team.objects.of(user).select_related("group")
+
+    def clean_import_path(self) -> str:
+        try:
+            return check_import_path(self.cleaned_data["import_path"])
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
+class TryForm(forms.Form):
+    arguments = forms.CharField(widget=forms.Textarea(attrs={"rows": 4, "class": "mono"}), initial="{}",
+                                help_text="The arguments as a JSON object, as the model would send them.")
+
+    def clean_arguments(self) -> dict[str, Any]:
+        from webapp.registry.tasks import parse_arguments
+
+        try:
+            return parse_arguments(self.cleaned_data["arguments"])
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None

@@ -1,0 +1,151 @@
+"""Import a tool or reward by path and describe it. Runs on workers only: it executes user code.
+
+The web process never calls this module; it queues ``webapp.registry.tasks.inspect_entry`` instead, so a
+module that hangs, crashes or has side effects at import time takes down a worker process, not the site.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+
+class IntrospectionError(Exception):
+    """The path does not import, or what it names is not a tool/reward. The message is shown to the user."""
+
+
+@dataclass
+class Description:
+    name: str
+    source_hash: str
+    signature: str
+    docstring: str
+    schema: dict[str, Any] = field(default_factory=dict)
+    resource: str = ""
+    module_file: str = ""
+
+
+def add_plugin_dirs() -> None:
+    """Make the team plugin folders importable (idempotent)."""
+    for folder in settings.AGENTFLY_PLUGIN_DIRS:
+        path = str(Path(folder).resolve())
+        if path not in sys.path:
+            sys.path.insert(0, path)
+
+
+def resolve(import_path: str) -> Any:
+    """The object at ``package.module:attr.sub``; IntrospectionError carries the import error text."""
+    module_name, _, attr_path = import_path.partition(":")
+    add_plugin_dirs()
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except BaseException as exc:  # SystemExit and friends from user code must not kill the worker
+        raise IntrospectionError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+    for part in attr_path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise IntrospectionError(f"module {module_name!r} has no attribute {attr_path!r}") from None
+    return obj
+
+
+def load_tool(import_path: str) -> Any:
+    """The ``agentfly.tools.Tool`` at ``import_path``; a plain function is wrapped with ``make_tool``."""
+    from agentfly.tools import Tool, make_tool
+
+    obj = resolve(import_path)
+    if isinstance(obj, Tool):
+        return obj
+    if inspect.isclass(obj) or not callable(obj):
+        raise IntrospectionError(
+            f"{import_path} is a {type(obj).__name__}, not a tool; decorate a function with @agentfly.tools.tool"
+        )
+    try:
+        return make_tool(obj)
+    except Exception as exc:
+        raise IntrospectionError(f"{import_path} is not a usable tool: {exc}") from exc
+
+
+def load_reward(import_path: str) -> Any:
+    """The ``agentfly.rewards.Reward`` at ``import_path``; a plain function is wrapped with ``make_reward``."""
+    from agentfly.rewards import Reward, make_reward
+
+    obj = resolve(import_path)
+    if isinstance(obj, Reward):
+        return obj
+    if inspect.isclass(obj) or not callable(obj):
+        raise IntrospectionError(
+            f"{import_path} is a {type(obj).__name__}, not a reward; decorate a function with "
+            "@agentfly.rewards.reward"
+        )
+    try:
+        return make_reward(obj)
+    except Exception as exc:
+        raise IntrospectionError(f"{import_path} is not a usable reward: {exc}") from exc
+
+
+def source_hash(fn: Any) -> tuple[str, str]:
+    """SHA-256 of the function's source (falls back to its qualified name for C functions), and its file."""
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        source = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
+    try:
+        module_file = inspect.getsourcefile(fn) or ""
+    except TypeError:
+        module_file = ""
+    return hashlib.sha256(source.encode()).hexdigest(), module_file
+
+
+def describe(kind: str, import_path: str) -> Description:
+    """Import and describe the tool or reward at ``import_path`` (``kind`` is "tool" or "reward")."""
+    if kind == "tool":
+        t = load_tool(import_path)
+        digest, module_file = source_hash(t.fn)
+        return Description(
+            name=t.name,
+            source_hash=digest,
+            signature=f"{t.fn.__name__}{inspect.signature(t.fn)}",
+            docstring=inspect.getdoc(t.fn) or "",
+            schema=t.schema,
+            resource=t.resource or "",
+            module_file=module_file,
+        )
+    if kind == "reward":
+        r = load_reward(import_path)
+        digest, module_file = source_hash(r.fn)
+        return Description(
+            name=r.name,
+            source_hash=digest,
+            signature=f"{r.fn.__name__}{inspect.signature(r.fn)}",
+            docstring=inspect.getdoc(r.fn) or "",
+            schema={"required": list(r.required), "optional": list(r.optional), "takes_all": r.takes_all},
+            module_file=module_file,
+        )
+    raise ValueError(f"Unknown registry kind: {kind!r}; expected 'tool' or 'reward'")
+
+
+def builtin_paths() -> list[tuple[str, str]]:
+    """``(kind, import_path)`` for every tool and reward that ships with AgentFly."""
+    from agentfly.rewards import Reward
+    from agentfly.rewards import builtin as reward_builtin
+    from agentfly.tools import Tool
+    from agentfly.tools import builtin as tool_builtin
+
+    found: list[tuple[str, str]] = []
+    for module, cls, kind in ((tool_builtin, Tool, "tool"), (reward_builtin, Reward, "reward")):
+        for attr in getattr(module, "__all__", dir(module)):
+            obj = getattr(module, attr, None)
+            if isinstance(obj, cls):
+                # Name it by the module that defines it (what configs write), not the re-exporting package.
+                home = sys.modules.get(obj.fn.__module__)
+                where = obj.fn.__module__ if home is not None and getattr(home, attr, None) is obj else module.__name__
+                found.append((kind, f"{where}:{attr}"))
+    return found

@@ -1,0 +1,22 @@
+import json
+from typing import Any
+
+from django import template
+
+register = template.Library()
+
+
+@register.filter
+def pretty_json(value: Any) -> str:
+    """Indented JSON for schemas and configs (autoescaped by the template like any string)."""
+    return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+@register.filter
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    seconds = int(seconds)
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h {m:02d}m" if h else f"{m}m {s:02d}s" if m else f"{s}s"

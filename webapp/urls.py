@@ -1,0 +1,27 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework.authtoken.views import obtain_auth_token
+from rest_framework.routers import DefaultRouter
+
+from webapp.jobs.api import JobViewSet
+from webapp.registry.api import EntryViewSet
+
+router = DefaultRouter()
+router.register("registry", EntryViewSet, basename="entry")
+router.register("jobs", JobViewSet, basename="job")
+
+urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="jobs:list", permanent=False)),
+    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("accounts/", include("webapp.accounts.urls")),
+    path("registry/", include("webapp.registry.urls")),
+    path("jobs/", include("webapp.jobs.urls")),
+    path("admin/", admin.site.urls),
+    path("api/", include(router.urls)),
+    path("api/token/", obtain_auth_token, name="api-token"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+]
