@@ -63,12 +63,12 @@ def _make_user(username: str, team_name: str) -> Any:
 
 
 @pytest.fixture
-def alice(transactional_db: None) -> Any:
+def alice(db: None) -> Any:
     return _make_user("alice", "Team A")
 
 
 @pytest.fixture
-def bob(transactional_db: None) -> Any:
+def bob(db: None) -> Any:
     return _make_user("bob", "Team B")
 
 

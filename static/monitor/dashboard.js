@@ -1,0 +1,344 @@
+/* The dashboard of one job: metrics, live rollouts, resource pools and the worker, status and cancel.
+ * Everything drawn here comes from the job's stored events (history, then live) through one EventSocket. */
+(function () {
+  "use strict";
+  const M = window.AgentFlyMonitor;
+  const { el, fmt } = M;
+  const config = JSON.parse(document.getElementById("monitor-config").textContent);
+  const ACTIVE = new Set(["queued", "running"]);
+  const MAX_TRAJECTORIES = 200;
+  const MAX_TOKENS_SHOWN = 6000;
+  const MAX_LOG = 300;
+
+  let eventCount = 0;
+  let totalSteps = config.total_steps;
+
+  /* ---------------------------------------------------------------------------------- status + cancel */
+  const badge = document.getElementById("job-status");
+  const cancelButton = document.getElementById("cancel-button");
+
+  function setStatus(status) {
+    if (!status) return;
+    badge.className = `badge big ${status}`;
+    badge.dataset.status = status;
+    badge.textContent = status.charAt(0).toUpperCase() + status.slice(1);
+    if (!ACTIVE.has(status)) { cancelButton.disabled = true; cancelButton.textContent = "Cancel job"; }
+  }
+
+  function setStep(step) {
+    if (typeof step !== "number") return;
+    document.getElementById("job-step").textContent = `step ${step} / ${totalSteps}`;
+    if (totalSteps) document.getElementById("job-progress").style.width = `${Math.min(100, (100 * step) / totalSteps)}%`;
+  }
+
+  cancelButton.addEventListener("click", async () => {
+    cancelButton.disabled = true;
+    cancelButton.textContent = "Cancelling…";
+    try {
+      const response = await fetch(config.cancel_url, {
+        method: "POST", credentials: "same-origin", redirect: "manual",
+        headers: { "X-CSRFToken": cancelButton.dataset.csrf, "X-Requested-With": "fetch" },
+      });
+      // The view redirects to the job page (opaque here); anything else is an error worth showing.
+      if (response.type !== "opaqueredirect" && !response.ok) throw new Error(`HTTP ${response.status}`);
+    } catch (err) {
+      cancelButton.disabled = false;
+      cancelButton.textContent = "Cancel job";
+      appendLog({ seq: "", type: "log", data: { level: "error", message: `cancel failed: ${err.message}` } });
+    }
+  });
+
+  /* ------------------------------------------------------------------------------------------ log */
+  const logList = document.getElementById("log-list");
+  function appendLog(event) {
+    const d = M.payload(event);
+    const text = event.type === "status"
+      ? `status → ${d.status || d.state}${d.error ? ": " + d.error : ""}${d.message ? " · " + d.message : ""}`
+      : d.message || JSON.stringify(d);
+    logList.append(el("li", { class: `lvl-${d.level || event.type}` }, el("span", { class: "muted", text: `#${event.seq} ` }), text));
+    while (logList.children.length > MAX_LOG) logList.firstChild.remove();
+  }
+
+  /* ------------------------------------------------------------------------------------- rollouts */
+  const trajectories = []; // {key, seq, step, index, t}
+  let selectedKey = null;
+  let followNewest = true;
+  const stepSelect = document.getElementById("sample-step");
+  const orderSelect = document.getElementById("sample-order");
+  const list = document.getElementById("rollout-list");
+  const view = document.getElementById("rollout-view");
+  const knownSteps = new Set();
+
+  function trajectoriesOf(data) {
+    return data.samples || data.trajectories || [];
+  }
+
+  function toolErrors(t) {
+    if (typeof t.tool_errors === "number") return t.tool_errors;
+    return (t.tool_calls || []).filter((c) => c.error).length;
+  }
+
+  function addSamples(event) {
+    trajectoriesOf(M.payload(event)).forEach((t, index) => {
+      trajectories.push({ key: `${event.seq}:${index}`, seq: event.seq, step: event.step, index, t });
+    });
+    while (trajectories.length > MAX_TRAJECTORIES) trajectories.shift();
+    if (event.step !== null && event.step !== undefined && !knownSteps.has(event.step)) {
+      knownSteps.add(event.step);
+      stepSelect.append(el("option", { value: String(event.step), text: `step ${event.step}` }));
+    }
+    rolloutsDirty = true;
+  }
+
+  function visibleTrajectories() {
+    let items = trajectories.slice();
+    const step = stepSelect.value;
+    if (step === "latest") {
+      const latest = Math.max(...items.map((i) => i.step ?? -Infinity));
+      items = items.filter((i) => i.step === latest);
+    } else if (step !== "all") {
+      items = items.filter((i) => String(i.step) === step);
+    }
+    const reward = (i) => (typeof i.t.reward === "number" ? i.t.reward : -Infinity);
+    const newest = (a, b) => b.seq - a.seq || a.index - b.index;
+    switch (orderSelect.value) {
+      case "best": items.sort((a, b) => reward(b) - reward(a) || newest(a, b)); break;
+      case "worst": items.sort((a, b) => reward(a) - reward(b) || newest(a, b)); break;
+      case "failed": items = items.filter((i) => toolErrors(i.t) > 0 || i.t.error).sort(newest); break;
+      default: items.sort(newest);
+    }
+    return items;
+  }
+
+  let rolloutsDirty = false;
+  function renderRollouts() {
+    if (!rolloutsDirty) return;
+    rolloutsDirty = false;
+    const items = visibleTrajectories();
+    document.getElementById("sample-count").textContent = `${items.length} of ${trajectories.length} kept`;
+    list.replaceChildren();
+    if (!items.length) {
+      list.append(el("li", { class: "empty", text: trajectories.length ? "No trajectory matches this filter." : "No sample trajectories yet." }));
+      return;
+    }
+    if (followNewest || !items.some((i) => i.key === selectedKey)) selectedKey = items[0].key;
+    for (const item of items) {
+      const t = item.t;
+      const errors = toolErrors(t);
+      const li = el("li", { class: `rollout-item${item.key === selectedKey ? " selected" : ""}`, "data-key": item.key },
+        el("span", { class: "reward " + (t.reward > 0 ? "pos" : "zero"), text: fmt(t.reward, 2) }),
+        el("span", { text: ` step ${item.step ?? "?"} · ${t.num_turns ?? (t.turns || []).length} turns · ${(t.tool_calls || []).length} calls` }),
+        errors ? el("span", { class: "badge failed", text: `${errors} failed` }) : null);
+      li.addEventListener("click", () => { selectedKey = item.key; followNewest = false; rolloutsDirty = true; renderRollouts(); });
+      list.append(li);
+    }
+    const selected = items.find((i) => i.key === selectedKey);
+    if (selected && view.dataset.key !== selected.key) renderTrajectory(selected);
+  }
+
+  function contentText(content) {
+    if (typeof content === "string") return content;
+    if (Array.isArray(content)) return content.map((c) => (typeof c === "string" ? c : c.text || JSON.stringify(c))).join("");
+    return content === null || content === undefined ? "" : JSON.stringify(content);
+  }
+
+  function renderTrajectory(item) {
+    const t = item.t;
+    view.dataset.key = item.key;
+    const head = el("div", { class: "traj-head" },
+      el("span", { class: "badge big " + (t.reward > 0 ? "succeeded" : "neutral"), text: `reward ${fmt(t.reward, 3)}` }),
+      el("span", { class: "muted", text: ` step ${item.step ?? "?"} · ${t.finish_reason || ""}${t.error ? " · error: " + t.error : ""}` }));
+    const conversation = el("div", { class: "conversation" });
+    const calls = t.tool_calls || [];
+    const messages = t.messages || [];
+    if (messages.length) {
+      for (const m of messages) {
+        const body = el("div", { class: "msg-body" }, el("pre", { text: contentText(m.content) }));
+        for (const call of m.tool_calls || []) {
+          const fn = call.function || call;
+          body.append(el("div", { class: "tool-call" }, el("strong", { text: `→ ${fn.name}` }),
+            el("code", { text: ` ${typeof fn.arguments === "string" ? fn.arguments : JSON.stringify(fn.arguments)}` })));
+        }
+        conversation.append(el("div", { class: `turn role-${m.role}` }, el("div", { class: "role", text: m.role }), body));
+      }
+    } else {
+      for (const turn of t.turns || []) {
+        conversation.append(el("div", { class: "turn role-assistant" }, el("div", { class: "role", text: `turn ${turn.index}` }),
+          el("div", { class: "msg-body" }, el("pre", { text: turn.text }))));
+      }
+    }
+    const callTable = el("table", { class: "table tool-calls" },
+      el("thead", {}, el("tr", {}, ...["turn", "tool", "arguments", "observation", "ms"].map((h) => el("th", { text: h })))));
+    const tbody = el("tbody");
+    for (const c of calls) {
+      tbody.append(el("tr", { class: c.error ? "call-error" : "" }, el("td", { text: fmt(c.turn) }), el("td", { text: c.name }),
+        el("td", {}, el("code", { text: typeof c.arguments === "string" ? c.arguments : JSON.stringify(c.arguments) })),
+        el("td", {}, el("pre", { text: c.error ? `error: ${c.error}` : contentText(c.observation) })),
+        el("td", { text: fmt((c.latency || 0) * 1000, 1) })));
+    }
+    callTable.append(tbody);
+    const answer = el("div", { class: "final-answer" }, el("strong", { text: "Final answer: " }),
+      el("code", { text: t.final_answer ?? "—" }), el("span", { class: "muted", text: `  reward ${fmt(t.reward, 3)}` }));
+    view.replaceChildren(head, conversation, calls.length ? callTable : el("p", { class: "muted", text: "No tool calls." }),
+      answer, el("h3", { text: "Tokens" }), tokenView(t));
+  }
+
+  /* Trained tokens (loss mask 1, sampled by the model) and forced tokens (mask 0: prompt, tool output,
+   * template glue) coloured apart; hover a token for its id and sampling logprob. */
+  function tokenView(t) {
+    const box = el("div", { class: "tokens", id: "token-view" });
+    const legend = el("div", { class: "token-legend" }, el("span", { class: "tok m1", text: "trained (mask 1)" }),
+      el("span", { class: "tok m0", text: "masked (mask 0)" }));
+    const ids = t.token_ids || [], mask = t.loss_mask || [], lps = t.logprobs || [];
+    if (Array.isArray(t.tokens) && t.tokens.length) {
+      const n = Math.min(t.tokens.length, MAX_TOKENS_SHOWN);
+      const frag = document.createDocumentFragment();
+      for (let i = 0; i < n; i++) {
+        const m = mask[i] ? 1 : 0;
+        const title = `#${i} id ${ids[i] ?? "?"} · mask ${m}` + (m ? ` · logprob ${fmt(lps[i], 4)}` : "");
+        frag.append(el("span", { class: `tok m${m}`, title, "data-logprob": m ? String(lps[i]) : null, text: t.tokens[i] }));
+      }
+      box.append(frag);
+      if (t.tokens.length > n) box.append(el("div", { class: "muted", text: `… ${t.tokens.length - n} more tokens` }));
+    } else if (Array.isArray(t.segments) && t.segments.length) {
+      for (const s of t.segments) {
+        const lp = lps.slice(s.start, s.end);
+        const mean = lp.length ? lp.reduce((a, b) => a + b, 0) / lp.length : null;
+        box.append(el("span", { class: `tok m${s.mask ? 1 : 0}`, title: `tokens ${s.start}–${s.end} · mask ${s.mask}` + (s.mask ? ` · mean logprob ${fmt(mean, 4)}` : ""), text: s.text }));
+      }
+    } else {
+      box.append(el("div", { class: "empty", text: "This trajectory was stored without token texts." }));
+    }
+    return el("div", {}, legend, box);
+  }
+
+  stepSelect.addEventListener("change", () => { followNewest = true; rolloutsDirty = true; renderRollouts(); });
+  orderSelect.addEventListener("change", () => { followNewest = true; rolloutsDirty = true; renderRollouts(); });
+
+  /* ------------------------------------------------------------------------------------ resources */
+  const poolHistory = new Map(); // name -> {t: [], in_use: [], waiting: []}
+  const workerHistory = { t: [], cpu: [], mem: [], gpus: new Map() };
+  let latestResources = null;
+  let resourcesDirty = false;
+
+  function addResources(event) {
+    const p = M.payload(event);
+    const worker = p.worker || p;
+    const pools = p.pools || {};
+    const t = new Date((event.time || Date.now() / 1000) * 1000);
+    for (const [name, s] of Object.entries(pools)) {
+      if (!poolHistory.has(name)) poolHistory.set(name, { t: [], in_use: [], waiting: [] });
+      const h = poolHistory.get(name);
+      h.t.push(t); h.in_use.push(s.in_use ?? null); h.waiting.push(s.waiting ?? null);
+    }
+    workerHistory.t.push(t);
+    workerHistory.cpu.push(worker.cpu_percent ?? null);
+    workerHistory.mem.push(worker.memory_percent ?? null);
+    (worker.gpus || worker.gpu || []).forEach((g, i) => {
+      const key = g.index ?? i;
+      if (!workerHistory.gpus.has(key)) workerHistory.gpus.set(key, { t: [], util: [], mem: [] });
+      const h = workerHistory.gpus.get(key);
+      h.t.push(t); h.util.push(g.util_percent ?? null);
+      h.mem.push(g.memory_percent ?? (g.memory_total_mb ? (100 * g.memory_used_mb) / g.memory_total_mb : null));
+    });
+    latestResources = { pools, worker };
+    resourcesDirty = true;
+  }
+
+  function renderResources() {
+    if (!resourcesDirty || !latestResources) return;
+    resourcesDirty = false;
+    const { pools, worker } = latestResources;
+    const names = Object.keys(pools);
+    document.getElementById("pools-empty").hidden = names.length > 0;
+    if (names.length) {
+      const fields = [["size", "#94a3b8"], ["in_use", "#4f46e5"], ["idle", "#0f9d58"], ["waiting", "#d93025"]];
+      Plotly.react("pool-bars", fields.map(([f, color]) => ({
+        type: "bar", name: f.replace("_", " "), x: names, y: names.map((n) => pools[n][f] ?? 0), marker: { color },
+      })), { barmode: "group", height: 220, margin: { l: 40, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: 1.15 } },
+      { displaylogo: false, responsive: true });
+      const rows = names.map((n) => {
+        const s = pools[n];
+        return el("tr", {}, el("td", { text: n }), el("td", { text: `${fmt(s.size)} / ${fmt(s.max)}` }), el("td", { text: fmt(s.in_use) }),
+          el("td", { text: fmt(s.idle) }), el("td", { text: fmt(s.waiting) }), el("td", { text: fmt(s.created) }),
+          el("td", { class: s.failed ? "bad" : "", text: fmt(s.failed) }),
+          el("td", { text: `${fmt(s.acquire_p50_ms, 1)} / ${fmt(s.acquire_p99_ms, 1)}` }));
+      });
+      document.getElementById("pool-table").replaceChildren(el("table", { class: "table small", id: "pool-stats" },
+        el("thead", {}, el("tr", {}, ...["pool", "size/max", "in use", "idle", "waiting", "created", "failed", "acquire p50/p99 ms"].map((h) => el("th", { text: h })))),
+        el("tbody", {}, ...rows)));
+      const timeline = [];
+      for (const [name, h] of poolHistory) {
+        timeline.push({ x: h.t, y: h.in_use, mode: "lines", name: `${name} in use` });
+        timeline.push({ x: h.t, y: h.waiting, mode: "lines", name: `${name} waiting`, line: { dash: "dot" } });
+      }
+      Plotly.react("pool-timeline", timeline, { height: 200, margin: { l: 40, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: -0.3 } },
+        { displaylogo: false, responsive: true });
+    }
+    const gpus = worker.gpus || worker.gpu || [];
+    const items = [
+      ["CPU", `${fmt(worker.cpu_percent, 1)} %` + (worker.cpu_count ? ` of ${worker.cpu_count} cores` : "")],
+      ["Memory", `${fmt(worker.memory_percent, 1)} %` + (worker.memory_total_mb ? ` (${fmt(worker.memory_used_mb / 1024, 1)} / ${fmt(worker.memory_total_mb / 1024, 1)} GiB)` : "")],
+      ["Process RSS", `${fmt(worker.process_rss_mb ?? worker.rss_mb, 0)} MiB`],
+      ["Host", worker.host ? `${worker.host}:${worker.pid}` : "—"],
+    ];
+    const summary = el("dl", { class: "kv" });
+    for (const [k, v] of items) summary.append(el("dt", { text: k }), el("dd", { text: v }));
+    if (gpus.length) {
+      gpus.forEach((g, i) => summary.append(el("dt", { text: `GPU ${g.index ?? i}` }),
+        el("dd", { text: `${g.name ? g.name + " · " : ""}${fmt(g.util_percent, 0)} % util · ${fmt(g.memory_used_mb / 1024, 1)} / ${fmt(g.memory_total_mb / 1024, 1)} GiB` })));
+    } else {
+      summary.append(el("dt", { text: "GPU" }), el("dd", { class: "muted", id: "gpu-absent", text: `absent${worker.gpu_absent ? " — " + worker.gpu_absent : " on this worker"}` }));
+    }
+    document.getElementById("worker-summary").replaceChildren(summary);
+    const traces = [
+      { x: workerHistory.t, y: workerHistory.cpu, mode: "lines", name: "CPU %" },
+      { x: workerHistory.t, y: workerHistory.mem, mode: "lines", name: "memory %" },
+    ];
+    for (const [key, h] of workerHistory.gpus) {
+      traces.push({ x: h.t, y: h.util, mode: "lines", name: `GPU ${key} util %` });
+      traces.push({ x: h.t, y: h.mem, mode: "lines", name: `GPU ${key} memory %`, line: { dash: "dot" } });
+    }
+    Plotly.react("worker-timeline", traces, { height: 200, margin: { l: 40, r: 10, t: 10, b: 30 }, yaxis: { range: [0, 100] },
+      legend: { orientation: "h", y: -0.3 } }, { displaylogo: false, responsive: true });
+  }
+
+  /* ------------------------------------------------------------------------------------- wiring */
+  const charts = new M.MetricCharts(document.getElementById("charts"), { band: true });
+  M.bindChartControls(charts);
+
+  function onEvents(events) {
+    for (const event of events) {
+      eventCount += 1;
+      const data = M.payload(event);
+      switch (event.type) {
+        case "metrics":
+          charts.add(config.id, event.step ?? eventCount, M.numericMetrics(data));
+          setStep(event.step);
+          break;
+        case "samples": addSamples(event); break;
+        case "resources": addResources(event); break;
+        case "status": setStatus(data.status || data.state); appendLog(event); break;
+        case "log": appendLog(event); break;
+        default: break;
+      }
+    }
+    document.getElementById("event-count").textContent = `${eventCount} events · last #${events[events.length - 1].seq}`;
+    scheduleRender();
+  }
+
+  let renderTimer = null;
+  function scheduleRender() {
+    if (renderTimer !== null) return;
+    renderTimer = setTimeout(() => { renderTimer = null; renderRollouts(); renderResources(); }, 250);
+  }
+
+  const connection = document.getElementById("connection");
+  const socket = new M.EventSocket(config.ws_path, {
+    onEvents,
+    onHello: (job) => { totalSteps = job.total_steps; setStatus(job.status); },
+    onState: (state, detail) => { connection.dataset.state = state; connection.textContent = detail || state; },
+  });
+  window.agentflyDashboard = { socket, charts };
+  socket.start();
+})();

@@ -1,0 +1,92 @@
+"""Dashboard and compare pages, and the JSON history endpoint: who may see what, and bad input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from webapp.monitor.events import append_events
+
+pytestmark = pytest.mark.django_db
+
+
+def signed_in(user: Any) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_the_dashboard_of_a_job_renders_its_socket_path_and_controls(alice: Any, alice_job: Any) -> None:
+    response = signed_in(alice).get(f"/monitor/jobs/{alice_job.pk}/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert f'"ws_path": "/ws/jobs/{alice_job.pk}/"' in html
+    assert f"/jobs/{alice_job.pk}/cancel/" in html
+    assert 'id="cancel-button"' in html and 'id="smooth-toggle"' in html and 'id="log-toggle"' in html
+    assert "monitor/dashboard.js" in html and "vendor/plotly.min.js" in html
+
+
+def test_the_dashboard_of_another_teams_job_is_a_404(bob: Any, alice_job: Any) -> None:
+    assert signed_in(bob).get(f"/monitor/jobs/{alice_job.pk}/").status_code == 404
+
+
+def test_an_anonymous_visitor_is_sent_to_sign_in(alice_job: Any) -> None:
+    response = Client().get(f"/monitor/jobs/{alice_job.pk}/")
+    assert response.status_code == 302 and "/login/" in response["Location"]
+
+
+def test_events_json_pages_through_the_stored_events_by_sequence_number(alice: Any, alice_job: Any) -> None:
+    append_events(alice_job.pk, [{"type": "metrics", "step": s, "reward_mean": s / 4} for s in range(1, 6)])
+    append_events(alice_job.pk, [{"type": "log", "message": "hello"}])
+    client = signed_in(alice)
+    first = client.get(f"/monitor/jobs/{alice_job.pk}/events.json?after=0&limit=4").json()
+    assert [e["seq"] for e in first["events"]] == [1, 2, 3, 4]
+    assert first["more"] is True and first["last_seq"] == 4
+    rest = client.get(f"/monitor/jobs/{alice_job.pk}/events.json?after=4&limit=4").json()
+    assert [e["seq"] for e in rest["events"]] == [5, 6]
+    assert rest["more"] is False
+    only_metrics = client.get(f"/monitor/jobs/{alice_job.pk}/events.json?types=metrics").json()
+    assert [e["data"]["reward_mean"] for e in only_metrics["events"]] == [0.25, 0.5, 0.75, 1.0, 1.25]
+
+
+@pytest.mark.parametrize(("query", "message"), [
+    ("after=-1", "after='-1' is not a sequence number"),
+    ("after=abc", "after='abc' is not a sequence number"),
+    ("limit=0", "limit='0' must be an integer from 1 to 5000"),
+    ("limit=999999", "must be an integer from 1 to 5000"),
+    ("types=metrics,bogus", "unknown event types ['bogus']"),
+])
+def test_events_json_refuses_bad_parameters_with_a_message_naming_them(alice: Any, alice_job: Any, query: str,
+                                                                      message: str) -> None:
+    response = signed_in(alice).get(f"/monitor/jobs/{alice_job.pk}/events.json?{query}")
+    assert response.status_code == 400
+    assert message in response.json()["error"]
+
+
+def test_events_json_of_another_teams_job_is_a_404(bob: Any, alice_job: Any) -> None:
+    append_events(alice_job.pk, [{"type": "metrics", "step": 1, "reward_mean": 1.0}])
+    assert signed_in(bob).get(f"/monitor/jobs/{alice_job.pk}/events.json").status_code == 404
+
+
+def test_the_compare_page_overlays_only_the_users_own_jobs(alice: Any, bob: Any, alice_job: Any) -> None:
+    from webapp.accounts.models import Team
+    from webapp.jobs.models import TrainingJob
+
+    second = TrainingJob.objects.create(team=alice_job.team, created_by=alice, name="second run", config={})
+    bobs = TrainingJob.objects.create(team=Team.objects.of(bob).get(), created_by=bob, name="bob's", config={})
+    response = signed_in(alice).get(f"/monitor/compare/?jobs={alice_job.pk},{second.pk}&jobs={bobs.pk}")
+    assert response.status_code == 200
+    config = response.context["monitor_config"]
+    assert [j["id"] for j in config["jobs"]] == [alice_job.pk, second.pk]
+    html = response.content.decode()
+    assert f"Not among your teams&#x27; jobs: #{bobs.pk}" in html
+    assert "bob&#x27;s" not in html
+
+
+def test_the_compare_page_explains_a_malformed_job_list(alice: Any, alice_job: Any) -> None:
+    response = signed_in(alice).get("/monitor/compare/?jobs=3,x7")
+    assert response.status_code == 200
+    assert "&#x27;x7&#x27; is not a job id" in response.content.decode()
+    assert response.context["monitor_config"] == {"jobs": []}

@@ -1,0 +1,10 @@
+from django.urls import path
+
+from webapp.monitor import views
+
+app_name = "monitor"
+urlpatterns = [
+    path("jobs/<int:pk>/", views.dashboard, name="dashboard"),
+    path("jobs/<int:pk>/events.json", views.events_json, name="events"),
+    path("compare/", views.compare, name="compare"),
+]

@@ -1,0 +1,118 @@
+"""Dashboard pages and the JSON history endpoint.
+
+The pages render a shell; the numbers come from the job's stored events only, over the websocket (history
+then live, see ``consumers``) or, for scripts and the compare page's first load, from ``events.json``.
+Every view filters jobs through ``TrainingJob.objects.visible_to(user)``: a job of another team is a 404,
+the same answer as a job that does not exist.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+
+from webapp.jobs.models import TrainingJob
+from webapp.monitor.events import events_after
+from webapp.monitor.models import EventType
+from webapp.monitor.tokens import with_token_texts
+
+MAX_EVENTS_PER_REQUEST = 5000
+MAX_COMPARED_JOBS = 8
+
+
+def _job_context(job: TrainingJob) -> dict[str, Any]:
+    """What the page's script needs to know about one job (ids and URLs, no numbers)."""
+    return {
+        "id": job.pk,
+        "name": job.name,
+        "status": job.status,
+        "step": job.step,
+        "total_steps": job.total_steps,
+        "ws_path": f"/ws/jobs/{job.pk}/",
+        "events_url": reverse("monitor:events", args=[job.pk]),
+        "cancel_url": reverse("jobs:cancel", args=[job.pk]),
+        "detail_url": job.get_absolute_url(),
+        "dashboard_url": reverse("monitor:dashboard", args=[job.pk]),
+    }
+
+
+@login_required
+def dashboard(request: HttpRequest, pk: int) -> HttpResponse:
+    job = get_object_or_404(TrainingJob.objects.visible_to(request.user).select_related("team__group"), pk=pk)
+    return render(request, "monitor/dashboard.html", {"job": job, "monitor_config": _job_context(job)})
+
+
+def parse_job_ids(values: list[str]) -> list[int]:
+    """Job ids from ``?jobs=3,4&jobs=7``; raises ``ValueError`` naming the bad value."""
+    ids: list[int] = []
+    for value in values:
+        for part in value.split(","):
+            part = part.strip().lstrip("#")
+            if not part:
+                continue
+            if not part.isdigit():
+                raise ValueError(f"{part!r} is not a job id; pick jobs from the list or pass ?jobs=3,4")
+            if int(part) not in ids:
+                ids.append(int(part))
+    if len(ids) > MAX_COMPARED_JOBS:
+        raise ValueError(f"{len(ids)} jobs selected; compare at most {MAX_COMPARED_JOBS} at a time")
+    return ids
+
+
+@login_required
+def compare(request: HttpRequest) -> HttpResponse:
+    visible = TrainingJob.objects.visible_to(request.user).select_related("team__group")
+    try:
+        ids = parse_job_ids(request.GET.getlist("jobs"))
+    except ValueError as exc:
+        messages.error(request, str(exc))
+        ids = []
+    chosen = {job.pk: job for job in visible.filter(pk__in=ids)}
+    missing = [i for i in ids if i not in chosen]
+    if missing:
+        messages.error(request, "Not among your teams' jobs: " + ", ".join(f"#{i}" for i in missing))
+    jobs = [chosen[i] for i in ids if i in chosen]
+    return render(request, "monitor/compare.html", {
+        "jobs": jobs,
+        "candidates": visible[:100],
+        "selected": {job.pk for job in jobs},
+        "monitor_config": {"jobs": [_job_context(job) for job in jobs]},
+    })
+
+
+def _bad_request(message: str) -> JsonResponse:
+    return JsonResponse({"error": message}, status=400)
+
+
+@login_required
+def events_json(request: HttpRequest, pk: int) -> JsonResponse:
+    """``GET .../events.json?after=<seq>&types=metrics,status&limit=<n>``: stored events with ``seq > after``.
+
+    ``more`` says whether another page follows (ask again with ``after=last_seq``).
+    """
+    job = get_object_or_404(TrainingJob.objects.visible_to(request.user), pk=pk)
+    after_raw = request.GET.get("after", "0") or "0"
+    if not after_raw.isdigit():
+        return _bad_request(f"after={after_raw!r} is not a sequence number; pass the last seq you have (0 for all)")
+    limit_raw = request.GET.get("limit", "1000") or "1000"
+    if not limit_raw.isdigit() or not 1 <= int(limit_raw) <= MAX_EVENTS_PER_REQUEST:
+        return _bad_request(f"limit={limit_raw!r} must be an integer from 1 to {MAX_EVENTS_PER_REQUEST}")
+    types = [t for t in request.GET.get("types", "").split(",") if t]
+    unknown = sorted(set(types) - set(EventType.values))
+    if unknown:
+        return _bad_request(f"unknown event types {unknown}; use some of {sorted(EventType.values)}")
+    limit = int(limit_raw)
+    events = [with_token_texts(m) for m in events_after(job.pk, int(after_raw), types or None, limit=limit + 1)]
+    more = len(events) > limit
+    events = events[:limit]
+    return JsonResponse({
+        "job": {**job.summary(), "name": job.name},
+        "events": events,
+        "last_seq": events[-1]["seq"] if events else int(after_raw),
+        "more": more,
+    })
