@@ -40,12 +40,23 @@ def add_plugin_dirs() -> None:
             sys.path.insert(0, path)
 
 
+def in_plugin_dir(module: Any) -> bool:
+    origin = getattr(module, "__file__", None)
+    if not origin:
+        return False
+    path = Path(origin).resolve()
+    return any(path.is_relative_to(Path(folder).resolve()) for folder in settings.AGENTFLY_PLUGIN_DIRS)
+
+
 def resolve(import_path: str) -> Any:
     """The object at ``package.module:attr.sub``; IntrospectionError carries the import error text."""
     module_name, _, attr_path = import_path.partition(":")
     add_plugin_dirs()
     try:
         obj: Any = importlib.import_module(module_name)
+        if in_plugin_dir(obj):
+            # A team edits its plugin files while workers run: re-read the source so a new version is seen.
+            obj = importlib.reload(obj)
     except BaseException as exc:  # SystemExit and friends from user code must not kill the worker
         raise IntrospectionError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
     for part in attr_path.split("."):

@@ -1,0 +1,226 @@
+"""Fixtures for the web app's tests: settings, personas, and a real Celery worker.
+
+Django is configured here (not in a pytest.ini) so the library's tests never need it. The tests run against
+the real PostgreSQL (``DATABASE_URL``, default ``postgres://postgres@127.0.0.1:5432/agentfly``) in a test
+database of their own, and the real Redis (``REDIS_URL``, default database 13 so a developer's demo worker
+on database 0 never steals a test's task). Personas: alice is in team A, bob in team B.
+
+The ``worker`` fixture starts ``celery -A webapp worker`` as a subprocess against the test database, and
+stops it after the session. Tests that need it must use ``transactional_db`` (the worker is another process
+and sees only committed rows).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+os.environ.setdefault("DEBUG", "1")
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/agentfly")
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/13")
+os.environ.setdefault("JOB_HEARTBEAT_SECONDS", "0.5")
+os.environ.setdefault("JOB_HEARTBEAT_TIMEOUT", "6")
+os.environ.setdefault("AGENTFLY_TRY_TIMEOUT", "60")
+PLUGINS = Path(__file__).parent / "plugins"
+os.environ.setdefault("AGENTFLY_PLUGIN_DIRS", str(PLUGINS))
+
+import django  # noqa: E402
+
+django.setup()
+
+ROOT = Path(__file__).resolve().parents[2]
+PASSWORD = "correct horse battery staple"
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("postgresql"):
+        db.setdefault("TEST", {})["NAME"] = f"test_{db['NAME']}_webapp"
+
+
+@pytest.fixture(scope="session")
+def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Checkpoints and tiny models of the session's jobs (shared by the web side and the workers)."""
+    from django.conf import settings
+
+    path = tmp_path_factory.mktemp("webapp-runs")
+    settings.AGENTFLY_RUNS_DIR = path
+    return path
+
+
+def _user(username: str, team_name: str, **extra: Any) -> Any:
+    from django.contrib.auth import get_user_model
+
+    from webapp.accounts.models import do_create_team
+
+    user = get_user_model().objects.create_user(username=username, password=PASSWORD, **extra)
+    do_create_team(team_name, user)
+    return user
+
+
+@pytest.fixture
+def alice(db: None) -> Any:
+    return _user("alice", "Team A")
+
+
+@pytest.fixture
+def bob(db: None) -> Any:
+    return _user("bob", "Team B")
+
+
+@pytest.fixture
+def team_a(alice: Any) -> Any:
+    from webapp.accounts.models import Team
+
+    return Team.objects.of(alice).get()
+
+
+@pytest.fixture
+def team_b(bob: Any) -> Any:
+    from webapp.accounts.models import Team
+
+    return Team.objects.of(bob).get()
+
+
+@pytest.fixture
+def alice_client(alice: Any) -> Any:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(alice)
+    return client
+
+
+@pytest.fixture
+def bob_client(bob: Any) -> Any:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(bob)
+    return client
+
+
+@pytest.fixture
+def alice_api(alice: Any) -> Any:
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=alice).key}")
+    return client
+
+
+@pytest.fixture
+def bob_api(bob: Any) -> Any:
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=bob).key}")
+    return client
+
+
+# ------------------------------------------------------------------------------------------ real workers
+class Worker:
+    """A ``celery worker`` subprocess; ``kill()`` ends it the way a crashed machine would (SIGKILL)."""
+
+    def __init__(self, queues: str, env: dict[str, str], log: Path) -> None:
+        self.name = f"test-{queues.replace(',', '-')}-{uuid.uuid4().hex[:6]}@%h"
+        self.log = log
+        self._fh = log.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", queues, "-c", "1", "-n", self.name,
+             "--without-gossip", "--without-mingle", "-l", "info"],
+            cwd=ROOT, env=env, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the celery worker exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            if b"ready." in self.log.read_bytes():
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"the celery worker did not start in {timeout} s:\n{self.log.read_text()}")
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its pool children (its own process group)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._fh.close()
+
+
+def worker_env(runs: Path) -> dict[str, str]:
+    """The environment of a worker that shares this test session's database, Redis and runs folder."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    env = dict(os.environ)
+    env.update({
+        "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/"
+                        f"{db['NAME']}",
+        "AGENTFLY_RUNS_DIR": str(runs),
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+    })
+    return env
+
+
+@pytest.fixture(scope="session")
+def worker(django_db_setup: None, django_db_blocker: Any, runs_dir: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+    """One worker on the ``cpu`` queue for the whole session (training, introspection, "try it")."""
+    from webapp.celery import app
+
+    app.control.purge()  # messages a previous, interrupted session left in the test broker
+    with django_db_blocker.unblock():
+        env = worker_env(runs_dir)
+    w = Worker("cpu", env, tmp_path_factory.mktemp("worker") / "worker.log")
+    try:
+        w.wait_ready()
+        yield w
+    finally:
+        w.stop()
+
+
+@pytest.fixture
+def builtins(transactional_db: None, worker: Worker) -> dict[str, Any]:
+    """The built-in tools and rewards, registered by the worker (each transactional test starts empty)."""
+    from webapp.registry.models import Entry
+    from webapp.registry.tasks import sync_builtins
+
+    sync_builtins.apply_async(queue="cpu").get(timeout=60)
+    return {e.name: e for e in Entry.objects.filter(team__isnull=True)}
+
+
+def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

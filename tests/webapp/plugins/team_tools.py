@@ -1,0 +1,27 @@
+"""A team plugin module, registered by the tests from the AGENTFLY_PLUGIN_DIRS folder."""
+
+from agentfly.rewards import reward
+from agentfly.tools import tool
+
+NOT_A_TOOL = 42
+
+
+@tool
+def word_count(text: str) -> int:
+    """Count the words in a text.
+
+    Args:
+        text: The text whose whitespace-separated words are counted.
+    """
+    return len(text.split())
+
+
+def shout(text: str) -> str:
+    """Upper-case a text (a plain function: the registry wraps it with make_tool)."""
+    return text.upper()
+
+
+@reward
+def length_penalty(final_answer: str | None) -> float:
+    """1 for a short answer, 0 for a long or missing one."""
+    return 1.0 if final_answer and len(final_answer) < 20 else 0.0

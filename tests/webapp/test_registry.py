@@ -1,0 +1,127 @@
+"""The registry: entries imported and described on a real worker, never in the web process."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+from django.urls import reverse
+
+from tests.webapp.conftest import wait_for
+from webapp.registry.models import Entry, EntryStatus, Version
+
+pytestmark = pytest.mark.integration
+
+
+def register(client: Any, team: Any, path: str, kind: str = "tool") -> Any:
+    return client.post(reverse("registry:register"), {"kind": kind, "import_path": path, "team": team.pk})
+
+
+def settled(entry_id: int) -> Entry | None:
+    entry = Entry.objects.get(pk=entry_id)
+    return entry if entry.status != EntryStatus.PENDING else None
+
+
+def test_builtin_tools_and_rewards_appear_without_registration(alice_client: Any, builtins: dict[str, Any]) -> None:
+    assert {"calculator", "math_equal"} <= set(builtins)
+    calculator = builtins["calculator"]
+    assert calculator.import_path == "agentfly.tools.builtin.calculator:calculator"
+    assert calculator.current_version.schema["function"]["name"] == "calculator"
+    page = alice_client.get(reverse("registry:list")).content.decode()
+    assert "agentfly.tools.builtin.calculator:calculator" in page and "built-in" in page
+
+
+def test_a_plugin_tool_is_imported_on_the_worker_and_described(alice_client: Any, team_a: Any, worker: Any,
+                                                              transactional_db: None) -> None:
+    response = register(alice_client, team_a, "team_tools:word_count")
+    entry = Entry.objects.get(import_path="team_tools:word_count")
+    assert response.status_code == 302
+    entry = wait_for(lambda: settled(entry.pk), 30, "the worker to inspect the tool")
+    assert entry.status == EntryStatus.READY, entry.error
+    version = entry.current_version
+    assert version.name == "word_count"
+    assert version.signature == "word_count(text: str) -> int"
+    assert version.docstring.startswith("Count the words in a text.")
+    assert version.schema["function"]["parameters"]["properties"]["text"]["type"] == "string"
+    assert len(version.source_hash) == 64
+    # The web process itself never imported the plugin.
+    assert "team_tools" not in sys.modules
+    page = alice_client.get(reverse("registry:detail", args=[entry.pk])).content.decode()
+    assert "word_count(text: str) -&gt; int" in page and version.source_hash in page
+
+
+def test_a_plain_function_is_wrapped_as_a_tool_and_a_reward_is_described(alice_client: Any, team_a: Any,
+                                                                         worker: Any, transactional_db: None) -> None:
+    register(alice_client, team_a, "team_tools:shout")
+    register(alice_client, team_a, "team_tools:length_penalty", kind="reward")
+    shout = wait_for(lambda: settled(Entry.objects.get(import_path="team_tools:shout").pk), 30, "shout")
+    penalty = wait_for(lambda: settled(Entry.objects.get(import_path="team_tools:length_penalty").pk), 30, "reward")
+    assert shout.status == penalty.status == EntryStatus.READY
+    assert penalty.current_version.schema == {"required": ["final_answer"], "optional": [], "takes_all": False}
+
+
+@pytest.mark.parametrize(("path", "message"), [
+    ("broken_plugin:anything", "No module named 'a_package_that_is_not_installed'"),
+    ("no_such_module_anywhere:tool", "No module named 'no_such_module_anywhere'"),
+    ("team_tools:missing_function", "has no attribute 'missing_function'"),
+    ("team_tools:NOT_A_TOOL", "is a int, not a tool"),
+])
+def test_a_path_that_does_not_import_or_is_not_a_tool_is_refused_with_the_error_shown(
+        alice_client: Any, team_a: Any, worker: Any, transactional_db: None, path: str, message: str) -> None:
+    register(alice_client, team_a, path)
+    entry = wait_for(lambda: settled(Entry.objects.get(import_path=path).pk), 30, "the inspection")
+    assert entry.status == EntryStatus.FAILED
+    assert message in entry.error
+    assert entry.current_version is None
+    page = alice_client.get(reverse("registry:detail", args=[entry.pk])).content.decode()
+    assert "could not use this path" in page and message.replace("'", "&#x27;") in page
+
+
+def test_a_changed_source_becomes_a_new_version_and_the_old_one_is_kept(
+        alice_client: Any, team_a: Any, worker: Any, transactional_db: None, tmp_path: Any) -> None:
+    from django.conf import settings
+
+    plugin = next(iter(settings.AGENTFLY_PLUGIN_DIRS)) / "edited_plugin.py"
+    plugin.write_text("from agentfly.tools import tool\n\n@tool\ndef greet(name: str) -> str:\n"
+                      "    \"\"\"Greet someone.\"\"\"\n    return 'hi ' + name\n")
+    try:
+        register(alice_client, team_a, "edited_plugin:greet")
+        entry = wait_for(lambda: settled(Entry.objects.get(import_path="edited_plugin:greet").pk), 30, "v1")
+        first = entry.current_version
+        plugin.write_text(plugin.read_text().replace("'hi '", "'hello '"))
+        alice_client.post(reverse("registry:reinspect", args=[entry.pk]))
+        entry = wait_for(lambda: settled(entry.pk), 30, "v2")
+        assert entry.current_version.source_hash != first.source_hash
+        assert set(Version.objects.filter(entry=entry).values_list("pk", flat=True)) == {first.pk, entry.current_version.pk}
+    finally:
+        plugin.unlink()
+
+
+def test_try_it_calls_the_tool_on_a_worker_and_shows_the_observation(alice_client: Any,
+                                                                     builtins: dict[str, Any]) -> None:
+    calculator = builtins["calculator"]
+    response = alice_client.post(reverse("registry:try", args=[calculator.pk]), {"arguments": '{"expression": "12*3+4"}'})
+    assert response.status_code == 200
+    assert response.context["result"]["observation"] == "40"
+    bad = alice_client.post(reverse("registry:try", args=[calculator.pk]), {"arguments": '{"expression": 5}'})
+    assert bad.context["result"]["error"]  # the tool's own argument validation, as a rollout would see it
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    ("{not json", "arguments are not valid JSON"),
+    ("[1, 2]", "arguments must be a JSON object"),
+])
+def test_try_it_refuses_arguments_that_are_not_a_json_object(alice_client: Any, builtins: dict[str, Any],
+                                                             arguments: str, message: str) -> None:
+    response = alice_client.post(reverse("registry:try", args=[builtins["calculator"].pk]), {"arguments": arguments})
+    assert response.status_code == 400
+    assert message in response.content.decode()
+
+
+def test_try_it_through_the_api(alice_api: Any, builtins: dict[str, Any]) -> None:
+    url = f"/api/registry/{builtins['calculator'].pk}/try/"
+    assert alice_api.post(url, {"arguments": {"expression": "2+2"}}, format="json").json()["observation"] == "4"
+    assert alice_api.post(url, {"arguments": "2+2"}, format="json").status_code == 400
+    reward_url = f"/api/registry/{builtins['math_equal'].pk}/try/"
+    assert alice_api.post(reward_url, {"arguments": {}}, format="json").status_code == 400
