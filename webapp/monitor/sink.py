@@ -25,12 +25,24 @@ _STOP = object()
 
 
 class DatabaseEventSink:
-    def __init__(self, job_id: int, *, flush_interval: float = 0.5, max_batch: int = 200) -> None:
+    def __init__(self, job_id: int, *, flush_interval: float = 0.5, max_batch: int = 200,
+                 max_messages_per_second: float = 4.0, keep_samples: int = 4) -> None:
+        if max_messages_per_second <= 0:
+            raise ValueError(f"max_messages_per_second must be > 0, got {max_messages_per_second}")
+        if keep_samples < 1:
+            raise ValueError(f"keep_samples must be >= 1 (the newest sample is always kept), got {keep_samples}")
         self.job_id = job_id
         self.flush_interval = flush_interval
         self.max_batch = max_batch
+        # Backpressure: each flush is one transaction and one group message, so a fast job reaches Redis and
+        # the browsers at most this often; a flood waits in the queue and goes out in bigger batches instead.
+        self.max_messages_per_second = max_messages_per_second
+        # Within one flush only the newest `keep_samples` sample events are stored (samples are illustrative
+        # and large; metrics, resources, status and logs are never thinned).
+        self.keep_samples = keep_samples
         self.stored = 0
         self.dropped = 0
+        self.thinned = 0
         self._queue: queue.Queue[Any] = queue.Queue()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"event-sink-job-{job_id}", daemon=True)
@@ -60,24 +72,46 @@ class DatabaseEventSink:
         self.close()
 
     def _run(self) -> None:
+        min_gap = 1.0 / self.max_messages_per_second
+        hard_cap = 20 * self.max_batch  # bounds memory and message size even under a flood
+        last_flush = float("-inf")
         try:
             stopping = False
             while not stopping:
                 batch: list[dict[str, Any]] = []
                 deadline = time.monotonic() + self.flush_interval
-                while len(batch) < self.max_batch:
-                    try:
-                        item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                    except queue.Empty:
+                while len(batch) < hard_cap:
+                    # A full batch goes early, but never sooner than min_gap after the previous flush.
+                    earliest = last_flush + min_gap
+                    until = earliest if len(batch) >= self.max_batch else max(deadline, earliest)
+                    wait = until - time.monotonic()
+                    if wait <= 0 and batch:
                         break
+                    try:
+                        item = self._queue.get(timeout=max(0.0, wait))
+                    except queue.Empty:
+                        if batch:
+                            break
+                        deadline = time.monotonic() + self.flush_interval
+                        continue
                     if item is _STOP:
                         stopping = True
                         break
                     batch.append(item)
                 if batch:
-                    self._store(batch)
+                    last_flush = time.monotonic()
+                    self._store(self._thin_samples(batch))
         finally:
             connection.close()  # this thread's own connection
+
+    def _thin_samples(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Drop all but the newest ``keep_samples`` sample events of the batch, keeping the order of the rest."""
+        sample_positions = [i for i, e in enumerate(batch) if e.get("type") == "samples"]
+        if len(sample_positions) <= self.keep_samples:
+            return batch
+        drop = set(sample_positions[: -self.keep_samples])
+        self.thinned += len(drop)
+        return [e for i, e in enumerate(batch) if i not in drop]
 
     def _store(self, batch: list[dict[str, Any]]) -> None:
         close_old_connections()

@@ -1,0 +1,85 @@
+"""Backpressure on the way out: the trainer's event sink throttles how often a job publishes to its group,
+and keeps only the newest sample trajectories of a flush, while every metric is stored."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from webapp.monitor.events import group_name
+from webapp.monitor.models import JobEvent
+from webapp.monitor.sink import DatabaseEventSink
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+async def test_a_flood_of_events_reaches_the_group_in_a_few_batched_messages_per_second(alice_job: Any) -> None:
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(group_name(alice_job.pk), channel)
+    total, rate_limit = 3000, 4.0
+
+    def flood() -> float:
+        sink = DatabaseEventSink(alice_job.pk, flush_interval=0.05, max_batch=50,
+                                 max_messages_per_second=rate_limit)
+        started = time.monotonic()
+        for i in range(total):  # ~3000 events/s for a second
+            sink.emit({"type": "metrics", "step": i, "loss": 1.0 / (i + 1)})
+            if i % 30 == 29:
+                time.sleep(0.01)
+        sink.close()
+        return time.monotonic() - started
+
+    writer = asyncio.create_task(asyncio.to_thread(flood))
+    seqs: list[int] = []
+    arrivals: list[float] = []
+    while len(seqs) < total:
+        message = await asyncio.wait_for(layer.receive(channel), timeout=15)
+        arrivals.append(time.monotonic())
+        seqs.extend(e["seq"] for e in message["events"])
+    elapsed = await writer
+    assert seqs == list(range(1, total + 1)), "every metric is stored and announced once, in order"
+    # One message per flush, flushes at least 1/rate_limit apart (the last one, at close, may come sooner).
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:-1], strict=False)]
+    assert min(gaps) >= 1 / rate_limit - 0.05, gaps
+    assert len(arrivals) <= rate_limit * elapsed + 2
+    await layer.group_discard(group_name(alice_job.pk), channel)
+
+
+def test_only_the_newest_samples_of_a_flush_are_kept_and_no_metric_is_dropped(alice_job: Any) -> None:
+    sink = DatabaseEventSink(alice_job.pk, flush_interval=5.0, keep_samples=2)
+    for step in range(1, 7):
+        sink.emit({"type": "metrics", "step": step, "reward_mean": step / 6})
+        sink.emit({"type": "samples", "step": step, "samples": [{"reward": step, "token_ids": [1, 2, 3]}]})
+    sink.close()  # one flush: everything queued goes in one batch
+    stored = list(JobEvent.objects.filter(job=alice_job).order_by("seq").values_list("type", "step"))
+    assert [s for t, s in stored if t == "metrics"] == [1, 2, 3, 4, 5, 6]
+    assert [s for t, s in stored if t == "samples"] == [5, 6]
+    assert sink.thinned == 4 and sink.stored == 8
+    assert [seq for seq in JobEvent.objects.filter(job=alice_job).values_list("seq", flat=True)] == list(range(1, 9))
+
+
+def test_a_sink_refuses_a_throttle_that_would_never_publish(alice_job: Any) -> None:
+    with pytest.raises(ValueError, match="max_messages_per_second must be > 0"):
+        DatabaseEventSink(alice_job.pk, max_messages_per_second=0)
+    with pytest.raises(ValueError, match="keep_samples must be >= 1"):
+        DatabaseEventSink(alice_job.pk, keep_samples=0)
+
+
+def test_closing_the_sink_stores_what_is_queued_without_waiting_for_the_throttle(alice_job: Any) -> None:
+    sink = DatabaseEventSink(alice_job.pk, flush_interval=30.0, max_messages_per_second=0.1)
+    for step in range(3):
+        sink.emit({"type": "metrics", "step": step, "loss": 0.5})
+    started = time.monotonic()
+    closer = threading.Thread(target=sink.close)
+    closer.start()
+    closer.join(timeout=10)
+    assert not closer.is_alive()
+    assert time.monotonic() - started < 5
+    assert JobEvent.objects.filter(job=alice_job).count() == 3
