@@ -1,30 +1,18 @@
-"""Fixtures for the live-monitoring tests: two teams' users (alice, bob), a job of alice's team, session
-cookies for websockets, and a channel layer of their own on the real Redis.
+"""Fixtures for the live-monitoring tests: a job of alice's team, session cookies for websockets, and a
+channel layer of their own on the real Redis (settings, alice and bob come from ``tests/webapp/conftest.py``).
 
-The tests run against the real PostgreSQL (``DATABASE_URL``, default ``postgres://postgres@127.0.0.1:5432``)
-and Redis (``REDIS_URL``). They use a test database and a channel-layer prefix of their own, so a parallel
-run of the web app's tests (same job ids, same group names) cannot cross-talk with these.
+They use a test database and a channel-layer prefix of their own, so a parallel run of the web app's tests
+(same job ids, same group names) cannot cross-talk with these.
 """
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-os.environ.setdefault("DEBUG", "1")
-os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/agentfly")
-os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
-
-import django
-
-# pytest-django sets Django up only when the settings module is known before collection; this folder may be
-# collected on its own, so make sure the app registry is ready before any fixture touches the database.
-django.setup()
 
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
@@ -50,26 +38,6 @@ def private_channel_layer(settings: Any) -> Iterator[None]:
     channel_layers.backends.clear()
     yield
     channel_layers.backends.clear()
-
-
-def _make_user(username: str, team_name: str) -> Any:
-    from django.contrib.auth import get_user_model
-
-    from webapp.accounts.models import do_create_team
-
-    user = get_user_model().objects.create_user(username=username, password="correct horse battery staple")
-    do_create_team(team_name, user)
-    return user
-
-
-@pytest.fixture
-def alice(db: None) -> Any:
-    return _make_user("alice", "Team A")
-
-
-@pytest.fixture
-def bob(db: None) -> Any:
-    return _make_user("bob", "Team B")
 
 
 @pytest.fixture
