@@ -20,6 +20,7 @@ for both, so a socket cannot probe which job ids exist).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -27,7 +28,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from webapp.monitor.events import events_after, group_name
-from webapp.monitor.tokens import with_token_texts
+from webapp.monitor.tokens import job_model_path, with_token_texts
 
 CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHENTICATED = 4401
@@ -43,12 +44,12 @@ def _visible_job_summary(user: Any, job_id: int) -> dict[str, Any] | None:
     job = TrainingJob.objects.visible_to(user).filter(pk=job_id).first()
     if job is None:
         return None
-    return {**job.summary(), "name": job.name, "last_seq": job.last_seq}
+    return {**job.summary(), "name": job.name, "last_seq": job.last_seq, "model": job_model_path(job.config)}
 
 
 @database_sync_to_async
-def _stored_after(job_id: int, after_seq: int, limit: int) -> list[dict[str, Any]]:
-    return [with_token_texts(m) for m in events_after(job_id, after_seq, limit=limit)]
+def _stored_after(job_id: int, after_seq: int, limit: int, model: str | None) -> list[dict[str, Any]]:
+    return [with_token_texts(m, model) for m in events_after(job_id, after_seq, limit=limit)]
 
 
 def parse_after(query_string: bytes | str) -> int:
@@ -69,6 +70,7 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
     job_id: int
     group: str
     last_seq: int
+    model: str | None
 
     async def connect(self) -> None:
         self.group = ""
@@ -87,6 +89,7 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
             await self._refuse(CLOSE_FORBIDDEN, f"job #{self.job_id} is not a job of your teams")
             return
         self.last_seq = after
+        self.model = job.pop("model")
         self.group = group_name(self.job_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
@@ -112,7 +115,7 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
     async def _catch_up(self) -> None:
         """Send every stored event after ``last_seq``, page by page."""
         while True:
-            page = await _stored_after(self.job_id, self.last_seq, HISTORY_PAGE)
+            page = await _stored_after(self.job_id, self.last_seq, HISTORY_PAGE, self.model)
             if page:
                 await self._send_events(page)
             if len(page) < HISTORY_PAGE:
@@ -132,6 +135,9 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
         if first > self.last_seq + 1 or not isinstance(events, list):
             await self._catch_up()  # a gap, or an announcement without payload: the database has it all
             return
-        fresh = [with_token_texts(e) for e in events if e["seq"] > self.last_seq]
+        fresh = [e for e in events if e["seq"] > self.last_seq]
+        if any(e["type"] == "samples" for e in fresh):
+            # Decoding needs the tokenizer (a file read, then cached): off the event loop.
+            fresh = await asyncio.to_thread(lambda: [with_token_texts(e, self.model) for e in fresh])
         if fresh:
             await self._send_events(fresh)

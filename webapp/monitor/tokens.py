@@ -62,8 +62,18 @@ def trajectories_of(data: dict[str, Any]) -> list[dict[str, Any]]:
     return []
 
 
-def with_token_texts(message: dict[str, Any]) -> dict[str, Any]:
-    """The event as sent to a browser: a ``samples`` event's trajectories gain ``tokens`` where missing.
+def job_model_path(config: Any) -> str | None:
+    """The model folder a job's config names (``{"model": {"path": ...}}``), used when a stored trajectory
+    does not name its model itself (the trainer's samples do not)."""
+    model = config.get("model") if isinstance(config, dict) else None
+    if isinstance(model, dict) and isinstance(model.get("path"), str):
+        return model["path"]
+    return model if isinstance(model, str) else None
+
+
+def with_token_texts(message: dict[str, Any], model: str | None = None) -> dict[str, Any]:
+    """The event as sent to a browser: a ``samples`` event's trajectories gain ``tokens`` where missing,
+    decoded with the tokenizer of the trajectory's own ``model`` or else of ``model`` (the job's).
 
     Trajectory dicts are updated in place: the message is a fresh copy made per read of the database (or
     per group message), never the stored row, and repeated calls are idempotent.
@@ -74,7 +84,7 @@ def with_token_texts(message: dict[str, Any]) -> dict[str, Any]:
         ids = trajectory.get("token_ids")
         if trajectory.get("tokens") or not isinstance(ids, list):
             continue
-        texts = token_texts(ids, trajectory.get("model"))
+        texts = token_texts(ids, trajectory.get("model") or model)
         if texts is not None:
             trajectory["tokens"] = texts
     return message

@@ -19,7 +19,7 @@ from django.urls import reverse
 from webapp.jobs.models import TrainingJob
 from webapp.monitor.events import events_after
 from webapp.monitor.models import EventType
-from webapp.monitor.tokens import with_token_texts
+from webapp.monitor.tokens import job_model_path, with_token_texts
 
 MAX_EVENTS_PER_REQUEST = 5000
 MAX_COMPARED_JOBS = 8
@@ -107,7 +107,8 @@ def events_json(request: HttpRequest, pk: int) -> JsonResponse:
     if unknown:
         return _bad_request(f"unknown event types {unknown}; use some of {sorted(EventType.values)}")
     limit = int(limit_raw)
-    events = [with_token_texts(m) for m in events_after(job.pk, int(after_raw), types or None, limit=limit + 1)]
+    model = job_model_path(job.config)
+    events = [with_token_texts(m, model) for m in events_after(job.pk, int(after_raw), types or None, limit=limit + 1)]
     more = len(events) > limit
     events = events[:limit]
     return JsonResponse({
