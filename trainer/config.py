@@ -172,7 +172,7 @@ class Config:
     engine: Literal["hf", "vllm"] = _f("hf", "Rollout engine: hf (shares the trainer's module) or vllm.")
     deepspeed: str | None = _f(None, "DeepSpeed JSON config path (ZeRO 1/2/3, bf16); None = plain torch.")
     device: str = _f("auto", "'auto', 'cpu' or 'cuda[:i]'.")
-    threads: int = _f(0, "torch intra-op threads; 0 = all cores of this machine.")
+    threads: int = _f(0, "torch intra-op threads; 0 = all cores but one.")
     save_every: int = _f(0, "Save a checkpoint every N steps (and at the end); 0 = only at the end.")
     keep_last: int = _f(2, "Checkpoints kept besides the best one.")
     log_samples: int = _f(2, "Sample trajectories sent to the event stream each step.")
@@ -278,6 +278,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # PyYAML reads 3e-3 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise ConfigError(f"{key}: expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, str):

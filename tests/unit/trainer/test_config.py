@@ -1,0 +1,92 @@
+"""Config loading: YAML plus --set overrides, with errors that name the key and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer.config import ALGORITHMS, Config, ConfigError, describe, load_config, parse_override
+
+
+def test_defaults_load_and_validate():
+    config = load_config()
+    assert isinstance(config, Config)
+    assert config.algorithm.name == "grpo" and config.engine == "hf"
+
+
+def test_yaml_is_read_and_overrides_win(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("steps: 7\nalgorithm:\n  name: dapo\n  clip_low: 0.1\nrollout:\n  group_size: 4\n")
+    config = load_config(path, ["algorithm.name=rloo", "engine=vllm", "optim.lr=3e-3", "optim.betas=[0.9, 0.95]"])
+    assert config.steps == 7 and config.rollout.group_size == 4
+    assert config.algorithm.name == "rloo" and config.algorithm.clip_low == 0.1
+    assert config.engine == "vllm" and config.optim.lr == pytest.approx(3e-3) and config.optim.betas == [0.9, 0.95]
+
+
+def test_an_unknown_key_names_the_closest_valid_key():
+    with pytest.raises(ConfigError, match=r"unknown config key 'algorithm\.clip_lo'; did you mean 'algorithm\.clip_low'"):
+        load_config(None, ["algorithm.clip_lo=0.3"])
+
+
+def test_an_unknown_section_in_yaml_is_rejected(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("rolout:\n  group_size: 4\n")
+    with pytest.raises(ConfigError, match="unknown config key 'rolout'; did you mean 'rollout'"):
+        load_config(path)
+
+
+def test_a_bad_choice_lists_the_choices_and_suggests_one():
+    with pytest.raises(ConfigError, match=r"algorithm\.name: 'grp' is not one of .*did you mean 'grpo'"):
+        load_config(None, ["algorithm.name=grp"])
+
+
+def test_a_value_of_the_wrong_type_names_the_key():
+    with pytest.raises(ConfigError, match=r"rollout.group_size: expected an integer, got 'eight'"):
+        load_config(None, ["rollout.group_size=eight"])
+    with pytest.raises(ConfigError, match="tensorboard: expected true or false"):
+        load_config(None, ["tensorboard=maybe"])
+
+
+def test_group_algorithms_need_groups_of_two_or_more():
+    with pytest.raises(ConfigError, match=r"rollout.group_size >= 2"):
+        load_config(None, ["rollout.group_size=1"])
+    assert load_config(None, ["rollout.group_size=1", "algorithm.name=ppo"]).rollout.group_size == 1
+
+
+def test_minibatches_must_divide_the_batch():
+    with pytest.raises(ConfigError, match=r"algorithm.minibatches=3 must divide"):
+        load_config(None, ["algorithm.minibatches=3"])
+
+
+def test_kl_in_reward_without_a_coefficient_says_what_to_set():
+    with pytest.raises(ConfigError, match="set kl_coef > 0"):
+        load_config(None, ["algorithm.kl_in_reward=true"])
+
+
+def test_a_missing_deepspeed_config_is_named():
+    with pytest.raises(ConfigError, match=r"deepspeed=.nope.json.: no such file"):
+        load_config(None, ["deepspeed=nope.json"])
+
+
+def test_a_malformed_override_shows_the_form():
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_override("algorithm.name")
+
+
+def test_a_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_paper_defaults_resolve_per_algorithm():
+    dapo = load_config(None, ["algorithm.name=dapo"]).algorithm
+    assert dapo.resolved_clip_high == 0.28 and dapo.resolved_loss_agg == "token-mean" and dapo.resolved_dynamic_sampling
+    grpo = load_config().algorithm
+    assert grpo.resolved_clip_high == 0.2 and grpo.resolved_loss_agg == "seq-mean-token-mean"
+    assert not grpo.resolved_dynamic_sampling
+    assert load_config(None, ["algorithm.name=dr_grpo"]).algorithm.resolved_loss_agg == "seq-mean-token-sum-norm"
+
+
+def test_every_field_has_help_and_every_algorithm_is_listed():
+    lines = describe()
+    assert all(line.rstrip().split(": ", 1)[1] for line in lines if line.startswith("  "))
+    assert len(ALGORITHMS) == 7

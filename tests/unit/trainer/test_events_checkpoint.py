@@ -1,0 +1,84 @@
+"""The event stream (sinks, envelope, failure isolation) and checkpoint rotation."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from trainer.checkpoint import load_state, resolve, save_checkpoint
+from trainer.events import CallbackSink, EventStream, JSONLSink, read_events
+
+torch.set_num_threads(1)
+
+
+def test_every_event_reaches_every_sink_with_type_step_time_and_data(tmp_path):
+    got: list[dict] = []
+    stream = EventStream([JSONLSink(tmp_path / "e.jsonl"), CallbackSink(got.append)], run="r1")
+    stream.metrics(3, {"reward/mean": 0.5, "nan": float("nan"), "t": torch.tensor(2.0)})
+    stream.status(3, "running")
+    stream.close()
+    assert [e["type"] for e in got] == ["metrics", "status"]
+    event = got[0]
+    assert event["step"] == 3 and event["run"] == "r1" and isinstance(event["time"], float)
+    assert event["data"] == {"reward/mean": 0.5, "nan": None, "t": 2.0}
+    assert read_events(tmp_path / "e.jsonl", "metrics")[0]["data"]["reward/mean"] == 0.5
+    json.dumps(got)  # every event is JSON
+
+
+def test_a_failing_sink_is_disabled_and_the_others_keep_receiving(tmp_path, capsys):
+    got: list[dict] = []
+
+    def broken(event: dict) -> None:
+        raise RuntimeError("dashboard down")
+
+    stream = EventStream([CallbackSink(broken), CallbackSink(got.append)])
+    stream.log(0, "a")
+    stream.log(1, "b")
+    assert len(got) == 2
+    assert "dashboard down" in capsys.readouterr().err
+
+
+def test_an_object_without_emit_is_rejected():
+    with pytest.raises(TypeError, match="emit"):
+        EventStream([object()])  # type: ignore[list-item]
+
+
+def test_unknown_event_types_are_rejected():
+    with pytest.raises(ValueError, match="unknown event type"):
+        EventStream([]).emit("metric", 0, {})
+
+
+class _Model(torch.nn.Module):
+    """Stands in for a PreTrainedModel: what save_checkpoint needs is save_pretrained."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Linear(2, 2)
+
+    def save_pretrained(self, path, safe_serialization=True):
+        from safetensors.torch import save_file
+
+        save_file(self.state_dict(), str(path / "model.safetensors"))
+
+
+def test_checkpoints_keep_the_last_n_plus_the_best_and_point_latest(tmp_path):
+    model = _Model()
+    scores = {1: 0.5, 2: 0.9, 3: 0.4, 4: 0.6}
+    for step, score in scores.items():
+        save_checkpoint(tmp_path, step, model=model, tokenizer=None, state={"data": {"position": step}},
+                        score=score, keep_last=2)
+    kept = sorted(p.name for p in tmp_path.glob("checkpoint-0*"))
+    assert kept == ["checkpoint-000002", "checkpoint-000003", "checkpoint-000004"]
+    assert resolve(tmp_path).name == "checkpoint-000004"
+    assert (tmp_path / "checkpoint-best").resolve().name == "checkpoint-000002"
+    state = load_state(tmp_path / "checkpoint-latest")
+    assert state["step"] == 4 and state["data"] == {"position": 4} and math.isclose(state["score"], 0.6)
+    assert {"python", "numpy", "torch"} <= set(state["rng"])
+
+
+def test_resolving_something_that_is_not_a_checkpoint_says_what_to_pass(tmp_path):
+    with pytest.raises(FileNotFoundError, match="checkpoint-latest"):
+        resolve(tmp_path)

@@ -1,0 +1,156 @@
+"""The ``agentfly`` command line.
+
+    agentfly demo                                            # tiny model, a few rollouts, masks shown
+    agentfly sft   examples/calculator/sft.yaml              # supervised warm start on demonstrations
+    agentfly train examples/calculator/grpo.yaml --set algorithm.name=rloo
+    agentfly train examples/calculator/grpo.yaml --resume runs/calculator/checkpoint-latest
+    agentfly eval  runs/calculator/checkpoint-latest --split test
+    agentfly train --help-config                             # every config key with its help
+
+Bad configuration exits with status 2 and a message naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from trainer.config import Config, ConfigError, describe, load_config
+
+
+def _add_config_args(p: argparse.ArgumentParser, positional: bool = True) -> None:
+    if positional:
+        p.add_argument("config", nargs="?", help="YAML config (see examples/calculator/)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set algorithm.name=rloo (repeatable)")
+
+
+def _load(args: argparse.Namespace) -> Config:
+    return load_config(args.config, args.overrides)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import agentfly as af
+    from agentfly.engines.hf import HFEngine
+    from agentfly.rewards.builtin.math import math_equal
+    from agentfly.tasks import arithmetic
+    from agentfly.tools.builtin.calculator import calculator
+
+    path = args.model
+    if path is None:
+        path = af.models.build_tiny("runs/tiny", seed=0)
+        print(f"built the tiny model in {path} (untrained: expect noise; `agentfly sft` teaches it the task)")
+    engine = HFEngine(path)
+    agent = af.Agent(engine, tools=[calculator], reward=math_equal, max_turns=args.max_turns)
+    samples = arithmetic.generate(args.n, seed=args.seed, split="demo")
+    trajectories = agent.run_sync(samples, group_size=1, sampling=af.Sampling(
+        temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed))
+    for t in trajectories:
+        print(f"\n=== {t.rollout_id}  reward={t.reward}  turns={t.num_turns}  finish={t.finish_reason}  "
+              f"trained tokens={t.num_trained_tokens}/{len(t.token_ids)}")
+        af.visualize_mask(t, engine.tokenizer)
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from trainer.sft import run_sft
+
+    config = _load(args)
+    result = run_sft(config)
+    print(json.dumps({"path": result["path"], "eval/accuracy": result["metrics"].get("eval/accuracy")}))
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    if args.help_config:
+        print("\n".join(describe()))
+        return 0
+    from trainer.loop import train
+
+    config = _load(args)
+    result = train(config, resume=args.resume)
+    print(json.dumps({"checkpoint": result["checkpoint"], "step": result["step"], "state": result["state"],
+                      "eval/accuracy": result["metrics"].get("eval/accuracy")}))
+    return 0
+
+
+def _checkpoint_config(path: Path, overrides: list[str]) -> Config:
+    """The config a checkpoint was trained with (its own config.yaml, or its run's), pointed at it."""
+    for candidate in (path / "config.yaml", path.parent / "config.yaml"):
+        if candidate.is_file():
+            return load_config(candidate, [*overrides, f"model.path={path}", "model.build_tiny=false"])
+    return load_config(None, [*overrides, f"model.path={path}", "model.build_tiny=false"])
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from agentfly.engines.hf import HFEngine
+    from trainer.checkpoint import resolve
+    from trainer.loop import build_agent, evaluate, load_policy, load_samples, setup_torch
+
+    path = resolve(args.checkpoint)
+    config = _checkpoint_config(path, args.overrides)
+    device = setup_torch(config)
+    model, tokenizer = load_policy(config, device, path=str(path))
+    model.eval()
+    train_samples, test_samples = load_samples(config)
+    samples = test_samples if args.split == "test" else train_samples
+    n = args.n or config.eval.size or config.data.eval_size
+    agent = build_agent(config, HFEngine(model=model, tokenizer=tokenizer))
+    with torch.inference_mode():
+        metrics, trajectories = evaluate(agent, samples[:n], config.eval.max_new_tokens, config.eval.batch_size)
+    result: dict[str, Any] = {"checkpoint": str(path), "split": args.split, "n": len(trajectories), **metrics}
+    print(json.dumps(result))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="agentfly", description="Agentic RL for language-model agents.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="build the tiny model, run a few rollouts, print them with their loss mask")
+    p.add_argument("--model", default=None, help="local model directory (default: build runs/tiny)")
+    p.add_argument("--n", type=int, default=2, help="problems to roll out")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--max-turns", type=int, default=3)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("sft", help="supervised warm start on generated demonstrations")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_sft)
+
+    p = sub.add_parser("train", help="masked RL (GRPO, Dr. GRPO, DAPO, RLOO, REINFORCE++, PPO)")
+    _add_config_args(p)
+    p.add_argument("--resume", default=None, help="checkpoint (or run directory) to continue from")
+    p.add_argument("--help-config", action="store_true", help="list every config key with its help and exit")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="greedy held-out accuracy of a checkpoint")
+    p.add_argument("checkpoint", help="checkpoint or model directory (or a run directory: its latest checkpoint)")
+    p.add_argument("--split", choices=("test", "train"), default="test")
+    p.add_argument("--n", type=int, default=None, help="problems (default: eval.size or data.eval_size)")
+    _add_config_args(p, positional=False)
+    p.set_defaults(func=cmd_eval)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "config", "x") is None and not getattr(args, "help_config", False) and args.command != "eval":
+        print(f"agentfly {args.command}: give a YAML config, e.g. examples/calculator/grpo.yaml", file=sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"agentfly {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,734 @@
+"""The training loop: one step is a sequence of named, timed stages (after verl's ``ray_trainer``)::
+
+    rollout      sample `group_size` trajectories per prompt through ``agentfly.Agent`` (rewards are scored
+                 by the rollout layer as each trajectory ends)
+    reward       collect rewards, overlong shaping, DAPO dynamic sampling (drop and refill flat groups)
+    logprobs     pad the batch; old logprobs (the engine's, or recomputed), reference logprobs, values
+    advantages   the algorithm's estimator over mask-1 tokens (``trainer.algorithms``)
+    update       epochs x minibatches of the masked clipped loss, gradient clipping, optimizer + scheduler
+    weight_sync  the engine gets the new weights (in place for HF: it shares the module)
+    eval         greedy held-out accuracy (every `eval.every` steps and at the end)
+    checkpoint   safetensors + optimizer/scheduler/RNG/data position (every `save_every` steps and at the end)
+
+Each stage's seconds are reported as ``time/<stage>`` in the step's metrics event.
+
+    python -m trainer.cli train examples/calculator/grpo.yaml
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer import algorithms as algos
+from trainer.checkpoint import load_state, save_checkpoint, set_rng_state
+from trainer.config import Config, save_config
+from trainer.events import EventStream, JSONLSink, Sink, TensorBoardSink, resource_stats
+
+# ------------------------------------------------------------------------------------------ setup helpers
+
+
+def setup_torch(config: Config) -> torch.device:
+    """Seed everything and size the thread pool: all cores but one (the event loop, tool subprocesses and
+    reward functions need a core; on a shared 2-core box two spinning OpenMP threads ran 10x slower than one)."""
+    threads = config.threads or max(1, (os.cpu_count() or 2) - 1)
+    torch.set_num_threads(threads)
+    seed_everything(config.seed)
+    if config.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(config.device)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def import_object(spec: str, what: str) -> Any:
+    """``"package.module:attribute"`` -> the attribute; errors say which config key to fix."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not attr:
+        raise ValueError(f"{what} {spec!r} must be written 'module:attribute', e.g. "
+                         "'agentfly.tools.builtin.calculator:calculator'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"{what} {spec!r}: cannot import {module_name!r} ({exc})") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"{what} {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
+
+
+def load_policy(config: Config, device: torch.device, path: str | None = None) -> tuple[Any, Any]:
+    """The policy module and tokenizer from ``model.path`` (building the tiny model there if asked to)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = path or config.model.path
+    if not Path(path).is_dir():
+        if not config.model.build_tiny:
+            raise FileNotFoundError(f"model.path {path!r} does not exist; point it at a local model directory "
+                                    "or set model.build_tiny=true to build the tiny CPU model there")
+        from agentfly.models.tiny import build_tiny
+
+        build_tiny(path, seed=config.model.tiny_seed)
+    dtype = getattr(torch, config.model.dtype)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if config.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if config.model.lora.enabled:
+        model = apply_lora(model, config)
+    return model, tokenizer
+
+
+def apply_lora(model: Any, config: Config) -> Any:
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:
+        raise RuntimeError("model.lora.enabled=true needs peft: pip install 'agentfly[lora]'") from exc
+    lora = config.model.lora
+    return get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                            target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
+
+
+def load_samples(config: Config) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Training and held-out samples. 'arithmetic' generates both from disjoint random streams."""
+    from agentfly.tasks import arithmetic
+    from agentfly.tasks.io import load_jsonl
+
+    data = config.data
+    if data.task == "arithmetic":
+        train = arithmetic.generate(data.train_size, seed=data.seed, split="train")
+    elif Path(data.task).is_file():
+        train = load_jsonl(data.task)
+    else:
+        raise FileNotFoundError(f"data.task={data.task!r} is neither 'arithmetic' nor an existing JSONL file")
+    if data.eval_path:
+        held_out = load_jsonl(data.eval_path)[: data.eval_size]
+    elif data.task == "arithmetic":
+        held_out = arithmetic.generate(data.eval_size, seed=data.seed, split="test")
+    else:
+        raise ValueError("data.eval_path is required when data.task is a JSONL file (held-out samples)")
+    if not train:
+        raise ValueError(f"data.task={data.task!r} has no samples")
+    return train, held_out
+
+
+def build_agent(config: Config, engine: Any) -> Any:
+    import agentfly as af
+
+    r = config.rollout
+    tools = [import_object(spec, "rollout.tools entry") for spec in r.tools]
+    reward = import_object(r.reward, "rollout.reward")
+    return af.Agent(engine, tools=tools, reward=reward, parser=r.parser, max_turns=r.max_turns,
+                    system_prompt=r.system_prompt)
+
+
+def build_engine(config: Config, model: Any, tokenizer: Any) -> Any:
+    """HF shares the trainer's module (weight sync is free); vLLM gets its own copy of the weights."""
+    if config.engine == "hf":
+        from agentfly.engines.hf import HFEngine
+
+        return HFEngine(model=model, tokenizer=tokenizer)
+    if config.engine == "vllm":
+        from agentfly.engines import VLLMEngine  # imported only when asked for: vllm is an optional extra
+
+        return VLLMEngine(config.model.path, seed=config.seed)
+    raise ValueError(f"engine={config.engine!r}: use hf or vllm")
+
+
+class DataCursor:
+    """Walks the training samples in a seeded order, epoch after epoch; its state is part of a checkpoint."""
+
+    def __init__(self, samples: Sequence[dict[str, Any]], seed: int, shuffle: bool = True) -> None:
+        self.samples = list(samples)
+        self.seed, self.shuffle = seed, shuffle
+        self.epoch, self.position = 0, 0
+        self._order = self._make_order()
+
+    def _make_order(self) -> list[int]:
+        order = list(range(len(self.samples)))
+        if self.shuffle:
+            random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
+        return order
+
+    def take(self, n: int) -> list[dict[str, Any]]:
+        out = []
+        while len(out) < n:
+            if self.position >= len(self._order):
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._make_order()
+            out.append(self.samples[self._order[self.position]])
+            self.position += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = state["epoch"], state["position"]
+        self._order = self._make_order()
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, config: Config) -> torch.optim.lr_scheduler.LambdaLR:
+    warmup, total, kind = config.optim.warmup_steps, max(config.steps, 1), config.optim.schedule
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+        if kind == "linear":
+            return 1.0 - progress
+        if kind == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+# ------------------------------------------------------------------------------------------ the batch
+
+
+@dataclass
+class Batch:
+    """Trajectories as right-padded tensors. Per-token tensors are shifted to *predicted* tokens:
+    position t is about token t + 1 (see ``trainer.algorithms.core``)."""
+
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    mask: torch.Tensor  # [B, L-1]  loss_mask[:, 1:]
+    rollout_logprobs: torch.Tensor  # [B, L-1]
+    rewards: torch.Tensor  # [B]  (after shaping)
+    group_ids: torch.Tensor  # [B]
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    def rows(self, index: torch.Tensor) -> Batch:
+        return Batch(*(t.index_select(0, index) for t in (self.input_ids, self.attention_mask, self.mask,
+                                                          self.rollout_logprobs, self.rewards, self.group_ids)))
+
+
+def collate(trajectories: Sequence[Any], rewards: Sequence[float], group_ids: Sequence[int], pad_id: int,
+            device: torch.device) -> Batch:
+    """Pad trajectories on the right into one batch; token ids and masks are taken as the rollout made them."""
+    B = len(trajectories)
+    L = max(len(t.token_ids) for t in trajectories)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, L), dtype=torch.long)
+    loss_mask = torch.zeros((B, L), dtype=torch.long)
+    logps = torch.zeros((B, L), dtype=torch.float32)
+    for i, t in enumerate(trajectories):
+        n = len(t.token_ids)
+        ids[i, :n] = torch.tensor(t.token_ids)
+        attn[i, :n] = 1
+        loss_mask[i, :n] = torch.tensor(t.loss_mask)
+        logps[i, :n] = torch.tensor(t.logprobs, dtype=torch.float32)
+    return Batch(ids.to(device), attn.to(device), loss_mask[:, 1:].to(device), logps[:, 1:].to(device),
+                 torch.tensor(list(rewards), dtype=torch.float32, device=device),
+                 torch.tensor(list(group_ids), dtype=torch.long, device=device))
+
+
+def shared_prefix_length(batch: Batch, loss_mask_start: int, minimum: int = 16) -> int:
+    """Length of the token prefix every row shares, capped before the first trained token (0 if short).
+
+    Every trajectory of a batch starts with the same system prompt and tool schemas (most of its tokens on
+    the tiny model); computing that prefix once and broadcasting its KV cache to all rows gives the same
+    logprobs and the same gradients (``batch_repeat_interleave`` is differentiable) at a fraction of the cost.
+    """
+    ids = batch.input_ids
+    if ids.shape[0] < 2:
+        return 0
+    same = (ids == ids[:1]).all(0) & (batch.attention_mask == 1).all(0)
+    differs = (~same).nonzero()
+    length = int(differs[0].item()) if differs.numel() else ids.shape[1]
+    # Each row keeps at least one token of its own, and the prefix holds no trained token.
+    length = min(length, loss_mask_start, ids.shape[1] - 1)
+    return length if length >= minimum else 0
+
+
+def forward(model: Any, batch: Batch, temperature: float, *, entropy: bool = False, hidden: bool = False
+            ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Logprobs of the batch's tokens [B, L-1], and optionally the entropy [B, L-1] and last hidden states
+    [B, L-1, H] at the predicting positions. Positions inside a shared prompt prefix (all mask 0) hold 0."""
+    B, L = batch.input_ids.shape
+    trained = batch.mask.any(0).nonzero()
+    first_trained = int(trained[0].item()) + 1 if trained.numel() else L - 1
+    P = shared_prefix_length(batch, first_trained)
+    if P:
+        pre = model(input_ids=batch.input_ids[:1, :P], use_cache=True, output_hidden_states=hidden)
+        cache = pre.past_key_values
+        cache.batch_repeat_interleave(B)
+        positions = torch.arange(P, L, device=batch.input_ids.device).expand(B, L - P)
+        out = model(input_ids=batch.input_ids[:, P:], attention_mask=batch.attention_mask,
+                    past_key_values=cache, position_ids=positions, use_cache=True, output_hidden_states=hidden)
+        # Predicting positions P-1 .. L-2: the prefix's last position, then all but the last suffix position.
+        logits = torch.cat([pre.logits[:, -1:].expand(B, 1, -1), out.logits[:, :-1]], dim=1)
+        h = (torch.cat([pre.hidden_states[-1][:, -1:].expand(B, 1, -1), out.hidden_states[-1][:, :-1]], dim=1)
+             if hidden else None)
+    else:
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=hidden,
+                    use_cache=False)
+        logits = out.logits[:, :-1]
+        h = out.hidden_states[-1][:, :-1] if hidden else None
+    start = max(P - 1, 0)
+    logp_part = algos.token_logprobs(logits, batch.input_ids[:, start + 1:], temperature)
+    logp = torch.nn.functional.pad(logp_part, (start, 0))
+    ent = None
+    if entropy:
+        scaled = logits.float() / temperature if temperature != 1.0 else logits
+        ent = torch.nn.functional.pad(algos.entropy_from_logits(scaled), (start, 0))
+    if h is not None:
+        h = torch.nn.functional.pad(h, (0, 0, start, 0))
+    return logp, ent, h
+
+
+# ------------------------------------------------------------------------------------------ the trainer
+
+
+class StageTimer:
+    """``with timer("rollout"):`` adds the block's wall time to ``timer.times["rollout"]``."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - start
+
+
+def trajectory_sample(t: Any, tokenizer: Any) -> dict[str, Any]:
+    """A trajectory as the dashboard's rollout viewer wants it: text, tokens, mask spans, logprobs, calls."""
+    from agentfly.rollout import mask_segments
+
+    return {
+        "rollout_id": t.rollout_id, "group_id": t.group_id, "reward": t.reward,
+        "text": tokenizer.decode(t.token_ids, skip_special_tokens=False),
+        "token_ids": list(t.token_ids), "loss_mask": list(t.loss_mask),
+        "logprobs": [round(x, 5) for x in t.logprobs], "segments": mask_segments(t, tokenizer),
+        "tool_calls": [{"turn": c.turn, "name": c.name, "arguments": c.arguments, "observation": c.observation,
+                        "error": c.error} for c in t.tool_calls],
+        "num_turns": t.num_turns, "finish_reason": t.finish_reason, "final_answer": t.final_answer,
+        "error": t.error,
+    }
+
+
+def rollout_metrics(trajectories: Sequence[Any], prefix: str = "") -> dict[str, float]:
+    """Reward and behaviour statistics of a set of trajectories."""
+    rewards = np.array([t.reward for t in trajectories], dtype=np.float64)
+    lengths = np.array([t.num_trained_tokens for t in trajectories], dtype=np.float64)
+    out = {
+        f"{prefix}reward/mean": float(rewards.mean()), f"{prefix}reward/std": float(rewards.std()),
+        f"{prefix}reward/min": float(rewards.min()), f"{prefix}reward/max": float(rewards.max()),
+        f"{prefix}accuracy": float((rewards >= 1.0 - 1e-9).mean()),
+        f"{prefix}response_length/mean": float(lengths.mean()), f"{prefix}response_length/max": float(lengths.max()),
+        f"{prefix}turns/mean": float(np.mean([t.num_turns for t in trajectories])),
+        f"{prefix}tool_calls/mean": float(np.mean([len(t.tool_calls) for t in trajectories])),
+        f"{prefix}tool_errors/mean": float(np.mean([t.tool_errors for t in trajectories])),
+        f"{prefix}parse_errors/mean": float(np.mean([t.parse_errors for t in trajectories])),
+        f"{prefix}rollout_errors": float(sum(t.error is not None for t in trajectories)),
+    }
+    for reason in ("answer", "max_turns", "length", "error"):
+        out[f"{prefix}finish/{reason}"] = float(np.mean([t.finish_reason == reason for t in trajectories]))
+    return out
+
+
+def evaluate(agent: Any, samples: Sequence[dict[str, Any]], max_new_tokens: int, batch_size: int = 500
+             ) -> tuple[dict[str, float], list[Any]]:
+    """Greedy decoding, one rollout per held-out sample; ``accuracy`` is the share with full reward."""
+    import agentfly as af
+
+    sampling = af.Sampling(temperature=0.0, max_new_tokens=max_new_tokens)
+    trajectories: list[Any] = []
+    for start in range(0, len(samples), batch_size):
+        trajectories += agent.run_sync(samples[start:start + batch_size], group_size=1, sampling=sampling)
+    return rollout_metrics(trajectories, prefix="eval/"), trajectories
+
+
+class Trainer:
+    """Owns the policy module, the engine that shares it, the optimizer and the event stream of one run."""
+
+    def __init__(self, config: Config, sinks: Sequence[Sink] = (), resume: str | os.PathLike[str] | None = None
+                 ) -> None:
+        self.config = config
+        self.out = Path(config.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        save_config(config, self.out / "config.yaml")
+        all_sinks: list[Sink] = [JSONLSink(self.out / "events.jsonl"), *sinks]
+        if config.tensorboard:
+            all_sinks.append(TensorBoardSink(self.out / "tensorboard"))
+        self.events = EventStream(all_sinks, run=self.out.name)
+        self.device = setup_torch(config)
+        self.events.status(0, "starting", f"loading {config.model.path}")
+        self.model, self.tokenizer = load_policy(config, self.device)
+        self.ref_model = None
+        if config.algorithm.kl_coef > 0:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.value_head = None
+        params = [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": config.optim.lr}]
+        if config.algorithm.name == "ppo":
+            self.value_head = algos.ValueHead(self.model.config.hidden_size).to(self.device)
+            params.append({"params": list(self.value_head.parameters()),
+                           "lr": config.optim.critic_lr or config.optim.lr})
+        o = config.optim
+        self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.betas[0], o.betas[1]), eps=o.eps,
+                                           weight_decay=o.weight_decay)
+        self.scheduler = make_scheduler(self.optimizer, config)
+        self.ds_engine = None
+        if config.deepspeed:
+            from trainer.distributed import deepspeed_initialize
+
+            self.ds_engine, self.optimizer = deepspeed_initialize(self.model, self.optimizer, config.deepspeed)
+        self.engine = build_engine(config, self.model, self.tokenizer)
+        self.agent = build_agent(config, self.engine)
+        self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
+                          else self.tokenizer.eos_token_id)
+        train, held_out = load_samples(config)
+        self.cursor = DataCursor(train, config.data.seed, config.data.shuffle)
+        self.eval_samples = held_out[: config.eval.size or config.data.eval_size]
+        self.step = 0
+        self.best: float | None = None
+        if resume is not None:
+            self._resume(resume)
+
+    # -------------------------------------------------------------------------------------- resume / save
+    def _resume(self, path: str | os.PathLike[str]) -> None:
+        from safetensors.torch import load_file
+
+        from trainer.checkpoint import resolve
+
+        ckpt = resolve(path)
+        state = load_state(ckpt)
+        weights = load_file(ckpt / "model.safetensors", device=str(self.device))
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        # Tied embeddings are saved once; anything else missing means the checkpoint is of another model.
+        missing = [k for k in missing if k != "lm_head.weight"]
+        if missing or unexpected:
+            raise ValueError(f"checkpoint {ckpt} does not match model.path={self.config.model.path!r}: "
+                             f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.cursor.load_state_dict(state["data"])
+        if self.value_head is not None and "value_head" in state.get("extra_modules", {}):
+            self.value_head.load_state_dict(state["extra_modules"]["value_head"])
+        self.best = state.get("best")
+        self.step = int(state["step"])
+        set_rng_state(state["rng"])
+        self.engine.update_weights(self.model.state_dict())
+        self.events.log(self.step, f"resumed from {ckpt} at step {self.step}")
+
+    def save(self, score: float | None = None) -> Path:
+        if score is not None and (self.best is None or score > self.best):
+            self.best = score
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "data": self.cursor.state_dict(), "best": self.best}
+        extra = {"value_head": self.value_head} if self.value_head is not None else None
+        path = save_checkpoint(self.out, self.step, model=self.model, tokenizer=self.tokenizer, state=state,
+                               extra_modules=extra, score=score, keep_last=self.config.keep_last)
+        save_config(self.config, path / "config.yaml")
+        return path
+
+    # -------------------------------------------------------------------------------------- stages
+    def _sampling(self, round_index: int) -> Any:
+        import agentfly as af
+
+        r = self.config.rollout
+        # A seed per (run seed, step, refill round): rollouts are reproducible, which resume relies on.
+        seed = (self.config.seed * 1_000_003 + self.step * 101 + round_index) % (2**31)
+        return af.Sampling(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                           max_new_tokens=r.max_new_tokens, seed=seed)
+
+    def _shaped_rewards(self, trajectories: Sequence[Any]) -> list[float]:
+        a = self.config.algorithm
+        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+        if a.overlong_buffer:
+            lengths = torch.tensor([t.num_trained_tokens for t in trajectories])
+            rewards = rewards + algos.overlong_penalty(lengths, a.overlong_max_tokens, a.overlong_buffer,
+                                                       a.overlong_penalty)
+        return rewards.tolist()
+
+    def collect(self, timer: StageTimer) -> tuple[list[Any], list[Any], list[float], list[int], dict[str, float]]:
+        """Rollouts for one step; with dynamic sampling, rounds of fresh prompts until the batch has
+        ``prompts_per_step`` groups whose rewards differ (or ``max_sample_batches`` rounds were made).
+
+        Returns (every trajectory sampled, the ones to train on, their shaped rewards, their group ids, metrics).
+        """
+        r, a = self.config.rollout, self.config.algorithm
+        kept: list[Any] = []
+        kept_rewards: list[float] = []
+        kept_groups: list[int] = []
+        everything: list[Any] = []
+        rounds = a.max_sample_batches if a.resolved_dynamic_sampling else 1
+        for round_index in range(rounds):
+            samples = self.cursor.take(r.prompts_per_step)
+            with timer("rollout"):
+                trajectories = self.agent.run_sync(samples, group_size=r.group_size,
+                                                   sampling=self._sampling(round_index))
+            everything += trajectories
+            with timer("reward"):
+                shaped = self._shaped_rewards(trajectories)
+                groups = [round_index * r.prompts_per_step + i // r.group_size for i in range(len(trajectories))]
+                if a.resolved_dynamic_sampling:
+                    keep = algos.informative_groups(torch.tensor(shaped), torch.tensor(groups)).tolist()
+                else:
+                    keep = [True] * len(trajectories)
+                for t, s, g, k in zip(trajectories, shaped, groups, keep, strict=True):
+                    if k:
+                        kept.append(t)
+                        kept_rewards.append(s)
+                        kept_groups.append(g)
+            if len(kept) >= r.prompts_per_step * r.group_size:
+                break
+        n = r.prompts_per_step * r.group_size
+        extra = {"rollout/rounds": float(round_index + 1), "rollout/kept_fraction": len(kept) / max(len(everything), 1)}
+        return everything, kept[:n], kept_rewards[:n], kept_groups[:n], extra
+
+    def train_step(self) -> dict[str, float]:
+        """One full step; returns its metrics (also emitted as an event)."""
+        cfg = self.config
+        timer = StageTimer()
+        step_start = time.perf_counter()
+        self.model.eval()  # dropout off: rollout and training logprobs must be the same function
+        everything, trajectories, rewards, groups, extra = self.collect(timer)
+        metrics: dict[str, float] = rollout_metrics(everything) | extra
+        gen_tokens = sum(t.num_trained_tokens for t in everything)
+        metrics["tokens_per_second"] = gen_tokens / max(timer.times.get("rollout", 0.0), 1e-9)
+        if trajectories:
+            metrics |= self._update(trajectories, rewards, groups, timer)
+        else:
+            metrics["update/skipped"] = 1.0
+        with timer("weight_sync"):
+            if self.engine is not None and cfg.engine != "hf":
+                self.engine.update_weights(self.model.state_dict())
+        self.step += 1
+        metrics |= {"lr": self.scheduler.get_last_lr()[0], "step": float(self.step)}
+        metrics |= {f"time/{k}": v for k, v in timer.times.items()}
+        metrics["time/step"] = time.perf_counter() - step_start
+        self.events.metrics(self.step, metrics)
+        if cfg.log_samples:
+            self.events.emit("samples", self.step, {"trajectories": [
+                trajectory_sample(t, self.tokenizer) for t in everything[: cfg.log_samples]]})
+        stats = resource_stats()
+        stats["engine"] = getattr(getattr(self.engine, "stats", None), "as_dict", dict)()
+        self.events.emit("resources", self.step, stats)
+        return metrics
+
+    def _update(self, trajectories: Sequence[Any], rewards: Sequence[float], groups: Sequence[int],
+                timer: StageTimer) -> dict[str, float]:
+        cfg, a = self.config, self.config.algorithm
+        temperature = cfg.rollout.temperature
+        metrics: dict[str, float] = {}
+        with timer("logprobs"):
+            batch = collate(trajectories, rewards, groups, self.pad_id, self.device)
+            mask = batch.mask
+            recompute = cfg.engine != "hf" and (a.epochs > 1 or a.minibatches > 1)
+            need_values = self.value_head is not None
+            old_logp = batch.rollout_logprobs
+            values = None
+            ref_logp = None
+            with torch.no_grad():
+                if recompute or need_values:
+                    logp_now, _, hidden = forward(self.model, batch, temperature, hidden=need_values)
+                    if recompute:
+                        old_logp = logp_now
+                    if need_values:
+                        values = self.value_head(hidden)  # type: ignore[misc]
+                if self.ref_model is not None:
+                    ref_logp, _, _ = forward(self.ref_model, batch, temperature)
+        with timer("advantages"):
+            kl_reward = None
+            if ref_logp is not None and a.kl_in_reward:
+                kl_reward = algos.kl_estimate(old_logp, ref_logp, a.kl_estimator)
+            token_rewards = algos.outcome_token_rewards(batch.rewards, mask, kl_reward, a.kl_coef)
+            advantages, returns = algos.compute_advantages(
+                a.name, token_rewards, mask, batch.group_ids, values=values, std_normalize=a.std_normalize,
+                gamma=a.gamma, lam=a.lam, whiten=a.whiten_advantages)
+        with timer("update"):
+            metrics |= self._optimise(batch, old_logp, ref_logp, advantages, values, returns)
+        return metrics
+
+    def _optimise(self, batch: Batch, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
+                  advantages: torch.Tensor, values: torch.Tensor | None, returns: torch.Tensor | None
+                  ) -> dict[str, float]:
+        cfg, a = self.config, self.config.algorithm
+        self.model.train()
+        sums: dict[str, list[float]] = {}
+        norm_length = cfg.rollout.max_new_tokens * cfg.rollout.max_turns
+        gen = torch.Generator().manual_seed(cfg.seed * 7_919 + self.step)
+        first = True
+        for _ in range(a.epochs):
+            order = torch.randperm(batch.size, generator=gen) if a.minibatches > 1 else torch.arange(batch.size)
+            for chunk in order.chunk(a.minibatches):
+                idx = chunk.to(self.device)
+                mb = batch.rows(idx)
+                mask = mb.mask
+                want_entropy = True
+                logp, entropy, hidden = forward(self.model, mb, cfg.rollout.temperature, entropy=want_entropy,
+                                                hidden=self.value_head is not None)
+                if first:
+                    # Same tokens, same weights: any gap is engine/trainer numerics (or a bug).
+                    gap = (logp.detach() - mb.rollout_logprobs).abs()
+                    sums.setdefault("logprob_mismatch", []).append(algos.masked_mean(gap, mask).item())
+                    first = False
+                loss, pm = algos.clipped_policy_loss(
+                    logp, old_logp.index_select(0, idx), advantages.index_select(0, idx), mask,
+                    clip_low=a.clip_low, clip_high=a.resolved_clip_high, dual_clip=a.dual_clip,
+                    agg=a.resolved_loss_agg, norm_length=norm_length)  # type: ignore[arg-type]
+                parts = {"loss/policy": loss.item(), **{k: v.item() for k, v in pm.items()}}
+                total = loss
+                if ref_logp is not None:
+                    kl = algos.kl_estimate(logp, ref_logp.index_select(0, idx), a.kl_estimator)
+                    kl_mean = algos.aggregate_loss(kl, mask, a.resolved_loss_agg, norm_length)  # type: ignore[arg-type]
+                    parts["kl"] = algos.masked_mean(kl.detach(), mask).item()
+                    if not a.kl_in_reward:
+                        total = total + a.kl_coef * kl_mean
+                if entropy is not None:
+                    ent = algos.masked_mean(entropy, mask)
+                    parts["entropy"] = ent.item()
+                    if a.entropy_coef:
+                        total = total - a.entropy_coef * ent
+                if self.value_head is not None:
+                    assert values is not None and returns is not None and hidden is not None
+                    v_new = self.value_head(hidden)
+                    vloss, vm = algos.clipped_value_loss(v_new, values.index_select(0, idx),
+                                                         returns.index_select(0, idx), mask, clip=a.value_clip)
+                    total = total + a.vf_coef * vloss
+                    parts["loss/value"] = vloss.item()
+                    parts |= {k: v.item() for k, v in vm.items()}
+                if self.ds_engine is not None:
+                    self.ds_engine.backward(total)
+                    self.ds_engine.step()
+                    grad_norm = float(self.ds_engine.get_global_grad_norm() or 0.0)
+                else:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    total.backward()
+                    params = [p for g in self.optimizer.param_groups for p in g["params"]]
+                    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+                    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+                    self.optimizer.step()
+                parts["grad_norm"] = grad_norm
+                parts["loss/total"] = total.item()
+                for k, v in parts.items():
+                    sums.setdefault(k, []).append(v)
+        self.scheduler.step()
+        self.model.eval()
+        return {k: float(np.mean(v)) for k, v in sums.items()}
+
+    def evaluate(self) -> dict[str, float]:
+        metrics, _ = evaluate(self.agent, self.eval_samples, self.config.eval.max_new_tokens,
+                              self.config.eval.batch_size)
+        return metrics
+
+    # -------------------------------------------------------------------------------------- the run
+    def train(self, should_stop: Any = None) -> dict[str, Any]:
+        """Run to ``steps`` (or the time budget); returns the final metrics and the last checkpoint path.
+
+        should_stop: an optional callable checked between steps (the web app's cancel flag).
+        """
+        cfg = self.config
+        self.events.status(self.step, "running", f"training from step {self.step} to {cfg.steps}")
+        start = time.perf_counter()
+        progress = _Progress(cfg.steps, self.step, enabled=cfg.progress)
+        last: dict[str, float] = {}
+        eval_metrics: dict[str, float] = {}
+        state = "finished"
+        try:
+            while self.step < cfg.steps:
+                if should_stop is not None and should_stop():
+                    state = "cancelled"
+                    break
+                if cfg.max_minutes is not None and time.perf_counter() - start > cfg.max_minutes * 60:
+                    self.events.log(self.step, f"time budget of {cfg.max_minutes} minutes reached")
+                    break
+                last = self.train_step()
+                timer = StageTimer()
+                due_eval = cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.steps
+                if due_eval:
+                    with timer("eval"):
+                        eval_metrics = self.evaluate()
+                    self.events.metrics(self.step, eval_metrics | {"time/eval": timer.times["eval"]})
+                if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
+                    with timer("checkpoint"):
+                        self.save(eval_metrics.get("eval/accuracy") if due_eval else None)
+                    self.events.metrics(self.step, {"time/checkpoint": timer.times["checkpoint"]})
+                progress.update(self.step, last | eval_metrics if due_eval else last)
+            timer = StageTimer()
+            with timer("eval"):
+                eval_metrics = self.evaluate()
+            with timer("checkpoint"):
+                path = self.save(eval_metrics.get("eval/accuracy"))
+            final = eval_metrics | {"time/eval": timer.times["eval"], "time/checkpoint": timer.times["checkpoint"],
+                                    "time/train": time.perf_counter() - start}
+            self.events.metrics(self.step, final)
+            progress.close(final)
+            self.events.status(self.step, state, f"checkpoint {path}")
+            return {"metrics": last | final, "checkpoint": str(path), "state": state, "step": self.step}
+        except BaseException as exc:
+            self.events.status(self.step, "failed", f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            self.events.close()
+
+
+class _Progress:
+    """A tqdm bar with one table row per step (``tqdm.write`` keeps the bar at the bottom)."""
+
+    COLUMNS = (("step", "step", "{:>5.0f}"), ("reward", "reward/mean", "{:>7.3f}"), ("acc", "accuracy", "{:>6.3f}"),
+               ("loss", "loss/policy", "{:>8.4f}"), ("kl", "kl", "{:>7.4f}"), ("entropy", "entropy", "{:>7.3f}"),
+               ("clip", "clip_fraction", "{:>6.3f}"), ("len", "response_length/mean", "{:>6.1f}"),
+               ("eval", "eval/accuracy", "{:>6.3f}"), ("sec", "time/step", "{:>6.2f}"))
+
+    def __init__(self, total: int, initial: int, enabled: bool) -> None:
+        self.enabled = enabled
+        if not enabled:
+            return
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr)
+        self.bar.write(" ".join(f"{name:>{len(fmt.format(0.0))}}" for name, _, fmt in self.COLUMNS))
+
+    def update(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        row = []
+        for name, key, fmt in self.COLUMNS:
+            width = len(fmt.format(0.0))
+            value = metrics.get(key)
+            row.append(fmt.format(value) if isinstance(value, (int, float)) else f"{'-':>{width}}")
+            _ = name
+        self.bar.write(" ".join(row))
+        self.bar.update(step - self.bar.n)
+
+    def close(self, final: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        self.bar.close()
+        acc = final.get("eval/accuracy")
+        if acc is not None:
+            print(f"eval accuracy {acc:.3f} on held-out problems", file=sys.stderr)
+
+
+def train(config: Config, sinks: Sequence[Sink] = (), resume: str | os.PathLike[str] | None = None,
+          should_stop: Any = None) -> dict[str, Any]:
+    """Train with ``config``, streaming events to ``sinks`` (plus ``<output_dir>/events.jsonl``)."""
+    return Trainer(config, sinks=sinks, resume=resume).train(should_stop=should_stop)

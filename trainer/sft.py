@@ -1,0 +1,135 @@
+"""Supervised warm start on generated demonstrations (``agentfly sft CONFIG.yaml``).
+
+Demonstrations are written conversations (``agentfly.tasks.arithmetic.demonstration``) replayed through the
+real rollout path with ``agentfly.ReplayEngine``: the assistant turns are tokenised exactly as a sampled turn
+would be, the tool really runs, and its observation and the template glue are appended with mask 0. So the
+SFT loss mask (assistant tokens only) is built by the same code, token for token, as the RL loss mask.
+
+A share ``sft.wrong_fraction`` of the demonstrations ends with a deliberately wrong answer, and only
+``sft.num_demos`` are used: the warm start is meant to be imperfect, leaving RL something to fix.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer import algorithms as algos
+from trainer.config import Config, save_config
+from trainer.events import EventStream, JSONLSink, Sink
+from trainer.loop import build_agent, collate, evaluate, forward, load_policy, load_samples, setup_torch
+
+_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
+
+
+def wrong_answer(answer: str, rng: random.Random) -> str:
+    """A plausible wrong answer: one digit of the right one changed (never the right answer)."""
+    digits = list(answer)
+    positions = [i for i, c in enumerate(digits) if c.isdigit()]
+    i = rng.choice(positions)
+    digits[i] = rng.choice([d for d in "0123456789" if d != digits[i] and not (i == 0 and d == "0")] or ["1"])
+    wrong = "".join(digits)
+    return wrong if wrong != answer else answer + "1"
+
+
+def demonstration_conversations(config: Config) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """(sample, conversation) pairs from the 'sft' stream of arithmetic problems, some with wrong answers."""
+    from agentfly.tasks import arithmetic
+
+    s = config.sft
+    samples = arithmetic.generate(s.num_demos, seed=config.data.seed, split="sft")
+    rng = random.Random(f"sft-wrong:{config.seed}")
+    wrong = set(rng.sample(range(len(samples)), round(s.wrong_fraction * len(samples))))
+    return [(sample, arithmetic.demonstration(sample, answer=wrong_answer(sample["answer"], rng) if i in wrong
+                                              else None))
+            for i, sample in enumerate(samples)]
+
+
+def demonstration_trajectories(config: Config, tokenizer: Any) -> list[Any]:
+    """Replay each demonstration through the rollout loop; returns token-exact trajectories."""
+    import agentfly as af
+
+    pairs = demonstration_conversations(config)
+    turns: dict[str, list[str]] = {}
+    for sample, messages in pairs:
+        turns[sample["question"]] = [m["content"] for m in messages if m["role"] == "assistant"]
+
+    def script(prompt_text: str) -> str:
+        question = _USER.search(prompt_text)
+        if question is None or question.group(1) not in turns:
+            raise ValueError("replay script: the prompt does not contain a known demonstration question")
+        index = prompt_text.count("<|im_start|>assistant") - 1  # assistant turns already in the prompt
+        return turns[question.group(1)][index]
+
+    engine = af.ReplayEngine(tokenizer, script)
+    agent = build_agent(config, engine)
+    trajectories = agent.run_sync([sample for sample, _ in pairs], group_size=1,
+                                  sampling=af.Sampling(temperature=1.0, max_new_tokens=512))
+    broken = [t for t in trajectories if t.error is not None or t.finish_reason != "answer"]
+    if broken:
+        raise RuntimeError(f"{len(broken)} demonstrations did not replay cleanly, e.g. {broken[0].error!r} "
+                           f"(finish_reason={broken[0].finish_reason}); check rollout.max_turns and the template")
+    return trajectories
+
+
+def sft_loss(model: Any, trajectories: Sequence[Any], pad_id: int, device: torch.device) -> torch.Tensor:
+    """Token-mean negative log-likelihood of the mask-1 (assistant) tokens."""
+    batch = collate(trajectories, [0.0] * len(trajectories), list(range(len(trajectories))), pad_id, device)
+    logp, _, _ = forward(model, batch, temperature=1.0)
+    return -algos.masked_mean(logp, batch.mask)
+
+
+def run_sft(config: Config, sinks: Sequence[Sink] = ()) -> dict[str, Any]:
+    """Train on the demonstrations, save the model, evaluate it greedily; returns metrics and the path."""
+    s = config.sft
+    out = Path(s.output_dir or Path(config.output_dir) / "sft")
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(config, out / "config.yaml")
+    events = EventStream([JSONLSink(out / "events.jsonl"), *sinks], run=out.name)
+    try:
+        device = setup_torch(config)
+        events.status(0, "running", f"SFT on {s.num_demos} demonstrations")
+        model, tokenizer = load_policy(config, device)
+        pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+        trajectories = demonstration_trajectories(config, tokenizer)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr)
+        order_rng = torch.Generator().manual_seed(config.seed)
+        start = time.perf_counter()
+        step = 0
+        model.train()
+        for epoch in range(s.epochs):
+            order = torch.randperm(len(trajectories), generator=order_rng).tolist()
+            for i in range(0, len(order), s.batch_size):
+                chunk = [trajectories[j] for j in order[i:i + s.batch_size]]
+                loss = sft_loss(model, chunk, pad_id, device)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip or 1e9))
+                optimizer.step()
+                step += 1
+                events.metrics(step, {"sft/loss": loss.item(), "grad_norm": grad_norm, "sft/epoch": float(epoch)})
+        model.eval()
+        train_seconds = time.perf_counter() - start
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        from agentfly.engines.hf import HFEngine
+
+        _, held_out = load_samples(config)
+        agent = build_agent(config, HFEngine(model=model, tokenizer=tokenizer))
+        metrics, _ = evaluate(agent, held_out[: config.eval.size or config.data.eval_size],
+                              config.eval.max_new_tokens, config.eval.batch_size)
+        metrics |= {"sft/train_seconds": train_seconds, "sft/demonstrations": float(len(trajectories))}
+        events.metrics(step, metrics)
+        events.status(step, "finished", f"saved {out}")
+        return {"metrics": metrics, "path": str(out)}
+    except BaseException as exc:
+        events.status(0, "failed", f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        events.close()
