@@ -1,0 +1,82 @@
+"""The process behind one ScienceWorld instance: a JVM (started by the ``scienceworld`` package through
+py4j) driven over the worker protocol of ``agentfly.resources.backends._worker``.
+
+Run by ``agentfly.envs.scienceworld.ScienceWorld`` as ``python -m agentfly.envs._sciworld_worker``; the JVM
+is this process's child and in its process group, so killing the group takes the JVM with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from agentfly.resources.backends._worker import Channel, serve
+
+
+def main() -> None:
+    channel = Channel()
+    config = json.loads(os.environ.pop("AGENTFLY_SANDBOX", "{}"))
+    from scienceworld import ScienceWorldEnv
+
+    env = ScienceWorldEnv("", envStepLimit=int(os.environ.get("AGENTFLY_SCIWORLD_STEP_LIMIT", "100")))
+    state: dict[str, Any] = {"task": None}
+
+    def load(req: dict[str, Any]) -> dict[str, Any]:
+        task, variation = req["task"], int(req.get("variation", 0))
+        names = env.get_task_names()
+        if task not in names:
+            return {"ok": False, "error": f"unknown ScienceWorld task {task!r}; known tasks: {names}"}
+        limit = env.get_max_variations(task)
+        if not 0 <= variation < limit:
+            return {"ok": False, "error": f"task {task!r} has variations 0..{limit - 1}, not {variation}"}
+        env.load(task, variation, req.get("simplification", "easy"))
+        observation, info = env.reset()
+        state["task"] = (task, variation)
+        return {"ok": True, "observation": observation, "task_description": env.get_task_description(),
+                "score": info.get("score", 0)}
+
+    def step(req: dict[str, Any]) -> dict[str, Any]:
+        if state["task"] is None:
+            return {"ok": False, "error": "no task loaded; load(task, variation) first"}
+        observation, _reward, done, info = env.step(req["action"])
+        return {"ok": True, "observation": observation, "score": info.get("score", 0), "done": bool(done),
+                "moves": info.get("moves", 0)}
+
+    def look(req: dict[str, Any]) -> dict[str, Any]:
+        if state["task"] is None:
+            return {"ok": False, "error": "no task loaded; load(task, variation) first"}
+        return {"ok": True, "observation": env.look(), "task_description": env.get_task_description()}
+
+    def variations(req: dict[str, Any]) -> dict[str, Any]:
+        task = req["task"]
+        env.load(task, 0, "")
+        return {"ok": True, "train": list(env.get_variations_train()), "dev": list(env.get_variations_dev()),
+                "test": list(env.get_variations_test())}
+
+    def tasks(req: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "tasks": list(env.get_task_names())}
+
+    def describe(req: dict[str, Any]) -> dict[str, Any]:
+        env.load(req["task"], int(req["variation"]), "")
+        return {"ok": True, "task_description": env.get_task_description()}
+
+    def unload(req: dict[str, Any]) -> dict[str, Any]:
+        state["task"] = None
+        return {"ok": True}
+
+    def ping(req: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "pid": os.getpid(), "tasks": len(env.get_task_names())}
+
+    channel.write({"ok": True, "ready": True, "pid": os.getpid(),
+                   "isolation": {"network": "allowed (py4j talks to the JVM over localhost)",
+                                 "filesystem": "unrestricted", "workdir": config.get("workdir")}})
+    try:
+        serve(channel, {"load": load, "step": step, "look": look, "variations": variations, "tasks": tasks,
+                        "describe": describe, "unload": unload, "ping": ping})
+    finally:
+        env.close()
+
+
+if __name__ == "__main__":
+    main()
