@@ -38,6 +38,11 @@ import django  # noqa: E402
 
 django.setup()
 
+from django.conf import settings as _settings  # noqa: E402
+
+# The default PBKDF2 hasher costs ~0.3 s per user on this machine; the tests make two users per test.
+_settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "correct horse battery staple"
 

@@ -1,0 +1,255 @@
+"""The launch form and API refuse bad input on the field, before anything is queued; permissions; CSRF."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from tests.webapp.factories import builtin_entries, launch_data, ready_entry
+from webapp.jobs.models import Checkpoint, Status, TrainingJob
+
+
+@pytest.fixture
+def entries(db: None) -> tuple[Any, Any]:
+    return builtin_entries()
+
+
+BAD_FORM_INPUT = [
+    ("name", "", "This field is required."),
+    ("name", "   ", "This field is required."),
+    ("name", "x" * 101, "at most 100 characters"),
+    ("team", "", "This field is required."),
+    ("team", "999999", "Select a valid choice"),
+    ("model_source", "huggingface", "Select a valid choice"),
+    ("model_path", "", None),  # with model_source=path below
+    ("task", "webshop", "Select a valid choice"),
+    ("task_size", "0", "greater than or equal to 1"),
+    ("task_size", "many", "Enter a whole number."),
+    ("tools", ["999999"], "Select a valid choice"),
+    ("reward", "", "This field is required."),
+    ("reward", "999999", "Select a valid choice"),
+    ("algorithm", "dpo", "Select a valid choice"),
+    ("steps", "0", "greater than or equal to 1"),
+    ("steps", "100001", "less than or equal to 100000"),
+    ("steps", "1.5", "Enter a whole number."),
+    ("prompts_per_step", "0", "greater than or equal to 1"),
+    ("group_size", "1", "use a group size of 2 or more"),
+    ("group_size", "65", "less than or equal to 64"),
+    ("max_turns", "0", "greater than or equal to 1"),
+    ("max_new_tokens", "0", "greater than or equal to 1"),
+    ("learning_rate", "0", "greater than or equal to 1e-09"),
+    ("learning_rate", "2", "less than or equal to 1.0"),
+    ("learning_rate", "fast", "Enter a number."),
+    ("temperature", "0", "greater than or equal to 0.01"),
+    ("seed", "-1", "greater than or equal to 0"),
+    ("eval_size", "0", "greater than or equal to 1"),
+    ("save_every", "-1", "greater than or equal to 0"),
+    ("resources", "{python: 4}", "Not valid JSON"),
+    ("resources", "[1]", "Write an object of resource names"),
+    ("resources", '{"python": 4}', "write its pool as an object"),
+    ("resources", '{"python": {"max": 0}}', '"max" must be at least 1'),
+    ("resources", '{"python": {"min": 3, "max": 2}}', 'is larger than "max"'),
+    ("resources", '{"python": {"size": 2}}', "unknown keys"),
+    ("resources", '{"python": {"max": "4"}}', "must be an integer from 0 to 1024"),
+    ("queue", "tpu", "Select a valid choice"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "message"), BAD_FORM_INPUT)
+def test_bad_launch_input_is_refused_on_its_field_and_nothing_is_queued(
+        alice_client: Any, team_a: Any, entries: tuple[Any, Any], field: str, value: Any, message: str | None) -> None:
+    data = launch_data(team_a, *entries, **{field: value})
+    if field == "model_path":
+        data["model_source"] = "path"
+        message = "Give the model directory"
+    response = alice_client.post(reverse("jobs:launch"), data)
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert message in " ".join(errors.get(field, [])), errors
+    assert f'data-field="{field}"' in response.content.decode()  # shown in place, next to the field
+    assert not TrainingJob.objects.exists()
+
+
+def test_a_model_path_must_be_a_saved_model_directory(alice_client: Any, team_a: Any, entries: tuple[Any, Any],
+                                                      tmp_path: Any) -> None:
+    for path, message in [(tmp_path / "missing", "is not a directory"), (tmp_path, "has no config.json")]:
+        response = alice_client.post(reverse("jobs:launch"), launch_data(team_a, *entries, model_source="path",
+                                                                          model_path=str(path)))
+        assert message in " ".join(response.context["form"].errors["model_path"])
+    (tmp_path / "notes.txt").write_text("x")
+    for path, message in [("", "Give the JSONL file"), (tmp_path / "nope.jsonl", "is not a file"),
+                          (tmp_path / "notes.txt", "must be JSON lines")]:
+        response = alice_client.post(reverse("jobs:launch"), launch_data(team_a, *entries, task="jsonl",
+                                                                          task_path=str(path)))
+        assert message in " ".join(response.context["form"].errors["task_path"])
+    assert not TrainingJob.objects.exists()
+
+
+def test_another_teams_tool_cannot_be_chosen(alice_client: Any, team_a: Any, team_b: Any,
+                                             entries: tuple[Any, Any]) -> None:
+    foreign = ready_entry(team_b, "tool", "team_tools:word_count", "word_count")
+    response = alice_client.post(reverse("jobs:launch"), launch_data(team_a, foreign, entries[1]))
+    assert "Select a valid choice" in " ".join(response.context["form"].errors["tools"])
+    assert not TrainingJob.objects.exists()
+
+
+BAD_API_INPUT = [
+    ({"steps": 0}, "steps"),
+    ({"steps": "ten"}, "steps"),
+    ({"group_size": 100}, "group_size"),
+    ({"learning_rate": -1}, "learning_rate"),
+    ({"team": "team-b"}, "team"),
+    ({"team": "nobody"}, "team"),
+    ({"tools": "calculator"}, "tools"),
+    ({"tools": [999999]}, "tools"),
+    ({"reward": None}, "reward"),
+    ({"resources": "big"}, "resources"),
+    ({"resources": {"python": {"max": -1}}}, "resources"),
+    ({"queue": "tpu"}, "queue"),
+    ({"algorithm": "dpo"}, "algorithm"),
+    ({"name": ""}, "name"),
+    ({"surprise": 1}, "surprise"),
+]
+
+
+@pytest.mark.parametrize(("change", "field"), BAD_API_INPUT)
+def test_bad_launch_input_through_the_api_names_the_field(alice_api: Any, team_a: Any, team_b: Any,
+                                                          entries: tuple[Any, Any], change: dict[str, Any],
+                                                          field: str) -> None:
+    tool, reward = entries
+    payload = {"name": "api job", "team": "team-a", "tools": [tool.pk], "reward": reward.pk, "queue": "gpu", **change}
+    response = alice_api.post("/api/jobs/", payload, format="json")
+    assert response.status_code == 400, response.content
+    assert field in response.json()
+    assert not TrainingJob.objects.exists()
+
+
+def test_launching_twice_with_one_key_creates_one_job(alice_client: Any, alice_api: Any, team_a: Any,
+                                                      entries: tuple[Any, Any]) -> None:
+    data = launch_data(team_a, *entries, queue="gpu", launch_key="k-123")
+    first = alice_client.post(reverse("jobs:launch"), data)
+    second = alice_client.post(reverse("jobs:launch"), data)
+    assert first.status_code == second.status_code == 302 and first["Location"] == second["Location"]
+    payload = {"name": "api", "team": "team-a", "tools": [entries[0].pk], "reward": entries[1].pk, "queue": "gpu"}
+    a = alice_api.post("/api/jobs/", payload, format="json", HTTP_IDEMPOTENCY_KEY="api-1")
+    b = alice_api.post("/api/jobs/", payload, format="json", HTTP_IDEMPOTENCY_KEY="api-1")
+    assert (a.status_code, b.status_code) == (201, 200) and a.json()["id"] == b.json()["id"]
+    assert TrainingJob.objects.count() == 2
+
+
+def test_a_launched_job_records_its_config_and_the_versions_it_chose(alice_api: Any, team_a: Any,
+                                                                     entries: tuple[Any, Any]) -> None:
+    tool, reward = entries
+    job = alice_api.post("/api/jobs/", {"name": "api", "team": "team-a", "tools": [tool.pk], "reward": reward.pk,
+                                        "queue": "gpu", "steps": 7, "resources": {"python": {"max": 2}}},
+                         format="json").json()
+    assert job["status"] == "queued" and job["total_steps"] == 7
+    assert job["config"]["rollout"]["tools"] == ["agentfly.tools.builtin.calculator:calculator"]
+    assert job["config"]["resources"] == {"python": {"max": 2}}
+    assert job["tool_versions"] == [tool.current_version.source_hash]
+    events = alice_api.get(f"/api/jobs/{job['id']}/events/").json()["events"]
+    assert [(e["seq"], e["type"], e["data"]["state"]) for e in events] == [(1, "status", "queued")]
+
+
+def test_cancelling_a_queued_job_ends_it_and_repeating_the_cancel_changes_nothing(
+        alice_client: Any, team_a: Any, entries: tuple[Any, Any]) -> None:
+    alice_client.post(reverse("jobs:launch"), launch_data(team_a, *entries, queue="gpu"))
+    job = TrainingJob.objects.get()
+    for _ in range(2):
+        response = alice_client.post(reverse("jobs:cancel", args=[job.pk]))
+        assert response.status_code == 302
+        job.refresh_from_db()
+        assert job.status == Status.CANCELLED
+    assert list(job.events.values_list("data__state", flat=True)) == ["queued", "cancelled"]
+
+
+def test_a_job_without_a_checkpoint_cannot_be_resumed(alice_api: Any, team_a: Any, alice: Any) -> None:
+    job = TrainingJob.objects.create(team=team_a, created_by=alice, name="x", config={}, status=Status.FAILED)
+    response = alice_api.post(f"/api/jobs/{job.pk}/resume/")
+    assert response.status_code == 409 and "no checkpoint" in response.json()["detail"]
+    running = TrainingJob.objects.create(team=team_a, created_by=alice, name="y", config={}, status=Status.RUNNING)
+    assert "only failed or cancelled" in alice_api.post(f"/api/jobs/{running.pk}/resume/").json()["detail"]
+
+
+def test_event_query_parameters_are_checked(alice_api: Any, team_a: Any, alice: Any) -> None:
+    job = TrainingJob.objects.create(team=team_a, created_by=alice, name="x", config={})
+    for query, field in [("after=-1", "after"), ("after=x", "after"), ("limit=0", "limit"), ("type=gossip", "type")]:
+        response = alice_api.get(f"/api/jobs/{job.pk}/events/?{query}")
+        assert response.status_code == 400 and field in response.json()
+
+
+# ------------------------------------------------------------------------------------------ permissions
+@pytest.fixture
+def bobs_job(bob: Any, team_b: Any) -> TrainingJob:
+    job = TrainingJob.objects.create(team=team_b, created_by=bob, name="bob's secret run", config={"steps": 1},
+                                     status=Status.FAILED)
+    Checkpoint.objects.create(job=job, step=1, path="/tmp/bob/checkpoint-000001")
+    return job
+
+
+def test_a_user_of_team_a_can_neither_see_nor_act_on_team_bs_jobs(alice_client: Any, alice_api: Any,
+                                                                  bobs_job: TrainingJob) -> None:
+    assert "bob&#x27;s secret run" not in alice_client.get(reverse("jobs:list")).content.decode()
+    for name in ("detail",):
+        assert alice_client.get(reverse(f"jobs:{name}", args=[bobs_job.pk])).status_code == 404
+    for name in ("cancel", "resume"):
+        assert alice_client.post(reverse(f"jobs:{name}", args=[bobs_job.pk])).status_code == 404
+    assert alice_api.get("/api/jobs/").json()["results"] == []
+    for suffix in ("", "events/", "checkpoints/"):
+        assert alice_api.get(f"/api/jobs/{bobs_job.pk}/{suffix}").status_code == 404
+    for suffix in ("cancel/", "resume/"):
+        assert alice_api.post(f"/api/jobs/{bobs_job.pk}/{suffix}").status_code == 404
+    assert TrainingJob.objects.count() == 1  # no resume happened
+
+
+def test_team_scoped_staff_see_only_their_teams_rows_in_the_admin(alice: Any, bobs_job: TrainingJob,
+                                                                  team_a: Any) -> None:
+    from django.contrib.auth.models import Permission
+
+    alice.is_staff = True
+    alice.save()
+    alice.user_permissions.add(*Permission.objects.filter(content_type__app_label__in=["jobs", "registry", "monitor"]))
+    mine = TrainingJob.objects.create(team=team_a, created_by=alice, name="alice's run", config={})
+    client = Client()
+    client.force_login(alice)
+    listing = client.get("/admin/jobs/trainingjob/").content.decode()
+    assert "alice&#x27;s run" in listing and "secret run" not in listing
+    assert client.get(f"/admin/jobs/trainingjob/{bobs_job.pk}/change/").status_code == 302  # "does not exist"
+    assert client.get(f"/admin/jobs/trainingjob/{mine.pk}/change/").status_code == 200
+    assert "checkpoint-000001" not in client.get("/admin/jobs/checkpoint/").content.decode()
+    assert client.post(f"/admin/jobs/trainingjob/{bobs_job.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert TrainingJob.objects.filter(pk=bobs_job.pk).exists()
+
+
+def test_the_api_needs_a_token_or_a_session(client: Any, alice: Any) -> None:
+    assert client.get("/api/jobs/").status_code == 401
+    from rest_framework.authtoken.models import Token
+
+    token = client.post("/api/token/", {"username": "alice", "password": "correct horse battery staple"}).json()
+    assert token["token"] == Token.objects.get(user=alice).key
+    assert client.get("/api/jobs/", HTTP_AUTHORIZATION=f"Token {token['token']}").status_code == 200
+    assert client.get("/api/jobs/", HTTP_AUTHORIZATION="Token not-a-token").status_code == 401
+
+
+def test_forms_and_session_api_calls_are_csrf_protected(alice: Any, team_a: Any, entries: tuple[Any, Any]) -> None:
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(alice)
+    assert client.post(reverse("jobs:launch"), launch_data(team_a, *entries)).status_code == 403
+    assert client.post("/api/jobs/", json.dumps({"name": "x"}), content_type="application/json").status_code == 403
+    page = client.get(reverse("jobs:launch"))
+    token = page.cookies["csrftoken"].value
+    ok = client.post(reverse("jobs:launch"), launch_data(team_a, *entries, queue="gpu"), HTTP_X_CSRFTOKEN=token)
+    assert ok.status_code == 302
+    assert TrainingJob.objects.count() == 1
+
+
+def test_the_openapi_schema_describes_the_launch_endpoint(alice_client: Any) -> None:
+    response = alice_client.get("/api/schema/?format=json")
+    assert response.status_code == 200
+    schema = response.json()
+    assert "/api/jobs/" in schema["paths"] and "/api/jobs/{id}/cancel/" in schema["paths"]
+    assert "Launch" in json.dumps(schema["components"]["schemas"])
