@@ -1,0 +1,141 @@
+"""Job events: gap-free per-job sequence numbers under concurrent writers, batching, and the group announcement."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import connection
+
+from webapp.jobs import actions
+from webapp.jobs.models import Checkpoint, Status, TrainingJob
+from webapp.monitor.events import EventError, append_events, normalise
+from webapp.monitor.models import JobEvent
+from webapp.monitor.sink import DatabaseEventSink
+
+
+@pytest.fixture
+def job(alice: Any, team_a: Any) -> TrainingJob:
+    return TrainingJob.objects.create(team=team_a, created_by=alice, name="events", config={}, status=Status.RUNNING)
+
+
+def test_the_trainers_nested_payload_and_flat_events_are_stored_alike() -> None:
+    nested = normalise({"type": "metrics", "step": 2, "time": 5.0, "run": "job-1", "data": {"reward/mean": 0.5}})
+    flat = normalise({"type": "metrics", "step": 2, "time": 5.0, "reward/mean": 0.5})
+    assert nested == flat == {"type": "metrics", "step": 2, "time": 5.0, "data": {"reward/mean": 0.5}}
+
+
+@pytest.mark.parametrize(("event", "message"), [
+    ({"type": "gossip"}, "event type 'gossip' is not one of"),
+    ({"step": 1}, "event type None"),
+    ({"type": "metrics", "step": "one"}, "event step must be an integer"),
+    ({"type": "metrics", "step": 1.5}, "event step must be an integer"),
+    ({"type": "metrics", "time": "noon"}, "event time must be a Unix timestamp"),
+    ({"type": "metrics", "time": math.nan}, "event time must be a Unix timestamp"),
+    (["metrics"], "an event must be a dict"),
+])
+def test_a_malformed_event_is_refused_naming_the_field(event: Any, message: str) -> None:
+    with pytest.raises(EventError, match=message):
+        normalise(event)
+
+
+def test_non_finite_numbers_are_stored_as_null(job: TrainingJob) -> None:
+    (stored,) = append_events(job.pk, [{"type": "metrics", "step": 1, "loss": math.inf, "kl": math.nan, "ok": 1.0}])
+    stored.refresh_from_db()
+    assert stored.data == {"loss": None, "kl": None, "ok": 1.0}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_writers_get_disjoint_gap_free_sequence_numbers(job: TrainingJob) -> None:
+    def write(n: int) -> None:
+        try:
+            for i in range(10):
+                append_events(job.pk, [{"type": "log", "message": f"{n}-{i}"}, {"type": "log", "message": "x"}])
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seqs = list(JobEvent.objects.filter(job=job).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, 81))
+    job.refresh_from_db()
+    assert job.last_seq == 80
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sink_stores_batches_and_announces_them_to_the_jobs_group(job: TrainingJob, settings: Any) -> None:
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(f"job-{job.pk}", channel)
+    try:
+        sink = DatabaseEventSink(job.pk, flush_interval=0.05, max_batch=50)
+        for step in range(1, 121):
+            sink.emit({"type": "metrics", "step": step, "time": time.time(), "data": {"reward/mean": step / 120}})
+        sink.close()
+        assert sink.stored == 120 and sink.dropped == 0
+        announced: list[dict[str, Any]] = []
+
+        async def receive_all() -> None:  # one event loop for all receives, as a consumer has
+            while len(announced) < 120:
+                message = await layer.receive(channel)
+                assert message["type"] == "job.events" and message["job_id"] == job.pk
+                assert message["first_seq"] == (announced[-1]["seq"] + 1 if announced else 1)
+                announced.extend(message["events"])
+
+        async_to_sync(receive_all)()
+        assert [e["step"] for e in announced] == list(range(1, 121))
+        stored = [e.as_message() for e in JobEvent.objects.filter(job=job).order_by("seq")]
+        assert stored == announced  # the socket announces exactly what the database holds
+    finally:
+        async_to_sync(layer.group_discard)(f"job-{job.pk}", channel)
+        channel_layers.backends.clear()
+
+
+def test_a_closed_sink_refuses_more_events(job: TrainingJob) -> None:
+    sink = DatabaseEventSink(job.pk)
+    sink.close()
+    sink.close()  # idempotent
+    with pytest.raises(RuntimeError, match="after close"):
+        sink.emit({"type": "log", "message": "late"})
+
+
+def test_a_job_whose_heartbeat_stopped_is_failed_and_points_at_its_checkpoint(job: TrainingJob, alice: Any,
+                                                                               team_a: Any, settings: Any) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    settings.JOB_HEARTBEAT_TIMEOUT = 30
+    stale_at = timezone.now() - timedelta(seconds=31)
+    TrainingJob.objects.filter(pk=job.pk).update(heartbeat_at=stale_at, worker="gpu-7:123")
+    Checkpoint.objects.create(job=job, step=4, path="/runs/job/checkpoint-000004")
+    alive = TrainingJob.objects.create(team=team_a, created_by=alice, name="alive", config={}, status=Status.RUNNING,
+                                       heartbeat_at=timezone.now())
+    assert actions.fail_stale_jobs() == [job.pk]
+    job.refresh_from_db()
+    alive.refresh_from_db()
+    assert job.status == Status.FAILED and alive.status == Status.RUNNING
+    assert "gpu-7:123 stopped sending heartbeats" in job.error and "last checkpoint is step 4" in job.error
+    assert actions.fail_stale_jobs() == []  # a second sweep changes nothing
+    # A late finish from the "dead" worker does not overwrite the verdict.
+    assert actions.finish_job(job.pk, Status.SUCCEEDED) is False
+
+
+def test_a_redelivered_or_cancelled_job_is_not_claimed_twice(job: TrainingJob, alice: Any, team_a: Any) -> None:
+    queued = TrainingJob.objects.create(team=team_a, created_by=alice, name="q", config={})
+    assert actions.claim_job(queued.pk) is True
+    assert actions.claim_job(queued.pk) is False
+    cancelled = TrainingJob.objects.create(team=team_a, created_by=alice, name="c", config={})
+    actions.do_cancel_job(cancelled)
+    assert actions.claim_job(cancelled.pk) is False
