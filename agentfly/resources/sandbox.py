@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,20 @@ from agentfly.resources.backends.local import Isolation, Limits, LocalWorker, de
 from agentfly.resources.spec import ResourceError
 
 DEFAULT_MAX_OUTPUT = 10_000
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One call's outcome: the text for the model, the exception name if it raised, and whether the
+    interpreter had to be restarted (timeout or crash), which loses its state."""
+
+    text: str
+    error: str | None = None
+    restarted: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
 
 
 class PythonSandbox:
@@ -104,6 +119,11 @@ class PythonSandbox:
 
     async def run(self, code: str, timeout: float | None = None) -> str:
         """Run ``code`` in this rollout's interpreter and return what it printed (or the error) as text."""
+        result = await self.execute(code, timeout)
+        return result.text
+
+    async def execute(self, code: str, timeout: float | None = None) -> Execution:
+        """Run ``code`` and return the structured result (``run`` is this, as text)."""
         timeout = self.timeout if timeout is None else float(timeout)
         if self.worker is None:
             raise ResourceError("PythonSandbox.run before start(); acquire it from a ResourceEngine or await start()")
@@ -115,20 +135,22 @@ class PythonSandbox:
             )
         except TimeoutError:
             await self._restart()
-            return (
-                f"Error: execution timed out after {timeout:g} s and was killed; the sandbox was restarted, "
-                "so variables and files from earlier calls are gone."
+            return Execution(
+                text=f"Error: execution timed out after {timeout:g} s and was killed; the sandbox was restarted, "
+                "so variables and files from earlier calls are gone.",
+                error="Timeout", restarted=True,
             )
         except ResourceError:
             code_text = describe_exit(self.worker.proc.returncode) if self.backend == "local" else "it stopped"
             await self._restart()
-            return (
-                f"Error: the sandbox process died ({code_text}); it was restarted, so variables and files from "
-                "earlier calls are gone."
+            return Execution(
+                text=f"Error: the sandbox process died ({code_text}); it was restarted, so variables and files "
+                "from earlier calls are gone.",
+                error="Died", restarted=True,
             )
         if not reply.get("ok", False):
-            return f"Error: {reply.get('error', 'the sandbox refused the request')}"
-        return format_result(reply)
+            return Execution(text=f"Error: {reply.get('error', 'the sandbox refused the request')}", error="Refused")
+        return Execution(text=format_result(reply), error=reply.get("error"))
 
     async def _restart(self) -> None:
         self.restarts += 1

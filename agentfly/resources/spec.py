@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 Scope = Literal["rollout", "global"]
-Kind = Literal["sandbox", "environment", "model_service", "api", "other"]
+Kind = Literal["sandbox", "environment", "model_service", "api", "index", "other"]
 SCOPES: tuple[str, ...] = ("rollout", "global")
-KINDS: tuple[str, ...] = ("sandbox", "environment", "model_service", "api", "other")
+KINDS: tuple[str, ...] = ("sandbox", "environment", "model_service", "api", "index", "other")
 BACKENDS: tuple[str, ...] = ("local", "docker", "inprocess")
 
 
