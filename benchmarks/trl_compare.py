@@ -1,0 +1,267 @@
+"""Cross-framework: the same GRPO run with AgentFly's trainer and with TRL's ``GRPOTrainer`` (tool calling),
+both on this CPU: wall time per step, trajectories/s, trained tokens/s and the reward after N steps.
+
+    python benchmarks/trl_compare.py                       # installs TRL into runs/trl-venv on first use
+    python benchmarks/trl_compare.py --steps 6 --prompts 8 --group 4
+
+What is the same on both sides: the model (the tiny Qwen2 model after AgentFly's supervised warm start, so it
+calls the calculator; built once into ``runs/bench/``), the problems and their order (``agentfly.tasks.
+arithmetic``, no shuffling), the calculator code and the reward code (TRL's side imports AgentFly's pure-Python
+evaluator and answer checker), group size, problems per step, temperature 1 with no top-p/top-k, one
+on-policy update per batch, the loss (clipped surrogate, epsilon 0.2, per-sequence token mean then mean over
+sequences, rewards divided by the group std, no KL), AdamW with the same learning rate and clipping, float32,
+no gradient checkpointing, the same torch and transformers versions and the same number of threads.
+
+What differs, and why (also printed under the table):
+
+- Length budget: AgentFly limits each assistant turn to ``--max-new-tokens``; TRL has one budget for the
+  whole completion, tool results included (``max_completion_length``), set here to
+  ``max_new_tokens * max_turns``. Neither binds much once the warm-started model answers.
+- Tool-call format: AgentFly renders tool schemas from its ``@tool`` signature; TRL from the function's
+  signature and docstring (``transformers.utils.get_json_schema``): the same tool, slightly different JSON.
+- Generation: AgentFly's HF engine batches concurrent rollouts with a KV cache and drops finished rows; TRL
+  calls ``model.generate`` on the batch, then on the rows that called a tool (its default, non-vLLM path).
+- Sampling seeds differ, so the two runs draw different trajectories: compare rewards as a trend, not a digit.
+
+The TRL side runs in its own virtual environment (``benchmarks/trl_side/requirements.txt``) so its
+dependencies never touch AgentFly's. The last line is the ratio of steps per second, AgentFly over TRL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+TRL_SIDE = REPO / "benchmarks" / "trl_side"
+REQUIREMENTS = TRL_SIDE / "requirements.txt"
+
+
+# ------------------------------------------------------------------------------------------ the TRL venv
+def pinned() -> dict[str, str]:
+    """``{package: version}`` from the TRL side's requirements file."""
+    pins = {}
+    for line in REQUIREMENTS.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[name.strip().lower()] = version.strip()
+    return pins
+
+
+def installed_versions(python: Path) -> dict[str, str]:
+    code = ("import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
+            f"{sorted(pinned())!r}}}))")
+    try:
+        out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
+        return {}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def ensure_trl_venv(venv: Path) -> Path:
+    """The venv's python, creating the venv and installing the pinned requirements when they are missing."""
+    python = venv / "bin" / "python"
+    want = pinned()
+
+    def ok(have: dict[str, str]) -> bool:
+        # A local version label (torch's "+cpu") is the same release.
+        return all(have.get(name, "").split("+")[0] == version for name, version in want.items())
+
+    if python.exists() and ok(installed_versions(python)):
+        return python
+    if not python.exists():
+        print(f"creating {venv} (the TRL side's own environment)", flush=True)
+        subprocess.run([sys._base_executable, "-m", "venv", str(venv)], check=True)
+    print(f"installing {', '.join(f'{k}=={v}' for k, v in want.items())} into {venv} (a few minutes)", flush=True)
+    log = venv / "pip-install.log"
+    with log.open("w") as fh:
+        done = subprocess.run([str(python), "-m", "pip", "install", "-r", str(REQUIREMENTS)], stdout=fh,
+                              stderr=subprocess.STDOUT)
+    if done.returncode != 0 or not ok(installed_versions(python)):
+        raise RuntimeError(f"installing the TRL side failed; see {log}, or pass --venv to an environment "
+                           f"with {REQUIREMENTS.name} installed")
+    return python
+
+
+# ------------------------------------------------------------------------------------------ shared inputs
+def warm_start_model(work: Path, seed: int, threads: int, demos: int, epochs: int) -> Path:
+    """The tiny model after AgentFly's supervised warm start (``trainer.sft``), built once and reused.
+
+    Both frameworks start from it: a model that already calls the calculator (sometimes wrongly) makes the
+    comparison exercise the multi-turn tool path, and leaves the reward room to move.
+    """
+    from agentfly.models import build_tiny
+    from trainer.config import load_config
+    from trainer.sft import run_sft
+
+    base = build_tiny(work / "tiny", seed=seed)
+    out = work / f"tiny-sft-{demos}x{epochs}-s{seed}"
+    if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
+        return out
+    print(f"warm-starting the tiny model: SFT on {demos} demonstrations x {epochs} epochs into {out} (once)",
+          flush=True)
+    config = load_config(None, [
+        f"model.path={base}", f"output_dir={out}-run", f"sft.output_dir={out}", f"sft.num_demos={demos}",
+        f"sft.epochs={epochs}", "data.eval_size=16", "progress=false", f"threads={threads}", f"seed={seed}"])
+    metrics = run_sft(config)["metrics"]
+    print(f"warm start: greedy accuracy {metrics.get('eval/accuracy', float('nan')):.2f}, tool calls per "
+          f"problem {metrics.get('eval/tool_calls/mean', float('nan')):.2f} on 16 held-out problems", flush=True)
+    return out
+
+
+def write_problems(path: Path, n: int, seed: int) -> Path:
+    from agentfly.tasks import arithmetic
+    from agentfly.tasks.io import save_jsonl
+
+    save_jsonl(arithmetic.generate(n, seed=seed, split="bench"), path)
+    return path
+
+
+# ------------------------------------------------------------------------------------------ AgentFly's side
+def run_ours(args: argparse.Namespace) -> None:
+    """AgentFly's trainer, one ``train_step`` at a time (what ``agentfly train`` runs), timed per step."""
+    from trainer.config import load_config
+    from trainer.loop import Trainer
+
+    config = load_config(None, [
+        f"output_dir={Path(args.out).with_suffix('')}-work", f"model.path={args.model}",
+        f"data.task={args.data}", f"data.eval_path={args.data}", "data.eval_size=1", "data.shuffle=false",
+        f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
+        f"rollout.max_new_tokens={args.max_new_tokens}", f"rollout.max_turns={args.max_turns}",
+        "rollout.temperature=1.0", "algorithm.name=grpo", "algorithm.loss_agg=seq-mean-token-mean",
+        "algorithm.kl_coef=0", "algorithm.clip_low=0.2", "algorithm.clip_high=0.2", f"optim.lr={args.lr}",
+        "optim.grad_clip=1.0", "model.dtype=float32", "log_samples=0", "progress=false",
+        f"threads={args.threads}", f"seed={args.seed}", f"steps={args.steps}",
+    ])
+    trainer = Trainer(config)
+    step_times, trained, rewards, tool_calls = [], [], [], []
+    try:
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            m = trainer.train_step()
+            step_times.append(time.perf_counter() - t0)
+            trained.append(round(m["response_length/mean"] * args.prompts * args.group))
+            rewards.append(m["reward/mean"])
+            # Parse errors are recorded as calls (the error goes back to the model); TRL counts only calls.
+            tool_calls.append(m["tool_calls/mean"] - m["parse_errors/mean"])
+        total = time.perf_counter() - start
+    finally:
+        trainer.events.close()
+    import torch
+    import transformers
+
+    Path(args.out).write_text(json.dumps({
+        "framework": "agentfly", "transformers": transformers.__version__, "torch": torch.__version__,
+        "step_times": step_times, "train_seconds": total, "trained_tokens": trained, "rewards": rewards,
+        "tool_calls": tool_calls, "trajectories_per_step": args.prompts * args.group,
+    }, indent=1))
+
+
+# ------------------------------------------------------------------------------------------ the comparison
+def summarise(result: dict[str, Any]) -> dict[str, float]:
+    """Per-step figures over steps 2..N (the first pays for warm-up on both sides) when there are more."""
+    times = result["step_times"][1:] or result["step_times"]
+    tokens = result["trained_tokens"][1:] or result["trained_tokens"]
+    step = statistics.mean(times)
+    rewards = result["rewards"]
+    calls = [c for c in result["tool_calls"] if c == c]
+    return {
+        "step": step, "traj_per_s": result["trajectories_per_step"] / step,
+        "tokens_per_s": sum(tokens) / sum(times), "reward_first": rewards[0] if rewards else float("nan"),
+        "reward_last": rewards[-1] if rewards else float("nan"),
+        "reward_mean": statistics.mean(rewards) if rewards else float("nan"),
+        "tool_calls": statistics.mean(calls) if calls else float("nan"),
+    }
+
+
+def run_side(cmd: list[str], name: str, timeout: float) -> dict[str, Any]:
+    out = Path(cmd[cmd.index("--out") + 1])
+    out.unlink(missing_ok=True)
+    log = out.with_suffix(".log")
+    print(f"running the {name} side ({log})", flush=True)
+    with log.open("w") as fh:
+        try:
+            done = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout, cwd=REPO,
+                                  env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the {name} side ran past {timeout:.0f} s; see {log}") from None
+    if done.returncode != 0 or not out.exists():
+        tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
+        raise RuntimeError(f"the {name} side failed (exit {done.returncode}); last lines of {log}:\n{tail}")
+    return json.loads(out.read_text())
+
+
+def main(argv: list[str] | None = None) -> float | None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=4, help="problems per step")
+    ap.add_argument("--group", type=int, default=4, help="rollouts per problem (GRPO's G)")
+    ap.add_argument("--max-new-tokens", type=int, default=48, help="tokens per assistant turn")
+    ap.add_argument("--max-turns", type=int, default=3, help="assistant turns per trajectory")
+    ap.add_argument("--steps", type=int, default=4, help="training steps on each side")
+    ap.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads on both sides")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--venv", default=str(REPO / "runs" / "trl-venv"), help="the TRL side's environment")
+    ap.add_argument("--work", default=str(REPO / "runs" / "bench"), help="model, problems and results")
+    ap.add_argument("--model", default=None, help="model dir (default: the warm-started tiny model)")
+    ap.add_argument("--sft-demos", type=int, default=1000, help="demonstrations of the warm start")
+    ap.add_argument("--sft-epochs", type=int, default=3, help="epochs of the warm start")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds each side may run")
+    # Internal: run AgentFly's side in this process (the driver starts it as a subprocess, like TRL's).
+    ap.add_argument("--side", choices=["ours"], help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.side == "ours":
+        run_ours(args)
+        return None
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    python = ensure_trl_venv(Path(args.venv))
+    model = (Path(args.model) if args.model
+             else warm_start_model(work, args.seed, args.threads, args.sft_demos, args.sft_epochs))
+    data = write_problems(work / "trl-compare-problems.jsonl", args.prompts * args.steps, args.seed)
+    common = ["--model", str(model), "--data", str(data), "--prompts", str(args.prompts), "--group",
+              str(args.group), "--max-turns", str(args.max_turns), "--steps", str(args.steps), "--lr", str(args.lr),
+              "--threads", str(args.threads), "--seed", str(args.seed)]
+    ours = run_side([sys.executable, __file__, "--side", "ours", *common, "--max-new-tokens",
+                     str(args.max_new_tokens), "--out", str(work / "trl-compare-agentfly.json")], "AgentFly", args.timeout)
+    trl = run_side([str(python), str(TRL_SIDE / "run_trl.py"), *common, "--max-completion-length",
+                    str(args.max_new_tokens * args.max_turns), "--out", str(work / "trl-compare-trl.json")],
+                   "TRL", args.timeout)
+    a, t = summarise(ours), summarise(trl)
+
+    print(f"\nGRPO on arithmetic with the calculator: {args.prompts} problems x {args.group} rollouts per step, "
+          f"{args.steps} steps, up to {args.max_turns} turns, {args.threads} thread(s); per-step figures over "
+          f"steps 2..{args.steps}")
+    print(f"{'':<26}{'AgentFly':>12}{trl['framework']:>14}{'ours/TRL':>10}")
+    rows = [("wall s / step", "step", "{:.2f}", False), ("trajectories / s", "traj_per_s", "{:.2f}", True),
+            ("trained tokens / s", "tokens_per_s", "{:.0f}", True), ("tool calls / trajectory", "tool_calls",
+                                                                     "{:.2f}", None),
+            ("reward, step 1", "reward_first", "{:.3f}", None), (f"reward, step {args.steps}", "reward_last",
+                                                                 "{:.3f}", None),
+            ("reward, mean of steps", "reward_mean", "{:.3f}", None)]
+    for label, key, fmt, higher_better in rows:
+        ratio = a[key] / t[key] if t[key] and higher_better is not None else float("nan")
+        ratio_text = f"{ratio:.2f}" if ratio == ratio else ""
+        print(f"{label:<26}{fmt.format(a[key]):>12}{fmt.format(t[key]):>14}{ratio_text:>10}")
+    print("settings that differ: per-turn budget (AgentFly) vs one completion budget incl. tool results (TRL, "
+          f"{args.max_new_tokens * args.max_turns} tokens); tool schema JSON rendering; generation batching; "
+          "sampling seeds")
+    speed = t["step"] / a["step"]
+    print(f"steps per second, AgentFly / TRL: {speed:.2f}")
+    return speed
+
+
+if __name__ == "__main__":
+    main()
