@@ -48,6 +48,8 @@ FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1
 FS_ALL_V1 = (1 << 13) - 1
 FS_REFER, FS_TRUNCATE, FS_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
 READ_ONLY = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
+# This file's name in tracebacks; "<string>" when the docker backend runs it with ``python -c``.
+_SELF = globals().get("__file__", "<string>")
 
 
 class _PathBeneath(ctypes.Structure):
@@ -288,7 +290,7 @@ def run_code(code: str, namespace: dict[str, Any]) -> str | None:
     except BaseException as exc:  # SystemExit, KeyboardInterrupt and MemoryError are the user's errors too
         tb = exc.__traceback__
         # Hide this file's frames: the user only needs to see their own code.
-        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        while tb is not None and tb.tb_frame.f_code.co_filename == _SELF:
             tb = tb.tb_next
         sys.stderr.write("".join(traceback.format_exception(type(exc), exc, tb)))
         return type(exc).__name__
