@@ -9,10 +9,11 @@
     trajectories = agent.run_sync(samples, group_size=4, sampling=af.Sampling(temperature=1.0))
 """
 
-from agentfly import models, rewards, tasks, tools
+from agentfly import envs, models, resources, retrieval, rewards, tasks, tools
 from agentfly.agents import Agent
 from agentfly.context import RolloutContext
 from agentfly.engines import Engine, Generation, ReplayEngine, Sampling
+from agentfly.resources import Pool, ResourceEngine, ResourceSpec, ResourceTimeout
 from agentfly.rewards import Reward, reward
 from agentfly.rollout import Trajectory, mask_segments, visualize_mask
 from agentfly.tools import Tool, tool
@@ -20,6 +21,28 @@ from agentfly.tools import Tool, tool
 __version__ = "0.1.0"
 
 __all__ = [
-    "Agent", "Engine", "Generation", "ReplayEngine", "Reward", "RolloutContext", "Sampling", "Tool", "Trajectory",
-    "mask_segments", "models", "reward", "rewards", "tasks", "tool", "tools", "visualize_mask",
+    "Agent",
+    "Engine",
+    "Generation",
+    "Pool",
+    "ReplayEngine",
+    "ResourceEngine",
+    "ResourceSpec",
+    "ResourceTimeout",
+    "Reward",
+    "RolloutContext",
+    "Sampling",
+    "Tool",
+    "Trajectory",
+    "envs",
+    "mask_segments",
+    "models",
+    "resources",
+    "retrieval",
+    "reward",
+    "rewards",
+    "tasks",
+    "tool",
+    "tools",
+    "visualize_mask",
 ]

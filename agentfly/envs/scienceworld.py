@@ -59,6 +59,8 @@ class ScienceWorld:
             "easy": doors open, teleporting allowed, which small models need) and ``step_limit`` (100).
     """
 
+    kind = "environment"
+
     def __init__(self, spec: Any = None, *, simplification: str | None = None, step_limit: int | None = None) -> None:
         options = dict(getattr(spec, "options", None) or {})
         self.simplification = simplification if simplification is not None else options.get("simplification", "easy")

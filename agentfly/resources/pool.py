@@ -166,8 +166,9 @@ class BasePool:
         }
         if self.isolation is not None:
             stats["isolation"] = self.isolation
-            network = str(self.isolation.get("network", ""))
-            stats["network_isolated"] = network.startswith("namespace") or network == "none (container)"
+            if "network" in self.isolation:
+                network = str(self.isolation["network"])
+                stats["network_isolated"] = network.startswith("namespace") or network == "none (container)"
         return stats
 
 

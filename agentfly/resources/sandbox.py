@@ -57,6 +57,8 @@ class PythonSandbox:
         image: the docker image (docker backend only).
     """
 
+    kind = "sandbox"
+
     def __init__(
         self,
         spec: Any = None,

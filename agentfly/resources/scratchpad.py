@@ -16,6 +16,8 @@ _serial = itertools.count(1)
 class Scratchpad:
     """A dict per rollout. ``reset`` empties it; ``close`` makes every later use fail loudly."""
 
+    kind = "other"
+
     def __init__(self, spec: Any = None) -> None:
         options = getattr(spec, "options", None) or {}
         self.max_items = int(options.get("max_items", 1000))

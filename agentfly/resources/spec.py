@@ -91,7 +91,8 @@ class ResourceSpec:
         name: what tools ask for (``@tool(resource=name)``, ``await context.resource(name)``).
         factory: builds one instance; called as ``factory(spec)`` if it takes an argument, else ``factory()``.
             A class such as ``PythonSandbox`` works as is.
-        kind: what it is (sandbox, environment, model_service, api, other); shown in stats and the dashboard.
+        kind: what it is (sandbox, environment, model_service, api, index, other); shown in stats and the
+            dashboard. Defaults to the factory's ``kind`` attribute (PythonSandbox: "sandbox"), else "other".
         backend: where instances run: ``local`` child processes (the default), ``docker`` containers, or
             ``inprocess`` objects. Resources that do not run code ignore it.
         pool: ``Pool(min, max)``; with scope "global" there is exactly one shared instance.
@@ -107,7 +108,7 @@ class ResourceSpec:
 
     name: str
     factory: Callable[..., Any]
-    kind: str = "other"
+    kind: str | None = None
     backend: str = "local"
     pool: Pool = field(default_factory=Pool)
     scope: str = "rollout"
@@ -125,6 +126,8 @@ class ResourceSpec:
                 f"ResourceSpec {self.name!r}: factory must be callable (a class like PythonSandbox or a function "
                 f"returning an instance), got {self.factory!r}"
             )
+        if self.kind is None:
+            object.__setattr__(self, "kind", getattr(self.factory, "kind", "other"))
         if self.scope not in SCOPES:
             raise ValueError(f"ResourceSpec {self.name!r}: scope={self.scope!r}; use one of {SCOPES}")
         if self.kind not in KINDS:

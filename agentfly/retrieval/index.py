@@ -49,6 +49,8 @@ def load_passages(path: str | Path) -> list[dict[str, Any]]:
 class BM25Index:
     """A BM25 index over a passage corpus. Options: ``corpus`` (a JSONL path), ``k1``, ``b``."""
 
+    kind = "index"
+
     def __init__(self, spec: Any = None, *, corpus: str | Path | None = None, k1: float = 1.5, b: float = 0.75) -> None:
         options = dict(getattr(spec, "options", None) or {})
         self.corpus_path = Path(corpus or options.get("corpus") or Path(__file__).with_name("data") / "wiki_mini.jsonl")
