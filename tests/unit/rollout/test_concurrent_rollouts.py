@@ -1,0 +1,95 @@
+"""Rollouts overlap: while one waits on a slow tool, the others generate and call theirs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import agentfly as af
+
+SLEEP = 0.3
+
+
+@af.tool
+async def slow_lookup(key: str) -> str:
+    """A tool that waits on the network."""
+    await asyncio.sleep(SLEEP)
+    return f"value of {key}"
+
+
+def call(key: str) -> str:
+    return "<tool_call>\n" + json.dumps({"name": "slow_lookup", "arguments": {"key": key}}) + "\n</tool_call>"
+
+
+def samples(n: int) -> list[dict[str, Any]]:
+    return [{"id": f"s{k}", "question": f"Look up #rollout={k}#."} for k in range(n)]
+
+
+async def test_concurrent_rollouts_with_a_slow_tool_take_a_fraction_of_the_sequential_time(
+    scripted_engine: Callable[..., Any],
+) -> None:
+    n = 8
+    scripts = [[call(f"k{k}"), "Done."] for k in range(n)]
+
+    sequential_engine = scripted_engine(scripts)
+    sequential_agent = af.Agent(model=sequential_engine, tools=[slow_lookup], max_turns=3)
+    start = time.perf_counter()
+    sequential = [(await sequential_agent.run([s]))[0] for s in samples(n)]
+    sequential_time = time.perf_counter() - start
+
+    concurrent_engine = scripted_engine(scripts)
+    concurrent_agent = af.Agent(model=concurrent_engine, tools=[slow_lookup], max_turns=3)
+    start = time.perf_counter()
+    concurrent = await concurrent_agent.run(samples(n))
+    concurrent_time = time.perf_counter() - start
+
+    assert sequential_time >= n * SLEEP  # the sleeps alone bound it from below
+    assert concurrent_time < 0.5 * sequential_time, (concurrent_time, sequential_time)
+    for a, b in zip(sequential, concurrent, strict=True):
+        assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask  # overlap changes timing, not tokens
+        assert b.finish_reason == "answer" and b.final_answer == "Done."
+        assert [c.observation for c in b.tool_calls] == [f"value of k{b.sample['id'][1:]}"]
+
+
+async def test_the_tool_calls_of_one_turn_run_concurrently(scripted_engine: Callable[..., Any]) -> None:
+    keys = ["a", "b", "c", "d"]
+    one_turn = scripted_engine([["".join(call(k) for k in keys), "Done."]])
+    many_turns = scripted_engine([[*(call(k) for k in keys), "Done."]])
+    together = (await af.Agent(model=one_turn, tools=[slow_lookup], max_turns=6).run(samples(1)))[0]
+    apart = (await af.Agent(model=many_turns, tools=[slow_lookup], max_turns=6).run(samples(1)))[0]
+    assert [c.name for c in together.tool_calls] == [c.name for c in apart.tool_calls] == ["slow_lookup"] * 4
+    assert [c.turn for c in together.tool_calls] == [0, 0, 0, 0]
+    assert [c.observation for c in together.tool_calls] == [f"value of {k}" for k in keys]  # in call order
+    assert apart.timings["tools"] >= len(keys) * SLEEP
+    assert together.timings["tools"] < 0.5 * apart.timings["tools"]
+
+
+async def test_max_concurrency_bounds_the_rollouts_in_flight(scripted_engine: Callable[..., Any]) -> None:
+    n, limit = 6, 2
+    agent = af.Agent(model=scripted_engine([[call("x"), "Done."]] * n), tools=[slow_lookup], max_concurrency=limit)
+    start = time.perf_counter()
+    trajectories = await agent.run(samples(n))
+    assert time.perf_counter() - start >= (n // limit) * SLEEP  # three waves of two, never all at once
+    assert all(t.finish_reason == "answer" for t in trajectories)
+
+
+async def test_rollouts_on_the_hf_engine_share_batches_and_reproduce_with_a_seed(tiny_model_dir: Path) -> None:
+    agent = af.Agent(model=tiny_model_dir, tools=[slow_lookup], max_turns=2, engine="hf")
+    qs = [{"id": f"q{i}", "question": f"What is {i}*{i + 7}?", "answer": str(i * (i + 7))} for i in range(3)]
+    sampling = af.Sampling(temperature=1.0, max_new_tokens=12, seed=7)
+    first = await agent.run(qs, group_size=4, sampling=sampling)
+    assert len(first) == 12
+    assert agent.engine.stats.max_batch > 1
+    for t in first:
+        assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
+        assert t.error is None and t.num_turns >= 1
+        sampled = [lp for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if m == 1]
+        assert len(sampled) == sum(turn.end - turn.start for turn in t.turns) and all(lp < 0 for lp in sampled)
+    again = await agent.run(qs, group_size=4, sampling=sampling)
+    assert [t.token_ids for t in again] == [t.token_ids for t in first]
+    # Members of a group differ (each rollout gets its own seed stream).
+    assert len({tuple(t.token_ids) for t in first[:4]}) > 1

@@ -1,0 +1,195 @@
+"""``HFEngine`` on the tiny model: batching of concurrent requests, seeded and greedy sampling, stop conditions."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import agentfly as af
+from agentfly.engines import Generation, HFEngine
+from agentfly.engines.hf import filter_probs
+
+QUESTIONS = ["What is 37*48?", "Compute 12+5.", "Hi", "Evaluate (120+5)*33 for me please, step by step."]
+
+
+@pytest.fixture
+def engine(tiny_model: Any, tiny_tokenizer: Any) -> HFEngine:
+    return HFEngine(tiny_model, tiny_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_tokenizer: Any) -> list[list[int]]:
+    texts = [tiny_tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                                add_generation_prompt=True) for q in QUESTIONS]
+    return [tiny_tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def direct_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """The model's log-probabilities of ``tokens`` after ``prompt``, from one plain forward pass."""
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1: -1].float()
+        return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
+
+
+async def test_it_batches_concurrent_requests(engine: HFEngine, prompts: list[list[int]]) -> None:
+    sampling = af.Sampling(temperature=1.0, max_new_tokens=6)
+    results = await asyncio.gather(*(engine.generate(p, sampling.replace(seed=i)) for i, p in enumerate(prompts)))
+    assert all(isinstance(g, Generation) and len(g.token_ids) == len(g.logprobs) >= 1 for g in results)
+    assert engine.stats.max_batch == len(prompts)
+    assert engine.stats.batches == 1 and engine.stats.sequences == len(prompts)
+    assert engine.stats.prompt_tokens == sum(map(len, prompts))
+    assert engine.stats.generated_tokens == sum(len(g.token_ids) for g in results)
+
+
+async def test_it_batches_only_requests_with_the_same_sampling_settings(engine: HFEngine,
+                                                                         prompts: list[list[int]]) -> None:
+    cold, hot = af.Sampling(temperature=0.5, max_new_tokens=4), af.Sampling(temperature=1.0, max_new_tokens=4)
+    await asyncio.gather(*(engine.generate(p, cold if i % 2 else hot) for i, p in enumerate(prompts)))
+    assert engine.stats.batches == 2 and engine.stats.max_batch == 2
+
+
+async def test_it_samples_the_same_tokens_for_a_seed_whatever_shares_the_batch(
+    engine: HFEngine, prompts: list[list[int]]
+) -> None:
+    # Prompts of different lengths (left padding) and seeds whose rows stop at different steps (rows drop
+    # out of the batch and the KV cache): none of it may change what a seeded request samples.
+    def sampling(seed: int) -> af.Sampling:
+        return af.Sampling(temperature=1.0, max_new_tokens=12, seed=seed, stop=("\n",))
+
+    requests = [(p, seed) for p in prompts for seed in (1, 2, 3)]
+    alone = [await engine.generate(p, sampling(seed)) for p, seed in requests]
+    assert engine.stats.max_batch == 1
+    together = await asyncio.gather(*(engine.generate(p, sampling(seed)) for p, seed in requests))
+    assert engine.stats.max_batch == len(requests)
+    assert len({len(g.token_ids) for g in alone}) > 1, "the rows should finish at different steps"
+    for a, b in zip(alone, together, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.finish_reason == b.finish_reason
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    again = await engine.generate(prompts[0], sampling(2))
+    assert again.token_ids == alone[1].token_ids
+    other_seed = [await engine.generate(prompts[0], sampling(s)) for s in (4, 5)]
+    assert len({tuple(g.token_ids) for g in [alone[0], alone[1], *other_seed]}) > 1
+
+
+async def test_its_greedy_logprobs_equal_a_direct_forward_pass(engine: HFEngine, tiny_model: Any,
+                                                               prompts: list[list[int]]) -> None:
+    greedy = af.Sampling(temperature=0, max_new_tokens=10)
+    results = await asyncio.gather(*(engine.generate(p, greedy) for p in prompts))
+    for prompt, gen in zip(prompts, results, strict=True):
+        with torch.inference_mode():
+            logits = tiny_model(input_ids=torch.tensor([prompt + gen.token_ids])).logits[0, len(prompt) - 1: -1]
+        assert gen.token_ids == logits.argmax(-1).tolist()  # greedy really took the argmax each step
+        expected = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(gen.token_ids)[:, None])
+        assert gen.logprobs == pytest.approx(expected.squeeze(-1).tolist(), abs=1e-4)
+
+
+async def test_its_sampled_logprobs_are_under_the_tempered_distribution_before_truncation(
+    engine: HFEngine, tiny_model: Any, prompts: list[list[int]]
+) -> None:
+    # top_k=1 always samples the argmax, yet the logprob is that of log_softmax(logits / T) over the full
+    # vocabulary: the distribution the trainer recomputes for the importance ratio.
+    greedy = await engine.generate(prompts[0], af.Sampling(temperature=0, max_new_tokens=8))
+    top1 = await engine.generate(prompts[0], af.Sampling(temperature=0.5, top_k=1, max_new_tokens=8, seed=0))
+    assert top1.token_ids == greedy.token_ids
+    with torch.inference_mode():
+        logits = tiny_model(input_ids=torch.tensor([prompts[0] + top1.token_ids])).logits[0, len(prompts[0]) - 1: -1]
+    expected = torch.log_softmax(logits.float() / 0.5, -1).gather(-1, torch.tensor(top1.token_ids)[:, None])
+    assert top1.logprobs == pytest.approx(expected.squeeze(-1).tolist(), abs=1e-4)
+    assert all(lp < 0 for lp in top1.logprobs)
+
+
+async def test_it_stops_at_a_stop_string_and_keeps_the_sampled_tokens(engine: HFEngine, tiny_tokenizer: Any,
+                                                                      prompts: list[list[int]]) -> None:
+    free = await engine.generate(prompts[1], af.Sampling(temperature=0, max_new_tokens=24))
+    assert free.finish_reason == "length" and len(free.token_ids) == 24
+    stop = tiny_tokenizer.decode(free.token_ids[15:17])
+    # The shortest prefix of the free run whose text contains the stop string is what must come back.
+    cut = next(n for n in range(1, 25) if stop in tiny_tokenizer.decode(free.token_ids[:n]))
+    stopped = await engine.generate(prompts[1], af.Sampling(temperature=0, max_new_tokens=24, stop=(stop,)))
+    assert (stopped.finish_reason, stopped.stop_reason) == ("stop", stop)
+    assert stopped.token_ids == free.token_ids[:cut]
+    assert stopped.logprobs == pytest.approx(free.logprobs[:cut], abs=1e-5)
+
+
+async def test_it_stops_at_the_end_of_turn_token(engine: HFEngine, prompts: list[list[int]]) -> None:
+    # Seed 3 happens to sample <|im_end|> first with the tiny model (see the batch-composition test).
+    gen = await engine.generate(prompts[0], af.Sampling(temperature=1.0, max_new_tokens=12, seed=3))
+    assert gen.token_ids == [engine.stop_token_ids[0]] and gen.finish_reason == "stop"
+    assert gen.stop_reason == engine.stop_token_ids[0]
+    assert engine.stop_token_ids == [engine.tokenizer.convert_tokens_to_ids("<|im_end|>"),
+                                     engine.tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+
+
+async def test_it_ends_with_length_after_max_new_tokens(engine: HFEngine, prompts: list[list[int]]) -> None:
+    gen = await engine.generate(prompts[2], af.Sampling(temperature=0, max_new_tokens=5))
+    assert gen.finish_reason == "length" and gen.stop_reason is None
+    assert len(gen.token_ids) == len(gen.logprobs) == 5
+
+
+async def test_it_returns_length_for_prompts_at_or_past_the_context_length(tiny_model: Any, tiny_tokenizer: Any,
+                                                                           prompts: list[list[int]]) -> None:
+    short = HFEngine(tiny_model, tiny_tokenizer, max_model_len=len(prompts[0]) + 3)
+    sampling = af.Sampling(temperature=0, max_new_tokens=50)
+    over, full, near = await asyncio.gather(
+        short.generate(prompts[3], sampling),  # longer than the context
+        short.generate(prompts[0] + [5, 6, 7], sampling),  # exactly the context
+        short.generate(prompts[0], sampling),  # three tokens of room
+    )
+    assert (over.token_ids, over.logprobs, over.finish_reason) == ([], [], "length")
+    assert (full.token_ids, full.finish_reason) == ([], "length")
+    assert near.finish_reason == "length" and len(near.token_ids) == 3
+    assert (await short.generate([], sampling)).finish_reason == "length"
+
+
+async def test_it_updates_weights_in_place(tiny_model_dir: Path, prompts: list[list[int]]) -> None:
+    own = HFEngine(tiny_model_dir)
+    greedy = af.Sampling(temperature=0, max_new_tokens=4)
+    before = await own.generate(prompts[0], greedy)
+    state = {k: v.clone() for k, v in own.model.state_dict().items()}
+    state["model.norm.weight"] = -state["model.norm.weight"]  # flip every logit: argmax becomes argmin
+    own.update_weights(state)
+    after = await own.generate(prompts[0], greedy)
+    assert after.token_ids[0] != before.token_ids[0]
+    with pytest.raises(KeyError, match=r"no parameter 'nope\.weight'"):
+        own.update_weights({"nope.weight": torch.zeros(1)})
+
+
+def test_it_loads_only_existing_local_directories(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        HFEngine(tmp_path / "missing")
+
+
+def test_it_filters_probabilities_by_top_k_and_top_p() -> None:
+    probs = torch.tensor([[0.05, 0.5, 0.15, 0.3], [0.4, 0.3, 0.2, 0.1]])
+
+    def kept(top_p: float, top_k: int) -> list[list[int]]:
+        out = filter_probs(probs, top_p, top_k)
+        assert torch.equal(out[out > 0], probs[out > 0])  # kept tokens keep their probability
+        return (out > 0).int().tolist()
+
+    assert kept(1.0, 0) == [[1, 1, 1, 1], [1, 1, 1, 1]]
+    assert kept(1.0, 2) == [[0, 1, 0, 1], [1, 1, 0, 0]]
+    assert kept(0.7, 0) == [[0, 1, 0, 1], [1, 1, 0, 0]]  # 0.5 + 0.3 and 0.4 + 0.3 reach 0.7
+    assert kept(0.9, 0) == [[0, 1, 1, 1], [1, 1, 1, 0]]
+    assert kept(0.1, 0) == [[0, 1, 0, 0], [1, 0, 0, 0]]  # the top token is always kept
+    assert kept(0.9, 2) == [[0, 1, 0, 1], [1, 1, 0, 0]]  # both filters apply
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_k": -1}, "top_k"),
+     ({"max_new_tokens": 0}, "max_new_tokens")],
+)
+def test_it_rejects_impossible_sampling_settings(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=f"Sampling.{message}"):
+        af.Sampling(**kwargs)
+
+
+def test_it_takes_one_stop_string_as_a_tuple() -> None:
+    assert af.Sampling(stop="\n").stop == ("\n",)
+    assert af.Sampling(stop=["a", "b"]).stop == ("a", "b")  # type: ignore[arg-type]
