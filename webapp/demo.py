@@ -162,12 +162,14 @@ def launch_demo_job(user: Any, team: Any, steps: int) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Run the AgentFly web app, a worker and a tiny training job.")
-    ap.add_argument("--port", type=int, default=8000, help="web server port (default 8000)")
+    ap.add_argument("--port", type=int, default=8000, help="web server port (default 8000; 0 picks a free one)")
     ap.add_argument("--host", default="127.0.0.1", help="web server address (default 127.0.0.1)")
     ap.add_argument("--steps", type=int, default=30, help="training steps of the demo job (default 30)")
     ap.add_argument("--dir", default=str(ROOT / "runs" / "demo"), help="SQLite file, checkpoints and logs")
     ap.add_argument("--exit-when-done", action="store_true", help="stop once the job finishes (exit 0 if it succeeded)")
     args = ap.parse_args(argv)
+    if args.port == 0:
+        args.port = free_port()
 
     logs = Path(args.dir).resolve() / "logs"
     logs.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,85 @@
+"""Settings from the environment, the compose file under a real compose parser, and the one-machine demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def settings_in_subprocess(env: dict[str, str], expr: str) -> subprocess.CompletedProcess[str]:
+    """Import ``webapp.settings`` fresh under ``env`` and print ``expr`` as JSON."""
+    clean = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY", "ALLOWED_HOSTS", "DATABASE_URL"}}
+    code = f"import json, webapp.settings as s; print(json.dumps({expr}, default=str))"
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**clean, **env}, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_production_settings_refuse_to_start_without_a_secret_key() -> None:
+    result = settings_in_subprocess({"DEBUG": "0"}, "s.SECRET_KEY")
+    assert result.returncode != 0
+    assert "SECRET_KEY is not set" in result.stderr
+
+
+def test_production_settings_are_secure_by_default() -> None:
+    result = settings_in_subprocess(
+        {"DEBUG": "0", "SECRET_KEY": "k" * 50, "ALLOWED_HOSTS": "agentfly.example, www.agentfly.example",
+         "DATABASE_URL": "postgres://u:p@db:5432/agentfly"},
+        "[s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.SECURE_SSL_REDIRECT, s.SECURE_HSTS_SECONDS > 0, "
+        "s.ALLOWED_HOSTS, s.DATABASES['default']['ENGINE'], s.DATABASES['default']['HOST']]")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [True, True, True, True, ["agentfly.example", "www.agentfly.example"],
+                                         "django.db.backends.postgresql", "db"]
+
+
+def test_the_demo_default_is_sqlite_and_bad_values_name_the_variable() -> None:
+    ok = settings_in_subprocess({"DEBUG": "1"}, "s.DATABASES['default']['ENGINE']")
+    assert json.loads(ok.stdout) == "django.db.backends.sqlite3"
+    bad = settings_in_subprocess({"DEBUG": "maybe"}, "s.DEBUG")
+    assert bad.returncode != 0 and "DEBUG='maybe' is not a boolean" in bad.stderr
+    bad = settings_in_subprocess({"DEBUG": "1", "JOB_HEARTBEAT_TIMEOUT": "soon"}, "s.JOB_HEARTBEAT_TIMEOUT")
+    assert bad.returncode != 0 and "JOB_HEARTBEAT_TIMEOUT='soon' is not a number" in bad.stderr
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="needs Debian's docker-compose package")
+def test_the_compose_file_is_valid_for_a_real_compose_parser() -> None:
+    env = {**os.environ, "SECRET_KEY": "k" * 50}
+    result = subprocess.run(["docker-compose", "-f", "docker-compose.yml", "config"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    import yaml
+
+    config = yaml.safe_load(result.stdout)
+    services = config["services"]
+    assert set(services) == {"web", "worker-cpu", "worker-gpu", "redis", "postgres"}
+    assert all("healthcheck" in services[name] for name in services)
+    devices = services["worker-gpu"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["capabilities"] == ["gpu"] and devices[0]["driver"] == "nvidia"
+    assert "-Q gpu" in " ".join(services["worker-gpu"]["command"] if isinstance(services["worker-gpu"]["command"], list)
+                                else [services["worker-gpu"]["command"]])
+    assert any("/data/runs" in str(v) for v in services["worker-cpu"]["volumes"])
+    missing = subprocess.run(["docker-compose", "-f", "docker-compose.yml", "config", "-q"], cwd=ROOT,
+                             env={k: v for k, v in os.environ.items() if k != "SECRET_KEY"},
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode != 0 and "set SECRET_KEY" in missing.stderr
+
+
+@pytest.mark.slow
+def test_the_demo_starts_everything_and_its_job_succeeds(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "AGENTFLY_RUNS_DIR", "DJANGO_SETTINGS_MODULE"}}
+    env["REDIS_URL"] = "redis://127.0.0.1:1/0"  # nothing answers there: the demo must start its own Redis
+    result = subprocess.run([sys.executable, "-m", "webapp.demo", "--port", "0", "--steps", "2", "--dir",
+                             str(tmp_path), "--exit-when-done"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "started redis-server" in result.stdout
+    assert "watch job    http://127.0.0.1:" in result.stdout and "/jobs/1/" in result.stdout
+    assert "job #1 succeeded at step 2" in result.stdout
+    assert (tmp_path / "webapp.sqlite3").is_file()
