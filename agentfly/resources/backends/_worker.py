@@ -207,6 +207,9 @@ def harden(config: dict[str, Any]) -> dict[str, Any]:
     """Apply the isolation ``config`` asks for (see the module docstring); return what took effect."""
     report: dict[str, Any] = {}
     workdir = config.get("workdir") or os.getcwd()
+    # A child subreaper adopts orphaned descendants, so everything the sandbox starts (even after a double
+    # fork or setsid) stays in this process's tree, where the parent finds it cheaply on reset.
+    _libc().prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     report["limits"] = apply_limits(config.get("limits") or {})
     if config.get("network") == "none":
         report["network"] = isolate_network()

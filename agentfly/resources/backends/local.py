@@ -184,10 +184,15 @@ class LocalWorker:
                 raise ResourceError(f"sandbox process exited ({describe_exit(code)})") from exc
 
     def kill(self) -> None:
-        """Kill the process group and every process of the private uid; remove the working directory."""
+        """Kill the process group, the worker's process tree and every process of the private uid; remove the
+        working directory."""
         if self.pid is not None:
+            strays = descendants(self.pid)  # before the worker dies and its tree is handed to init
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, signal.SIGKILL)
+            for pid in strays:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
         if self.uid is not None:
             kill_uid(self.uid)
         if self.own_workdir and self.workdir and os.path.isdir(self.workdir):
@@ -211,8 +216,50 @@ class LocalWorker:
         await self.kill_async()
 
     def kill_strays(self) -> int:
-        """Kill processes the sandbox left running (private uid only); returns how many."""
-        return kill_uid(self.uid, keep=self.pid) if self.uid is not None else 0
+        """Kill every process the sandbox left running; returns how many.
+
+        The worker is a child subreaper, so its descendants are exactly its process tree: a few reads of
+        /proc/<pid>/task/*/children instead of a scan of every process on the machine.
+        """
+        if self.pid is None:
+            return 0
+        total = 0
+        for _ in range(20):  # a fork bomb keeps forking while we kill: repeat until the tree is empty
+            found = descendants(self.pid)
+            for pid in found:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            total += len(found)
+            if not found:
+                break
+        return total
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (zombies excluded), from the kernel's per-task children lists."""
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{current}/task/{tid}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+            for child in children:
+                try:
+                    if _real_uid(child) is None:  # a zombie: dead already
+                        continue
+                except OSError:
+                    continue
+                found.append(child)
+                stack.append(child)
+    return found
 
 
 def kill_uid(uid: int, keep: int | None = None) -> int:
