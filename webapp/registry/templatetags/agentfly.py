@@ -20,3 +20,9 @@ def duration(seconds: float | None) -> str:
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
     return f"{h}h {m:02d}m" if h else f"{m}m {s:02d}s" if m else f"{s}s"
+
+
+@register.filter
+def sorted_items(value: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A metrics dict in name order, so related metrics (eval/..., time/...) sit together."""
+    return sorted(value.items())

@@ -1,0 +1,127 @@
+"""A real browser walks the main path: sign in, register a tool, try it, launch a job, see it succeed.
+
+Debian's Chromium (``apt-get install -y chromium``) driven by Playwright; the browser ``playwright install``
+would download is never used. Daphne serves the app against the test database; the session's real Celery
+worker runs the registry inspection and the job. Screenshots land in ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.webapp.conftest import PASSWORD, ROOT, wait_for, worker_env
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+@pytest.fixture
+def web_server(transactional_db: None, runs_dir: Path, tmp_path: Path) -> Iterator[str]:
+    """Daphne serving ``webapp.asgi`` against this test's database."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (tmp_path / "daphne.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                             "webapp.asgi:application"], cwd=ROOT, env=worker_env(runs_dir), stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def listening() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daphne exited: {(tmp_path / 'daphne.log').read_text()}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+
+    try:
+        wait_for(listening, 60, "daphne to listen")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture
+def alice_for_the_server(alice: Any) -> Any:
+    """alice with her password hashed the way the server's (default) settings can check it."""
+    from django.contrib.auth.hashers import make_password
+
+    alice.password = make_password(PASSWORD, hasher="pbkdf2_sha256")
+    alice.save(update_fields=["password"])
+    return alice
+
+
+@pytest.fixture
+def page() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip("needs Debian's chromium: apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser.new_page(viewport={"width": 1280, "height": 900})
+        finally:
+            browser.close()
+
+
+def test_a_user_signs_in_registers_a_tool_launches_a_job_and_sees_it_succeed(
+        alice_for_the_server: Any, builtins: dict[str, Any], web_server: str, page: Any) -> None:
+    # The database rows come first: sync Playwright runs an event loop in this thread, where Django's ORM
+    # refuses to run, so nothing below touches the ORM.
+    from playwright.sync_api import expect
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.set_default_timeout(30_000)
+    page.goto(f"{web_server}/jobs/")
+    expect(page).to_have_url(f"{web_server}/login/?next=/jobs/")
+    page.fill("#id_username", "alice")
+    page.fill("#id_password", PASSWORD)
+    page.click("button[type=submit]")
+    expect(page.locator("h1")).to_have_text("Training jobs")
+    expect(page.locator(".empty")).to_contain_text("No jobs yet")
+
+    # Register a team tool; the page polls until the worker has inspected it, then shows "try it".
+    page.click("text=Registry")
+    page.click("text=Register a tool or reward")
+    page.fill("#id_import_path", "team_tools:word_count")
+    page.click("button[type=submit]")
+    expect(page.locator("#entry-status-badge")).to_have_text("Ready", timeout=60_000)
+    expect(page.locator("body")).to_contain_text("word_count(text: str) -> int")
+    page.fill("#id_arguments", '{"text": "three little words"}')
+    page.click("text=Call the tool")
+    expect(page.locator("#observation")).to_have_text("3")
+    page.screenshot(path=str(ARTIFACTS / "webapp-registry.png"), full_page=True)
+
+    # A bad number is refused in place; the corrected form launches.
+    page.goto(f"{web_server}/jobs/launch/")
+    page.select_option("#id_tools", label="calculator (built-in)")
+    page.select_option("#id_reward", label="math_equal (built-in)")
+    page.fill("#id_steps", "0")
+    page.click("#launch-button")
+    expect(page.locator('.error[data-field="steps"]')).to_contain_text("greater than or equal to 1")
+    page.fill("#id_steps", "2")
+    page.fill("#id_eval_size", "2")
+    page.fill("#id_max_new_tokens", "12")
+    page.click("#launch-button")
+    expect(page.locator("#job-status")).to_have_attribute("data-status", "succeeded", timeout=180_000)
+    expect(page.locator("#final-metrics")).to_contain_text("reward/mean")
+    expect(page.locator(".log")).to_contain_text("checkpoint saved at step 2")
+    page.screenshot(path=str(ARTIFACTS / "webapp-job.png"), full_page=True)
