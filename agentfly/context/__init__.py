@@ -9,6 +9,7 @@ every later turn of this rollout; ``aclose()`` (run by the rollout loop in ``fin
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,6 +27,24 @@ class NoResourceEngine(RuntimeError):
     pass
 
 
+class _Held:
+    """What ``RolloutContext.resource`` returns: awaitable, and an async context manager."""
+
+    __slots__ = ("ctx", "name", "timeout")
+
+    def __init__(self, ctx: RolloutContext, name: str, timeout: float | None) -> None:
+        self.ctx, self.name, self.timeout = ctx, name, timeout
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self.ctx._acquire(self.name, self.timeout).__await__()
+
+    async def __aenter__(self) -> Any:
+        return await self.ctx._acquire(self.name, self.timeout)
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None  # held until the rollout ends: RolloutContext.aclose releases it
+
+
 @dataclass
 class RolloutContext:
     sample: dict[str, Any]
@@ -37,8 +56,16 @@ class RolloutContext:
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict, repr=False)
     _unhealthy: set[str] = field(default_factory=set, repr=False)
 
-    async def resource(self, name: str, timeout: float | None = None) -> Any:
-        """The instance of resource ``name`` this rollout holds, acquiring it on first use."""
+    def resource(self, name: str, timeout: float | None = None) -> _Held:
+        """The instance of resource ``name`` this rollout holds, acquiring it on first use.
+
+        Use as ``box = await ctx.resource("python")`` or ``async with ctx.resource("python") as box:``; both
+        keep the instance for the rest of the rollout (leaving the ``async with`` block does not release it,
+        the end of the rollout does), so later turns see the same state.
+        """
+        return _Held(self, name, timeout)
+
+    async def _acquire(self, name: str, timeout: float | None) -> Any:
         if name in self._leases:
             return self._leases[name].instance
         if self.resources is None:

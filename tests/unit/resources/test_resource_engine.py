@@ -293,3 +293,14 @@ def test_bad_specs_are_rejected_with_the_fix_in_the_message() -> None:
         ResourceEngine([pad_spec(), pad_spec()])
     with pytest.raises(TypeError, match="lacks start, reset, health, close"):
         ResourceSpec(name="x", factory=dict).build()
+
+
+async def test_a_resource_can_be_held_with_async_with_and_stays_held_until_the_rollout_ends() -> None:
+    async with ResourceEngine([pad_spec()]) as engine:
+        ctx = RolloutContext(sample={}, rollout_id="r", group_id="g", resources=engine)
+        async with ctx.resource("pad") as pad:
+            pad.write("k", "v")
+        assert engine.stats()["pad"]["in_use"] == 1
+        assert (await ctx.resource("pad")).read("k") == "v"
+        await ctx.aclose()
+        assert engine.stats()["pad"]["in_use"] == 0
