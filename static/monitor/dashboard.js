@@ -17,12 +17,22 @@
   const badge = document.getElementById("job-status");
   const cancelButton = document.getElementById("cancel-button");
 
+  // The job's state machine. The trainer also reports its own run states ("starting", "finished"); those
+  // go to the log, while the badge follows the job, whose status events the web app writes.
+  const JOB_STATES = new Set(["queued", "running", "succeeded", "failed", "cancelled"]);
+  let cancelRequested = cancelButton.textContent.trim().startsWith("Cancelling");
+
   function setStatus(status) {
-    if (!status) return;
+    if (!JOB_STATES.has(status)) return;
     badge.className = `badge big ${status}`;
     badge.dataset.status = status;
     badge.textContent = status.charAt(0).toUpperCase() + status.slice(1);
-    if (!ACTIVE.has(status)) { cancelButton.disabled = true; cancelButton.textContent = "Cancel job"; }
+    if (ACTIVE.has(status)) {
+      cancelButton.disabled = cancelRequested;
+    } else {
+      cancelButton.disabled = true;
+      cancelButton.textContent = "Cancel job";
+    }
   }
 
   function setStep(step) {
@@ -32,6 +42,7 @@
   }
 
   cancelButton.addEventListener("click", async () => {
+    cancelRequested = true;
     cancelButton.disabled = true;
     cancelButton.textContent = "Cancelling…";
     try {
@@ -42,6 +53,7 @@
       // The view redirects to the job page (opaque here); anything else is an error worth showing.
       if (response.type !== "opaqueredirect" && !response.ok) throw new Error(`HTTP ${response.status}`);
     } catch (err) {
+      cancelRequested = false;
       cancelButton.disabled = false;
       cancelButton.textContent = "Cancel job";
       appendLog({ seq: "", type: "log", data: { level: "error", message: `cancel failed: ${err.message}` } });
@@ -160,6 +172,13 @@
             el("code", { text: ` ${typeof fn.arguments === "string" ? fn.arguments : JSON.stringify(fn.arguments)}` })));
         }
         conversation.append(el("div", { class: `turn role-${m.role}` }, el("div", { class: "role", text: m.role }), body));
+      }
+    } else if (!(t.turns || []).length && (t.segments || []).length) {
+      // The trainer's samples carry the decoded mask spans: forced text (prompt, tool output) and sampled text.
+      for (const s of t.segments) {
+        const role = s.mask ? "assistant" : "context";
+        conversation.append(el("div", { class: `turn role-${s.mask ? "assistant" : "tool"}` }, el("div", { class: "role", text: role }),
+          el("div", { class: "msg-body" }, el("pre", { text: s.text }))));
       }
     } else {
       for (const turn of t.turns || []) {

@@ -115,8 +115,8 @@
     { id: "clip", title: "Clip fraction", keys: ["clip_fraction", "clip_frac", "loss_clip_fraction", "clipfrac", "actor_pg_clipfrac"] },
     { id: "length", title: "Response length (tokens)", keys: ["response_length", "response_length_mean", "length_mean"] },
     { id: "tool_calls", title: "Tool calls per trajectory", keys: ["tool_calls_per_traj", "tool_calls_per_trajectory", "tools_calls_per_traj", "tool_calls_mean", "tool_calls"] },
-    { id: "tool_errors", title: "Tool error rate", keys: ["tool_error_rate", "tools_error_rate", "tool_errors_rate"] },
-    { id: "tokens_per_s", title: "Tokens / s", keys: ["tokens_per_s", "throughput_tokens_per_s", "perf_tokens_per_s", "tokens_s"] },
+    { id: "tool_errors", title: "Tool error rate", keys: ["tool_error_rate", "tools_error_rate", "tool_errors_rate", "tool_errors_mean"] },
+    { id: "tokens_per_s", title: "Tokens / s", keys: ["tokens_per_s", "tokens_per_second", "throughput_tokens_per_s", "perf_tokens_per_s", "tokens_s"] },
     { id: "step_time", title: "Step and stage time (s)", keys: ["step_time", "time_step", "time_total"], prefix: "time_" },
     { id: "mismatch", title: "Rollout vs trainer logprob mismatch", keys: ["logprob_mismatch", "rollout_logprob_mismatch", "logprob_diff", "mismatch_logprob", "logprob_mismatch_mean", "rollout_trainer_logprob_diff"] },
   ];

@@ -1,0 +1,270 @@
+"""Live-monitoring latency: from the trainer's event sink accepting an event to a websocket client receiving it.
+
+The whole real path runs: ``DatabaseEventSink.emit`` (queue) -> writer thread -> one transaction per batch
+-> ``group_send`` on the Redis channel layer -> Daphne -> ``JobEventsConsumer`` -> 50 websocket clients
+signed in with a session cookie. Each event carries the time it was accepted; every client records when it
+arrives. The same run measures raw Redis pub/sub (one publisher, 50 subscribers, same rate) as the floor.
+
+    python benchmarks/websocket_latency.py                       # 10 and 1,000 events/s, 50 clients
+    python benchmarks/websocket_latency.py --clients 20 --seconds 3 --flush-interval 0.1
+
+The sink batches (``--flush-interval``, default the sink's 0.5 s) and throttles (at most
+``--max-messages`` group messages per second per job), so the websocket latency is dominated by the batching
+window by design; the raw Redis numbers show what the transport alone costs. The last line is the ratio of
+websocket to raw Redis p50 latency at the highest rate.
+
+Needs Redis (``--redis-url``, default database 14 so it never meets a demo's groups) and uses a throwaway
+SQLite database unless ``--database-url`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def setup_django(database_url: str, redis_url: str) -> None:
+    os.environ["DJANGO_SETTINGS_MODULE"] = "webapp.settings"
+    os.environ.setdefault("DEBUG", "1")
+    os.environ["DATABASE_URL"] = database_url
+    os.environ["REDIS_URL"] = redis_url
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def make_job() -> tuple[int, str, str]:
+    """A user, a team and a running job; returns (job id, session cookie name, value)."""
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from webapp.accounts.models import do_create_team
+    from webapp.jobs.models import Status, TrainingJob
+
+    name = f"bench-{uuid.uuid4().hex[:8]}"
+    user = get_user_model().objects.create_user(username=name, password=uuid.uuid4().hex)
+    team = do_create_team(name, user)
+    job = TrainingJob.objects.create(team=team, created_by=user, name="latency benchmark", config={},
+                                     status=Status.RUNNING)
+    client = Client()
+    client.force_login(user)
+    return job.pk, settings.SESSION_COOKIE_NAME, client.cookies[settings.SESSION_COOKIE_NAME].value
+
+
+def start_daphne(port: int, log: Path) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                             "webapp.asgi:application"], cwd=ROOT, env=dict(os.environ),
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daphne exited:\n{log.read_text()}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise TimeoutError(f"daphne did not listen on {port}:\n{log.read_text()}")
+
+
+class Clients:
+    """``n`` websocket clients of one job; each records (run, latency) for every benchmark event."""
+
+    def __init__(self, n: int, url: str, cookie: str) -> None:
+        self.n, self.url, self.cookie = n, url, cookie
+        self.latencies: dict[str, list[float]] = {}
+        self.received: dict[str, int] = {}
+        self.live = 0
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self.tasks = [asyncio.create_task(self._client()) for _ in range(self.n)]
+        deadline = time.monotonic() + 60
+        while self.live < self.n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {self.live} of {self.n} websocket clients went live")
+            for t in self.tasks:
+                if t.done() and t.exception():
+                    raise t.exception()  # type: ignore[misc]
+            await asyncio.sleep(0.05)
+
+    async def _client(self) -> None:
+        import websockets
+
+        headers = {"Cookie": self.cookie, "Origin": "http://127.0.0.1"}
+        async with websockets.connect(self.url, additional_headers=headers, max_size=None) as ws:
+            async for raw in ws:
+                now = time.time()
+                message = json.loads(raw)
+                if message["type"] == "live":
+                    self.live += 1
+                elif message["type"] == "events":
+                    for event in message["events"]:
+                        run = event["data"].get("bench_run")
+                        if run is not None:
+                            self.latencies.setdefault(run, []).append(now - event["data"]["accepted_at"])
+                            self.received[run] = self.received.get(run, 0) + 1
+
+    async def stop(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+def emit_at_rate(job_id: int, run: str, rate: float, seconds: float, flush_interval: float,
+                 max_messages: float) -> int:
+    """Emit ``rate`` events per second for ``seconds`` through a real sink; returns the number emitted."""
+    from webapp.monitor.sink import DatabaseEventSink
+
+    sink = DatabaseEventSink(job_id, flush_interval=flush_interval, max_messages_per_second=max_messages)
+    total = int(rate * seconds)
+    start = time.perf_counter()
+    for i in range(total):
+        target = start + i / rate
+        delay = target - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        sink.emit({"type": "metrics", "step": i, "bench_run": run, "accepted_at": time.time(), "value": i * 0.5})
+    sink.close()
+    return total
+
+
+async def websocket_run(clients: Clients, job_id: int, rate: float, seconds: float, flush_interval: float,
+                        max_messages: float) -> list[float]:
+    run = f"{rate:g}/s"
+    total = await asyncio.to_thread(emit_at_rate, job_id, run, rate, seconds, flush_interval, max_messages)
+    deadline = time.monotonic() + 30
+    while clients.received.get(run, 0) < total * clients.n and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    got = clients.received.get(run, 0)
+    if got < total * clients.n:
+        raise RuntimeError(f"at {run} the clients received {got} of {total * clients.n} events")
+    return clients.latencies[run]
+
+
+async def redis_run(redis_url: str, n: int, rate: float, seconds: float) -> list[float]:
+    """Raw pub/sub: one publisher at ``rate``, ``n`` subscribers; latency publish -> receive."""
+    import redis.asyncio as aioredis
+
+    channel = f"bench-{uuid.uuid4().hex}"
+    total = int(rate * seconds)
+    latencies: list[float] = []
+    connections = [aioredis.from_url(redis_url) for _ in range(n)]
+    subscribers = [c.pubsub() for c in connections]
+    for s in subscribers:
+        await s.subscribe(channel)
+        await s.get_message(timeout=1.0)  # the subscribe confirmation
+
+    async def listen(sub: Any) -> None:
+        seen = 0
+        while seen < total:
+            message = await sub.get_message(ignore_subscribe_messages=True, timeout=5.0)
+            if message is None:
+                return
+            now = time.time()
+            latencies.append(now - json.loads(message["data"])["accepted_at"])
+            seen += 1
+
+    listeners = [asyncio.create_task(listen(s)) for s in subscribers]
+    publisher = aioredis.from_url(redis_url)
+    start = time.perf_counter()
+    for i in range(total):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await publisher.publish(channel, json.dumps({"i": i, "accepted_at": time.time()}))
+    await asyncio.gather(*listeners)
+    for s in subscribers:
+        await s.aclose()
+    for c in [*connections, publisher]:
+        await c.aclose()
+    return latencies
+
+
+async def run(args: argparse.Namespace, job_id: int, cookie_name: str, cookie_value: str) -> float:
+    port = free_port()
+    log = Path(tempfile.mkdtemp(prefix="ws-bench-")) / "daphne.log"
+    daphne = start_daphne(port, log)
+    clients = Clients(args.clients, f"ws://127.0.0.1:{port}/ws/jobs/{job_id}/", f"{cookie_name}={cookie_value}")
+    rows = []
+    try:
+        await clients.start()
+        for rate in args.rates:
+            seconds = max(args.seconds, 20 / rate)  # at least 20 events per setting
+            ws = await websocket_run(clients, job_id, rate, seconds, args.flush_interval, args.max_messages)
+            raw = await redis_run(args.redis_url, args.clients, rate, seconds)
+            rows.append((rate, ws, raw))
+    finally:
+        await clients.stop()
+        daphne.terminate()
+        daphne.wait(15)
+
+    print(f"{args.clients} clients, sink flush interval {args.flush_interval} s, "
+          f"at most {args.max_messages:g} messages/s per job")
+    print(f"{'events/s':>9} {'path':<28} {'p50 ms':>9} {'p99 ms':>9} {'samples':>9}")
+    for rate, ws, raw in rows:
+        print(f"{rate:>9g} {'sink -> websocket client':<28} {1000 * percentile(ws, 50):>9.1f} "
+              f"{1000 * percentile(ws, 99):>9.1f} {len(ws):>9}")
+        print(f"{rate:>9g} {'raw Redis publish -> recv':<28} {1000 * percentile(raw, 50):>9.2f} "
+              f"{1000 * percentile(raw, 99):>9.2f} {len(raw):>9}")
+    rate, ws, raw = rows[-1]
+    ratio = statistics.median(ws) / max(statistics.median(raw), 1e-9)
+    print(f"websocket / raw Redis p50 latency at {rate:g} events/s: {ratio:.1f}x")
+    return ratio
+
+
+def main(argv: list[str] | None = None) -> float:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=50, help="connected websocket clients (and Redis subscribers)")
+    ap.add_argument("--rates", type=float, nargs="+", default=[10.0, 1000.0], help="events per second")
+    ap.add_argument("--seconds", type=float, default=5.0, help="how long each rate runs")
+    ap.add_argument("--flush-interval", type=float, default=0.5, help="the sink's batching window (s)")
+    ap.add_argument("--max-messages", type=float, default=4.0, help="the sink's group messages per second")
+    ap.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"))
+    ap.add_argument("--database-url", default=None, help="default: a throwaway SQLite file")
+    args = ap.parse_args(argv)
+    if args.clients < 1 or any(r <= 0 for r in args.rates):
+        ap.error("--clients and --rates must be positive")
+    database_url = args.database_url or f"sqlite:///{tempfile.mkdtemp(prefix='ws-bench-db-')}/bench.sqlite3"
+    setup_django(database_url, args.redis_url)
+    return asyncio.run(run(args, *make_job()))
+
+
+if __name__ == "__main__":
+    threading.current_thread().name = "benchmark"
+    main()
