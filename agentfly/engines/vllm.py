@@ -90,6 +90,24 @@ def _refresh_tied_head(model: Any) -> None:
         head.quant_method.process_weights_after_loading(head)
 
 
+def _checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes of the safetensors checkpoint in ``model_dir`` (empty if there is none).
+
+    ``update_weights`` checks a state dict against these before vLLM sees it: vLLM's reload moves layers to
+    the meta device first, so a bad name or shape found halfway through would leave the model unusable.
+    """
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
 class VLLMEngine(Engine):
     """Generation with vLLM, batching concurrent requests through vLLM's scheduler.
 
@@ -153,6 +171,7 @@ class VLLMEngine(Engine):
         model_config = self.llm.llm_engine.model_config
         self.max_model_len = int(model_config.max_model_len)
         self.tie_word_embeddings = bool(getattr(model_config.hf_text_config, "tie_word_embeddings", False))
+        self._shapes = _checkpoint_shapes(path)
         self.stats: dict[str, float] = {"steps": 0, "sequences": 0, "prompt_tokens": 0, "generated_tokens": 0,
                                         "busy_seconds": 0.0, "max_batch": 0, "weight_syncs": 0}
         self._ids = itertools.count()
@@ -308,6 +327,16 @@ class VLLMEngine(Engine):
         if self.tie_word_embeddings and "lm_head.weight" in weights:
             head = weights.pop("lm_head.weight")
             weights.setdefault("model.embed_tokens.weight", head)
+        if self._shapes:
+            for name, tensor in weights.items():
+                if name not in self._shapes:
+                    raise KeyError(
+                        f"update_weights: the model has no parameter {name!r} (its checkpoint names look like "
+                        f"{sorted(self._shapes)[:3]}); pass the trainer model's state_dict() with Hugging Face names"
+                    )
+                if tuple(tensor.shape) != self._shapes[name]:
+                    raise ValueError(f"update_weights: {name!r} has shape {tuple(tensor.shape)}, the model's is "
+                                     f"{self._shapes[name]} (gather ZeRO-3/sharded parameters before syncing)")
         items = list(weights.items())
         names = [name for name, _ in items]
         try:
