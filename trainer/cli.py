@@ -23,7 +23,8 @@ from trainer.config import Config, ConfigError, describe, load_config
 
 def _add_config_args(p: argparse.ArgumentParser, positional: bool = True) -> None:
     if positional:
-        p.add_argument("config", nargs="?", help="YAML config (see examples/calculator/)")
+        p.add_argument("config", nargs="?", help="YAML config (see examples/calculator/); without one, the "
+                       "defaults and --set overrides are used")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set algorithm.name=rloo (repeatable)")
 
@@ -142,9 +143,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "config", "x") is None and not getattr(args, "help_config", False) and args.command != "eval":
-        print(f"agentfly {args.command}: give a YAML config, e.g. examples/calculator/grpo.yaml", file=sys.stderr)
-        return 2
     try:
         return int(args.func(args) or 0)
     except (ConfigError, FileNotFoundError) as exc:
