@@ -125,3 +125,17 @@ def test_try_it_through_the_api(alice_api: Any, builtins: dict[str, Any]) -> Non
     assert alice_api.post(url, {"arguments": "2+2"}, format="json").status_code == 400
     reward_url = f"/api/registry/{builtins['math_equal'].pk}/try/"
     assert alice_api.post(reward_url, {"arguments": {}}, format="json").status_code == 400
+
+
+def test_try_it_runs_a_sandboxed_tool_inside_its_sandbox(alice_client: Any, builtins: dict[str, Any]) -> None:
+    from tests.webapp.conftest import ROOT
+
+    python_code = builtins["python_code"]
+    assert python_code.current_version.resource == "python"
+    response = alice_client.post(reverse("registry:try", args=[python_code.pk]),
+                                 {"arguments": '{"code": "import os\\nprint(6 * 7)\\nprint(os.getcwd())"}'})
+    result = response.context["result"]
+    assert result["error"] is None, result
+    answer, cwd = result["observation"].strip().splitlines()
+    assert answer == "42"
+    assert cwd != str(ROOT)  # it ran in the sandbox's own directory, not the worker's

@@ -90,16 +90,3 @@ def run(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink], shou
     watcher.checkpoint(step)  # the final save (the trainer always saves at the end, cancelled or not)
     return Outcome(cancelled=result.get("state") == "cancelled", final_metrics=dict(result.get("metrics") or {}),
                    last_step=step)
-
-
-def resource_engine(tools: Sequence[Any]) -> Any:
-    """A resource engine holding the sandboxes the given tools declare (used by "try it")."""
-    from agentfly import resources
-
-    engine_cls = getattr(resources, "ResourceEngine", None)
-    specs_for = getattr(resources, "builtin_specs", None)
-    if engine_cls is None or specs_for is None:
-        raise RuntimeError("a tool declares a sandbox resource, but this worker's agentfly.resources has no "
-                           "ResourceEngine/builtin_specs yet; upgrade agentfly on the worker")
-    names = sorted({t.resource for t in tools if t.resource})
-    return engine_cls(specs_for(names))

@@ -12,6 +12,7 @@ from celery import shared_task
 from webapp.registry import actions
 from webapp.registry.introspect import IntrospectionError, builtin_paths, describe, load_tool
 from webapp.registry.models import Entry, Kind
+from webapp.registry.sandboxes import UnknownSandbox
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +58,9 @@ def try_tool(entry_id: int, arguments: Any) -> dict[str, Any]:
         return {"observation": "", "error": "this tool no longer exists", "latency": 0.0}
     try:
         tool = load_tool(entry.import_path)
-    except IntrospectionError as exc:
+        result = asyncio.run(_invoke(tool, arguments))
+    except (IntrospectionError, UnknownSandbox) as exc:
         return {"observation": "", "error": str(exc), "latency": 0.0}
-    result = asyncio.run(_invoke(tool, arguments))
     return {"observation": result.observation, "error": result.error, "latency": result.latency}
 
 
@@ -68,9 +69,10 @@ async def _invoke(tool: Any, arguments: Any) -> Any:
 
     if not tool.resource:
         return await tool.invoke(arguments, RolloutContext(sample={}, rollout_id="try", group_id="try"))
-    from webapp.jobs.body import resource_engine
+    from agentfly.resources import ResourceEngine
+    from webapp.registry.sandboxes import specs_for
 
-    engine = resource_engine([tool])
+    engine = ResourceEngine(specs_for([tool.resource]))
     ctx = RolloutContext(sample={}, rollout_id="try", group_id="try", resources=engine)
     try:
         return await tool.invoke(arguments, ctx)
