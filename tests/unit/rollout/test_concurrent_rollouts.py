@@ -83,12 +83,21 @@ async def test_rollouts_on_the_hf_engine_share_batches_and_reproduce_with_a_seed
     sampling = af.Sampling(temperature=1.0, max_new_tokens=12, seed=7)
     first = await agent.run(qs, group_size=4, sampling=sampling)
     assert len(first) == 12
+    tokenizer = agent.tokenizer
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert agent.engine.stats.max_batch > 1
     for t in first:
         assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
         assert t.error is None and t.num_turns >= 1
         sampled = [lp for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if m == 1]
         assert len(sampled) == sum(turn.end - turn.start for turn in t.turns) and all(lp < 0 for lp in sampled)
+        assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if m == 0)
+        # Sampled text re-renders to the same tokens when each turn ended with <|im_end|> (not <|endoftext|>).
+        if all(t.token_ids[turn.end - 1] == im_end for turn in t.turns if turn.finish_reason == "stop"):
+            decoded = tokenizer.decode(t.token_ids, skip_special_tokens=False)
+            rendering = tokenizer.apply_chat_template(t.messages, tools=[slow_lookup.schema], tokenize=False,
+                                                      add_generation_prompt=t.messages[-1]["role"] != "assistant")
+            assert rendering.startswith(decoded)
     again = await agent.run(qs, group_size=4, sampling=sampling)
     assert [t.token_ids for t in again] == [t.token_ids for t in first]
     # Members of a group differ (each rollout gets its own seed stream).

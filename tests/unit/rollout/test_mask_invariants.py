@@ -181,12 +181,13 @@ def check_trajectory(t: Trajectory, k: int, engine: Any, tokenizer: Any, max_tur
     tight_context=st.sampled_from([False, False, True]),
     system_prompt=st.one_of(st.none(), free_text.filter(bool)),
     temperature=st.sampled_from([1.0, 0.7]),
+    char_level=st.booleans(),
 )
 def test_it_keeps_tokens_mask_and_logprobs_exact_over_random_conversations(
     tiny_tokenizer: Any, tiny_model: Any, scripted_engine: Callable[..., Any], scripts: list[list[str]],
-    max_turns: int, max_new_tokens: int, tight_context: bool, system_prompt: str | None, temperature: float,
+    max_turns: int, max_new_tokens: int, tight_context: bool, system_prompt: str | None, temperature: float, char_level: bool,
 ) -> None:
-    engine = scripted_engine(scripts, model=tiny_model)
+    engine = scripted_engine(scripts, model=tiny_model, char_level=char_level)
     samples = [{"id": f"s{k}", "question": f"Task #rollout={k}# compute things."} for k in range(len(scripts))]
     prompt_len = len(rendered_prompt_ids(tiny_tokenizer, [{"role": "user", "content": samples[0]["question"]}]))
     agent = af.Agent(model=engine, tools=TOOLS, parser="hermes", max_turns=max_turns, system_prompt=system_prompt,
