@@ -44,6 +44,7 @@ class ResourceEngine:
         for spec in specs:
             self.add(spec)
         self.closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         _live_engines.add(self)
         _install_exit_hooks()
 
@@ -68,25 +69,49 @@ class ResourceEngine:
                 f"{name!r}, ...) to the ResourceEngine, or fix the tool's resource= name"
             ) from None
 
+    def _bind_loop(self) -> None:
+        """Instances belong to the event loop that made them (their pipes, locks and tasks do). When a new
+        loop takes over because the old one ended (``agent.run_sync`` twice), start over with fresh pools."""
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        if self._loop is not None and not self._loop.is_closed() and self._loop.is_running():
+            raise RuntimeError(
+                "this ResourceEngine is in use by another running event loop; use one engine per loop/thread"
+            )
+        if self._loop is not None:
+            for pool in self.pools.values():
+                pool.kill_all()
+            self.pools = {
+                name: RolloutPool(spec) if spec.scope == "rollout" else GlobalPool(spec)
+                for name, spec in self.specs.items()
+            }
+        self._loop = loop
+
     async def start(self) -> None:
         """Pre-warm every pool's ``min`` instances, concurrently. Raises if one cannot start."""
         if self.closed:
             raise ResourceClosed("this ResourceEngine was closed; create a new one")
+        self._bind_loop()
         await asyncio.gather(*(pool.start() for pool in self.pools.values()))
 
     async def acquire(self, name: str, *, owner: str | None = None, timeout: float | None = None) -> Lease:
         """An instance of resource ``name``; waits (FIFO) up to ``timeout`` (default: the spec's) when full."""
-        pool = self._pool(name)
+        self._pool(name)
         if self.closed:
             raise ResourceClosed(f"this ResourceEngine was closed; cannot acquire {name!r}")
+        self._bind_loop()
+        pool = self._pool(name)
         return await pool.acquire(owner, pool.spec.acquire_timeout if timeout is None else timeout)
 
     async def release(self, lease: Lease, *, healthy: bool = True) -> None:
         """Give ``lease`` back. Never blocks on the reset (it runs in the background); releasing twice is a no-op."""
-        if self.closed:
+        pool = self._pool(lease.pool)
+        if self.closed or lease.slot not in pool.instances:
+            # Closed, or the lease outlived its pool (the loop changed): nothing to give back to.
             lease.released = True
             return
-        self._pool(lease.pool).release(lease, healthy)
+        pool.release(lease, healthy)
 
     async def settle(self, timeout: float = 60.0) -> None:
         """Wait until background resets, destructions and refills are done (tests, benchmarks, shutdown)."""

@@ -195,6 +195,12 @@ class LocalWorker:
                     os.kill(pid, signal.SIGKILL)
         if self.uid is not None:
             kill_uid(self.uid)
+        transport = getattr(self.proc, "_transport", None)
+        loop = getattr(transport, "_loop", None)
+        if loop is not None and loop.is_closed():
+            # Killed after its event loop ended (engine.close() after asyncio.run): closing the transport
+            # would schedule a callback on the dead loop and raise when it is garbage-collected.
+            transport._closed = True  # type: ignore[union-attr]
         if self.own_workdir and self.workdir and os.path.isdir(self.workdir):
             shutil.rmtree(self.workdir, ignore_errors=True)
 

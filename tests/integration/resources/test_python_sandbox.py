@@ -214,3 +214,28 @@ async def test_closing_a_sandbox_mid_call_leaves_no_process() -> None:
         await call
     await box.close()
     assert psutil.Process().children(recursive=True) == []
+
+
+def test_a_synchronous_close_after_the_loop_ended_kills_every_sandbox() -> None:
+    engine = ResourceEngine([ResourceSpec(name="python", factory=PythonSandbox, pool=Pool(min=2, max=2))])
+
+    async def use() -> list[int]:
+        await engine.start()
+        lease = await engine.acquire("python")
+        await lease.instance.run("x = 1")
+        return [s.resource.pid for s in engine.pools["python"].instances]
+
+    pids = asyncio.run(use())  # the lease is never released, the engine never closed inside the loop
+    assert all(psutil.pid_exists(p) for p in pids)
+    engine.close()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

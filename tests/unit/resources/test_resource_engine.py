@@ -304,3 +304,18 @@ async def test_a_resource_can_be_held_with_async_with_and_stays_held_until_the_r
         assert (await ctx.resource("pad")).read("k") == "v"
         await ctx.aclose()
         assert engine.stats()["pad"]["in_use"] == 0
+
+
+def test_one_engine_serves_consecutive_event_loops_like_two_run_sync_calls() -> None:
+    engine = ResourceEngine([pad_spec(pool=Pool(1, 2))])
+
+    async def rollout() -> Scratchpad:
+        lease = await engine.acquire("pad")
+        await engine.release(lease)
+        return lease.instance
+
+    first = asyncio.run(rollout())
+    second = asyncio.run(rollout())  # the first loop is gone: its instances are killed, fresh ones made
+    assert first.closed and not second.closed
+    engine.close()
+    assert second.closed and engine.closed
