@@ -6,7 +6,7 @@
   const config = JSON.parse(document.getElementById("monitor-config").textContent);
   const container = document.getElementById("charts");
   if (!container || !config.jobs.length) return;
-  const charts = new M.MetricCharts(container, { band: false });
+  const charts = new M.MetricCharts(container, { band: false, extras: M.moreMetrics() });
   M.bindChartControls(charts);
   const legend = document.getElementById("compare-legend");
   config.jobs.forEach((job, i) => {

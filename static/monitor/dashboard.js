@@ -323,7 +323,7 @@
   }
 
   /* ------------------------------------------------------------------------------------- wiring */
-  const charts = new M.MetricCharts(document.getElementById("charts"), { band: true });
+  const charts = new M.MetricCharts(document.getElementById("charts"), { band: true, extras: M.moreMetrics() });
   M.bindChartControls(charts);
 
   function onEvents(events) {

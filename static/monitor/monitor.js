@@ -138,9 +138,11 @@
   }
 
   class MetricCharts {
-    /* container: the element charts go in; options: {band: bool, onDraw(chartId, div)} */
+    /* container: the element the known charts go in; options: {band: bool, extras: element for metrics
+     * no known chart claims (default: the container), onDraw(chartId, div)} */
     constructor(container, options) {
       this.container = container;
+      this.extras = (options && options.extras) || container;
       this.options = Object.assign({ band: true }, options || {});
       this.smoothing = false; this.weight = 0.6; this.logScale = false; this.bandKind = "std";
       this.charts = new Map(); // id -> {def, div, lines: [Line], dirty: bool}
@@ -159,7 +161,7 @@
       const div = document.createElement("div");
       div.id = `chart-${id}`; div.className = "plot"; div.dataset.points = "0";
       box.appendChild(div);
-      this.container.appendChild(box);
+      (def.extra ? this.extras : this.container).appendChild(box);
       chart = { def, box, div, lines: [], index: new Map(), drawn: false, full: true };
       this.charts.set(id, chart);
       return chart;
@@ -201,7 +203,7 @@
       }
       for (const [k, v] of Object.entries(values)) {
         if (claimed.has(k)) continue;
-        const chart = this._chart(`x-${k}`, { id: `x-${k}`, title: k, keys: [k] });
+        const chart = this._chart(`x-${k}`, { id: `x-${k}`, title: k, keys: [k], extra: true });
         this._push(this._line(chart, series, k, "", false), step, v);
       }
       this._schedule();
@@ -274,10 +276,13 @@
         if (chart.full || !chart.drawn) {
           chart.box.hidden = false;
           const traces = chart.lines.flatMap((l) => this._traces(l));
+          const many = chart.lines.length > 1;
+          const legendRows = many ? Math.ceil(chart.lines.length / 3) : 0;
           const layout = {
-            title: { text: chart.def.title, font: { size: 14 } }, margin: { l: 50, r: 12, t: 36, b: 36 },
-            height: 260, xaxis: { title: { text: "step" } }, yaxis: { type: this.logScale ? "log" : "linear" },
-            showlegend: chart.lines.length > 1, legend: { orientation: "h", y: -0.25 }, uirevision: id,
+            title: { text: chart.def.title, font: { size: 14 } }, margin: { l: 50, r: 12, t: 36, b: 36 + 20 * legendRows },
+            height: 260 + 20 * legendRows, xaxis: { title: { text: "step", standoff: 4 } },
+            yaxis: { type: this.logScale ? "log" : "linear" }, showlegend: many,
+            legend: { orientation: "h", x: 0, y: -0.2, yanchor: "top", font: { size: 10 } }, uirevision: id,
           };
           Plotly.react(chart.div, traces, layout, { displaylogo: false, responsive: true });
           chart.drawn = true; chart.full = false;
@@ -304,6 +309,7 @@
         }
         chart.div.dataset.points = String(chart.lines[0].x.length);
         document.getElementById("charts-empty")?.remove();
+        if (chart.def.extra) this.extras.dispatchEvent(new CustomEvent("chart-added", { bubbles: true }));
         if (this.options.onDraw) this.options.onDraw(id, chart.div);
       }
     }
@@ -322,6 +328,21 @@
     if (band) band.addEventListener("change", (e) => charts.setBandKind(e.target.value));
   }
 
+  /* The collapsed "More metrics" section: every metric no known chart claims gets a chart there. Plotly
+   * cannot size a chart inside a closed <details>, so the charts are resized when it opens. */
+  function moreMetrics() {
+    const details = document.getElementById("more-metrics");
+    const box = document.getElementById("charts-extra");
+    box.addEventListener("chart-added", () => {
+      details.hidden = false;
+      document.getElementById("more-count").textContent = `(${box.children.length})`;
+    });
+    details.addEventListener("toggle", () => {
+      if (details.open) for (const plot of box.querySelectorAll(".plot")) Plotly.Plots.resize(plot);
+    });
+    return box;
+  }
+
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
@@ -338,5 +359,5 @@
     return Number.isInteger(value) ? String(value) : value.toFixed(digits ?? 3);
   }
 
-  window.AgentFlyMonitor = { EventSocket, MetricCharts, payload, numericMetrics, normKey, bindChartControls, el, fmt, PALETTE };
+  window.AgentFlyMonitor = { EventSocket, MetricCharts, payload, numericMetrics, normKey, bindChartControls, moreMetrics, el, fmt, PALETTE };
 })();

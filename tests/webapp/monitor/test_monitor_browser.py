@@ -34,37 +34,88 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def asgi_server(transactional_db: None, runs_dir: Path, tmp_path: Path) -> Iterator[str]:
-    """Daphne serving ``webapp.asgi`` against this test's database, stopped after the test."""
-    from django.db import connection
+class Daphne:
+    """``daphne webapp.asgi:application`` as a subprocess on a fixed port; ``restart`` keeps the port, so a
+    page's socket sees the server go away and come back."""
 
-    connection.ensure_connection()
-    port = free_port()
-    log = (tmp_path / "daphne.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                             "webapp.asgi:application"], cwd=ROOT, env=worker_env(runs_dir), stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env, self.log_path = env, log
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
 
-    def answering() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"daphne exited: {(tmp_path / 'daphne.log').read_text()}")
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+                                      "webapp.asgi:application"], cwd=ROOT, env=self.env, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        wait_for(self._answering, 60, "daphne to listen")
+
+    def _answering(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"daphne exited: {self.log_path.read_text()}")
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
             return True
         except OSError:
             return False
 
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture
+def daphne(transactional_db: None, runs_dir: Path, tmp_path: Path) -> Iterator[Daphne]:
+    """Daphne serving the app against this test's database, stopped after the test."""
+    from django.db import connection
+
+    connection.ensure_connection()
+    server = Daphne(worker_env(runs_dir), tmp_path / "daphne.log")
+    server.start()
     try:
-        wait_for(answering, 60, "daphne to listen")
-        yield f"http://127.0.0.1:{port}"
+        yield server
     finally:
-        proc.terminate()
+        server.stop()
+
+
+@pytest.fixture
+def browser_page(monkeypatch: Any) -> Iterator[Any]:
+    """A headless Debian Chromium page (Playwright's sync API)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get update && apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API runs its own event loop on this thread; the test's ORM calls are still plain
+    # blocking calls, which Django would otherwise refuse inside a running loop.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        context = browser.new_context(viewport={"width": 1440, "height": 1800})
+        page = context.new_page()
+        page.errors = []
+        page.on("pageerror", lambda exc: page.errors.append(str(exc)))
         try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+            yield page
+        finally:
+            browser.close()
+
+
+def sign_in(page: Any, user: Any, base_url: str) -> None:
+    from django.conf import settings
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    page.context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "url": base_url,
+                               "value": client.cookies[settings.SESSION_COOKIE_NAME].value}])
 
 
 class PoolReporter:
@@ -82,8 +133,6 @@ class PoolReporter:
         self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
     async def _run(self) -> None:
-        from django.db import connection
-
         from agentfly.resources import Pool, ResourceEngine, ResourceSpec
         from agentfly.resources.scratchpad import Scratchpad
         from webapp.monitor.sampling import resource_snapshot
@@ -103,7 +152,6 @@ class PoolReporter:
                     tick += 1
         finally:
             await asyncio.to_thread(sink.close)
-            connection.close()
 
     def __enter__(self) -> PoolReporter:
         self.thread.start()
@@ -115,13 +163,7 @@ class PoolReporter:
 
 
 def test_the_dashboard_grows_live_shows_rollouts_and_pools_and_cancels_the_job(
-        alice: Any, alice_api: Any, builtins: dict[str, Any], asgi_server: str) -> None:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get update && apt-get install -y chromium")
-    from django.conf import settings
-    from django.test import Client
-    from playwright.sync_api import sync_playwright
-
+        alice: Any, alice_api: Any, builtins: dict[str, Any], daphne: Daphne, browser_page: Any) -> None:
     from webapp.jobs.models import Status, TrainingJob
     from webapp.monitor.models import JobEvent
 
@@ -132,19 +174,12 @@ def test_the_dashboard_grows_live_shows_rollouts_and_pools_and_cancels_the_job(
     }, format="json")
     assert response.status_code == 201, response.content
     job_id = response.json()["id"]
-    client = Client()
-    client.force_login(alice)
-    cookie = client.cookies[settings.SESSION_COOKIE_NAME].value
+    page = browser_page
+    sign_in(page, alice, daphne.url)
     ARTIFACTS.mkdir(exist_ok=True)
 
-    with PoolReporter(job_id), sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        context = browser.new_context(viewport={"width": 1440, "height": 1800})
-        context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": cookie, "url": asgi_server}])
-        page = context.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(f"{asgi_server}/monitor/jobs/{job_id}/")
+    with PoolReporter(job_id):
+        page.goto(f"{daphne.url}/monitor/jobs/{job_id}/")
         page.wait_for_function("document.getElementById('connection').dataset.state === 'live'", timeout=30_000)
         at_load = int(page.get_attribute("#chart-reward", "data-points") or 0)
 
@@ -182,9 +217,38 @@ def test_the_dashboard_grows_live_shows_rollouts_and_pools_and_cancels_the_job(
         page.wait_for_function("document.getElementById('job-status').dataset.status === 'cancelled'",
                                timeout=180_000)
         page.screenshot(path=str(ARTIFACTS / "monitor-dashboard-cancelled.png"), full_page=True)
-        assert not errors, errors
-        browser.close()
-
+    assert not page.errors, page.errors
     job = TrainingJob.objects.get(pk=job_id)
     assert job.status == Status.CANCELLED and job.step < 300
     assert (ARTIFACTS / "monitor-dashboard.png").stat().st_size > 10_000
+
+
+def test_a_page_whose_server_restarts_reconnects_and_resumes_without_gap_or_duplicate(
+        alice: Any, alice_job: Any, daphne: Daphne, browser_page: Any) -> None:
+    from webapp.monitor.events import append_events
+
+    def metrics(steps: range) -> None:
+        append_events(alice_job.pk, [{"type": "metrics", "step": s, "reward_mean": s / 10} for s in steps])
+
+    page = browser_page
+    sign_in(page, alice, daphne.url)
+    metrics(range(1, 6))
+    page.goto(f"{daphne.url}/monitor/jobs/{alice_job.pk}/")
+    page.wait_for_function("document.getElementById('chart-reward').dataset.points === '5'", timeout=30_000)
+
+    daphne.stop()
+    page.wait_for_function("document.getElementById('connection').dataset.state === 'reconnecting'",
+                           timeout=30_000)
+    metrics(range(6, 9))  # stored while the page cannot hear anything
+    daphne.start()
+    page.wait_for_function("document.getElementById('connection').dataset.state === 'live'", timeout=60_000)
+    metrics(range(9, 11))  # live again
+    page.wait_for_function("document.getElementById('chart-reward').dataset.points === '10'", timeout=30_000)
+    plotted = page.evaluate("""() => {
+        const raw = document.getElementById('chart-reward').data.find((t) => t.mode === 'lines+markers');
+        return {x: Array.from(raw.x), y: Array.from(raw.y)};
+    }""")
+    assert plotted["x"] == list(range(1, 11))
+    assert plotted["y"] == [pytest.approx(s / 10) for s in range(1, 11)]
+    assert "last #10" in page.inner_text("#event-count")
+    assert not page.errors, page.errors
