@@ -155,7 +155,11 @@ class ResourceEngine:
         _live_engines.discard(self)
 
     async def __aenter__(self) -> ResourceEngine:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            await self.aclose()  # __aexit__ will not run: stop what did start
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -319,3 +319,20 @@ def test_one_engine_serves_consecutive_event_loops_like_two_run_sync_calls() -> 
     assert first.closed and not second.closed
     engine.close()
     assert second.closed and engine.closed
+
+
+async def test_an_engine_that_cannot_start_stops_what_it_already_started() -> None:
+    made: list[Scratchpad] = []
+
+    def good(spec: ResourceSpec) -> Scratchpad:
+        made.append(Scratchpad(spec))
+        return made[-1]
+
+    Flaky.fail_next = 5
+    specs = [ResourceSpec(name="good", factory=good, pool=Pool(2, 2)),
+             ResourceSpec(name="flaky", factory=Flaky, pool=Pool(1, 1))]
+    with pytest.raises(ResourceError, match="could not start resource 'flaky'"):
+        async with ResourceEngine(specs):
+            pass
+    Flaky.fail_next = 0
+    assert len(made) == 2 and all(p.closed for p in made)
