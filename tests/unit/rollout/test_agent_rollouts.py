@@ -194,3 +194,45 @@ def test_it_rejects_unknown_engines_and_missing_models(tmp_path: Any) -> None:
         af.Agent(model=tmp_path, engine="tgi")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         af.Agent(model=tmp_path / "nope", engine="hf")
+
+
+async def test_it_runs_react_rollouts_to_the_final_answer(scripted_engine: Callable[..., Any]) -> None:
+    engine = scripted_engine([[
+        'Thought: multiply first.\nAction: calculator\nAction Input: {"expression": "37*48"}\nObservation:',
+        "Thought: done.\nFinal Answer: 1776",
+    ]])
+    agent = af.Agent(model=engine, tools=[calculator], parser="react", reward=math_equal)
+    (t,) = await agent.run([{"question": question(0), "answer": "1776"}])
+    assert [(c.name, c.observation) for c in t.tool_calls] == [("calculator", "1776")]
+    assert (t.final_answer, t.reward, t.finish_reason) == ("1776", 1.0, "answer")
+
+
+async def test_it_starts_from_a_sample_conversation_without_adding_a_second_system_prompt(
+    scripted_engine: Callable[..., Any], tiny_tokenizer: Any,
+) -> None:
+    history = [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": question(0)},
+    ]
+    agent = af.Agent(model=scripted_engine([["ok"]]), tools=[calculator], system_prompt="Be verbose.")
+    (t,) = await agent.run([{"messages": history}])
+    expected = tiny_tokenizer.apply_chat_template(history, tools=[calculator.schema], tokenize=False,
+                                                  add_generation_prompt=True)
+    assert t.token_ids[: t.prompt_length] == tiny_tokenizer(expected, add_special_tokens=False)["input_ids"]
+    assert t.messages[:4] == history and "Be verbose." not in tiny_tokenizer.decode(t.token_ids)
+
+
+async def test_it_wraps_plain_functions_as_tools_and_rewards(scripted_engine: Callable[..., Any]) -> None:
+    def double(n: int) -> int:
+        """Double a number."""
+        return 2 * n
+
+    def exact(final_answer: str, answer: str) -> float:
+        return float(final_answer == answer)
+
+    agent = af.Agent(model=scripted_engine([[call("double", n=21), "42"]]), tools=[double], reward=exact)
+    assert agent.tools["double"].schema["function"]["description"] == "Double a number."
+    (t,) = await agent.run([{"question": question(0), "answer": "42"}])
+    assert (t.tool_calls[0].observation, t.reward) == ("42", 1.0)
