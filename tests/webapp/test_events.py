@@ -139,3 +139,11 @@ def test_a_redelivered_or_cancelled_job_is_not_claimed_twice(job: TrainingJob, a
     cancelled = TrainingJob.objects.create(team=team_a, created_by=alice, name="c", config={})
     actions.do_cancel_job(cancelled)
     assert actions.claim_job(cancelled.pk) is False
+
+
+def test_the_heartbeat_tells_the_worker_to_stop_when_cancelled_or_no_longer_running(job: TrainingJob) -> None:
+    assert actions.beat(job.pk) is False
+    TrainingJob.objects.filter(pk=job.pk).update(cancel_requested=True)
+    assert actions.beat(job.pk) is True
+    TrainingJob.objects.filter(pk=job.pk).update(cancel_requested=False, status=Status.FAILED)
+    assert actions.beat(job.pk) is True

@@ -152,9 +152,11 @@ def claim_job(job_id: int) -> bool:
 
 
 def beat(job_id: int) -> bool:
-    """Stamp the job as alive; return whether a cancel was requested (the worker's cooperative flag)."""
-    TrainingJob.objects.filter(pk=job_id, status=Status.RUNNING).update(heartbeat_at=timezone.now())
-    return bool(TrainingJob.objects.filter(pk=job_id, cancel_requested=True).exists())
+    """Stamp the job as alive; return whether the worker should stop after this step: a cancel was
+    requested, or the job is no longer running (the sweeper failed it during a long stall, or it was
+    deleted), in which case training on would only write checkpoints nobody records."""
+    alive = TrainingJob.objects.filter(pk=job_id, status=Status.RUNNING).update(heartbeat_at=timezone.now())
+    return not alive or TrainingJob.objects.filter(pk=job_id, cancel_requested=True).exists()
 
 
 def record_progress(job_id: int, step: int) -> None:
