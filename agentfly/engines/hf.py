@@ -80,6 +80,10 @@ def filter_probs(probs: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
     return probs
 
 
+def _batch_key(sampling: Sampling) -> Sampling:
+    return sampling.replace(seed=None, max_new_tokens=1)
+
+
 class HFEngine(Engine):
     """Generation from a ``transformers`` causal LM, batching concurrent requests.
 
@@ -143,8 +147,10 @@ class HFEngine(Engine):
             # Yield a few times so every rollout that is ready to generate joins this batch.
             for _ in range(3):
                 await asyncio.sleep(0)
-            key = self._pending[0].sampling.replace(seed=None)
-            batch = [r for r in self._pending if r.sampling.replace(seed=None) == key and not r.future.done()]
+            # Rows may differ in seed and token budget (the rollout loop caps each budget by the context
+            # left), so those are per row; everything else must match to share one decode.
+            key = _batch_key(self._pending[0].sampling)
+            batch = [r for r in self._pending if _batch_key(r.sampling) == key and not r.future.done()]
             batch = batch[: self.max_batch_size]
             taken = {id(r) for r in batch}
             self._pending = [r for r in self._pending if id(r) not in taken and not r.future.done()]
@@ -164,7 +170,7 @@ class HFEngine(Engine):
 
     # ------------------------------------------------------------------ batched decode
     def generate_batch(self, prompts: Sequence[Sequence[int]], samplings: Sequence[Sampling]) -> list[Generation]:
-        """Decode a batch synchronously. All ``samplings`` must agree except for ``seed``."""
+        """Decode a batch synchronously. All ``samplings`` must agree except for ``seed`` and ``max_new_tokens``."""
         with self._lock, torch.inference_mode():
             start = time.perf_counter()
             out = self._decode(prompts, samplings)
@@ -181,7 +187,7 @@ class HFEngine(Engine):
         sampling = samplings[0]
         n = len(prompts)
         results: list[Generation | None] = [None] * n
-        budgets = [min(sampling.max_new_tokens, self.max_model_len - len(p)) for p in prompts]
+        budgets = [min(s.max_new_tokens, self.max_model_len - len(p)) for p, s in zip(prompts, samplings, strict=True)]
         rows = [i for i in range(n) if budgets[i] > 0 and len(prompts[i]) > 0]
         for i in range(n):
             if i not in rows:
