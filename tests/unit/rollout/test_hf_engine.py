@@ -193,3 +193,19 @@ def test_it_rejects_impossible_sampling_settings(kwargs: dict[str, Any], message
 def test_it_takes_one_stop_string_as_a_tuple() -> None:
     assert af.Sampling(stop="\n").stop == ("\n",)
     assert af.Sampling(stop=["a", "b"]).stop == ("a", "b")  # type: ignore[arg-type]
+
+
+async def test_it_batches_requests_whose_only_difference_is_their_token_budget(engine: HFEngine,
+                                                                               prompts: list[list[int]]) -> None:
+    # The rollout loop caps max_new_tokens by each rollout's remaining context, so near the context limit
+    # every rollout asks for a different budget; those requests must still share one batch.
+    budgets = [3, 5, 8, 13]
+    results = await asyncio.gather(*(
+        engine.generate(p, af.Sampling(temperature=0, max_new_tokens=b)) for p, b in zip(prompts, budgets, strict=True)
+    ))
+    assert engine.stats.batches == 1 and engine.stats.max_batch == len(prompts)
+    for p, b, gen in zip(prompts, budgets, results, strict=True):
+        alone = await engine.generate(p, af.Sampling(temperature=0, max_new_tokens=b))
+        assert gen.token_ids == alone.token_ids
+        assert len(gen.token_ids) <= b
+        assert gen.finish_reason == ("length" if len(gen.token_ids) == b and gen.stop_reason is None else "stop")
