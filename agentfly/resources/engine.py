@@ -22,15 +22,16 @@ import contextlib
 import os
 import signal
 import threading
-import weakref
 from collections.abc import Iterable
 from types import FrameType
 from typing import Any
 
+from agentfly.resources.backends.local import kill_all_workers
 from agentfly.resources.pool import GlobalPool, Lease, RolloutPool
 from agentfly.resources.spec import ResourceClosed, ResourceSpec, UnknownResource
 
-_live_engines: weakref.WeakSet[ResourceEngine] = weakref.WeakSet()
+# Strong references: an engine dropped without aclose() still owns processes, and must be found at exit.
+_live_engines: set[ResourceEngine] = set()
 _hooks_installed = False
 _previous_sigterm: Any = None
 
@@ -45,8 +46,6 @@ class ResourceEngine:
             self.add(spec)
         self.closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        _live_engines.add(self)
-        _install_exit_hooks()
 
     def add(self, spec: ResourceSpec) -> None:
         """Declare one more resource (before or after ``start``)."""
@@ -87,6 +86,8 @@ class ResourceEngine:
                 for name, spec in self.specs.items()
             }
         self._loop = loop
+        _live_engines.add(self)
+        _install_exit_hooks()
 
     async def start(self) -> None:
         """Pre-warm every pool's ``min`` instances, concurrently. Raises if one cannot start."""
@@ -178,6 +179,7 @@ def _kill_live_engines() -> None:
     for engine in list(_live_engines):
         with contextlib.suppress(Exception):
             engine.kill()
+    kill_all_workers()  # and sandboxes started without an engine
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:

@@ -9,6 +9,7 @@ namespace and the filesystem rules are applied by the child itself before it rea
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import os
@@ -24,6 +25,18 @@ from typing import Any
 from agentfly.resources.spec import ResourceError
 
 WORKER = Path(__file__).with_name("_worker.py")
+# Every worker started and not yet killed, so that interpreter exit and SIGTERM can stop the ones nobody
+# closed (a sandbox used without an engine, an engine that was dropped without aclose()).
+_live_workers: set[LocalWorker] = set()
+
+
+def kill_all_workers() -> None:
+    for worker in list(_live_workers):
+        with contextlib.suppress(Exception):
+            worker.kill()
+
+
+atexit.register(kill_all_workers)
 STREAM_LIMIT = 64 * 1024 * 1024  # one protocol line may carry a long output
 
 
@@ -144,6 +157,7 @@ class LocalWorker:
             limit=STREAM_LIMIT,
         )
         self.pid = self.proc.pid
+        _live_workers.add(self)
         try:
             hello = await asyncio.wait_for(self._read(), self.ready_timeout)
         except BaseException:
@@ -186,6 +200,7 @@ class LocalWorker:
     def kill(self) -> None:
         """Kill the process group, the worker's process tree and every process of the private uid; remove the
         working directory."""
+        _live_workers.discard(self)
         if self.pid is not None:
             strays = descendants(self.pid)  # before the worker dies and its tree is handed to init
             with contextlib.suppress(ProcessLookupError, PermissionError):
