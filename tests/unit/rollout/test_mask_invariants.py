@@ -94,6 +94,27 @@ turn = st.builds(
 # Turns that call tools, then (unless the turn limit comes first) one that answers in plain text.
 script = st.builds(lambda calls, answer: [*calls, answer], st.lists(turn, max_size=4), free_text)
 
+react_call = st.builds(
+    lambda name, args: f"Action: {name}\nAction Input: {json.dumps(args, ensure_ascii=False)}\n",
+    st.sampled_from(CALLABLE_NAMES), arguments,
+)
+react_bad_call = st.sampled_from([
+    'Action: add\nAction Input: {"a": 1\n',  # bad JSON
+    "Action: echo\n",  # no Action Input
+    "Action: \nAction Input: {}\n",  # no tool name
+])
+react_turn = st.builds(
+    lambda thought, calls, observation: f"Thought: {thought}\n" + "".join(calls) + observation,
+    free_text, st.lists(st.one_of(react_call, react_call, react_bad_call), min_size=1, max_size=2),
+    st.sampled_from(["", "Observation:", "Observation: made up"]),
+)
+react_script = st.builds(lambda calls, answer: [*calls, f"Final Answer: {answer}"], st.lists(react_turn, max_size=4),
+                         free_text)
+conversations = st.one_of(
+    st.tuples(st.just("hermes"), st.lists(script, min_size=1, max_size=3)),
+    st.tuples(st.just("react"), st.lists(react_script, min_size=1, max_size=3)),
+)
+
 
 def rendered_prompt_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
     text = tokenizer.apply_chat_template(messages, tools=[t.schema for t in TOOLS], add_generation_prompt=True,
@@ -175,7 +196,7 @@ def check_trajectory(t: Trajectory, k: int, engine: Any, tokenizer: Any, max_tur
 @settings(max_examples=25, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(
-    scripts=st.lists(script, min_size=1, max_size=3),
+    conversation=conversations,
     max_turns=st.integers(1, 4),
     max_new_tokens=st.sampled_from([256, 256, 256, 40, 4]),
     tight_context=st.sampled_from([False, False, True]),
@@ -184,19 +205,21 @@ def check_trajectory(t: Trajectory, k: int, engine: Any, tokenizer: Any, max_tur
     char_level=st.booleans(),
 )
 def test_it_keeps_tokens_mask_and_logprobs_exact_over_random_conversations(
-    tiny_tokenizer: Any, tiny_model: Any, scripted_engine: Callable[..., Any], scripts: list[list[str]],
-    max_turns: int, max_new_tokens: int, tight_context: bool, system_prompt: str | None, temperature: float, char_level: bool,
+    tiny_tokenizer: Any, tiny_model: Any, scripted_engine: Callable[..., Any],
+    conversation: tuple[str, list[list[str]]], max_turns: int, max_new_tokens: int, tight_context: bool,
+    system_prompt: str | None, temperature: float, char_level: bool,
 ) -> None:
+    parser, scripts = conversation
     engine = scripted_engine(scripts, model=tiny_model, char_level=char_level)
     samples = [{"id": f"s{k}", "question": f"Task #rollout={k}# compute things."} for k in range(len(scripts))]
     prompt_len = len(rendered_prompt_ids(tiny_tokenizer, [{"role": "user", "content": samples[0]["question"]}]))
-    agent = af.Agent(model=engine, tools=TOOLS, parser="hermes", max_turns=max_turns, system_prompt=system_prompt,
+    agent = af.Agent(model=engine, tools=TOOLS, parser=parser, max_turns=max_turns, system_prompt=system_prompt,
                      max_length=prompt_len + 200 if tight_context else None)
     trajectories = agent.run_sync(samples, sampling=af.Sampling(temperature=temperature,
                                                                 max_new_tokens=max_new_tokens))
     assert [t.sample["id"] for t in trajectories] == [s["id"] for s in samples]
     for k, t in enumerate(trajectories):
-        event(f"finish={t.finish_reason}")
+        event(f"parser={parser}, finish={t.finish_reason}")
         event(f"turns={t.num_turns}")
         event(f"tool errors: {min(t.tool_errors, 2)}, parse errors: {min(t.parse_errors, 1)}")
         check_trajectory(t, k, engine, tiny_tokenizer, max_turns, system_prompt)
