@@ -351,11 +351,16 @@ class RolloutPool(BasePool):
                 ok = False
                 self.failed += 1
                 self.last_error = f"reset failed: {type(exc).__name__}: {exc}"
-        self.resetting -= 1
         if ok:
+            self.resetting -= 1
             self._give(slot)
             return
-        await self._destroy(slot)
+        # Still counted (as resetting) until its processes are gone, so a replacement cannot start before
+        # the old one has stopped: live instances never exceed max, not even for a moment.
+        try:
+            await self._destroy(slot)
+        finally:
+            self.resetting -= 1
         self._wake_creator()
         if not self.closed and self.size < self.spec.pool.min:
             self._spawn(self._refill())
@@ -377,7 +382,11 @@ class RolloutPool(BasePool):
                     self.idle.remove(slot)
                     self.failed += 1
                     self.last_error = f"instance {slot.id} failed its health check"
-                    await self._destroy(slot)
+                    self.resetting += 1  # counted until it is gone (see _recycle)
+                    try:
+                        await self._destroy(slot)
+                    finally:
+                        self.resetting -= 1
                     self._wake_creator()
             if self.size < self.spec.pool.min:
                 await self._refill()

@@ -72,6 +72,16 @@ async def test_a_thousand_chaotic_rollouts_leave_every_pool_empty_and_every_inst
             finally:
                 await asyncio.shield(ctx.aclose())
 
+    peaks = {"size": 0, "live": 0}
+    stop = asyncio.Event()
+
+    async def watch() -> None:  # the bound must hold at every moment, not only at the end
+        while not stop.is_set():
+            peaks["size"] = max(peaks["size"], engine.stats()["pad"]["size"])
+            peaks["live"] = max(peaks["live"], sum(1 for p in made if not p.closed) - 1)  # minus the index
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(watch())
     tasks = [asyncio.create_task(rollout(i)) for i in range(ROLLOUTS)]
     for task in rng.sample(tasks, 150):  # cancel some while they wait, act, or release
         asyncio.get_running_loop().call_later(rng.random() * 0.5, task.cancel)
@@ -84,6 +94,8 @@ async def test_a_thousand_chaotic_rollouts_leave_every_pool_empty_and_every_inst
         else:
             raise r
     await engine.settle()
+    stop.set()
+    await watcher
 
     stats = engine.stats()
     pad = stats["pad"]
@@ -91,6 +103,8 @@ async def test_a_thousand_chaotic_rollouts_leave_every_pool_empty_and_every_inst
     assert outcomes["done"] + outcomes["cancelled"] == ROLLOUTS and outcomes["cancelled"] > 0
     assert pad["in_use"] == 0 and pad["waiting"] == 0 and pad["resetting"] == 0 and pad["creating"] == 0
     assert 2 <= pad["size"] <= 8
+    assert peaks["size"] <= 8
+    assert peaks["live"] <= 8  # counting instances being destroyed: a replacement never starts early
     assert pad["timeouts"] > 0 and pad["failed"] > 0  # the chaos did happen
     assert stats["index"]["in_use"] == 0 and stats["index"]["size"] == 1
     live = [p for p in made if not p.closed]
