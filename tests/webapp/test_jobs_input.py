@@ -89,6 +89,22 @@ def test_a_model_path_must_be_a_saved_model_directory(alice_client: Any, team_a:
     assert not TrainingJob.objects.exists()
 
 
+def test_paths_outside_the_allowed_folders_are_refused(alice_client: Any, team_a: Any, entries: tuple[Any, Any],
+                                                      tmp_path: Any, settings: Any) -> None:
+    settings.AGENTFLY_ALLOWED_PATHS = [tmp_path / "models"]
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    (tmp_path / "models" / "m" / "config.json").write_text("{}")
+    escape = str(tmp_path / "models" / ".." / "elsewhere")
+    for path in ("/etc", escape):
+        response = alice_client.post(reverse("jobs:launch"), launch_data(team_a, *entries, model_source="path",
+                                                                          model_path=path))
+        assert "is outside the folders this server allows" in " ".join(response.context["form"].errors["model_path"])
+    response = alice_client.post(reverse("jobs:launch"), launch_data(team_a, *entries, model_source="path",
+                                                                      model_path=str(tmp_path / "models" / "m"),
+                                                                      queue="gpu"))
+    assert response.status_code == 302
+
+
 def test_another_teams_tool_cannot_be_chosen(alice_client: Any, team_a: Any, team_b: Any,
                                              entries: tuple[Any, Any]) -> None:
     foreign = ready_entry(team_b, "tool", "team_tools:word_count", "word_count")

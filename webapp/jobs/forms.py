@@ -27,6 +27,18 @@ def tiny_model_path(seed: int) -> str:
     return str(Path(settings.AGENTFLY_RUNS_DIR) / "models" / f"tiny-{seed}")
 
 
+def allowed_path(raw: str) -> str:
+    """``raw`` stripped, refused if ``AGENTFLY_ALLOWED_PATHS`` is set and the path resolves outside it."""
+    path = raw.strip()
+    roots = settings.AGENTFLY_ALLOWED_PATHS
+    if path and roots:
+        resolved = Path(path).resolve()
+        if not any(resolved.is_relative_to(Path(root).resolve()) for root in roots):
+            raise ValidationError(f"{path!r} is outside the folders this server allows: "
+                                  f"{', '.join(str(r) for r in roots)}.")
+    return path
+
+
 class EntryChoiceField(forms.ModelChoiceField):
     def label_from_instance(self, obj: Entry) -> str:
         owner = "built-in" if obj.is_builtin else obj.team.slug  # type: ignore[union-attr]
@@ -84,10 +96,10 @@ class LaunchForm(forms.Form):
         return name
 
     def clean_model_path(self) -> str:
-        return self.cleaned_data.get("model_path", "").strip()
+        return allowed_path(self.cleaned_data.get("model_path", ""))
 
     def clean_task_path(self) -> str:
-        return self.cleaned_data.get("task_path", "").strip()
+        return allowed_path(self.cleaned_data.get("task_path", ""))
 
     def clean_resources(self) -> dict[str, Any]:
         text = self.cleaned_data.get("resources", "").strip()
