@@ -106,6 +106,11 @@ def browser_page(monkeypatch: Any) -> Iterator[Any]:
             yield page
         finally:
             browser.close()
+            # ORM calls made while Playwright's loop runs get connections of their own (Django keys them by
+            # async context); close them here, or the test database cannot be dropped at the end.
+            from django.db import connections
+
+            connections.close_all()
 
 
 def sign_in(page: Any, user: Any, base_url: str) -> None:
@@ -251,4 +256,35 @@ def test_a_page_whose_server_restarts_reconnects_and_resumes_without_gap_or_dupl
     assert plotted["x"] == list(range(1, 11))
     assert plotted["y"] == [pytest.approx(s / 10) for s in range(1, 11)]
     assert "last #10" in page.inner_text("#event-count")
+    assert not page.errors, page.errors
+
+
+def test_the_compare_page_overlays_several_jobs_and_the_toggles_change_only_the_display(
+        alice: Any, alice_job: Any, daphne: Daphne, browser_page: Any) -> None:
+    from webapp.jobs.models import TrainingJob
+    from webapp.monitor.events import append_events
+
+    other = TrainingJob.objects.create(team=alice_job.team, created_by=alice, name="baseline", config={})
+    for job, scale in ((alice_job, 1.0), (other, 2.0)):
+        append_events(job.pk, [{"type": "metrics", "step": s, "reward_mean": scale * s, "kl": 0.01 * s}
+                               for s in range(1, 8)])
+    page = browser_page
+    sign_in(page, alice, daphne.url)
+    page.goto(f"{daphne.url}/monitor/compare/?jobs={alice_job.pk},{other.pk}")
+    page.wait_for_function("""() => {
+        const div = document.getElementById('chart-reward');
+        return div.data && div.data.filter((t) => t.mode === 'lines+markers' && t.x.length === 7).length === 2;
+    }""", timeout=30_000)
+    names = page.evaluate("""() => document.getElementById('chart-reward').data
+        .filter((t) => t.mode === 'lines+markers').map((t) => t.name)""")
+    assert names == [f"#{alice_job.pk} tiny arithmetic", f"#{other.pk} baseline"]
+
+    page.check("#log-toggle")
+    assert page.evaluate("document.getElementById('chart-kl').layout.yaxis.type") == "log"
+    page.check("#smooth-toggle")
+    page.wait_for_function("""() => document.getElementById('chart-reward').data
+        .some((t) => t.name.endsWith('(smoothed)') && t.visible === true)""", timeout=5_000)
+    raw = page.evaluate("""() => document.getElementById('chart-reward').data
+        .filter((t) => t.mode === 'lines+markers').map((t) => Array.from(t.y))""")
+    assert raw == [[float(s) for s in range(1, 8)], [2.0 * s for s in range(1, 8)]], "smoothing never alters data"
     assert not page.errors, page.errors
