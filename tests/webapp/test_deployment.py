@@ -39,6 +39,15 @@ def test_production_settings_are_secure_by_default() -> None:
                                          "django.db.backends.postgresql", "db"]
 
 
+def test_djangos_deployment_checks_pass_with_production_settings() -> None:
+    clean = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "DATABASE_URL"}}
+    env = {**clean, "DEBUG": "0", "SECRET_KEY": "a-long-random-secret-" * 4, "ALLOWED_HOSTS": "agentfly.example"}
+    result = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
+
+
 def test_the_demo_default_is_sqlite_and_bad_values_name_the_variable() -> None:
     ok = settings_in_subprocess({"DEBUG": "1"}, "s.DATABASES['default']['ENGINE']")
     assert json.loads(ok.stdout) == "django.db.backends.sqlite3"

@@ -57,7 +57,11 @@ class TrySerializer(serializers.Serializer):
 class EntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = EntrySerializer
 
+    queryset = Entry.objects.none()  # the schema generator's hint; requests use get_queryset
+
     def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):
+            return Entry.objects.none()
         qs = Entry.objects.visible_to(self.request.user).select_related("team", "current_version")
         kind = self.request.query_params.get("kind")
         if kind:
