@@ -269,3 +269,18 @@ def test_the_openapi_schema_describes_the_launch_endpoint(alice_client: Any) -> 
     schema = response.json()
     assert "/api/jobs/" in schema["paths"] and "/api/jobs/{id}/cancel/" in schema["paths"]
     assert "Launch" in json.dumps(schema["components"]["schemas"])
+
+
+def test_the_job_list_refreshes_itself_while_a_job_is_active(alice_client: Any, team_a: Any, alice: Any) -> None:
+    job = TrainingJob.objects.create(team=team_a, created_by=alice, name="live", config={}, status=Status.RUNNING)
+    page = alice_client.get(reverse("jobs:list")).content.decode()
+    assert 'hx-trigger="every 3s"' in page
+    partial = alice_client.get(reverse("jobs:list"), HTTP_HX_REQUEST="true").content.decode()
+    assert "<html" not in partial and 'id="job-table-card"' in partial and "live" in partial
+    TrainingJob.objects.filter(pk=job.pk).update(status=Status.SUCCEEDED)
+    assert 'hx-trigger="every 3s"' not in alice_client.get(reverse("jobs:list")).content.decode()
+
+
+def test_the_launch_page_says_why_no_reward_can_be_chosen(alice_client: Any) -> None:
+    page = alice_client.get(reverse("jobs:launch")).content.decode()
+    assert "No reward is registered yet" in page

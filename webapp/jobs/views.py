@@ -22,7 +22,10 @@ def visible_jobs(request: HttpRequest):  # type: ignore[no-untyped-def]
 
 @login_required
 def job_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "jobs/job_list.html", {"jobs": visible_jobs(request)[:200]})
+    jobs = list(visible_jobs(request)[:200])
+    context = {"jobs": jobs, "any_active": any(j.is_active for j in jobs)}
+    template = "jobs/_job_table.html" if request.headers.get("HX-Request") else "jobs/job_list.html"
+    return render(request, template, context)
 
 
 @login_required
@@ -42,6 +45,9 @@ def launch(request: HttpRequest) -> HttpResponse:
             return redirect(job)
         return render(request, "jobs/launch.html", {"form": form}, status=400)
     form = LaunchForm(user=request.user, initial={"launch_key": uuid.uuid4().hex, "name": "calculator-grpo"})
+    if not form.fields["reward"].queryset.exists():
+        messages.warning(request, "No reward is registered yet. Built-ins appear when a worker starts "
+                                  "(celery -A webapp worker -Q cpu); or register one in the registry.")
     return render(request, "jobs/launch.html", {"form": form})
 
 
