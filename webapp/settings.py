@@ -188,6 +188,10 @@ CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", REDIS_URL)
 # A training task can run for hours; the hard limit stops a runaway one, the soft limit lets it checkpoint.
 JOB_TIME_LIMIT = env_int("JOB_TIME_LIMIT", 24 * 3600)
 JOB_SOFT_TIME_LIMIT = env_int("JOB_SOFT_TIME_LIMIT", JOB_TIME_LIMIT - 300)
+# With acks_late, Redis hands an unacknowledged message to another worker once the visibility timeout
+# passes, even while the first worker still runs it: keep it longer than the longest job (the task's claim
+# makes a redelivery a no-op anyway, but it would occupy a worker slot for nothing).
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": JOB_TIME_LIMIT + 3600}
 # The worker stamps a running job every JOB_HEARTBEAT_SECONDS; a job whose stamp is older than
 # JOB_HEARTBEAT_TIMEOUT is taken to have lost its worker and is marked failed.
 JOB_HEARTBEAT_SECONDS = env_float("JOB_HEARTBEAT_SECONDS", 5.0)

@@ -92,3 +92,17 @@ def test_the_demo_starts_everything_and_its_job_succeeds(tmp_path: Path) -> None
     assert "watch job    http://127.0.0.1:" in result.stdout and "/jobs/1/" in result.stdout
     assert "job #1 succeeded at step 2" in result.stdout
     assert (tmp_path / "webapp.sqlite3").is_file()
+
+
+def test_celery_takes_one_job_at_a_time_acknowledges_late_and_limits_training_time() -> None:
+    from django.conf import settings
+
+    from webapp.celery import app
+    from webapp.jobs.tasks import run_job
+
+    assert {q.name for q in app.conf.task_queues} == {"cpu", "gpu"}
+    assert app.conf.task_acks_late and app.conf.task_reject_on_worker_lost
+    assert app.conf.worker_prefetch_multiplier == 1
+    assert app.conf.broker_transport_options["visibility_timeout"] > settings.JOB_TIME_LIMIT
+    assert run_job.time_limit == settings.JOB_TIME_LIMIT and run_job.soft_time_limit < run_job.time_limit
+    assert "fail-stale-jobs" in app.conf.beat_schedule
