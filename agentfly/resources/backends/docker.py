@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import struct
 import threading
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 from agentfly.resources.backends.local import WORKER, Limits
 from agentfly.resources.spec import ResourceError
 
-DEFAULT_IMAGE = "python:3.11-slim"
+DEFAULT_IMAGE = os.environ.get("AGENTFLY_SANDBOX_IMAGE", "python:3.11-slim")
 
 
 class DockerWorker:
@@ -57,7 +58,10 @@ class DockerWorker:
         config = {
             "workdir": self.workdir,
             # The container does the isolating; inside, only the per-process limits the worker can set.
+            # (The address-space limit too, so a big allocation is a MemoryError the model can read rather
+            # than an out-of-memory kill of the whole container.)
             "limits": {k: v for k, v in {"cpu_seconds": self.limits.cpu_seconds,
+                                          "memory_bytes": self.limits.memory_bytes,
                                           "open_files": self.limits.open_files,
                                           "file_size_bytes": self.limits.file_size_bytes}.items() if v},
             "network": "host", "filesystem": "host", "own_uid": False,
@@ -80,8 +84,9 @@ class DockerWorker:
             network_mode="none",
             read_only=True,
             tmpfs={self.workdir: f"size={self.tmpfs_size},mode=1777"},
-            mem_limit=self.limits.memory_bytes,
-            memswap_limit=self.limits.memory_bytes,
+            # Headroom over the rlimit for the interpreter itself and the processes it may start.
+            mem_limit=None if self.limits.memory_bytes is None else self.limits.memory_bytes * 2,
+            memswap_limit=None if self.limits.memory_bytes is None else self.limits.memory_bytes * 2,
             nano_cpus=int(self.cpus * 1e9),
             pids_limit=self.limits.processes,
             cap_drop=["ALL"],
@@ -115,7 +120,16 @@ class DockerWorker:
         return json.loads(line)
 
     async def start(self) -> None:
-        await asyncio.to_thread(self._create)
+        create = asyncio.ensure_future(asyncio.to_thread(self._create))
+        try:
+            await asyncio.shield(create)
+        except BaseException:
+            # Cancelled (e.g. the engine closing) while the thread creates the container: the thread runs
+            # on regardless, so wait for it and remove what it made, or the container would outlive us.
+            with contextlib.suppress(BaseException):
+                await create
+            await self.kill_async()
+            raise
         try:
             hello = await asyncio.wait_for(asyncio.to_thread(self._read_line), self.ready_timeout)
         except BaseException:

@@ -1,5 +1,5 @@
-"""PythonSandbox on the docker backend. Runs where a docker engine answers and has the image; skipped
-elsewhere with the reason."""
+"""PythonSandbox on the docker backend. Runs where a docker engine answers (``DOCKER_HOST``) and has the
+image (``AGENTFLY_SANDBOX_IMAGE``, default python:3.11-slim); skipped elsewhere with the reason."""
 
 from __future__ import annotations
 
@@ -55,4 +55,15 @@ async def test_a_released_docker_sandbox_is_replaced_by_a_fresh_container() -> N
         assert "NameError" in await again.instance.run("secret")
         assert engine.stats()["python"]["network_isolated"] is True
         await engine.release(again)
+    assert sandbox_containers() == []
+
+
+async def test_a_docker_sandbox_turns_memory_and_fork_attacks_into_observations() -> None:
+    async with PythonSandbox(backend="docker") as box:
+        assert "MemoryError" in await box.run("blocks = [bytearray(64 << 20) for _ in range(64)]")
+        bomb = ("import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
+                "            time.sleep(60)\n            os._exit(0)\n        n += 1\n"
+                "except OSError as exc:\n    print('stopped after', n)")
+        assert "stopped after" in await box.run(bomb, timeout=20)
+        assert await box.run("'still alive'") == "'still alive'\n"
     assert sandbox_containers() == []
