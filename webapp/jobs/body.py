@@ -72,8 +72,10 @@ class CheckpointWatcher:
 def trainer_config(config: dict[str, Any], output_dir: Path) -> Any:
     """The job's stored config as a validated ``trainer.config.Config`` writing into ``output_dir``."""
     from trainer.config import Config, from_dict
+    from webapp.jobs.forms import trainer_takes_resources
 
-    data = {k: v for k, v in config.items() if k not in ("resources", "resume_from")}
+    dropped = ("resume_from",) if trainer_takes_resources() else ("resources", "resume_from")
+    data = {k: v for k, v in config.items() if k not in dropped}
     data["output_dir"] = str(output_dir)
     return from_dict(Config, data).validate()
 

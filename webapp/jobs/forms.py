@@ -27,6 +27,17 @@ def tiny_model_path(seed: int) -> str:
     return str(Path(settings.AGENTFLY_RUNS_DIR) / "models" / f"tiny-{seed}")
 
 
+def trainer_takes_resources() -> bool:
+    """Whether the installed trainer's config has a ``resources`` section (pools for sandboxed tools)."""
+    import dataclasses
+
+    try:
+        from trainer.config import Config
+    except ImportError:
+        return False
+    return any(f.name == "resources" for f in dataclasses.fields(Config))
+
+
 def allowed_path(raw: str) -> str:
     """``raw`` stripped, refused if ``AGENTFLY_ALLOWED_PATHS`` is set and the path resolves outside it."""
     path = raw.strip()
@@ -150,6 +161,10 @@ class LaunchForm(forms.Form):
         if algorithm in ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp_baseline") and group is not None and group < 2:
             self.add_error("group_size", f"{algorithm} compares responses to the same prompt; use a group size of 2 or more.")
         tools = data.get("tools") or []
+        sandboxed = sorted({t.current_version.resource for t in tools if t.current_version and t.current_version.resource})
+        if sandboxed and not trainer_takes_resources():
+            self.add_error("tools", f"These tools need the {', '.join(sandboxed)} resource, which the trainer on this "
+                                    "server cannot give to tools yet; pick tools without a sandbox.")
         names = [t.name for t in tools]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
