@@ -51,6 +51,14 @@ async def test_it_renders_non_string_results_as_json() -> None:
     assert result.observation == '{"area": 12}'
 
 
+async def test_it_renders_pydantic_results_as_their_json() -> None:
+    @tool
+    def make_box(side: int) -> Box:
+        return Box(width=side, height=side)
+
+    assert (await make_box.invoke({"side": 2})).observation == '{"width":2,"height":2}'
+
+
 async def test_it_keeps_the_tool_callable_like_the_function() -> None:
     assert add(1, 2) == 3
     assert await shout("a", times=2) == "A A "

@@ -56,7 +56,8 @@ async def test_it_samples_the_same_tokens_for_a_seed_whatever_shares_the_batch(
     engine: HFEngine, prompts: list[list[int]]
 ) -> None:
     # Prompts of different lengths (left padding) and seeds whose rows stop at different steps (rows drop
-    # out of the batch and the KV cache): none of it may change what a seeded request samples.
+    # out of the batch and the KV cache; seed 3 samples <|im_end|> first): none of it may change what a
+    # seeded request samples.
     def sampling(seed: int) -> af.Sampling:
         return af.Sampling(temperature=1.0, max_new_tokens=12, seed=seed, stop=("\n",))
 
@@ -116,13 +117,16 @@ async def test_it_stops_at_a_stop_string_and_keeps_the_sampled_tokens(engine: HF
     assert stopped.logprobs == pytest.approx(free.logprobs[:cut], abs=1e-5)
 
 
-async def test_it_stops_at_the_end_of_turn_token(engine: HFEngine, prompts: list[list[int]]) -> None:
-    # Seed 3 happens to sample <|im_end|> first with the tiny model (see the batch-composition test).
-    gen = await engine.generate(prompts[0], af.Sampling(temperature=1.0, max_new_tokens=12, seed=3))
-    assert gen.token_ids == [engine.stop_token_ids[0]] and gen.finish_reason == "stop"
-    assert gen.stop_reason == engine.stop_token_ids[0]
+async def test_it_stops_at_a_stop_token_and_keeps_it(engine: HFEngine, prompts: list[list[int]]) -> None:
     assert engine.stop_token_ids == [engine.tokenizer.convert_tokens_to_ids("<|im_end|>"),
                                      engine.tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+    free = await engine.generate(prompts[0], af.Sampling(temperature=0, max_new_tokens=12))
+    # Declare a token the greedy run produces a stop token: decoding must end right after its first use.
+    engine.stop_token_ids = [free.token_ids[4]]
+    cut = free.token_ids.index(free.token_ids[4]) + 1
+    stopped = await engine.generate(prompts[0], af.Sampling(temperature=0, max_new_tokens=12))
+    assert (stopped.finish_reason, stopped.stop_reason) == ("stop", free.token_ids[4])
+    assert stopped.token_ids == free.token_ids[:cut]
 
 
 async def test_it_ends_with_length_after_max_new_tokens(engine: HFEngine, prompts: list[list[int]]) -> None:
