@@ -507,7 +507,7 @@ class Trainer:
         """One full step; returns its metrics (also emitted as an event)."""
         cfg = self.config
         timer = StageTimer()
-        step_start = time.perf_counter()
+        step_start, cpu_start = time.perf_counter(), time.process_time()
         self.model.eval()  # dropout off: rollout and training logprobs must be the same function
         everything, trajectories, rewards, groups, extra = self.collect(timer)
         metrics: dict[str, float] = rollout_metrics(everything) | extra
@@ -524,6 +524,8 @@ class Trainer:
         metrics |= {"lr": self.scheduler.get_last_lr()[0], "step": float(self.step)}
         metrics |= {f"time/{k}": v for k, v in timer.times.items()}
         metrics["time/step"] = time.perf_counter() - step_start
+        # CPU seconds of this process: on a shared machine, wall time alone hides how much was ours.
+        metrics["time/step_cpu"] = time.process_time() - cpu_start
         self.events.metrics(self.step, metrics)
         if cfg.log_samples:
             self.events.emit("samples", self.step, {"trajectories": [
