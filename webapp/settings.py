@@ -197,10 +197,13 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": JOB_TIME_LIMIT + 3600}
 JOB_HEARTBEAT_SECONDS = env_float("JOB_HEARTBEAT_SECONDS", 5.0)
 JOB_HEARTBEAT_TIMEOUT = env_float("JOB_HEARTBEAT_TIMEOUT", 60.0)
 
+# A consumer waits on Redis with a 5 s BZPOPMIN; redis-py 8 defaults socket_timeout to 5 s, so an idle socket
+# would time out first and crash the consumer (close 1011) every 5 s. Read timeout well above the poll.
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 60},
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
+                   "capacity": 1000, "expiry": 60},
     }
 }
 
