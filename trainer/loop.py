@@ -543,9 +543,14 @@ class Trainer:
         with timer("logprobs"):
             batch = collate(trajectories, rewards, groups, self.pad_id, self.device)
             mask = batch.mask
-            recompute = cfg.engine != "hf" and (a.epochs > 1 or a.minibatches > 1)
+            # Old logprobs for the ratio. One epoch of one minibatch is exactly on-policy: the current
+            # logprobs (detached, in the update) are the old ones, so no extra forward is spent. Otherwise the
+            # HF engine's own logprobs serve (same module, same weights; `logprob_mismatch` shows the gap),
+            # and another engine's are recomputed by the trainer (verl's old_log_prob stage).
+            on_policy = a.epochs == 1 and a.minibatches == 1
+            recompute = not on_policy and cfg.engine != "hf"
             need_values = self.value_head is not None
-            old_logp = batch.rollout_logprobs
+            old_logp: torch.Tensor | None = None if on_policy else batch.rollout_logprobs
             values = None
             ref_logp = None
             with torch.no_grad():
@@ -560,7 +565,8 @@ class Trainer:
         with timer("advantages"):
             kl_reward = None
             if ref_logp is not None and a.kl_in_reward:
-                kl_reward = algos.kl_estimate(old_logp, ref_logp, a.kl_estimator)
+                behaviour = old_logp if old_logp is not None else batch.rollout_logprobs
+                kl_reward = algos.kl_estimate(behaviour, ref_logp, a.kl_estimator)
             token_rewards = algos.outcome_token_rewards(batch.rewards, mask, kl_reward, a.kl_coef)
             advantages, returns = algos.compute_advantages(
                 a.name, token_rewards, mask, batch.group_ids, values=values, std_normalize=a.std_normalize,
@@ -569,7 +575,7 @@ class Trainer:
             metrics |= self._optimise(batch, old_logp, ref_logp, advantages, values, returns)
         return metrics
 
-    def _optimise(self, batch: Batch, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
+    def _optimise(self, batch: Batch, old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None,
                   advantages: torch.Tensor, values: torch.Tensor | None, returns: torch.Tensor | None
                   ) -> dict[str, float]:
         cfg, a = self.config, self.config.algorithm
@@ -592,8 +598,9 @@ class Trainer:
                     gap = (logp.detach() - mb.rollout_logprobs).abs()
                     sums.setdefault("logprob_mismatch", []).append(algos.masked_mean(gap, mask).item())
                     first = False
+                old = logp.detach() if old_logp is None else old_logp.index_select(0, idx)
                 loss, pm = algos.clipped_policy_loss(
-                    logp, old_logp.index_select(0, idx), advantages.index_select(0, idx), mask,
+                    logp, old, advantages.index_select(0, idx), mask,
                     clip_low=a.clip_low, clip_high=a.resolved_clip_high, dual_clip=a.dual_clip,
                     agg=a.resolved_loss_agg, norm_length=norm_length)  # type: ignore[arg-type]
                 parts = {"loss/policy": loss.item(), **{k: v.item() for k, v in pm.items()}}
