@@ -213,3 +213,20 @@ async def test_it_batches_requests_whose_only_difference_is_their_token_budget(e
         assert gen.token_ids == alone.token_ids
         assert len(gen.token_ids) <= b
         assert gen.finish_reason == ("length" if len(gen.token_ids) == b and gen.stop_reason is None else "stop")
+
+
+async def test_it_splits_the_queue_into_batches_of_at_most_max_batch_size(tiny_model: Any, tiny_tokenizer: Any,
+                                                                          prompts: list[list[int]]) -> None:
+    small = HFEngine(tiny_model, tiny_tokenizer, max_batch_size=3)
+    greedy = af.Sampling(temperature=0, max_new_tokens=4)
+    results = await asyncio.gather(*(small.generate(p, greedy) for p in prompts + prompts[:2]))
+    assert (small.stats.batches, small.stats.max_batch, small.stats.sequences) == (2, 3, 6)
+    assert [g.token_ids for g in results[4:]] == [g.token_ids for g in results[:2]]
+
+
+async def test_it_raises_a_failed_decode_to_its_callers_instead_of_hanging(engine: HFEngine,
+                                                                          prompts: list[list[int]]) -> None:
+    greedy = af.Sampling(temperature=0, max_new_tokens=4)
+    with pytest.raises(IndexError):
+        await asyncio.wait_for(engine.generate([10**6], greedy), timeout=30)
+    assert (await engine.generate(prompts[0], greedy)).token_ids  # the engine keeps serving
