@@ -109,11 +109,12 @@ class Clients:
         self.n, self.url, self.cookie = n, url, cookie
         self.latencies: dict[str, list[float]] = {}
         self.received: dict[str, int] = {}
+        self.per_client: dict[tuple[int, str], int] = {}
         self.live = 0
         self.tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        self.tasks = [asyncio.create_task(self._client()) for _ in range(self.n)]
+        self.tasks = [asyncio.create_task(self._client(i)) for i in range(self.n)]
         deadline = time.monotonic() + 60
         while self.live < self.n:
             if time.monotonic() > deadline:
@@ -123,11 +124,19 @@ class Clients:
                     raise t.exception()  # type: ignore[misc]
             await asyncio.sleep(0.05)
 
-    async def _client(self) -> None:
+    async def _client(self, index: int) -> None:
         import websockets
 
         headers = {"Cookie": self.cookie, "Origin": "http://127.0.0.1"}
-        async with websockets.connect(self.url, additional_headers=headers, max_size=None) as ws:
+        for attempt in range(5):  # 50 handshakes at once can outrun a busy server: retry, then give up
+            try:
+                ws = await websockets.connect(self.url, additional_headers=headers, max_size=None, open_timeout=30)
+                break
+            except (OSError, websockets.exceptions.InvalidMessage, TimeoutError):
+                if attempt == 4:
+                    raise
+                await asyncio.sleep(0.5 * (attempt + 1))
+        async with ws:
             async for raw in ws:
                 now = time.time()
                 message = json.loads(raw)
@@ -139,6 +148,7 @@ class Clients:
                         if run is not None:
                             self.latencies.setdefault(run, []).append(now - event["data"]["accepted_at"])
                             self.received[run] = self.received.get(run, 0) + 1
+                            self.per_client[index, run] = self.per_client.get((index, run), 0) + 1
 
     async def stop(self) -> None:
         for t in self.tasks:
@@ -173,7 +183,10 @@ async def websocket_run(clients: Clients, job_id: int, rate: float, seconds: flo
         await asyncio.sleep(0.05)
     got = clients.received.get(run, 0)
     if got < total * clients.n:
-        raise RuntimeError(f"at {run} the clients received {got} of {total * clients.n} events")
+        short = {i: clients.per_client.get((i, run), 0) for i in range(clients.n)
+                 if clients.per_client.get((i, run), 0) < total}
+        dead = [repr(t.exception()) for t in clients.tasks if t.done() and not t.cancelled() and t.exception()]
+        raise RuntimeError(f"dead clients: {dead}; "f"at {run} the clients received {got} of {total * clients.n} events; short: {short}")
     return clients.latencies[run]
 
 

@@ -31,7 +31,8 @@ def private_channel_layer(settings: Any) -> Iterator[None]:
     settings.CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [settings.REDIS_URL], "prefix": f"monitor-test-{uuid.uuid4().hex[:8]}",
+            "CONFIG": {"hosts": [{**settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"][0]}],
+                       "prefix": f"monitor-test-{uuid.uuid4().hex[:8]}",
                        "capacity": 5000, "expiry": 30},
         }
     }

@@ -235,3 +235,17 @@ async def test_the_socket_tells_a_client_that_sends_to_it_to_use_the_page_instea
     reply = await comm.receive_json_from()
     assert reply["type"] == "error" and "buttons" in reply["message"]
     await comm.disconnect()
+
+
+@pytest.mark.slow
+async def test_an_idle_socket_stays_open_past_the_channel_layers_poll_interval(alice_job: Any,
+                                                                              alice_cookie: Any) -> None:
+    """channels-redis polls Redis with a 5 s blocking pop; with redis-py's default 5 s read timeout an idle
+    consumer crashed (close 1011) every 5 s. A quiet job's dashboard must stay connected."""
+    comm = communicator(alice_job.pk, [alice_cookie])
+    assert (await comm.connect())[0]
+    await receive_until_live(comm)
+    assert await comm.receive_nothing(timeout=7.5, interval=0.5)
+    await append(alice_job.pk, [metrics(1)])
+    assert [e["seq"] for e in await receive_events(comm, 1)] == [1]
+    await comm.disconnect()
