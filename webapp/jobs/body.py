@@ -49,7 +49,12 @@ class CheckpointWatcher:
     def emit(self, event: dict[str, Any]) -> None:
         step = event.get("step")
         data = event.get("data") or {}
-        if event.get("type") != "metrics" or not isinstance(step, int):
+        if not isinstance(step, int):
+            return
+        if isinstance(data.get("checkpoint"), str):  # a trainer that names its checkpoints says so directly
+            self.checkpoint(step, Path(data["checkpoint"]))
+            return
+        if event.get("type") != "metrics":
             return
         if step > self.last_step:
             self.last_step = step
@@ -59,8 +64,8 @@ class CheckpointWatcher:
         else:
             self.last_metrics.update(data)
 
-    def checkpoint(self, step: int) -> None:
-        path = checkpoint_dir(self.output_dir, step)
+    def checkpoint(self, step: int, path: Path | None = None) -> None:
+        path = path or checkpoint_dir(self.output_dir, step)
         if step not in self.recorded and path.is_dir():
             self.recorded.add(step)
             self.on_checkpoint(step, str(path), dict(self.last_metrics))
