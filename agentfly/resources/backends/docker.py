@@ -46,6 +46,7 @@ class DockerWorker:
         self._buffer = b""
         self._dead = False
         self._read_lock = threading.Lock()
+        self._kill_lock = threading.Lock()
 
     @property
     def alive(self) -> bool:
@@ -155,15 +156,17 @@ class DockerWorker:
                 raise ResourceError(f"sandbox container stopped: {exc}") from exc
 
     def kill(self) -> None:
-        """Remove the container (force: it is killed first). Safe to call more than once."""
+        """Remove the container (force: it is killed first). Safe to call more than once, from any thread: a
+        second call waits for a removal already in flight, so "closed" always means "gone"."""
         self._dead = True
-        if self.socket is not None:
-            with contextlib.suppress(Exception):
-                self.socket.close()
-        if self.container is not None:
-            with contextlib.suppress(Exception):
-                self.container.remove(force=True)
-            self.container = None
+        with self._kill_lock:
+            if self.socket is not None:
+                with contextlib.suppress(Exception):
+                    self.socket.close()
+            if self.container is not None:
+                with contextlib.suppress(Exception):
+                    self.container.remove(force=True)
+                self.container = None
 
     async def kill_async(self) -> None:
         await asyncio.to_thread(self.kill)
@@ -173,3 +176,87 @@ class DockerWorker:
 
     def kill_strays(self) -> int:
         return 0  # nothing outlives the container
+
+
+# ---------------------------------------------------------------------------------- an image without a registry
+_SKIP_STDLIB = {"test", "tests", "__pycache__", "site-packages", "dist-packages", "idlelib", "tkinter",
+                "turtledemo", "ensurepip", "lib2to3"}
+
+
+def _shared_libraries(paths: list[str]) -> set[str]:
+    """Every shared library the given binaries load, as ``ldd`` reports it."""
+    import re
+    import subprocess
+
+    found: set[str] = set()
+    for path in paths:
+        out = subprocess.run(["ldd", path], capture_output=True, text=True, check=False).stdout
+        found.update(re.findall(r"(/\S+\.so[\w.]*)", out))
+    return found
+
+
+def build_image(tag: str = "agentfly-python:local") -> str:
+    """Make a sandbox image from this machine's own Python (binary, standard library, shared libraries)
+    and ``docker import`` it: for machines where images cannot be pulled. Returns the tag."""
+    import io
+    import os
+    import sys
+    import sysconfig
+    import tarfile
+    import tempfile
+
+    import docker
+
+    exe = os.path.realpath(sys.executable if sys.prefix == sys.base_prefix else sys._base_executable)
+    stdlib = sysconfig.get_paths()["stdlib"]
+    dynload = os.path.join(stdlib, "lib-dynload")
+    binaries = [exe] + [os.path.join(dynload, f) for f in os.listdir(dynload) if f.endswith(".so")]
+    with tempfile.NamedTemporaryFile(suffix=".tar") as tmp:
+        with tarfile.open(tmp.name, "w") as tar:
+            def add_dir(name: str) -> None:
+                info = tarfile.TarInfo(name.lstrip("/"))
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+
+            def skip(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+                return None if set(info.name.split("/")) & _SKIP_STDLIB else info
+
+            files = [*sorted(_shared_libraries(binaries)), exe]
+            # Every ancestor as an explicit 0755 directory: implicit ones may come out unreadable to nobody
+            # (e.g. a Python under /root).
+            parents = {os.path.dirname(p) for p in [*files, stdlib]}
+            parents |= {"/tmp", "/work", "/etc", "/proc", "/dev", "/sys", "/usr/bin"}
+            for path in list(parents):
+                while path not in ("/", ""):
+                    parents.add(path)
+                    path = os.path.dirname(path)
+            for d in sorted(parents):
+                add_dir(d)
+            for lib in files:
+                tar.add(os.path.realpath(lib), arcname=lib.lstrip("/"))
+            tar.add(stdlib, arcname=stdlib.lstrip("/"), filter=skip)
+            for name in ("python", "python3"):
+                link = tarfile.TarInfo(f"usr/bin/{name}")
+                link.type, link.linkname = tarfile.SYMTYPE, exe
+                tar.addfile(link)
+            passwd = b"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+            info = tarfile.TarInfo("etc/passwd")
+            info.size = len(passwd)
+            tar.addfile(info, io.BytesIO(passwd))
+        repository, _, version = tag.partition(":")
+        docker.from_env().api.import_image_from_file(tmp.name, repository=repository, tag=version or "latest")
+    return tag
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Build a sandbox image from this machine's Python, offline.")
+    parser.add_argument("--build-image", metavar="TAG", default="agentfly-python:local")
+    args = parser.parse_args(argv)
+    print(build_image(args.build_image))
+    print(f"use it with AGENTFLY_SANDBOX_IMAGE={args.build_image} or PythonSandbox(backend='docker', image=...)")
+
+
+if __name__ == "__main__":
+    main()
