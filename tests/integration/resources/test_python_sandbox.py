@@ -239,3 +239,17 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+async def test_a_sandbox_killed_while_idle_is_replaced_by_the_health_check() -> None:
+    spec = ResourceSpec(name="python", factory=PythonSandbox, pool=Pool(min=1, max=1), health_interval=0)
+    async with ResourceEngine([spec]) as engine:
+        victim = next(iter(engine.pools["python"].instances)).resource
+        os.kill(victim.pid, signal.SIGKILL)
+        lease = await engine.acquire("python", timeout=30)
+        assert lease.instance is not victim
+        assert await lease.instance.run("'fresh'") == "'fresh'\n"
+        stats = engine.stats()["python"]
+        assert (stats["failed"], stats["created"], stats["destroyed"]) == (1, 2, 1)
+        assert "failed its health check" in stats["last_error"]
+        await engine.release(lease)
