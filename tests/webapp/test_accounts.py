@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
-from tests.webapp.conftest import PASSWORD
+from tests.webapp.helpers import PASSWORD
 from webapp.accounts.models import Team, TeamNameTaken, do_create_team
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.webapp.conftest import PASSWORD, ROOT, wait_for, worker_env
+from tests.webapp.helpers import PASSWORD, ROOT, wait_for, worker_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

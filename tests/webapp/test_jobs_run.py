@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
-from tests.webapp.conftest import Worker, wait_for, worker_env
+from tests.webapp.helpers import Worker, wait_for, worker_env
 from webapp.jobs.models import Status, TrainingJob
 
 pytestmark = pytest.mark.integration

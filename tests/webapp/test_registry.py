@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
-from tests.webapp.conftest import wait_for
+from tests.webapp.helpers import wait_for
 from webapp.registry.models import Entry, EntryStatus, Version
 
 pytestmark = pytest.mark.integration
@@ -128,7 +128,7 @@ def test_try_it_through_the_api(alice_api: Any, builtins: dict[str, Any]) -> Non
 
 
 def test_try_it_runs_a_sandboxed_tool_inside_its_sandbox(alice_client: Any, builtins: dict[str, Any]) -> None:
-    from tests.webapp.conftest import ROOT
+    from tests.webapp.helpers import ROOT
 
     python_code = builtins["python_code"]
     assert python_code.current_version.resource == "python"

@@ -1,0 +1,83 @@
+"""Helpers the web app's tests share: real Celery worker processes, and waiting for a condition.
+
+Kept out of ``conftest.py`` so test modules import them as an ordinary module.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+PASSWORD = "correct horse battery staple"
+
+
+class Worker:
+    """A ``celery worker`` subprocess; ``kill()`` ends it the way a crashed machine would (SIGKILL)."""
+
+    def __init__(self, queues: str, env: dict[str, str], log: Path) -> None:
+        self.name = f"test-{queues.replace(',', '-')}-{uuid.uuid4().hex[:6]}@%h"
+        self.log = log
+        self._fh = log.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", queues, "-c", "1", "-n", self.name,
+             "--without-gossip", "--without-mingle", "-l", "info"],
+            cwd=ROOT, env=env, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the celery worker exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            if b"ready." in self.log.read_bytes():
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"the celery worker did not start in {timeout} s:\n{self.log.read_text()}")
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its pool children (its own process group)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._fh.close()
+
+
+def worker_env(runs: Path) -> dict[str, str]:
+    """The environment of a worker that shares this test session's database, Redis and runs folder."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    env = dict(os.environ)
+    env.update({
+        "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/"
+                        f"{db['NAME']}",
+        "AGENTFLY_RUNS_DIR": str(runs),
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+    })
+    return env
+
+
+def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
