@@ -38,7 +38,7 @@ DOC = REPO / "docs" / "benchmarks.md"
 LOGS = REPO / "runs" / "bench" / "logs"
 
 # Arguments for scripts whose doc-worthy run is not their bare default (keep each under ~3 minutes).
-ARGS: dict[str, list[str]] = {}
+ARGS: dict[str, list[str]] = {"rollout_async": ["--sweep", "--turns", "2"]}
 # Scripts that may need longer than --timeout on a first run (installing TRL, building the warm start).
 TIMEOUTS: dict[str, float] = {"trl_compare": 1500.0}
 
@@ -63,8 +63,13 @@ def discover() -> list[Path]:
 
 
 def question_of(path: Path) -> str:
-    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else path.stem
+    """The docstring's first sentence (its first paragraph up to a full stop), in Markdown quoting."""
+    doc = (ast.get_docstring(ast.parse(path.read_text())) or "").strip()
+    if not doc:
+        return path.stem
+    paragraph = " ".join(doc.split("\n\n", 1)[0].split())
+    sentence = paragraph.split(". ", 1)[0].rstrip(".")
+    return sentence.replace("``", "`")
 
 
 def requires_gpu(path: Path) -> bool:
