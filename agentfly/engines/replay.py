@@ -9,6 +9,7 @@ followed by the end-of-turn token, as a model would produce it. With ``model=`` 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -43,7 +44,9 @@ class ReplayEngine(Engine):
             ids, finish = ids[: max(budget, 0)], "length"
         else:
             ids.append(self.stop_token_ids[0])
-        return Generation(ids, self._logprobs(list(prompt_ids), ids, sampling), finish)  # type: ignore[arg-type]
+        # The teacher-forced forward runs in a worker thread so tools of other rollouts keep overlapping.
+        logprobs = await asyncio.to_thread(self._logprobs, list(prompt_ids), ids, sampling)
+        return Generation(ids, logprobs, finish)  # type: ignore[arg-type]
 
     def _logprobs(self, prompt: list[int], ids: list[int], sampling: Sampling) -> list[float]:
         if self.model is None or not ids:

@@ -17,9 +17,13 @@ from agentfly.resources.backends._worker import Channel, serve
 def main() -> None:
     channel = Channel()
     config = json.loads(os.environ.pop("AGENTFLY_SANDBOX", "{}"))
-    from scienceworld import ScienceWorldEnv
+    try:
+        from scienceworld import ScienceWorldEnv
 
-    env = ScienceWorldEnv("", envStepLimit=int(os.environ.get("AGENTFLY_SCIWORLD_STEP_LIMIT", "100")))
+        env = ScienceWorldEnv("", envStepLimit=int(os.environ.get("AGENTFLY_SCIWORLD_STEP_LIMIT", "100")))
+    except Exception as exc:  # tell the parent why, instead of dying silently
+        channel.write({"ok": False, "ready": False, "error": f"ScienceWorld did not start: {type(exc).__name__}: {exc}"})
+        return
     state: dict[str, Any] = {"task": None}
 
     def load(req: dict[str, Any]) -> dict[str, Any]:

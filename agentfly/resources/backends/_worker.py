@@ -368,7 +368,11 @@ def main() -> None:
     config = json.loads(os.environ.pop("AGENTFLY_SANDBOX", "{}"))
     workdir = config.get("workdir") or os.getcwd()
     os.chdir(workdir)
-    report = harden(config)
+    try:
+        report = harden(config)
+    except Exception as exc:  # never run user code half-isolated: report and exit
+        channel.write({"ok": False, "ready": False, "error": f"isolation failed: {type(exc).__name__}: {exc}"})
+        return
     channel.write({"ok": True, "ready": True, "pid": os.getpid(), "isolation": report})
     serve(channel, python_handlers(workdir, channel))
 

@@ -253,3 +253,13 @@ async def test_a_sandbox_killed_while_idle_is_replaced_by_the_health_check() -> 
         assert (stats["failed"], stats["created"], stats["destroyed"]) == (1, 2, 1)
         assert "failed its health check" in stats["last_error"]
         await engine.release(lease)
+
+
+async def test_a_worker_that_dies_at_start_is_a_clear_error_and_leaves_nothing() -> None:
+    from agentfly.resources import ResourceError
+    from agentfly.resources.backends import LocalWorker
+
+    worker = LocalWorker([sys.executable, "-c", "import sys; sys.exit(3)"])
+    with pytest.raises(ResourceError, match=r"sandbox process exited \(exit code 3\)"):
+        await worker.start()
+    assert worker.workdir is not None and not os.path.exists(worker.workdir)
