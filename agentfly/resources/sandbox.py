@@ -4,7 +4,7 @@
     await box.start()
     await box.run("x = 6 * 7")          # ''
     await box.run("x")                  # '42'  (state survives between calls, like a notebook)
-    await box.run("while True: pass", timeout=1)   # 'Error: timed out after 1 s; ...restarted...'
+    await box.run("while True: pass", timeout=1)   # 'Error: execution timed out after 1 s ... restarted ...'
     await box.close()
 
 Results are text for the model: stdout, then stderr (with the traceback of an exception), each truncated
@@ -73,10 +73,11 @@ class PythonSandbox:
     ) -> None:
         options = dict(getattr(spec, "options", None) or {})
         self.backend = backend or options.pop("backend", None) or getattr(spec, "backend", None) or "local"
-        if self.backend == "inprocess":
-            self.backend = "local"
         if self.backend not in ("local", "docker"):
-            raise ValueError(f"PythonSandbox backend={self.backend!r}; use 'local' or 'docker'")
+            raise ValueError(
+                f"PythonSandbox backend={self.backend!r}: code runs in a child process ('local') or a container "
+                "('docker'), never in-process"
+            )
         self.limits = limits or options.get("limits") or Limits()
         self.isolation_config = isolation or options.get("isolation") or Isolation()
         self.files = files if files is not None else options.get("files") or {}
