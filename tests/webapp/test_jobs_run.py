@@ -47,8 +47,9 @@ def test_a_launched_job_trains_on_a_worker_and_stores_its_events_in_order(
     assert len(trajectory["token_ids"]) == len(trajectory["loss_mask"])
 
     checkpoints = alice_api.get(f"/api/jobs/{job['id']}/checkpoints/").json()
-    assert [c["step"] for c in checkpoints] == [3, 2, 1]
-    assert (Path(checkpoints[0]["path"]) / "model.safetensors").is_file()
+    assert checkpoints[0]["step"] == 3
+    # The trainer prunes old checkpoints; the job lists only those still on disk.
+    assert all((Path(c["path"]) / "model.safetensors").is_file() for c in checkpoints)
     page = alice_client.get(reverse("jobs:detail", args=[job["id"]])).content.decode()
     assert 'data-status="succeeded"' in page and "checkpoint-000003" in page
 

@@ -164,9 +164,16 @@ def record_progress(job_id: int, step: int) -> None:
 
 
 def record_checkpoint(job_id: int, step: int, path: str, metrics: dict[str, Any] | None = None) -> Checkpoint:
+    """Record a checkpoint the worker wrote, and forget the ones the trainer has since pruned (it keeps the
+    last few), so every row points at files that exist and resume never picks a deleted one."""
+    from pathlib import Path
+
     checkpoint, _ = Checkpoint.objects.update_or_create(
         job_id=job_id, step=step, defaults={"path": path, "metrics": metrics or {}}
     )
+    gone = [c.pk for c in Checkpoint.objects.filter(job_id=job_id).exclude(pk=checkpoint.pk)
+            if not Path(c.path).exists()]
+    Checkpoint.objects.filter(pk__in=gone).delete()
     return checkpoint
 
 
