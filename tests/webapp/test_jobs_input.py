@@ -56,6 +56,7 @@ BAD_FORM_INPUT = [
     ("resources", '{"python": {"size": 2}}', "unknown keys"),
     ("resources", '{"python": {"max": "4"}}', "must be an integer from 0 to 1024"),
     ("queue", "tpu", "Select a valid choice"),
+    ("launch_key", "k" * 65, "at most 64 characters"),
 ]
 
 
@@ -143,6 +144,19 @@ BAD_API_INPUT = [
     ({"algorithm": "dpo"}, "algorithm"),
     ({"name": ""}, "name"),
     ({"surprise": 1}, "surprise"),
+    ({"model_source": "hub"}, "model_source"),
+    ({"model_source": "path", "model_path": "/no/such/model"}, "model_path"),
+    ({"task": "webshop"}, "task"),
+    ({"task": "jsonl", "task_path": ""}, "task_path"),
+    ({"task_size": 0}, "task_size"),
+    ({"prompts_per_step": 0}, "prompts_per_step"),
+    ({"max_turns": 33}, "max_turns"),
+    ({"max_new_tokens": -5}, "max_new_tokens"),
+    ({"temperature": 0}, "temperature"),
+    ({"seed": -1}, "seed"),
+    ({"eval_size": 0}, "eval_size"),
+    ({"save_every": -1}, "save_every"),
+    ({"launch_key": "k" * 65}, "launch_key"),
 ]
 
 
