@@ -3,7 +3,8 @@
 The whole real path runs: ``DatabaseEventSink.emit`` (queue) -> writer thread -> one transaction per batch
 -> ``group_send`` on the Redis channel layer -> Daphne -> ``JobEventsConsumer`` -> 50 websocket clients
 signed in with a session cookie. Each event carries the time it was accepted; every client records when it
-arrives. The same run measures raw Redis pub/sub (one publisher, 50 subscribers, same rate) as the floor.
+arrives. The same run measures raw Redis pub/sub (one publisher, ``--redis-subscribers`` subscribers, same
+rate) as the transport floor.
 
     python benchmarks/websocket_latency.py                       # 10 and 1,000 events/s, 50 clients
     python benchmarks/websocket_latency.py --clients 20 --seconds 3 --flush-interval 0.1
@@ -28,7 +29,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -174,81 +174,135 @@ def emit_at_rate(job_id: int, run: str, rate: float, seconds: float, flush_inter
     return total
 
 
-async def websocket_run(clients: Clients, job_id: int, rate: float, seconds: float, flush_interval: float,
-                        max_messages: float) -> list[float]:
-    run = f"{rate:g}/s"
-    total = await asyncio.to_thread(emit_at_rate, job_id, run, rate, seconds, flush_interval, max_messages)
-    deadline = time.monotonic() + 30
-    while clients.received.get(run, 0) < total * clients.n and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    got = clients.received.get(run, 0)
-    if got < total * clients.n:
-        short = {i: clients.per_client.get((i, run), 0) for i in range(clients.n)
-                 if clients.per_client.get((i, run), 0) < total}
-        dead = [repr(t.exception()) for t in clients.tasks if t.done() and not t.cancelled() and t.exception()]
-        raise RuntimeError(f"dead clients: {dead}; "f"at {run} the clients received {got} of {total * clients.n} events; short: {short}")
-    return clients.latencies[run]
+async def _client_process(conn: Any, url: str, cookie: str, n: int, redis_url: str) -> None:
+    clients = Clients(n, url, cookie)
+    try:
+        await clients.start()
+    except Exception as exc:
+        conn.send(("error", f"websocket clients did not go live: {exc!r}"))
+        return
+    conn.send(("live", None))
+    try:
+        while True:
+            command, arg = await asyncio.to_thread(conn.recv)
+            if command == "stop":
+                return
+            if command == "collect":
+                run, expected = arg
+                deadline = time.monotonic() + 60
+                while clients.received.get(run, 0) < expected * n and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                if clients.received.get(run, 0) < expected * n:
+                    short = {i: clients.per_client.get((i, run), 0) for i in range(n)
+                             if clients.per_client.get((i, run), 0) < expected}
+                    dead = [repr(t.exception()) for t in clients.tasks
+                            if t.done() and not t.cancelled() and t.exception()]
+                    conn.send(("error", f"at {run} clients fell short: {short}; dead clients: {dead}"))
+                else:
+                    conn.send(("latencies", clients.latencies.pop(run)))
+            elif command == "redis":
+                channel, expected, subscribers = arg
+                conn.send(("latencies", await redis_subscribers(conn, redis_url, channel, subscribers, expected)))
+    finally:
+        await clients.stop()
 
 
-async def redis_run(redis_url: str, n: int, rate: float, seconds: float) -> list[float]:
-    """Raw pub/sub: one publisher at ``rate``, ``n`` subscribers; latency publish -> receive."""
+def client_process(conn: Any, url: str, cookie: str, n: int, redis_url: str) -> None:
+    """The clients' own process: like browsers, they do not share the sink's interpreter (or its GIL)."""
+    asyncio.run(_client_process(conn, url, cookie, n, redis_url))
+
+
+async def redis_subscribers(conn: Any, redis_url: str, channel: str, n: int, expected: int) -> list[float]:
+    """``n`` raw pub/sub subscribers; says "subscribed", then returns publish -> receive latencies."""
     import redis.asyncio as aioredis
 
-    channel = f"bench-{uuid.uuid4().hex}"
-    total = int(rate * seconds)
     latencies: list[float] = []
     connections = [aioredis.from_url(redis_url) for _ in range(n)]
     subscribers = [c.pubsub() for c in connections]
-    for s in subscribers:
-        await s.subscribe(channel)
-        await s.get_message(timeout=1.0)  # the subscribe confirmation
+    for sub in subscribers:
+        await sub.subscribe(channel)
+        await sub.get_message(timeout=1.0)  # the subscribe confirmation
+    conn.send(("subscribed", None))
 
     async def listen(sub: Any) -> None:
         seen = 0
-        while seen < total:
-            message = await sub.get_message(ignore_subscribe_messages=True, timeout=5.0)
-            if message is None:
-                return
-            now = time.time()
-            latencies.append(now - json.loads(message["data"])["accepted_at"])
+        async for message in sub.listen():
+            if message["type"] != "message":
+                continue
+            latencies.append(time.time() - json.loads(message["data"])["accepted_at"])
             seen += 1
+            if seen == expected:
+                return
 
-    listeners = [asyncio.create_task(listen(s)) for s in subscribers]
-    publisher = aioredis.from_url(redis_url)
-    start = time.perf_counter()
-    for i in range(total):
-        delay = start + i / rate - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        await publisher.publish(channel, json.dumps({"i": i, "accepted_at": time.time()}))
-    await asyncio.gather(*listeners)
-    for s in subscribers:
-        await s.aclose()
-    for c in [*connections, publisher]:
+    await asyncio.wait_for(asyncio.gather(*(listen(sub) for sub in subscribers)), timeout=120)
+    for sub in subscribers:
+        await sub.aclose()
+    for c in connections:
         await c.aclose()
     return latencies
 
 
-async def run(args: argparse.Namespace, job_id: int, cookie_name: str, cookie_value: str) -> float:
+def reply(conn: Any, want: str) -> Any:
+    kind, value = conn.recv()
+    if kind == "error":
+        raise RuntimeError(value)
+    if kind != want:
+        raise RuntimeError(f"the client process answered {kind!r}, expected {want!r}")
+    return value
+
+
+def redis_publish(redis_url: str, channel: str, rate: float, total: int) -> None:
+    import redis
+
+    publisher = redis.Redis.from_url(redis_url)
+    start = time.perf_counter()
+    for i in range(total):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        publisher.publish(channel, json.dumps({"i": i, "accepted_at": time.time()}))
+    publisher.close()
+
+
+def run(args: argparse.Namespace, job_id: int, cookie_name: str, cookie_value: str) -> float:
+    import multiprocessing
+
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="ws-bench-")) / "daphne.log"
     daphne = start_daphne(port, log)
-    clients = Clients(args.clients, f"ws://127.0.0.1:{port}/ws/jobs/{job_id}/", f"{cookie_name}={cookie_value}")
+    parent, child = multiprocessing.get_context("spawn").Pipe()
+    clients = multiprocessing.get_context("spawn").Process(
+        target=client_process, args=(child, f"ws://127.0.0.1:{port}/ws/jobs/{job_id}/",
+                                     f"{cookie_name}={cookie_value}", args.clients, args.redis_url), daemon=True)
     rows = []
     try:
-        await clients.start()
+        clients.start()
+        reply(parent, "live")
         for rate in args.rates:
             seconds = max(args.seconds, 20 / rate)  # at least 20 events per setting
-            ws = await websocket_run(clients, job_id, rate, seconds, args.flush_interval, args.max_messages)
-            raw = await redis_run(args.redis_url, args.clients, rate, seconds)
+            run_name = f"{rate:g}/s"
+            total = emit_at_rate(job_id, run_name, rate, seconds, args.flush_interval, args.max_messages)
+            parent.send(("collect", (run_name, total)))
+            ws = reply(parent, "latencies")
+            channel = f"bench-{uuid.uuid4().hex}"
+            parent.send(("redis", (channel, total, args.redis_subscribers)))
+            reply(parent, "subscribed")
+            redis_publish(args.redis_url, channel, rate, total)
+            raw = reply(parent, "latencies")
+            if len(raw) < total * args.redis_subscribers:
+                raise RuntimeError(f"raw Redis: {len(raw)} of {total * args.redis_subscribers} messages arrived")
             rows.append((rate, ws, raw))
     finally:
-        await clients.stop()
+        if clients.is_alive():
+            parent.send(("stop", None))
+            clients.join(30)
         daphne.terminate()
         daphne.wait(15)
+        if daphne.returncode not in (0, -15):
+            print(f"daphne log: {log}", file=sys.stderr)
 
-    print(f"{args.clients} clients, sink flush interval {args.flush_interval} s, "
-          f"at most {args.max_messages:g} messages/s per job")
+    print(f"{args.clients} websocket clients (in their own process), sink flush interval {args.flush_interval} s, "
+          f"at most {args.max_messages:g} messages/s per job; raw Redis: {args.redis_subscribers} subscriber(s)")
     print(f"{'events/s':>9} {'path':<28} {'p50 ms':>9} {'p99 ms':>9} {'samples':>9}")
     for rate, ws, raw in rows:
         print(f"{rate:>9g} {'sink -> websocket client':<28} {1000 * percentile(ws, 50):>9.1f} "
@@ -268,16 +322,18 @@ def main(argv: list[str] | None = None) -> float:
     ap.add_argument("--seconds", type=float, default=5.0, help="how long each rate runs")
     ap.add_argument("--flush-interval", type=float, default=0.5, help="the sink's batching window (s)")
     ap.add_argument("--max-messages", type=float, default=4.0, help="the sink's group messages per second")
+    ap.add_argument("--redis-subscribers", type=int, default=1,
+                    help="raw pub/sub subscribers (one shows the transport floor; 50 Python decoders of 1,000 "
+                         "messages/s each measure the client process, not Redis)")
     ap.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"))
     ap.add_argument("--database-url", default=None, help="default: a throwaway SQLite file")
     args = ap.parse_args(argv)
-    if args.clients < 1 or any(r <= 0 for r in args.rates):
-        ap.error("--clients and --rates must be positive")
+    if args.clients < 1 or args.redis_subscribers < 1 or any(r <= 0 for r in args.rates):
+        ap.error("--clients, --redis-subscribers and --rates must be positive")
     database_url = args.database_url or f"sqlite:///{tempfile.mkdtemp(prefix='ws-bench-db-')}/bench.sqlite3"
     setup_django(database_url, args.redis_url)
-    return asyncio.run(run(args, *make_job()))
+    return run(args, *make_job())
 
 
 if __name__ == "__main__":
-    threading.current_thread().name = "benchmark"
     main()
