@@ -157,6 +157,15 @@ class VLLMEngine(Engine):
         }
         if max_model_len is not None:
             kwargs["max_model_len"] = int(max_model_len)
+        if on_cpu and "enable_chunked_prefill" not in kwargs:
+            # A prompt split across engine steps makes vLLM rewind the request's sampler, which only CUDA
+            # generators support: seeded requests then fail on the CPU. Whole prompts per step avoid it.
+            kwargs["enable_chunked_prefill"] = False
+            if "max_num_batched_tokens" not in kwargs:
+                from transformers import AutoConfig
+
+                context = max_model_len or getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 0)
+                kwargs["max_num_batched_tokens"] = max(4096, int(context or 0))
         if on_cpu and "kv_cache_memory_bytes" not in kwargs and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
             kwargs["kv_cache_memory_bytes"] = int((kv_cache_gib or DEFAULT_CPU_KV_CACHE_GIB) * 2**30)
         elif kv_cache_gib is not None:

@@ -109,6 +109,15 @@ async def test_it_batches_concurrent_requests_and_a_seed_samples_the_same_tokens
     assert len({tuple(g.token_ids) for g in crowd}) > 8  # different seeds, different samples
 
 
+async def test_seeded_requests_whose_prompts_overflow_one_engine_step_all_complete(engine: VLLMEngine) -> None:
+    # 12 x 900 prompt tokens exceed one step's token budget (4096): vLLM must schedule them over several
+    # steps without splitting a prompt (a split rewinds the seeded sampler, which CPU generators cannot do).
+    prompts = [[5 + i % 7] * 900 for i in range(12)]
+    gens = await asyncio.gather(*(engine.generate(p, af.Sampling(temperature=1.0, max_new_tokens=4, seed=i))
+                                  for i, p in enumerate(prompts)))
+    assert all(len(g.token_ids) == len(g.logprobs) >= 1 for g in gens)
+
+
 async def test_it_stops_at_a_stop_string_and_keeps_its_tokens(engine: VLLMEngine, prompts: list[list[int]]) -> None:
     free = await engine.generate(prompts[3], af.Sampling(temperature=1.0, max_new_tokens=64, seed=7))
     text = engine.tokenizer.decode(free.token_ids)
