@@ -263,14 +263,14 @@ def shared_prefix_length(batch: Batch, loss_mask_start: int, minimum: int = 16) 
     return length if length >= minimum else 0
 
 
-def forward(model: Any, batch: Batch, temperature: float, *, entropy: bool = False, hidden: bool = False
-            ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def forward(model: Any, batch: Batch, temperature: float, *, entropy: bool = False, hidden: bool = False,
+            share_prefix: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Logprobs of the batch's tokens [B, L-1], and optionally the entropy [B, L-1] and last hidden states
     [B, L-1, H] at the predicting positions. Positions inside a shared prompt prefix (all mask 0) hold 0."""
     B, L = batch.input_ids.shape
     trained = batch.mask.any(0).nonzero()
     first_trained = int(trained[0].item()) + 1 if trained.numel() else L - 1
-    P = shared_prefix_length(batch, first_trained)
+    P = shared_prefix_length(batch, first_trained) if share_prefix else 0
     if P:
         pre = model(input_ids=batch.input_ids[:1, :P], use_cache=True, output_hidden_states=hidden)
         cache = pre.past_key_values
