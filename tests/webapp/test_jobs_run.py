@@ -109,3 +109,18 @@ def test_a_job_whose_worker_is_killed_fails_within_the_heartbeat_window_and_resu
     assert done["step"] == 6
     events = alice_api.get(f"/api/jobs/{resumed['id']}/events/?type=metrics&limit=5000").json()["events"]
     assert min(e["step"] for e in events) == last.step + 1  # continued, did not start over
+
+
+def test_a_job_that_crashes_on_the_worker_ends_failed_with_the_error_shown(
+        alice_api: Any, alice_client: Any, builtins: dict[str, Any], runs_dir: Path) -> None:
+    broken = runs_dir / "broken-model"
+    broken.mkdir(exist_ok=True)
+    (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    job = launch(alice_api, builtins, model_source="path", model_path=str(broken))
+    done = wait_for(lambda: job_in(alice_api, job["id"], *Status.values[2:]), 120, "the job to fail", 0.5)
+    assert done["status"] == "failed"
+    assert done["error"]
+    events = alice_api.get(f"/api/jobs/{job['id']}/events/?type=log").json()["events"]
+    assert any(e["data"].get("level") == "error" and "Traceback" in e["data"].get("traceback", "") for e in events)
+    page = alice_client.get(reverse("jobs:detail", args=[job["id"]])).content.decode()
+    assert 'data-status="failed"' in page and 'id="job-error"' in page

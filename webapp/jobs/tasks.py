@@ -95,9 +95,9 @@ def on_checkpoint(job_id: int, sink: Any, step: int, path: str, metrics: dict[st
                "message": f"checkpoint saved at step {step}: {path}"})
 
 
-@shared_task(name="webapp.jobs.tasks.run_job", bind=True, acks_late=True,
+@shared_task(name="webapp.jobs.tasks.run_job", acks_late=True,
              time_limit=settings.JOB_TIME_LIMIT, soft_time_limit=settings.JOB_SOFT_TIME_LIMIT)
-def run_job(self: Any, job_id: int) -> str:
+def run_job(job_id: int) -> str:
     from webapp.jobs import body
     from webapp.monitor.sink import DatabaseEventSink
 
