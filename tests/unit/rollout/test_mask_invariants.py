@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import unicodedata
 from collections.abc import Callable
 from typing import Any
 
@@ -68,7 +69,9 @@ CALLABLE_NAMES = [t.name for t in TOOLS] + ["no_such_tool"]
 # ---------------------------------------------------------------------------------------------- turns
 # '|' would spell special tokens such as <|im_end|> (a real engine stops there, so text never holds one);
 # '#' would spell the #rollout=K# marker the scripted engine routes by.
-free_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="|#"), max_size=24)
+# NFC-normalised, as the tokenizer normalises text (a model's sampled tokens always decode to normal form).
+free_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="|#"),
+                    max_size=24).map(lambda s: unicodedata.normalize("NFC", s))
 json_scalar = st.one_of(st.integers(-10**6, 10**6), free_text, st.booleans(), st.none())
 arguments = st.one_of(
     st.fixed_dictionaries({"a": st.integers(-999, 999), "b": st.integers(-999, 999)}),
