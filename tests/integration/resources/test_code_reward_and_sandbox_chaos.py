@@ -50,7 +50,15 @@ async def test_code_tests_borrows_a_clean_sandbox_from_the_jobs_pool_not_the_rol
 
 
 def our_processes() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    """Live sandbox processes this test process started (other fixtures' children are not counted)."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and any("_worker.py" in part for part in p.cmdline()):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
 
 
 @pytest.mark.slow
