@@ -79,6 +79,8 @@ def load_policy(config: Config, device: torch.device, path: str | None = None) -
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = path or config.model.path
+    if (Path(path) / "adapter_config.json").is_file():
+        return _load_lora_checkpoint(Path(path), config, device)
     if not Path(path).is_dir():
         if not config.model.build_tiny:
             raise FileNotFoundError(f"model.path {path!r} does not exist; point it at a local model directory "
@@ -94,6 +96,24 @@ def load_policy(config: Config, device: torch.device, path: str | None = None) -
     if config.model.lora.enabled:
         model = apply_lora(model, config)
     return model, tokenizer
+
+
+def _load_lora_checkpoint(path: Path, config: Config, device: torch.device) -> tuple[Any, Any]:
+    """A LoRA checkpoint (adapter weights only) on top of the base model it names."""
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        from peft import PeftModel
+    except ImportError as exc:
+        raise RuntimeError(f"{path} holds LoRA adapters; loading them needs peft: pip install 'agentfly[lora]'") from exc
+    base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base or not Path(base).is_dir():
+        raise FileNotFoundError(f"{path}/adapter_config.json names base model {base!r}, which is not a local "
+                                "directory; put the base model back there or edit base_model_name_or_path")
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, config.model.dtype)).to(device)
+    return PeftModel.from_pretrained(model, path, is_trainable=True), AutoTokenizer.from_pretrained(path)
 
 
 def apply_lora(model: Any, config: Config) -> Any:
@@ -419,8 +439,16 @@ class Trainer:
 
         ckpt = resolve(path)
         state = load_state(ckpt)
-        weights = load_file(ckpt / "model.safetensors", device=str(self.device))
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        if (ckpt / "adapter_model.safetensors").is_file():  # LoRA: the checkpoint holds the adapters only
+            from peft import set_peft_model_state_dict
+
+            result = set_peft_model_state_dict(self.model, load_file(ckpt / "adapter_model.safetensors"))
+            if result.unexpected_keys:
+                raise ValueError(f"checkpoint {ckpt}: adapters do not fit this model ({result.unexpected_keys[:3]})")
+            missing, unexpected = [], []
+        else:
+            weights = load_file(ckpt / "model.safetensors", device=str(self.device))
+            missing, unexpected = self.model.load_state_dict(weights, strict=False)
         # Tied embeddings are saved once; anything else missing means the checkpoint is of another model.
         missing = [k for k in missing if k != "lm_head.weight"]
         if missing or unexpected:

@@ -52,3 +52,28 @@ def test_a_short_run_improves_the_mean_reward_on_a_fixed_seed(tiny_model_dir, tm
     assert len(rewards) == 8
     first, last = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
     assert last > first + 0.05, rewards
+
+
+def test_lora_trains_only_the_adapters_and_its_checkpoint_resumes_and_loads(tiny_model_dir, tmp_path):
+    pytest.importorskip("peft")
+    import torch
+
+    from trainer.loop import load_policy
+
+    overrides = tiny_overrides(tiny_model_dir, tmp_path / "lora", REWARD, "model.lora.enabled=true",
+                               "model.lora.r=4", "optim.lr=0.01", "steps=1")
+    trainer = Trainer(load_config(None, overrides))
+    trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    base_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
+    result = trainer.train()
+    ckpt = Path(result["checkpoint"])
+    assert (ckpt / "adapter_model.safetensors").exists()
+    assert all(torch.equal(p, base_before[n]) for n, p in trainer.model.named_parameters() if n in base_before)
+    resumed = Trainer(load_config(None, [*overrides, "steps=2", f"output_dir={tmp_path / 'again'}"]), resume=ckpt)
+    assert resumed.step == 1
+    for (name, a), (_, b) in zip(trainer.model.named_parameters(), resumed.model.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+    model, _ = load_policy(load_config(None, overrides), torch.device("cpu"), path=str(ckpt))
+    lora_a = {n: p for n, p in model.named_parameters() if "lora_A" in n}
+    assert lora_a and all(torch.equal(p, dict(trainer.model.named_parameters())[n]) for n, p in lora_a.items())
