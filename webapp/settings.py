@@ -203,7 +203,7 @@ CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
-                   "capacity": 1000, "expiry": 60},
+                   "prefix": env_str("CHANNEL_LAYER_PREFIX", "asgi"), "capacity": 1000, "expiry": 60},
     }
 }
 
