@@ -56,7 +56,8 @@ class ScienceWorld:
 
     Args:
         spec: the ResourceSpec when built by a pool; ``spec.options`` may set ``simplification`` (default
-            "easy": doors open, teleporting allowed, which small models need) and ``step_limit`` (100).
+            "easy": doors open, teleporting allowed, which small models need), ``step_limit`` (100) and
+            ``java_options`` (default: a 1 GiB heap, serial GC and quick JIT, for many small JVMs).
     """
 
     kind = "environment"
@@ -65,6 +66,8 @@ class ScienceWorld:
         options = dict(getattr(spec, "options", None) or {})
         self.simplification = simplification if simplification is not None else options.get("simplification", "easy")
         self.step_limit = int(step_limit or options.get("step_limit", 100))
+        # The JVM's default heap is a quarter of the machine's memory; pooled JVMs must not each claim that.
+        self.java_options = str(options.get("java_options", "-Xmx1g -XX:+UseSerialGC -XX:TieredStopAtLevel=1"))
         self.worker: LocalWorker | None = None
         self.loaded: tuple[str, int] | None = None
         self.task_description = ""
@@ -81,7 +84,8 @@ class ScienceWorld:
         root = str(Path(agentfly.__file__).resolve().parents[1])
         self.worker = LocalWorker(
             [sys.executable, "-m", "agentfly.envs._sciworld_worker"],
-            env={"PYTHONPATH": root, "AGENTFLY_SCIWORLD_STEP_LIMIT": str(self.step_limit)},
+            env={"PYTHONPATH": root, "AGENTFLY_SCIWORLD_STEP_LIMIT": str(self.step_limit),
+                 "JAVA_TOOL_OPTIONS": self.java_options},
             harden=False,  # the simulator is trusted code, and the JVM needs memory and localhost
             ready_timeout=120,
         )
