@@ -85,6 +85,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "webapp.accounts",
     "webapp.registry",
@@ -233,6 +234,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Register tools and rewards, launch, cancel and resume training jobs, read their events.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI's assets come from the sidecar package through WhiteNoise, never from a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 LOGGING = {

@@ -297,6 +297,8 @@ def test_the_openapi_schema_describes_the_launch_endpoint(alice_client: Any) -> 
     schema = response.json()
     assert "/api/jobs/" in schema["paths"] and "/api/jobs/{id}/cancel/" in schema["paths"]
     assert "Launch" in json.dumps(schema["components"]["schemas"])
+    docs = alice_client.get("/api/docs/").content.decode()
+    assert "/static/drf_spectacular_sidecar/swagger-ui-dist/" in docs and "cdn" not in docs.lower()
 
 
 def test_the_job_list_refreshes_itself_while_a_job_is_active(alice_client: Any, team_a: Any, alice: Any) -> None:
