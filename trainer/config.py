@@ -155,11 +155,11 @@ class EvalConfig:
 
 @dataclass
 class SFTConfig:
-    num_demos: int = _f(64, "Demonstrations generated from training problems.")
+    num_demos: int = _f(4000, "Demonstrations generated from the 'sft' stream of problems.")
     wrong_fraction: float = _f(0.25, "Share of demonstrations whose final answer is deliberately wrong.")
-    epochs: int = _f(4, "Passes over the demonstrations.")
-    batch_size: int = _f(16, "Demonstrations per optimizer step.")
-    lr: float = _f(3e-3, "AdamW learning rate for SFT.")
+    epochs: int = _f(4, "Passes over the demonstrations (the tiny model needs ~2000 steps to learn to copy digits).")
+    batch_size: int = _f(8, "Demonstrations per optimizer step (small: optimizer steps matter more than tokens).")
+    lr: float = _f(1.5e-3, "AdamW learning rate for SFT.")
     output_dir: str | None = _f(None, "Where the SFT model is saved; None = <output_dir>/sft.")
 
 
