@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from agentfly.context import RolloutContext
-from agentfly.envs import SCIENCEWORLD, scienceworld_tasks, task_names
+from agentfly.envs import SCIENCEWORLD
 from agentfly.envs.scienceworld import java_available
 from agentfly.resources import Pool, ResourceEngine
 from agentfly.rewards.builtin.env import env_score
@@ -18,18 +18,6 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(java_available() is not None, reason=str(java_available())),
 ]
-
-
-def test_the_task_set_keeps_train_and_test_variations_apart() -> None:
-    train, test = scienceworld_tasks("train"), scienceworld_tasks("test")
-    assert len(task_names()) == 30
-    assert {s["task"] for s in train} == set(task_names())
-    train_keys = {(s["task"], s["variation"]) for s in scienceworld_tasks("train", described_only=False)}
-    assert not train_keys & {(s["task"], s["variation"]) for s in test}
-    assert "Your task is to boil water" in next(s for s in train if s["id"] == "boil/0")["prompt"]
-    assert len(scienceworld_tasks("train", tasks=["boil"], variations_per_task=2)) == 2
-    with pytest.raises(ValueError, match="unknown ScienceWorld task"):
-        scienceworld_tasks("train", tasks=["bake-a-cake"])
 
 
 async def test_rollouts_reuse_one_pooled_jvm_each_with_its_own_task_and_score() -> None:
