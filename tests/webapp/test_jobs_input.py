@@ -314,3 +314,15 @@ def test_the_job_list_refreshes_itself_while_a_job_is_active(alice_client: Any, 
 def test_the_launch_page_says_why_no_reward_can_be_chosen(alice_client: Any) -> None:
     page = alice_client.get(reverse("jobs:launch")).content.decode()
     assert "No reward is registered yet" in page
+
+
+def test_a_job_nobody_takes_says_which_queue_needs_a_worker(alice_client: Any, team_a: Any, alice: Any) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    job = TrainingJob.objects.create(team=team_a, created_by=alice, name="stuck", config={}, queue="gpu")
+    assert 'id="job-waiting"' not in alice_client.get(reverse("jobs:detail", args=[job.pk])).content.decode()
+    TrainingJob.objects.filter(pk=job.pk).update(created_at=timezone.now() - timedelta(minutes=2))
+    page = alice_client.get(reverse("jobs:detail", args=[job.pk])).content.decode()
+    assert 'id="job-waiting"' in page and "celery -A webapp worker -Q gpu" in page

@@ -105,6 +105,11 @@ class TrainingJob(models.Model):
         return (end - self.started_at).total_seconds()
 
     @property
+    def waiting_for_worker(self) -> bool:
+        """Queued for long enough that a missing worker is the likely reason (shown as a hint)."""
+        return self.status == Status.QUEUED and (timezone.now() - self.created_at).total_seconds() > 30
+
+    @property
     def progress(self) -> int:
         return int(100 * self.step / self.total_steps) if self.total_steps else 0
 
