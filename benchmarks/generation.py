@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
@@ -78,33 +79,52 @@ def throughput(engine: Engine, batch: int, tokens: int, repeats: int) -> float:
 
 
 def agent_overhead(engine: Engine, batch: int, tokens: int, repeats: int) -> tuple[float, float, int]:
-    """(agent seconds, raw generation seconds, tokens) for the same ``batch`` rollouts; best of ``repeats``."""
+    """(agent seconds, raw generation seconds, tokens) for the same ``batch`` rollouts.
+
+    The two alternate, which goes first switching each round, and each keeps its fastest round: on a shared
+    machine the noise only ever adds time.
+    """
     agent = af.Agent(model=engine, tools=[calculator], reward=math_equal, max_turns=1)
     samples = arithmetic.generate(batch, seed=0, split="bench")
     sampling = af.Sampling(temperature=1.0, max_new_tokens=tokens, seed=7)
-    best_agent = best_raw = float("inf")
-    produced = 0
-    for r in range(repeats + 1):
+    # A first agent run warms up and records the requests the loop makes: each rollout's prompt, its seed for
+    # turn 0 and the parser's stop strings.
+    trajectories = asyncio.run(agent.run(samples, group_size=1, sampling=sampling))
+    if any(t.error for t in trajectories):
+        raise RuntimeError(f"a rollout failed: {next(t.error for t in trajectories if t.error)}")
+    prompts = [t.token_ids[: t.prompt_length] for t in trajectories]
+    samplings = [sampling.replace(seed=turn_seed(sampling.seed, i, 0),
+                                  stop=tuple(dict.fromkeys((*sampling.stop, *agent.parser.stop))))
+                 for i in range(len(trajectories))]
+
+    def run_agent() -> float:
         start = time.perf_counter()
-        trajectories = asyncio.run(agent.run(samples, group_size=1, sampling=sampling))
-        agent_seconds = time.perf_counter() - start
-        if any(t.error for t in trajectories):
-            raise RuntimeError(f"a rollout failed: {next(t.error for t in trajectories if t.error)}")
-        # The same requests the loop made: each rollout's prompt, its seed for turn 0, the parser's stops.
-        prompts = [t.token_ids[: t.prompt_length] for t in trajectories]
-        samplings = [sampling.replace(seed=turn_seed(sampling.seed, i, 0),
-                                      stop=tuple(dict.fromkeys((*sampling.stop, *agent.parser.stop))))
-                     for i in range(len(trajectories))]
+        again = asyncio.run(agent.run(samples, group_size=1, sampling=sampling))
+        seconds = time.perf_counter() - start
+        if [t.token_ids for t in again] != [t.token_ids for t in trajectories]:
+            raise RuntimeError("the seeded agent rollouts changed between runs; the comparison is void")
+        return seconds
+
+    def run_raw() -> float:
         start = time.perf_counter()
         gens = asyncio.run(generate_all(engine, prompts, samplings))
-        raw_seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start
         for t, g in zip(trajectories, gens, strict=True):
             if t.token_ids[t.prompt_length: t.prompt_length + len(g.token_ids)] != g.token_ids:
                 raise RuntimeError("raw generation did not reproduce the agent's tokens; the comparison is void")
-        if r > 0:
-            best_agent, best_raw = min(best_agent, agent_seconds), min(best_raw, raw_seconds)
-            produced = sum(len(g.token_ids) for g in gens)
-    return best_agent, best_raw, produced
+        return seconds
+
+    agent_times: list[float] = []
+    raw_times: list[float] = []
+    for r in range(repeats):
+        if r % 2:
+            agent_times.append(run_agent())
+            raw_times.append(run_raw())
+        else:
+            raw_times.append(run_raw())
+            agent_times.append(run_agent())
+    produced = sum(len(t.token_ids) - t.prompt_length for t in trajectories)
+    return min(agent_times), min(raw_times), produced
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,14 +132,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--engines", nargs="+", default=["hf", "vllm"])
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 8, 64])
     ap.add_argument("--tokens", type=int, default=64, help="max new tokens per request")
-    ap.add_argument("--repeats", type=int, default=2, help="timed runs per cell after one warm-up (best is kept)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per cell after one warm-up (best is kept)")
     ap.add_argument("--overhead-batch", type=int, default=64)
     ap.add_argument("--model", type=Path, default=None, help="model directory (default: build the tiny model)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)  # before vLLM starts: it pins its OpenMP threads to this count
 
-    with tempfile.TemporaryDirectory() as tmp:
+    # Libraries print to stdout while models load (DeepSpeed's accelerator notice, for one); the table is
+    # this script's stdout, so everything before it goes to stderr.
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):
         model_dir = args.model or af.models.build_tiny(Path(tmp) / "tiny", seed=0)
         rates: dict[tuple[str, int], float] = {}
         overheads: dict[str, tuple[float, float, int]] = {}

@@ -90,6 +90,29 @@ def _refresh_tied_head(model: Any) -> None:
         head.quant_method.process_weights_after_loading(head)
 
 
+def _global_rng_states() -> tuple[Any, ...]:
+    import random
+
+    import numpy as np
+    import torch
+
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return random.getstate(), np.random.get_state(), torch.random.get_rng_state(), cuda
+
+
+def _restore_global_rng_states(states: tuple[Any, ...]) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.random.set_rng_state(states[2])
+    if states[3] is not None:
+        torch.cuda.set_rng_state_all(states[3])
+
+
 def _checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
     """Tensor names and shapes of the safetensors checkpoint in ``model_dir`` (empty if there is none).
 
@@ -170,7 +193,13 @@ class VLLMEngine(Engine):
             kwargs["kv_cache_memory_bytes"] = int((kv_cache_gib or DEFAULT_CPU_KV_CACHE_GIB) * 2**30)
         elif kv_cache_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
-        self.llm = LLM(model=path, **kwargs)
+        # vLLM seeds Python's, NumPy's and torch's global generators while it starts; in-process, those are
+        # the trainer's, so their states are put back (a resumed run must draw what the original drew).
+        rng_states = _global_rng_states()
+        try:
+            self.llm = LLM(model=path, **kwargs)
+        finally:
+            _restore_global_rng_states(rng_states)
         self.model_dir = path
         self.model_name = path
         self.tokenizer = AutoTokenizer.from_pretrained(path)

@@ -35,11 +35,41 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return af.models.build_tiny(tmp_path_factory.mktemp("vllm-tiny"), seed=0)
 
 
+# What the global generators drew right after seeding, without and with an engine built in between.
+RNG_DRAWS: dict[str, tuple[float, float, float]] = {}
+
+
+def seeded_draws() -> tuple[float, float, float]:
+    import random
+
+    import numpy as np
+
+    return random.random(), float(np.random.rand()), float(torch.rand(()))
+
+
+def reseed() -> None:
+    import random
+
+    import numpy as np
+
+    random.seed(1234)
+    np.random.seed(1234)
+    torch.manual_seed(1234)
+
+
 @pytest.fixture(scope="module")
 def engine(model_dir: Path) -> Iterator[VLLMEngine]:
+    reseed()
+    RNG_DRAWS["without"] = seeded_draws()
+    reseed()
     engine = VLLMEngine(model_dir)
+    RNG_DRAWS["with"] = seeded_draws()
     yield engine
     engine.close()
+
+
+def test_starting_the_engine_leaves_the_processs_random_generators_as_they_were(engine: VLLMEngine) -> None:
+    assert RNG_DRAWS["with"] == RNG_DRAWS["without"]
 
 
 @pytest.fixture(scope="module")
