@@ -87,3 +87,17 @@ def test_creating_a_team_twice_with_one_name_is_refused(alice: Any, alice_client
     assert "This field is required." in " ".join(response.context["form"].errors["name"])
     assert alice_client.post(reverse("accounts:teams"), {"name": "Vision"}).status_code == 302
     assert sorted(t.name for t in Team.objects.of(alice)) == ["Team A", "Vision"]
+
+
+def test_a_user_sees_their_api_token_and_can_replace_it(alice_client: Client, alice: Any) -> None:
+    from rest_framework.authtoken.models import Token
+
+    page = alice_client.get(reverse("accounts:token")).content.decode()
+    old = Token.objects.get(user=alice).key
+    assert old in page
+    assert alice_client.post(reverse("accounts:token")).status_code == 302
+    new = Token.objects.get(user=alice).key
+    assert new != old
+    api = Client()
+    assert api.get("/api/jobs/", HTTP_AUTHORIZATION=f"Token {old}").status_code == 401
+    assert api.get("/api/jobs/", HTTP_AUTHORIZATION=f"Token {new}").status_code == 200

@@ -53,3 +53,19 @@ def team_add_member(request: HttpRequest, slug: str) -> HttpResponse:
         messages.success(request, f"{form.cleaned_data['username'].username} joined {team.name}.")
         return redirect("accounts:team", slug=team.slug)
     return render(request, "accounts/team_detail.html", {"team": team, "form": form}, status=400)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def api_token(request: HttpRequest) -> HttpResponse:
+    """Show the user's REST API token; POST replaces it (the old one stops working at once)."""
+    from rest_framework.authtoken.models import Token
+
+    if request.method == "POST":
+        with transaction.atomic():
+            Token.objects.filter(user=request.user).delete()
+            Token.objects.create(user=request.user)
+        messages.success(request, "A new token was created; the old one no longer works.")
+        return redirect("accounts:token")
+    token, _ = Token.objects.get_or_create(user=request.user)
+    return render(request, "accounts/token.html", {"token": token})
