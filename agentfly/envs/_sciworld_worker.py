@@ -35,10 +35,11 @@ def main() -> None:
         if not 0 <= variation < limit:
             return {"ok": False, "error": f"task {task!r} has variations 0..{limit - 1}, not {variation}"}
         env.load(task, variation, req.get("simplification", "easy"))
-        observation, info = env.reset()
+        env.server.reset()
+        # A free look (no move spent), not env.reset(): that takes a "look around" step through env.step.
         state["task"] = (task, variation)
-        return {"ok": True, "observation": observation, "task_description": env.get_task_description(),
-                "score": info.get("score", 0)}
+        return {"ok": True, "observation": env.look(), "task_description": env.get_task_description(),
+                "score": round(100 * env.server.getScore())}
 
     def step(req: dict[str, Any]) -> dict[str, Any]:
         if state["task"] is None:
