@@ -2,6 +2,7 @@
 
     python -m webapp.demo                # web server on :8000, a worker, Redis, SQLite; Ctrl-C stops all
     python -m webapp.demo --port 8080 --steps 40
+    python -m webapp.demo --model runs/calculator/sft   # start from the SFT warm start (agentfly sft ...)
     python -m webapp.demo --exit-when-done   # for CI: exit 0 once the job succeeded, 1 if it did not
 
 What it does: uses Redis at ``REDIS_URL`` if one answers, otherwise starts ``redis-server`` on a free port
@@ -136,7 +137,7 @@ def demo_user() -> Any:
     return user, team
 
 
-def launch_demo_job(user: Any, team: Any, steps: int) -> Any:
+def launch_demo_job(user: Any, team: Any, steps: int, model: str | None = None) -> Any:
     """Launch through ``LaunchForm``, the same validation the launch page applies."""
     from webapp.jobs import actions
     from webapp.jobs.forms import LaunchForm
@@ -146,7 +147,8 @@ def launch_demo_job(user: Any, team: Any, steps: int) -> Any:
     calculator = visible.get(team__isnull=True, kind="tool", name="calculator")
     math_equal = visible.get(team__isnull=True, kind="reward", name="math_equal")
     form = LaunchForm({
-        "name": "demo: tiny agent with a calculator", "team": team.pk, "model_source": "tiny", "task": "arithmetic",
+        "name": "demo: tiny agent with a calculator", "team": team.pk, "model_source": "path" if model else "tiny",
+        "model_path": str(Path(model).resolve()) if model else "", "task": "arithmetic",
         "task_size": 200, "tools": [calculator.pk], "reward": math_equal.pk, "algorithm": "grpo", "steps": steps,
         "prompts_per_step": 2, "group_size": 4, "max_turns": 2, "max_new_tokens": 24, "learning_rate": 3e-4,
         "temperature": 1.0, "seed": 0, "eval_size": 8, "save_every": 5, "queue": "cpu",
@@ -165,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=8000, help="web server port (default 8000; 0 picks a free one)")
     ap.add_argument("--host", default="127.0.0.1", help="web server address (default 127.0.0.1)")
     ap.add_argument("--steps", type=int, default=30, help="training steps of the demo job (default 30)")
+    ap.add_argument("--model", default=None,
+                    help="a saved model directory to train (e.g. runs/calculator/sft from `agentfly sft`); "
+                         "default: a tiny untrained model built on the worker")
     ap.add_argument("--dir", default=str(ROOT / "runs" / "demo"), help="SQLite file, checkpoints and logs")
     ap.add_argument("--exit-when-done", action="store_true", help="stop once the job finishes (exit 0 if it succeeded)")
     args = ap.parse_args(argv)
@@ -196,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         wait("the worker to register the built-in tools",
              lambda: Entry.objects.filter(team__isnull=True, name__in=["calculator", "math_equal"]).ready().count() == 2,
              services, 120)
-        job = launch_demo_job(user, team, args.steps)
+        job = launch_demo_job(user, team, args.steps, args.model)
         print(f"\nAgentFly is running ({settings.DATABASES['default']['NAME']}, Redis {settings.REDIS_URL}).")
         print(f"  sign in at   {base}/login/   as {DEMO_USER} / {DEMO_PASSWORD}")
         print(f"  watch job    {base}{job.get_absolute_url()}")
