@@ -8,9 +8,10 @@ What is the same on both sides: the model (the tiny Qwen2 model after AgentFly's
 calls the calculator; built once into ``runs/bench/``), the problems and their order (``agentfly.tasks.
 arithmetic``, no shuffling), the calculator code and the reward code (TRL's side imports AgentFly's pure-Python
 evaluator and answer checker), group size, problems per step, temperature 1 with no top-p/top-k, one
-on-policy update per batch, the loss (clipped surrogate, epsilon 0.2, per-sequence token mean then mean over
-sequences, rewards divided by the group std, no KL), AdamW with the same learning rate and clipping, float32,
-no gradient checkpointing, the same torch and transformers versions and the same number of threads.
+on-policy update per batch, the loss (clipped surrogate, epsilon 0.2, mean over every trained token of the
+batch, rewards divided by the group std, no KL: the calculator example's GRPO), AdamW with the same learning
+rate (the example's) and clipping, float32, no gradient checkpointing, the same torch and transformers
+versions and the same number of threads.
 
 What differs, and why (also printed under the table):
 
@@ -22,6 +23,11 @@ What differs, and why (also printed under the table):
 - Generation: AgentFly's HF engine batches concurrent rollouts with a KV cache and drops finished rows; TRL
   calls ``model.generate`` on the batch, then on the rows that called a tool (its default, non-vLLM path).
 - Sampling seeds differ, so the two runs draw different trajectories: compare rewards as a trend, not a digit.
+- Step size: the example trains 16 problems x 8 rollouts per step for minutes; the default here is 4 x 4 for
+  3 steps, twice per side, to stay within a few minutes on a shared machine (``--prompts/--group/--steps``).
+
+Per-step time is reported as wall time and as the process's CPU time: on a shared machine the wall time of
+two runs made a minute apart can differ by 2x from load alone, while CPU time mostly reflects the work done.
 
 The TRL side runs in its own virtual environment (``benchmarks/trl_side/requirements.txt``) so its
 dependencies never touch AgentFly's. The last line is the ratio of steps per second, AgentFly over TRL.
@@ -32,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -136,19 +143,20 @@ def run_ours(args: argparse.Namespace) -> None:
         f"data.task={args.data}", f"data.eval_path={args.data}", "data.eval_size=1", "data.shuffle=false",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
         f"rollout.max_new_tokens={args.max_new_tokens}", f"rollout.max_turns={args.max_turns}",
-        "rollout.temperature=1.0", "algorithm.name=grpo", "algorithm.loss_agg=seq-mean-token-mean",
+        "rollout.temperature=1.0", "algorithm.name=grpo", "algorithm.loss_agg=token-mean",
         "algorithm.kl_coef=0", "algorithm.clip_low=0.2", "algorithm.clip_high=0.2", f"optim.lr={args.lr}",
         "optim.grad_clip=1.0", "model.dtype=float32", "log_samples=0", "progress=false",
         f"threads={args.threads}", f"seed={args.seed}", f"steps={args.steps}",
     ])
     trainer = Trainer(config)
-    step_times, trained, rewards, tool_calls = [], [], [], []
+    step_times, cpu_times, trained, rewards, tool_calls = [], [], [], [], []
     try:
         start = time.perf_counter()
         for _ in range(args.steps):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             m = trainer.train_step()
             step_times.append(time.perf_counter() - t0)
+            cpu_times.append(time.process_time() - c0)
             trained.append(round(m["response_length/mean"] * args.prompts * args.group))
             rewards.append(m["reward/mean"])
             # Parse errors are recorded as calls (the error goes back to the model); TRL counts only calls.
@@ -161,21 +169,24 @@ def run_ours(args: argparse.Namespace) -> None:
 
     Path(args.out).write_text(json.dumps({
         "framework": "agentfly", "transformers": transformers.__version__, "torch": torch.__version__,
-        "step_times": step_times, "train_seconds": total, "trained_tokens": trained, "rewards": rewards,
+        "step_times": step_times, "cpu_times": cpu_times, "train_seconds": total, "trained_tokens": trained,
+        "rewards": rewards,
         "tool_calls": tool_calls, "trajectories_per_step": args.prompts * args.group,
     }, indent=1))
 
 
 # ------------------------------------------------------------------------------------------ the comparison
-def summarise(result: dict[str, Any]) -> dict[str, float]:
-    """Per-step figures over steps 2..N (the first pays for warm-up on both sides) when there are more."""
-    times = result["step_times"][1:] or result["step_times"]
-    tokens = result["trained_tokens"][1:] or result["trained_tokens"]
+def summarise(results: list[dict[str, Any]]) -> dict[str, float]:
+    """Per-step figures of one side over its rounds, each round's steps 2..N (the first step pays for warm-up
+    on both sides) when there are more; rewards are averaged over rounds step by step."""
+    times = [t for r in results for t in (r["step_times"][1:] or r["step_times"])]
+    cpu = [t for r in results for t in (r["cpu_times"][1:] or r["cpu_times"])]
+    tokens = [n for r in results for n in (r["trained_tokens"][1:] or r["trained_tokens"])]
     step = statistics.mean(times)
-    rewards = result["rewards"]
-    calls = [c for c in result["tool_calls"] if c == c]
+    rewards = [statistics.mean(step_rewards) for step_rewards in zip(*(r["rewards"] for r in results), strict=False)]
+    calls = [c for r in results for c in r["tool_calls"] if c == c]
     return {
-        "step": step, "traj_per_s": result["trajectories_per_step"] / step,
+        "step": step, "cpu": statistics.mean(cpu), "traj_per_s": results[0]["trajectories_per_step"] / step,
         "tokens_per_s": sum(tokens) / sum(times), "reward_first": rewards[0] if rewards else float("nan"),
         "reward_last": rewards[-1] if rewards else float("nan"),
         "reward_mean": statistics.mean(rewards) if rewards else float("nan"),
@@ -186,6 +197,7 @@ def summarise(result: dict[str, Any]) -> dict[str, float]:
 def run_side(cmd: list[str], name: str, timeout: float) -> dict[str, Any]:
     out = Path(cmd[cmd.index("--out") + 1])
     out.unlink(missing_ok=True)
+    shutil.rmtree(f"{out.with_suffix('')}-work", ignore_errors=True)  # a rerun starts clean
     log = out.with_suffix(".log")
     print(f"running the {name} side ({log})", flush=True)
     with log.open("w") as fh:
@@ -206,8 +218,9 @@ def main(argv: list[str] | None = None) -> float | None:
     ap.add_argument("--group", type=int, default=4, help="rollouts per problem (GRPO's G)")
     ap.add_argument("--max-new-tokens", type=int, default=48, help="tokens per assistant turn")
     ap.add_argument("--max-turns", type=int, default=3, help="assistant turns per trajectory")
-    ap.add_argument("--steps", type=int, default=4, help="training steps on each side")
-    ap.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")
+    ap.add_argument("--steps", type=int, default=3, help="training steps on each side per round")
+    ap.add_argument("--rounds", type=int, default=2, help="runs of each side, alternating")
+    ap.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate (the calculator example's)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads on both sides")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--venv", default=str(REPO / "runs" / "trl-venv"), help="the TRL side's environment")
@@ -234,18 +247,24 @@ def main(argv: list[str] | None = None) -> float | None:
     common = ["--model", str(model), "--data", str(data), "--prompts", str(args.prompts), "--group",
               str(args.group), "--max-turns", str(args.max_turns), "--steps", str(args.steps), "--lr", str(args.lr),
               "--threads", str(args.threads), "--seed", str(args.seed)]
-    ours = run_side([sys.executable, __file__, "--side", "ours", *common, "--max-new-tokens",
-                     str(args.max_new_tokens), "--out", str(work / "trl-compare-agentfly.json")], "AgentFly", args.timeout)
-    trl = run_side([str(python), str(TRL_SIDE / "run_trl.py"), *common, "--max-completion-length",
-                    str(args.max_new_tokens * args.max_turns), "--out", str(work / "trl-compare-trl.json")],
-                   "TRL", args.timeout)
+    ours_cmd = [sys.executable, __file__, "--side", "ours", *common, "--max-new-tokens", str(args.max_new_tokens),
+                "--out", str(work / "trl-compare-agentfly.json")]
+    trl_cmd = [str(python), str(TRL_SIDE / "run_trl.py"), *common, "--max-completion-length",
+               str(args.max_new_tokens * args.max_turns), "--out", str(work / "trl-compare-trl.json")]
+    ours: list[dict[str, Any]] = []
+    trl: list[dict[str, Any]] = []
+    # Alternate the sides, so a change in the machine's load during the run falls on both.
+    for _ in range(args.rounds):
+        ours.append(run_side(ours_cmd, "AgentFly", args.timeout))
+        trl.append(run_side(trl_cmd, "TRL", args.timeout))
     a, t = summarise(ours), summarise(trl)
 
     print(f"\nGRPO on arithmetic with the calculator: {args.prompts} problems x {args.group} rollouts per step, "
-          f"{args.steps} steps, up to {args.max_turns} turns, {args.threads} thread(s); per-step figures over "
-          f"steps 2..{args.steps}")
-    print(f"{'':<26}{'AgentFly':>12}{trl['framework']:>14}{'ours/TRL':>10}")
-    rows = [("wall s / step", "step", "{:.2f}", False), ("trajectories / s", "traj_per_s", "{:.2f}", True),
+          f"{args.steps} steps, up to {args.max_turns} turns, {args.threads} thread(s), {args.rounds} round(s) "
+          f"alternating the sides; per-step figures over steps 2..{args.steps} of every round")
+    print(f"{'':<26}{'AgentFly':>12}{trl[0]['framework']:>14}{'ours/TRL':>10}")
+    rows = [("wall s / step", "step", "{:.2f}", False), ("CPU s / step", "cpu", "{:.2f}", False),
+            ("trajectories / s", "traj_per_s", "{:.2f}", True),
             ("trained tokens / s", "tokens_per_s", "{:.0f}", True), ("tool calls / trajectory", "tool_calls",
                                                                      "{:.2f}", None),
             ("reward, step 1", "reward_first", "{:.3f}", None), (f"reward, step {args.steps}", "reward_last",
@@ -259,7 +278,7 @@ def main(argv: list[str] | None = None) -> float | None:
           f"{args.max_new_tokens * args.max_turns} tokens); tool schema JSON rendering; generation batching; "
           "sampling seeds")
     speed = t["step"] / a["step"]
-    print(f"steps per second, AgentFly / TRL: {speed:.2f}")
+    print(f"steps per second, AgentFly / TRL: {speed:.2f} by wall time, {t['cpu'] / a['cpu']:.2f} by CPU time")
     return speed
 
 

@@ -102,7 +102,9 @@ def main(argv: list[str] | None = None) -> None:
         temperature=1.0, top_p=1.0, top_k=0,
         beta=0.0,  # no reference model (AgentFly: algorithm.kl_coef=0)
         epsilon=0.2,
-        loss_type="grpo",  # per-sequence token mean, then mean over sequences (AgentFly: seq-mean-token-mean)
+        # Mean over every trained token of the batch (AgentFly: loss_agg=token-mean, as the calculator example);
+        # with one process and no gradient accumulation TRL's "dapo" normaliser is exactly that count.
+        loss_type="dapo",
         scale_rewards="group",  # divide by the group std (AgentFly: std_normalize=true)
         learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
         optim="adamw_torch",
@@ -116,16 +118,18 @@ def main(argv: list[str] | None = None) -> None:
 
     step_times: list[float] = []
     step_logs: list[dict[str, float]] = []
+    cpu_times: list[float] = []
     trained_tokens: list[int] = []
 
     class Clock(TrainerCallback):
         """Wall time of each optimizer step: generation with tool calls, scoring and the update."""
 
         def on_step_begin(self, *_: Any, **__: Any) -> None:
-            self.start = time.perf_counter()
+            self.start, self.cpu = time.perf_counter(), time.process_time()
 
         def on_step_end(self, *_: Any, **__: Any) -> None:
             step_times.append(time.perf_counter() - self.start)
+            cpu_times.append(time.process_time() - self.cpu)
 
         def on_log(self, _args: Any, _state: Any, _control: Any, logs: dict[str, Any] | None = None, **__: Any
                    ) -> None:
@@ -149,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     total = time.perf_counter() - start
     result = {
         "framework": f"trl {trl.__version__}", "transformers": transformers.__version__, "torch": torch.__version__,
-        "step_times": step_times, "train_seconds": total, "trained_tokens": trained_tokens,
+        "step_times": step_times, "cpu_times": cpu_times, "train_seconds": total, "trained_tokens": trained_tokens,
         "rewards": [entry.get("reward", float("nan")) for entry in step_logs],
         "tool_calls": [entry.get("tools/call_frequency", float("nan")) for entry in step_logs],
         "trajectories_per_step": args.prompts * args.group, "logs": step_logs,
