@@ -260,14 +260,14 @@
       h.t.push(t); h.util.push(g.util_percent ?? null);
       h.mem.push(g.memory_percent ?? (g.memory_total_mb ? (100 * g.memory_used_mb) / g.memory_total_mb : null));
     });
-    latestResources = { pools, worker };
+    latestResources = { pools, worker, engine: p.engine || null };
     resourcesDirty = true;
   }
 
   function renderResources() {
     if (!resourcesDirty || !latestResources) return;
     resourcesDirty = false;
-    const { pools, worker } = latestResources;
+    const { pools, worker, engine } = latestResources;
     const names = Object.keys(pools);
     document.getElementById("pools-empty").hidden = names.length > 0;
     if (names.length) {
@@ -301,6 +301,11 @@
       ["Process RSS", `${fmt(worker.process_rss_mb ?? worker.rss_mb, 0)} MiB`],
       ["Host", worker.host ? `${worker.host}:${worker.pid}` : "—"],
     ];
+    if (engine && typeof engine === "object" && Object.keys(engine).length) {
+      // The rollout engine's batching (HF engine stats): how well concurrent rollouts share the model.
+      items.push(["Rollout engine", `${fmt(engine.sequences)} sequences in ${fmt(engine.batches)} batches · max batch ${fmt(engine.max_batch)}` +
+        (engine.tokens_per_second ? ` · ${fmt(engine.tokens_per_second, 1)} tok/s` : "")]);
+    }
     const summary = el("dl", { class: "kv" });
     for (const [k, v] of items) summary.append(el("dt", { text: k }), el("dd", { text: v }));
     if (gpus.length) {

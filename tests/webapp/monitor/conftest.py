@@ -24,20 +24,26 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
 
 
 @pytest.fixture(autouse=True)
-def private_channel_layer(settings: Any) -> Iterator[None]:
-    """A channel layer with a prefix of this test's own, reset after it (layers are cached per process)."""
+def private_channel_layer(request: pytest.FixtureRequest, settings: Any) -> Iterator[str]:
+    """A channel-layer prefix of this test's own (layers are cached per process, so reset around it); the
+    Daphne a browser test starts is given the same prefix through ``CHANNEL_LAYER_PREFIX``.
+
+    A test that runs a job on the session's Celery worker shares the worker's prefix instead: the worker
+    publishes the job's events, and the page must hear them.
+    """
     from channels.layers import channel_layers
 
-    settings.CHANNEL_LAYERS = {
-        "default": {
+    config = settings.CHANNEL_LAYERS["default"]["CONFIG"]
+    prefix = config.get("prefix", "asgi")
+    if "worker" not in request.fixturenames:
+        prefix = f"monitor-test-{uuid.uuid4().hex[:8]}"
+        settings.CHANNEL_LAYERS = {"default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [{**settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"][0]}],
-                       "prefix": f"monitor-test-{uuid.uuid4().hex[:8]}",
+            "CONFIG": {**config, "hosts": [dict(config["hosts"][0])], "prefix": prefix,
                        "capacity": 5000, "expiry": 30},
-        }
-    }
+        }}
     channel_layers.backends.clear()
-    yield
+    yield prefix
     channel_layers.backends.clear()
 
 

@@ -73,12 +73,13 @@ class Daphne:
 
 
 @pytest.fixture
-def daphne(transactional_db: None, runs_dir: Path, tmp_path: Path) -> Iterator[Daphne]:
-    """Daphne serving the app against this test's database, stopped after the test."""
+def daphne(transactional_db: None, runs_dir: Path, tmp_path: Path, private_channel_layer: str) -> Iterator[Daphne]:
+    """Daphne serving the app against this test's database and channel layer, stopped after the test."""
     from django.db import connection
 
     connection.ensure_connection()
-    server = Daphne(worker_env(runs_dir), tmp_path / "daphne.log")
+    server = Daphne({**worker_env(runs_dir), "CHANNEL_LAYER_PREFIX": private_channel_layer},
+                    tmp_path / "daphne.log")
     server.start()
     try:
         yield server
@@ -87,15 +88,14 @@ def daphne(transactional_db: None, runs_dir: Path, tmp_path: Path) -> Iterator[D
 
 
 @pytest.fixture
-def browser_page(monkeypatch: Any) -> Iterator[Any]:
+def browser_page() -> Iterator[Any]:
     """A headless Debian Chromium page (Playwright's sync API)."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: apt-get update && apt-get install -y chromium")
     from playwright.sync_api import sync_playwright
 
-    # Playwright's sync API runs its own event loop on this thread; the test's ORM calls are still plain
-    # blocking calls, which Django would otherwise refuse inside a running loop.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    # Playwright's sync API runs its own event loop on this thread: from here on the tests touch the
+    # database only through ``off_loop``.
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         context = browser.new_context(viewport={"width": 1440, "height": 1800})
@@ -106,21 +106,41 @@ def browser_page(monkeypatch: Any) -> Iterator[Any]:
             yield page
         finally:
             browser.close()
-            # ORM calls made while Playwright's loop runs get connections of their own (Django keys them by
-            # async context); close them here, or the test database cannot be dropped at the end.
-            from django.db import connections
 
-            connections.close_all()
+
+def off_loop(fn: Any, *args: Any) -> Any:
+    """Call ``fn`` on a thread of its own. Playwright's loop runs on the test's thread, and storing events
+    there would announce them with ``async_to_sync``, which refuses to run beside a running loop."""
+    from django.db import connection
+
+    result: list[Any] = []
+
+    def call() -> None:
+        try:
+            result.append(fn(*args))
+        except BaseException as exc:
+            result.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join()
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]
 
 
 def sign_in(page: Any, user: Any, base_url: str) -> None:
     from django.conf import settings
     from django.test import Client
 
-    client = Client()
-    client.force_login(user)
-    page.context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "url": base_url,
-                               "value": client.cookies[settings.SESSION_COOKIE_NAME].value}])
+    def session_key() -> str:
+        client = Client()
+        client.force_login(user)
+        return client.cookies[settings.SESSION_COOKIE_NAME].value
+
+    page.context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "url": base_url, "value": off_loop(session_key)}])
 
 
 class PoolReporter:
@@ -172,11 +192,11 @@ def test_the_dashboard_grows_live_shows_rollouts_and_pools_and_cancels_the_job(
     from webapp.jobs.models import Status, TrainingJob
     from webapp.monitor.models import JobEvent
 
-    response = alice_api.post("/api/jobs/", {
+    response = off_loop(lambda: alice_api.post("/api/jobs/", {
         "name": "tiny live", "team": "team-a", "tools": [builtins["calculator"].pk],
         "reward": builtins["math_equal"].pk, "steps": 300, "prompts_per_step": 2, "group_size": 2,
         "max_turns": 2, "max_new_tokens": 12, "eval_size": 2, "save_every": 0,
-    }, format="json")
+    }, format="json"))
     assert response.status_code == 201, response.content
     job_id = response.json()["id"]
     page = browser_page
@@ -198,7 +218,8 @@ def test_the_dashboard_grows_live_shows_rollouts_and_pools_and_cancels_the_job(
             const raw = document.getElementById('chart-reward').data.find((t) => t.mode === 'lines+markers');
             return {x: Array.from(raw.x), y: Array.from(raw.y)};
         }""")
-        stored = {e.step: e.data["reward/mean"] for e in JobEvent.objects.filter(job_id=job_id, type="metrics")}
+        stored = off_loop(lambda: {e.step: e.data["reward/mean"]
+                                   for e in JobEvent.objects.filter(job_id=job_id, type="metrics")})
         assert plotted["x"] == sorted(plotted["x"])
         assert plotted["y"] == [pytest.approx(stored[s]) for s in plotted["x"]]
 
@@ -223,7 +244,7 @@ def test_the_dashboard_grows_live_shows_rollouts_and_pools_and_cancels_the_job(
                                timeout=180_000)
         page.screenshot(path=str(ARTIFACTS / "monitor-dashboard-cancelled.png"), full_page=True)
     assert not page.errors, page.errors
-    job = TrainingJob.objects.get(pk=job_id)
+    job = off_loop(lambda: TrainingJob.objects.get(pk=job_id))
     assert job.status == Status.CANCELLED and job.step < 300
     assert (ARTIFACTS / "monitor-dashboard.png").stat().st_size > 10_000
 
@@ -233,7 +254,7 @@ def test_a_page_whose_server_restarts_reconnects_and_resumes_without_gap_or_dupl
     from webapp.monitor.events import append_events
 
     def metrics(steps: range) -> None:
-        append_events(alice_job.pk, [{"type": "metrics", "step": s, "reward_mean": s / 10} for s in steps])
+        off_loop(append_events, alice_job.pk, [{"type": "metrics", "step": s, "reward_mean": s / 10} for s in steps])
 
     page = browser_page
     sign_in(page, alice, daphne.url)
@@ -264,10 +285,11 @@ def test_the_compare_page_overlays_several_jobs_and_the_toggles_change_only_the_
     from webapp.jobs.models import TrainingJob
     from webapp.monitor.events import append_events
 
-    other = TrainingJob.objects.create(team=alice_job.team, created_by=alice, name="baseline", config={})
+    other = off_loop(lambda: TrainingJob.objects.create(team=alice_job.team, created_by=alice, name="baseline",
+                                                        config={}))
     for job, scale in ((alice_job, 1.0), (other, 2.0)):
-        append_events(job.pk, [{"type": "metrics", "step": s, "reward_mean": scale * s, "kl": 0.01 * s}
-                               for s in range(1, 8)])
+        off_loop(append_events, job.pk, [{"type": "metrics", "step": s, "reward_mean": scale * s, "kl": 0.01 * s}
+                                         for s in range(1, 8)])
     page = browser_page
     sign_in(page, alice, daphne.url)
     page.goto(f"{daphne.url}/monitor/compare/?jobs={alice_job.pk},{other.pk}")
