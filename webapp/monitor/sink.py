@@ -4,6 +4,10 @@
 asyncio event loop, where the ORM refuses to run) never waits on the database. A writer thread drains the
 queue every ``flush_interval`` seconds, or sooner when ``max_batch`` events are waiting, and stores each
 batch in one transaction with ``append_events``. ``close`` stores what is left and stops the thread.
+
+Backpressure: every batch is one group message to the job's dashboards, and batches go out at most
+``max_messages_per_second`` times a second, so a fast job sends bigger batches, not more messages, and never
+floods Redis or a slow browser. Within a batch only the newest ``keep_samples`` sample events are kept.
 """
 
 from __future__ import annotations
