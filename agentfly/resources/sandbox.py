@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentfly.resources.backends.local import Isolation, Limits, LocalWorker, describe_exit
+from agentfly.resources.backends.local import Isolation, Limits, LocalWorker
 from agentfly.resources.spec import ResourceError
 
 DEFAULT_MAX_OUTPUT = 10_000
@@ -143,12 +143,10 @@ class PythonSandbox:
                 "so variables and files from earlier calls are gone.",
                 error="Timeout", restarted=True,
             )
-        except ResourceError:
-            code_text = describe_exit(self.worker.proc.returncode) if self.backend == "local" else "it stopped"
+        except ResourceError as exc:  # the process died (a crash, a limit) or broke the protocol
             await self._restart()
             return Execution(
-                text=f"Error: the sandbox process died ({code_text}); it was restarted, so variables and files "
-                "from earlier calls are gone.",
+                text=f"Error: {exc}; the sandbox was restarted, so variables and files from earlier calls are gone.",
                 error="Died", restarted=True,
             )
         if not reply.get("ok", False):

@@ -177,7 +177,12 @@ class LocalWorker:
         if not line:
             code = await self.proc.wait()
             raise ResourceError(f"sandbox process exited ({describe_exit(code)})")
-        return json.loads(line)
+        try:
+            return json.loads(line)
+        except ValueError:
+            # Code in the sandbox wrote into the protocol channel: nothing it says can be trusted any more.
+            await self.kill_async()
+            raise ResourceError("the sandbox wrote garbage into its control channel and was stopped") from None
 
     async def request(self, message: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         """Send one request and wait for its reply; on timeout the process is killed and TimeoutError raised."""

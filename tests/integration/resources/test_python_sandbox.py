@@ -132,7 +132,7 @@ async def test_an_endless_loop_is_killed_at_its_timeout_and_the_sandbox_restarts
 
 async def test_a_crashed_interpreter_is_restarted_with_an_observation_that_says_so(box: PythonSandbox) -> None:
     out = await box.run("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
-    assert out.startswith("Error: the sandbox process died (killed by SIGKILL")
+    assert out.startswith("Error: sandbox process exited (killed by SIGKILL")
     assert await box.run("2 + 2") == "4\n"
 
 
@@ -265,3 +265,11 @@ async def test_a_worker_that_dies_at_start_is_a_clear_error_and_leaves_nothing()
     with pytest.raises(ResourceError, match=r"sandbox process exited \(exit code 3\)"):
         await worker.start()
     assert worker.workdir is not None and not os.path.exists(worker.workdir)
+
+
+async def test_code_that_writes_into_the_control_channel_gets_the_sandbox_restarted(box: PythonSandbox) -> None:
+    # The protocol's reply pipe is one of the low descriptors the worker keeps; scribble on all of them.
+    out = await box.run("import os\nfor fd in range(3, 10):\n    try:\n        os.write(fd, b'garbage\\n')\n"
+                        "    except OSError:\n        pass")
+    assert out.startswith("Error: the sandbox wrote garbage into its control channel") and "restarted" in out
+    assert await box.run("1 + 1") == "2\n"
