@@ -118,7 +118,11 @@ class DockerWorker:
                 if stream == 1:
                     self._buffer += payload
             line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line)
+        try:
+            return json.loads(line)
+        except ValueError:
+            self._dead = True  # code in the sandbox wrote into the protocol: restart rather than trust it
+            raise ResourceError("the sandbox wrote garbage into its control channel and was stopped") from None
 
     async def start(self) -> None:
         create = asyncio.ensure_future(asyncio.to_thread(self._create))
