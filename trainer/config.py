@@ -173,6 +173,8 @@ class Config:
     deepspeed: str | None = _f(None, "DeepSpeed JSON config path (ZeRO 1/2/3, bf16); None = plain torch.")
     device: str = _f("auto", "'auto', 'cpu' or 'cuda[:i]'.")
     threads: int = _f(0, "torch intra-op threads; 0 = all cores but one.")
+    micro_batch_size: int = _f(32, "Rows per forward/backward; rows are length-sorted so each micro-batch is "
+                               "padded only to its own longest row, and gradients accumulate to the minibatch's.")
     save_every: int = _f(0, "Save a checkpoint every N steps (and at the end); 0 = only at the end.")
     keep_last: int = _f(2, "Checkpoints kept besides the best one.")
     log_samples: int = _f(2, "Sample trajectories sent to the event stream each step.")
@@ -207,7 +209,8 @@ class Config:
         for key, value in [("steps", self.steps), ("rollout.group_size", r.group_size),
                            ("rollout.prompts_per_step", r.prompts_per_step), ("rollout.max_turns", r.max_turns),
                            ("rollout.max_new_tokens", r.max_new_tokens), ("algorithm.epochs", a.epochs),
-                           ("algorithm.minibatches", a.minibatches), ("data.eval_size", self.data.eval_size)]:
+                           ("algorithm.minibatches", a.minibatches), ("data.eval_size", self.data.eval_size),
+                           ("micro_batch_size", self.micro_batch_size)]:
             if value < 1:
                 raise ConfigError(f"{key}={value} must be >= 1")
         if self.optim.lr <= 0:

@@ -265,6 +265,22 @@ def collate(trajectories: Sequence[Any], rewards: Sequence[float], group_ids: Se
                  torch.tensor(list(group_ids), dtype=torch.long, device=device))
 
 
+def _trim(batch: Batch, width: int) -> Batch:
+    """The batch cut to ``width`` token positions (its longest row), dropping padding columns."""
+    return Batch(batch.input_ids[:, :width], batch.attention_mask[:, :width], batch.mask[:, : width - 1],
+                 batch.rollout_logprobs[:, : width - 1], batch.rewards, batch.group_ids)
+
+
+def _agg_denominator(mask: torch.Tensor, mode: str) -> float:
+    """What ``aggregate_loss`` divides by for ``mode``: trained tokens, sequences with trained tokens, or
+    rows (``seq-mean-token-sum-norm``'s constant length cancels between micro-batch and minibatch)."""
+    if mode == "token-mean":
+        return float(mask.sum().clamp(min=1))
+    if mode == "seq-mean-token-sum-norm":
+        return float(mask.shape[0])
+    return float((mask.sum(-1) > 0).sum().clamp(min=1))
+
+
 def shared_prefix_length(batch: Batch, loss_mask_start: int, minimum: int = 16) -> int:
     """Length of the token prefix every row shares, capped before the first trained token (0 if short).
 
@@ -606,70 +622,96 @@ class Trainer:
     def _optimise(self, batch: Batch, old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None,
                   advantages: torch.Tensor, values: torch.Tensor | None, returns: torch.Tensor | None
                   ) -> dict[str, float]:
+        """Epochs x minibatches of optimizer steps. Each minibatch is run as length-sorted micro-batches
+        whose gradients accumulate, each padded only to its own longest row; every loss term is weighted by
+        its micro-batch's share of the minibatch's aggregation denominator, so the gradient is the one of
+        the whole minibatch at once."""
         cfg, a = self.config, self.config.algorithm
+        agg = a.resolved_loss_agg
         self.model.train()
-        sums: dict[str, list[float]] = {}
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
         norm_length = cfg.rollout.max_new_tokens * cfg.rollout.max_turns
         gen = torch.Generator().manual_seed(cfg.seed * 7_919 + self.step)
+        lengths = batch.attention_mask.sum(-1).cpu()
         first = True
         for _ in range(a.epochs):
             order = torch.randperm(batch.size, generator=gen) if a.minibatches > 1 else torch.arange(batch.size)
-            for chunk in order.chunk(a.minibatches):
-                idx = chunk.to(self.device)
-                mb = batch.rows(idx)
-                mask = mb.mask
-                want_entropy = True
-                logp, entropy, hidden = forward(self.model, mb, cfg.rollout.temperature, entropy=want_entropy,
-                                                hidden=self.value_head is not None)
-                if first:
-                    # Same tokens, same weights: any gap is engine/trainer numerics (or a bug).
-                    gap = (logp.detach() - mb.rollout_logprobs).abs()
-                    sums.setdefault("logprob_mismatch", []).append(algos.masked_mean(gap, mask).item())
-                    first = False
-                old = logp.detach() if old_logp is None else old_logp.index_select(0, idx)
-                loss, pm = algos.clipped_policy_loss(
-                    logp, old, advantages.index_select(0, idx), mask,
-                    clip_low=a.clip_low, clip_high=a.resolved_clip_high, dual_clip=a.dual_clip,
-                    agg=a.resolved_loss_agg, norm_length=norm_length)  # type: ignore[arg-type]
-                parts = {"loss/policy": loss.item(), **{k: v.item() for k, v in pm.items()}}
-                total = loss
-                if ref_logp is not None:
-                    kl = algos.kl_estimate(logp, ref_logp.index_select(0, idx), a.kl_estimator)
-                    kl_mean = algos.aggregate_loss(kl, mask, a.resolved_loss_agg, norm_length)  # type: ignore[arg-type]
-                    parts["kl"] = algos.masked_mean(kl.detach(), mask).item()
-                    if not a.kl_in_reward:
-                        total = total + a.kl_coef * kl_mean
-                if entropy is not None:
-                    ent = algos.masked_mean(entropy, mask)
-                    parts["entropy"] = ent.item()
-                    if a.entropy_coef:
-                        total = total - a.entropy_coef * ent
-                if self.value_head is not None:
-                    assert values is not None and returns is not None and hidden is not None
-                    v_new = self.value_head(hidden)
-                    vloss, vm = algos.clipped_value_loss(v_new, values.index_select(0, idx),
-                                                         returns.index_select(0, idx), mask, clip=a.value_clip)
-                    total = total + a.vf_coef * vloss
-                    parts["loss/value"] = vloss.item()
-                    parts |= {k: v.item() for k, v in vm.items()}
+            for rows in order.chunk(a.minibatches):
+                rows = rows[torch.argsort(lengths[rows], stable=True)]
+                size = batch.size if self.ds_engine is not None else cfg.micro_batch_size
+                micro = list(rows.split(size))
+                mb_mask = batch.mask.index_select(0, rows.to(self.device))
+                denominator = _agg_denominator(mb_mask, agg)
+                tokens_total = float(mb_mask.sum().clamp(min=1))
+                parts: dict[str, float] = {}
+                if self.ds_engine is None:
+                    self.optimizer.zero_grad(set_to_none=True)
+                for cpu_idx in micro:
+                    idx = cpu_idx.to(self.device)
+                    width = int(lengths[cpu_idx].max())
+                    mb = _trim(batch.rows(idx), width)
+                    mask = mb.mask
+                    w = _agg_denominator(mask, agg) / denominator  # this micro-batch's share of the mean
+                    w_tok = float(mask.sum()) / tokens_total  # its share of the tokens (for token means)
+
+                    def cut(t: torch.Tensor, idx: torch.Tensor = idx, width: int = width) -> torch.Tensor:
+                        return t.index_select(0, idx)[:, : width - 1]
+
+                    logp, entropy, hidden = forward(self.model, mb, cfg.rollout.temperature, entropy=True,
+                                                    hidden=self.value_head is not None)
+                    if first:
+                        # Same tokens, same weights: any gap is engine/trainer numerics (or a bug).
+                        gap = (logp.detach() - mb.rollout_logprobs).abs()
+                        parts["logprob_mismatch"] = parts.get("logprob_mismatch", 0.0) + w_tok * float(
+                            algos.masked_mean(gap, mask))
+                    old = logp.detach() if old_logp is None else cut(old_logp)
+                    loss, pm = algos.clipped_policy_loss(
+                        logp, old, cut(advantages), mask, clip_low=a.clip_low, clip_high=a.resolved_clip_high,
+                        dual_clip=a.dual_clip, agg=agg, norm_length=norm_length)  # type: ignore[arg-type]
+                    total = w * loss
+                    terms = {"loss/policy": w * loss.item(), **{k: w_tok * v.item() for k, v in pm.items()}}
+                    if ref_logp is not None:
+                        kl = algos.kl_estimate(logp, cut(ref_logp), a.kl_estimator)
+                        terms["kl"] = w_tok * algos.masked_mean(kl.detach(), mask).item()
+                        if not a.kl_in_reward:
+                            kl_loss = algos.aggregate_loss(kl, mask, agg, norm_length)  # type: ignore[arg-type]
+                            total = total + w * a.kl_coef * kl_loss
+                    if entropy is not None:
+                        ent = algos.masked_mean(entropy, mask)
+                        terms["entropy"] = w_tok * ent.item()
+                        if a.entropy_coef:
+                            total = total - w_tok * a.entropy_coef * ent
+                    if self.value_head is not None:
+                        assert values is not None and returns is not None and hidden is not None
+                        vloss, vm = algos.clipped_value_loss(self.value_head(hidden), cut(values), cut(returns),
+                                                             mask, clip=a.value_clip)
+                        total = total + w_tok * a.vf_coef * vloss
+                        terms["loss/value"] = w_tok * vloss.item()
+                        terms |= {k: w_tok * v.item() for k, v in vm.items()}
+                    terms["loss/total"] = total.item()
+                    if self.ds_engine is not None:
+                        self.ds_engine.backward(total)
+                    else:
+                        total.backward()
+                    for k, v in terms.items():
+                        parts[k] = parts.get(k, 0.0) + v
+                first = False
                 if self.ds_engine is not None:
-                    self.ds_engine.backward(total)
                     self.ds_engine.step()
                     grad_norm = float(self.ds_engine.get_global_grad_norm() or 0.0)
                 else:
-                    self.optimizer.zero_grad(set_to_none=True)
-                    total.backward()
                     params = [p for g in self.optimizer.param_groups for p in g["params"]]
                     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
                     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
                     self.optimizer.step()
                 parts["grad_norm"] = grad_norm
-                parts["loss/total"] = total.item()
                 for k, v in parts.items():
-                    sums.setdefault(k, []).append(v)
+                    sums[k] = sums.get(k, 0.0) + v
+                    counts[k] = counts.get(k, 0) + 1
         self.scheduler.step()
         self.model.eval()
-        return {k: float(np.mean(v)) for k, v in sums.items()}
+        return {k: sums[k] / counts[k] for k in sums}
 
     def evaluate(self) -> dict[str, float]:
         metrics, _ = evaluate(self.agent, self.eval_samples, self.config.eval.max_new_tokens,
