@@ -7,7 +7,9 @@ nothing of agents: the rollout layer reaches it through ``RolloutContext``.
 from agentfly.resources.backends.local import Isolation, Limits
 from agentfly.resources.engine import ResourceEngine
 from agentfly.resources.pool import Lease
+from agentfly.resources.ratelimit import RateLimiter
 from agentfly.resources.sandbox import PythonSandbox
+from agentfly.resources.scratchpad import Scratchpad
 from agentfly.resources.spec import (
     Pool,
     Resource,
@@ -24,11 +26,13 @@ __all__ = [
     "Limits",
     "Pool",
     "PythonSandbox",
+    "RateLimiter",
     "Resource",
     "ResourceClosed",
     "ResourceEngine",
     "ResourceError",
     "ResourceSpec",
     "ResourceTimeout",
+    "Scratchpad",
     "UnknownResource",
 ]
