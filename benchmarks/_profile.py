@@ -95,6 +95,22 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'part':<58}{'share of samples':>17}")
     for label, share in summarise(path):
         print(f"{label:<58}{share:>17.1%}")
+    if not args.summarise:
+        print(step_times(out_dir / "events.jsonl"))
+
+
+def step_times(events: Path) -> str:
+    """Mean wall and CPU seconds of steps 2..N from the run's event stream (step 1 pays for warm-up)."""
+    import statistics
+
+    from trainer.events import read_events
+
+    steps = [e["data"] for e in read_events(events, "metrics") if "time/step" in e["data"]]
+    steps = steps[1:] or steps
+    wall = statistics.mean(s["time/step"] for s in steps)
+    cpu = [s["time/step_cpu"] for s in steps if s.get("time/step_cpu") is not None]
+    cpu_text = f", CPU {statistics.mean(cpu):.2f} s" if cpu else ""
+    return f"per step (steps 2..{len(steps) + 1}): wall {wall:.2f} s{cpu_text}"
 
 
 if __name__ == "__main__":

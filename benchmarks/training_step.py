@@ -142,12 +142,21 @@ def stage_breakdown(trainer: Any, args: argparse.Namespace) -> None:
     # The first step pays for warm-up (allocator, thread pool): leave it out when there are more.
     mean = {k: statistics.mean(v[1:] or v) for k, v in stages.items()}
     step = mean.pop("step")
-    print(f"\nstage breakdown of one training step ({args.prompts}x{args.group} rollouts sampled from the tiny "
-          f"model, mean of steps 2..{args.stage_steps})")
+    print(f"\nstage breakdown of one training step ({args.prompts}x{args.group} rollouts sampled by the HF engine, "
+          f"mean of steps 2..{args.stage_steps})")
     print(f"{'stage':<40}{'ms':>9}{'share':>8}")
     for key, value in sorted(mean.items(), key=lambda kv: -kv[1]):
         print(f"{key:<40}{value * 1e3:>9.1f}{value / step:>8.0%}")
     print(f"{'step (wall)':<40}{step * 1e3:>9.1f}{1:>8.0%}")
+
+
+def default_model(af: Any) -> Path:
+    """The warm-started tiny model ``trl_compare.py`` builds, when it is there (its rollouts call the
+    calculator, as a training run's do); else the untrained tiny model, whose rollouts rarely call a tool."""
+    warm = sorted(Path(__file__).resolve().parents[1].glob("runs/bench/tiny-sft-*/model.safetensors"))
+    if warm:
+        return warm[0].parent
+    return Path(af.models.build_tiny(Path(tempfile.gettempdir()) / "agentfly-bench-tiny", seed=0))
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -168,7 +177,8 @@ def main(argv: list[str] | None = None) -> float:
 
     import agentfly as af
 
-    model_dir = Path(args.model or af.models.build_tiny(Path(tempfile.gettempdir()) / "agentfly-bench-tiny", seed=0))
+    model_dir = Path(args.model) if args.model else default_model(af)
+    print(f"model: {model_dir}")
     trainer = build_trainer(args, model_dir)
     try:
         ratio = update_comparison(trainer, args)
