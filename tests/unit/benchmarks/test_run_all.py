@@ -1,0 +1,102 @@
+"""``benchmarks/run_all.py``: each script runs in its own subprocess with a limit, its table is kept and the
+page is written with the machine, the versions and the owners' notes."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import textwrap
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "run_all.py"
+
+
+@pytest.fixture
+def run_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("run_all_under_test", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "REPO", tmp_path)
+    monkeypatch.setattr(module, "LOGS", tmp_path / "runs" / "logs")
+    return module
+
+
+def write_script(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def test_it_keeps_the_table_and_drops_progress_bars_and_library_chatter(run_all: ModuleType, tmp_path: Path
+                                                                         ) -> None:
+    script = write_script(tmp_path, "fake", '''
+        """Fake: a question. More text."""
+        import sys
+        print("Loading weights: 100%|####| 50/50 [00:00<00:00, 4243.10it/s]")
+        print("setting      seconds")
+        print("baseline        1.00")
+        print("Timeout is disabled as parsing_timeout is None")
+        print("warming up", file=sys.stderr)
+        print("ratio ours/baseline: 0.50")
+    ''')
+    result = run_all.run_script(script, timeout=60)
+    assert result.status == "ok"
+    assert result.question == "Fake: a question"
+    assert result.table == ["setting      seconds", "baseline        1.00", "ratio ours/baseline: 0.50"]
+    assert result.headline == "ratio ours/baseline: 0.50"
+    assert "warming up" in (tmp_path / result.log).read_text()
+
+
+def test_a_failing_script_is_reported_with_its_exit_code_and_log(run_all: ModuleType, tmp_path: Path) -> None:
+    script = write_script(tmp_path, "broken", '''
+        """Broken."""
+        raise SystemExit(3)
+    ''')
+    result = run_all.run_script(script, timeout=60)
+    assert result.status.startswith("failed (exit 3")
+    assert result.headline == result.status
+
+
+def test_a_script_past_its_limit_is_stopped_and_reported(run_all: ModuleType, tmp_path: Path) -> None:
+    script = write_script(tmp_path, "slow", '''
+        """Slow."""
+        import time
+        print("first row", flush=True)
+        time.sleep(30)
+    ''')
+    result = run_all.run_script(script, timeout=1)
+    assert result.status == "timed out after 1 s"
+    assert result.seconds < 20
+
+
+@pytest.mark.skipif("torch" in sys.modules and __import__("torch").cuda.is_available(), reason="has a GPU")
+def test_a_gpu_script_is_listed_as_not_run_on_a_machine_without_cuda(run_all: ModuleType, tmp_path: Path) -> None:
+    script = write_script(tmp_path, "gpu", '''
+        """GPU run."""
+        REQUIRES_GPU = True
+        raise SystemExit("must not run")
+    ''')
+    result = run_all.run_script(script, timeout=60)
+    assert result.status.startswith("not run")
+
+
+def test_the_page_names_the_machine_and_versions_and_merges_the_owners_notes(run_all: ModuleType, tmp_path: Path
+                                                                            ) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "benchmarks-zeta.md").write_text("## Zeta notes\nsecond")
+    (tmp_path / "docs" / "benchmarks-alpha.md").write_text("## Alpha notes\nfirst")
+    results = [run_all.Result("fake", "Fake: a question", "python benchmarks/fake.py", "ok", 2.0,
+                              ["a | b", "ratio: 0.50"])]
+    import datetime as dt
+
+    page = run_all.render(results, "python benchmarks/run_all.py", dt.datetime(2026, 1, 1), (1.0, 2.0, 3.0))
+    assert "CPU: " in page and "cores" in page and "torch " in page and "transformers " in page
+    assert "Load average when the run started: 1.0" in page
+    assert "| `fake` | Fake: a question | ratio: 0.50 |" in page  # the summary row
+    assert "a \\| b" not in page.split("## fake")[1] and "a | b" in page  # tables verbatim in code blocks
+    assert page.index("Alpha notes") < page.index("Zeta notes")
