@@ -88,6 +88,15 @@ class RolloutConfig:
 
 
 @dataclass
+class ResourceConfig:
+    spec: str | None = _f(None, "A ResourceSpec as 'module:attribute' (e.g. agentfly.envs.scienceworld:SCIENCEWORLD); "
+                          "None = the built-in spec of this name (python, wiki, scienceworld).")
+    min: int | None = _f(None, "Instances kept warm; None keeps the spec's.")
+    max: int | None = _f(None, "Most instances at once (acquirers beyond it wait); None keeps the spec's.")
+    acquire_timeout: float | None = _f(None, "Seconds a rollout waits for an instance; None keeps the spec's.")
+
+
+@dataclass
 class AlgorithmConfig:
     name: AlgorithmName = _f("grpo", "grpo | dr_grpo | dapo | rloo | reinforce_pp | reinforce_pp_baseline | ppo.")
     clip_low: float = _f(0.2, "Lower clip: ratio >= 1 - clip_low (PPO: 0.2).")
@@ -180,6 +189,8 @@ class Config:
     log_samples: int = _f(2, "Sample trajectories sent to the event stream each step.")
     tensorboard: bool = _f(False, "Also write TensorBoard scalars (needs the tensorboard package).")
     progress: bool = _f(True, "Print a progress bar and a per-step table to the terminal.")
+    resources: dict[str, ResourceConfig] = _f({}, "Resource pools by name, e.g. {python: {max: 4}}; tools that "
+                                               "declare a built-in resource get its default pool without this.")
     model: ModelConfig = _f(ModelConfig(), "The policy model.")
     data: DataConfig = _f(DataConfig(), "Task samples.")
     rollout: RolloutConfig = _f(RolloutConfig(), "How trajectories are sampled.")
@@ -204,6 +215,11 @@ class Config:
                               f"algorithm.overlong_max_tokens={a.overlong_max_tokens}")
         if a.dual_clip is not None and a.dual_clip <= 1:
             raise ConfigError(f"algorithm.dual_clip={a.dual_clip} must be > 1 (or null to turn it off)")
+        for name, res in self.resources.items():
+            if res.min is not None and res.max is not None and res.min > res.max:
+                raise ConfigError(f"resources.{name}: min={res.min} is above max={res.max}")
+            if res.max is not None and res.max < 1:
+                raise ConfigError(f"resources.{name}.max={res.max} must be >= 1")
         if not 0 <= self.sft.wrong_fraction <= 1:
             raise ConfigError(f"sft.wrong_fraction={self.sft.wrong_fraction} must be between 0 and 1")
         for key, value in [("steps", self.steps), ("rollout.group_size", r.group_size),
@@ -228,6 +244,8 @@ def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
         return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin is dict:
+        return f"a mapping of {_type_name(typing.get_args(tp)[1])}"
     if origin in (types.UnionType, typing.Union):
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
     if tp is type(None):
@@ -259,6 +277,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}{hint}")
         return value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        _, item = typing.get_args(tp)
+        return {str(k): _coerce({} if v is None else v, item, f"{key}.{k}") for k, v in value.items()}
     if origin is list:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} (write it as [a, b] in YAML)")

@@ -149,6 +149,57 @@ def load_samples(config: Config) -> tuple[list[dict[str, Any]], list[dict[str, A
     return train, held_out
 
 
+BUILTIN_RESOURCES = {
+    "python": "trainer.loop:PYTHON_SANDBOX",
+    "wiki": "agentfly.retrieval.index:WIKI_MINI",
+    "scienceworld": "agentfly.envs.scienceworld:SCIENCEWORLD",
+}
+
+
+def _python_sandbox_spec() -> Any:
+    from agentfly.resources import PythonSandbox
+    from agentfly.resources.spec import Pool, ResourceSpec
+
+    return ResourceSpec(name="python", factory=PythonSandbox, kind="sandbox", pool=Pool(min=0, max=8),
+                        acquire_timeout=60)
+
+
+def __getattr__(name: str) -> Any:  # PYTHON_SANDBOX is built on first use (imports the resource layer)
+    if name == "PYTHON_SANDBOX":
+        return _python_sandbox_spec()
+    raise AttributeError(name)
+
+
+def build_resources(config: Config, tools: Sequence[Any]) -> Any:
+    """A ``ResourceEngine`` with a pool for every resource the tools declare or the config names (None if
+    there are none). Pool sizes and timeouts from ``config.resources`` override the specs' own."""
+    import dataclasses
+
+    needed = dict.fromkeys([*config.resources, *(t.resource for t in tools if getattr(t, "resource", None))])
+    if not needed:
+        return None
+    from agentfly.resources import ResourceEngine
+    from agentfly.resources.spec import Pool
+
+    specs = []
+    for name in needed:
+        res = config.resources.get(name)
+        ref = (res.spec if res is not None else None) or BUILTIN_RESOURCES.get(name)
+        if ref is None:
+            raise ValueError(f"a tool needs resource {name!r}, which is not built in; add "
+                             f"resources.{name}.spec: 'module:attribute' (a ResourceSpec) to the config")
+        spec = import_object(ref, f"resources.{name}.spec")
+        changes: dict[str, Any] = {"name": name}
+        if res is not None:
+            if res.min is not None or res.max is not None:
+                changes["pool"] = Pool(min=res.min if res.min is not None else min(spec.pool.min, res.max or 0),
+                                       max=res.max if res.max is not None else spec.pool.max)
+            if res.acquire_timeout is not None:
+                changes["acquire_timeout"] = res.acquire_timeout
+        specs.append(dataclasses.replace(spec, **changes))
+    return ResourceEngine(specs)
+
+
 def build_agent(config: Config, engine: Any) -> Any:
     import agentfly as af
 
@@ -156,7 +207,7 @@ def build_agent(config: Config, engine: Any) -> Any:
     tools = [import_object(spec, "rollout.tools entry") for spec in r.tools]
     reward = import_object(r.reward, "rollout.reward")
     return af.Agent(engine, tools=tools, reward=reward, parser=r.parser, max_turns=r.max_turns,
-                    system_prompt=r.system_prompt)
+                    system_prompt=r.system_prompt, resources=build_resources(config, tools))
 
 
 def build_engine(config: Config, model: Any, tokenizer: Any) -> Any:
@@ -576,6 +627,9 @@ class Trainer:
                 trajectory_sample(t, self.tokenizer) for t in everything[: cfg.log_samples]]})
         stats = resource_stats()
         stats["engine"] = getattr(getattr(self.engine, "stats", None), "as_dict", dict)()
+        resources = self.agent.runner.resources
+        if resources is not None:
+            stats["pools"] = resources.stats()
         self.events.emit("resources", self.step, stats)
         return metrics
 
@@ -766,6 +820,9 @@ class Trainer:
             self.events.status(self.step, "failed", f"{type(exc).__name__}: {exc}")
             raise
         finally:
+            resources = self.agent.runner.resources
+            if resources is not None:
+                resources.close()  # kills sandboxes and environments; the rollouts have all ended
             self.events.close()
 
 

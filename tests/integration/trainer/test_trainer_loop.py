@@ -97,3 +97,23 @@ def test_micro_batches_accumulate_to_the_same_update_as_one_batch(tiny_model_dir
     for key in ("loss/policy", "grad_norm", "kl", "entropy", "logprob_mismatch"):
         assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
     assert torch.allclose(wa, wb, rtol=1e-3, atol=1e-7)
+
+
+def test_tools_that_declare_a_resource_get_a_pool_whose_stats_are_events(tiny_model_dir, tmp_path):
+    events: list[dict] = []
+    config = load_config(None, tiny_overrides(
+        tiny_model_dir, tmp_path / "run", "steps=1", "resources={python: {max: 2}}",
+        "rollout.tools=[agentfly.tools.builtin.python_code:python_code, agentfly.tools.builtin.calculator:calculator]"))
+    trainer = Trainer(config, sinks=[CallbackSink(events.append)])
+    trainer.train()
+    pools = [e["data"]["pools"] for e in events if e["type"] == "resources"]
+    assert pools and pools[0]["python"]["max"] == 2 and pools[0]["python"]["kind"] == "sandbox"
+    assert trainer.agent.runner.resources.stats()["python"]["size"] == 0  # closed at the end: nothing left
+
+
+def test_an_unknown_resource_names_the_config_key_to_add(tiny_model_dir, tmp_path):
+    from trainer.loop import build_resources
+
+    config = load_config(None, ["resources={gpu_judge: {max: 1}}"])
+    with pytest.raises(ValueError, match=r"resources\.gpu_judge\.spec"):
+        build_resources(config, [])
