@@ -183,6 +183,9 @@ if not DEBUG:
 
 # ------------------------------------------------------------------ Redis, Celery, Channels
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+# A namespace for every Redis key, queue, control channel and channel-layer group of this deployment, so
+# several deployments (or concurrent test sessions) can share one Redis without taking each other's tasks.
+REDIS_PREFIX = env_str("AGENTFLY_REDIS_PREFIX", "")
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", REDIS_URL)
@@ -192,7 +195,14 @@ JOB_SOFT_TIME_LIMIT = env_int("JOB_SOFT_TIME_LIMIT", JOB_TIME_LIMIT - 300)
 # With acks_late, Redis hands an unacknowledged message to another worker once the visibility timeout
 # passes, even while the first worker still runs it: keep it longer than the longest job (the task's claim
 # makes a redelivery a no-op anyway, but it would occupy a worker slot for nothing).
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": JOB_TIME_LIMIT + 3600}
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"visibility_timeout": JOB_TIME_LIMIT + 3600}
+if REDIS_PREFIX:
+    CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = REDIS_PREFIX
+    CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"global_keyprefix": REDIS_PREFIX}
+# Broadcasts (revoke, ping) travel on these exchanges: prefixed too, or one deployment's revoke of
+# "agentfly-job-5" would drop another deployment's job 5.
+CELERY_CONTROL_EXCHANGE = f"{REDIS_PREFIX}celery"
+CELERY_EVENT_EXCHANGE = f"{REDIS_PREFIX}celeryev"
 # The worker stamps a running job every JOB_HEARTBEAT_SECONDS; a job whose stamp is older than
 # JOB_HEARTBEAT_TIMEOUT is taken to have lost its worker and is marked failed.
 JOB_HEARTBEAT_SECONDS = env_float("JOB_HEARTBEAT_SECONDS", 5.0)
@@ -204,7 +214,7 @@ CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
-                   "prefix": env_str("CHANNEL_LAYER_PREFIX", "asgi"), "capacity": 1000, "expiry": 60},
+                   "prefix": env_str("CHANNEL_LAYER_PREFIX", f"{REDIS_PREFIX}asgi"), "capacity": 1000, "expiry": 60},
     }
 }
 

@@ -13,6 +13,7 @@ and sees only committed rows).
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 os.environ.setdefault("DEBUG", "1")
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/agentfly")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/13")
+# A Redis namespace of this session's own (inherited by its workers and servers): two test sessions on one
+# machine would otherwise consume each other's tasks and hear each other's job groups.
+os.environ.setdefault("AGENTFLY_REDIS_PREFIX", f"agentfly-test-{uuid.uuid4().hex[:8]}:")
 os.environ.setdefault("JOB_HEARTBEAT_SECONDS", "0.5")
 os.environ.setdefault("JOB_HEARTBEAT_TIMEOUT", "6")
 os.environ.setdefault("AGENTFLY_TRY_TIMEOUT", "60")
