@@ -6,12 +6,15 @@ agent loop's overhead over raw engine generation of the same tokens.
     python benchmarks/generation.py --model runs/tiny   # a model directory instead of a fresh tiny build
 
 Each cell is ``B`` concurrent ``engine.generate`` calls (seeded, temperature 1) with a warm-up run first; the
-tokens/s counts the tokens actually produced (a turn that samples an end-of-turn token stops early). The
+rates count the tokens actually produced (a turn that samples an end-of-turn token stops early), per wall
+second and per CPU second of this process; the engine ratio uses the CPU rate, which other load on a shared
+machine hardly moves (torch and vLLM run one thread here). The
 overhead rows run ``Agent.run`` on ``B`` arithmetic questions (one turn, the calculator tool declared, hermes
 parsing) and then the same prompts with the same per-rollout seeds straight through ``engine.generate``; the
 seeded samplers produce the same tokens both times (checked), so the difference is the agent loop's own work:
-chat-template rendering, parsing, trajectory building, rewards. The last line is that overhead as a ratio,
-agent time / raw generation time, for the last engine measured.
+chat-template rendering, parsing, trajectory building, rewards. It is measured in CPU seconds of this process
+(torch runs one thread), which other load on a shared machine hardly moves. The last line is that overhead as
+a ratio, agent CPU time / raw generation CPU time, for the last engine measured.
 """
 
 from __future__ import annotations
@@ -64,25 +67,30 @@ async def generate_all(engine: Engine, prompts: list[list[int]], samplings: list
     return list(await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, samplings, strict=True))))
 
 
-def throughput(engine: Engine, batch: int, tokens: int, repeats: int) -> float:
-    """Generated tokens per second for ``batch`` concurrent requests (best of ``repeats``)."""
+def throughput(engine: Engine, batch: int, tokens: int, repeats: int) -> tuple[float, float]:
+    """(tokens per wall second, tokens per CPU second of this process) for ``batch`` concurrent requests.
+
+    Each is the best of ``repeats`` timed runs after a warm-up run (allocations, vLLM's first batch shapes).
+    """
     prompts = prompts_for(engine, batch)
-    best = 0.0
-    for r in range(repeats + 1):  # the first run warms up (allocations, vLLM's first batch shapes)
+    best_wall = best_cpu = 0.0
+    for r in range(repeats + 1):
         samplings = [af.Sampling(temperature=1.0, max_new_tokens=tokens, seed=1000 * r + i) for i in range(batch)]
-        start = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         gens = asyncio.run(generate_all(engine, prompts, samplings))
-        elapsed = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         if r > 0:
-            best = max(best, sum(len(g.token_ids) for g in gens) / elapsed)
-    return best
+            produced = sum(len(g.token_ids) for g in gens)
+            best_wall, best_cpu = max(best_wall, produced / wall), max(best_cpu, produced / max(cpu, 1e-9))
+    return best_wall, best_cpu
 
 
 def agent_overhead(engine: Engine, batch: int, tokens: int, repeats: int) -> tuple[float, float, int]:
-    """(agent seconds, raw generation seconds, tokens) for the same ``batch`` rollouts.
+    """(agent CPU seconds, raw generation CPU seconds, tokens) for the same ``batch`` rollouts.
 
-    The two alternate, which goes first switching each round, and each keeps its fastest round: on a shared
-    machine the noise only ever adds time.
+    CPU time of this process (all its threads), not wall time: on a shared machine other processes stretch
+    wall time by tens of percent from one run to the next, while the work this process does stays put. The
+    two alternate, which goes first switching each round, and each keeps its fastest round.
     """
     agent = af.Agent(model=engine, tools=[calculator], reward=math_equal, max_turns=1)
     samples = arithmetic.generate(batch, seed=0, split="bench")
@@ -98,17 +106,17 @@ def agent_overhead(engine: Engine, batch: int, tokens: int, repeats: int) -> tup
                  for i in range(len(trajectories))]
 
     def run_agent() -> float:
-        start = time.perf_counter()
+        start = time.process_time()
         again = asyncio.run(agent.run(samples, group_size=1, sampling=sampling))
-        seconds = time.perf_counter() - start
+        seconds = time.process_time() - start
         if [t.token_ids for t in again] != [t.token_ids for t in trajectories]:
             raise RuntimeError("the seeded agent rollouts changed between runs; the comparison is void")
         return seconds
 
     def run_raw() -> float:
-        start = time.perf_counter()
+        start = time.process_time()
         gens = asyncio.run(generate_all(engine, prompts, samplings))
-        seconds = time.perf_counter() - start
+        seconds = time.process_time() - start
         for t, g in zip(trajectories, gens, strict=True):
             if t.token_ids[t.prompt_length: t.prompt_length + len(g.token_ids)] != g.token_ids:
                 raise RuntimeError("raw generation did not reproduce the agent's tokens; the comparison is void")
@@ -143,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     # this script's stdout, so everything before it goes to stderr.
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):
         model_dir = args.model or af.models.build_tiny(Path(tmp) / "tiny", seed=0)
-        rates: dict[tuple[str, int], float] = {}
+        rates: dict[tuple[str, int], tuple[float, float]] = {}
         overheads: dict[str, tuple[float, float, int]] = {}
         for name in args.engines:
             start = time.perf_counter()
@@ -152,7 +160,8 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 for b in args.batches:
                     rates[name, b] = throughput(engine, b, args.tokens, args.repeats)
-                    print(f"[{name}] batch {b}: {rates[name, b]:.0f} tok/s", file=sys.stderr)
+                    print(f"[{name}] batch {b}: {rates[name, b][0]:.0f} tok/s, {rates[name, b][1]:.0f} tok/CPU-s",
+                          file=sys.stderr)
                 overheads[name] = agent_overhead(engine, args.overhead_batch, args.tokens, args.repeats)
             finally:
                 engine.close()
@@ -160,18 +169,17 @@ def main(argv: list[str] | None = None) -> None:
     model = "the tiny model" if args.model is None else str(args.model)
     print(f"{model}, {args.threads} torch thread(s), up to {args.tokens} new tokens per request, best of {args.repeats}")
     print()
-    head = "| batch | " + " | ".join(f"{n} tok/s" for n in args.engines)
-    if {"hf", "vllm"} <= set(args.engines):
-        head += " | vllm / hf"
-    print(head + " |")
-    print("|" + "---|" * (head.count("|")))
+    both = {"hf", "vllm"} <= set(args.engines)
+    head = "| batch | " + " | ".join(f"{n} tok/s | {n} tok/CPU-s" for n in args.engines)
+    head += " | vllm / hf (CPU) |" if both else " |"
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
     for b in args.batches:
-        row = f"| {b} | " + " | ".join(f"{rates[n, b]:.0f}" for n in args.engines)
-        if {"hf", "vllm"} <= set(args.engines):
-            row += f" | {rates['vllm', b] / rates['hf', b]:.2f}x"
-        print(row + " |")
+        row = f"| {b} | " + " | ".join(f"{rates[n, b][0]:.0f} | {rates[n, b][1]:.0f}" for n in args.engines)
+        row += f" | {rates['vllm', b][1] / rates['hf', b][1]:.2f}x |" if both else " |"
+        print(row)
     print()
-    print(f"| agent loop, {args.overhead_batch} rollouts | agent s | raw generate s | tokens | agent / raw |")
+    print(f"| agent loop, {args.overhead_batch} rollouts | agent CPU s | raw generate CPU s | tokens | agent / raw |")
     print("|---|---|---|---|---|")
     for name, (agent_s, raw_s, produced) in overheads.items():
         print(f"| {name} | {agent_s:.3f} | {raw_s:.3f} | {produced} | {agent_s / raw_s:.2f}x |")
