@@ -189,7 +189,8 @@
         if (key !== undefined) {
           claimed.add(key);
           const band = def.band && this.options.band && (def.band.std in values || def.band.min in values);
-          const line = this._line(chart, series, key, "", band);
+          // A chart with stage traces names its main line by its key ("step"), the rest by stage.
+          const line = this._line(chart, series, key, def.prefix ? key.replace(/^time_|_time$/g, "") : "", band);
           this._push(line, step, values[key], def.band ? values : null, def.band);
           if (def.band) for (const k of Object.values(def.band)) claimed.add(k);
         }
@@ -277,12 +278,12 @@
           chart.box.hidden = false;
           const traces = chart.lines.flatMap((l) => this._traces(l));
           const many = chart.lines.length > 1;
-          const legendRows = many ? Math.ceil(chart.lines.length / 3) : 0;
+          const legendRows = many ? Math.ceil(chart.lines.length / 2) : 0;
           const layout = {
-            title: { text: chart.def.title, font: { size: 14 } }, margin: { l: 50, r: 12, t: 36, b: 36 + 20 * legendRows },
-            height: 260 + 20 * legendRows, xaxis: { title: { text: "step", standoff: 4 } },
+            title: { text: chart.def.title, font: { size: 14 } }, margin: { l: 50, r: 12, t: 36, b: 40 + 18 * legendRows },
+            height: 260 + 18 * legendRows, xaxis: { title: { text: "step", standoff: 2 } },
             yaxis: { type: this.logScale ? "log" : "linear" }, showlegend: many,
-            legend: { orientation: "h", x: 0, y: -0.2, yanchor: "top", font: { size: 10 } }, uirevision: id,
+            legend: { orientation: "h", x: 0, y: -0.18, yanchor: "top", font: { size: 10 } }, uirevision: id,
           };
           Plotly.react(chart.div, traces, layout, { displaylogo: false, responsive: true });
           chart.drawn = true; chart.full = false;
