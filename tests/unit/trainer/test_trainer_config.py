@@ -90,3 +90,12 @@ def test_every_field_has_help_and_every_algorithm_is_listed():
     lines = describe()
     assert all(line.rstrip().split(": ", 1)[1] for line in lines if line.startswith("  "))
     assert len(ALGORITHMS) == 7
+
+
+def test_resource_pools_are_a_mapping_checked_field_by_field():
+    config = load_config(None, ["resources={python: {max: 4}, wiki: null}"])
+    assert config.resources["python"].max == 4 and config.resources["wiki"].max is None
+    with pytest.raises(ConfigError, match=r"unknown config key 'resources\.python\.size'; valid keys: spec, min, max"):
+        load_config(None, ["resources={python: {size: 4}}"])
+    with pytest.raises(ConfigError, match=r"resources\.python: min=3 is above max=2"):
+        load_config(None, ["resources={python: {min: 3, max: 2}}"])
