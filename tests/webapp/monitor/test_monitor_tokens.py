@@ -13,6 +13,7 @@ from webapp.monitor.tokens import token_texts, with_token_texts
 pytestmark = pytest.mark.django_db
 
 
+@pytest.mark.slow  # builds the tiny model once per session (~7 s, more on a busy machine)
 def test_each_token_id_is_decoded_on_its_own_with_the_models_tokenizer(tiny_model_dir: Any) -> None:
     from transformers import AutoTokenizer
 
@@ -28,6 +29,7 @@ def test_a_trajectory_without_a_local_model_is_served_unchanged(tmp_path: Any) -
     assert with_token_texts(message, str(tmp_path / "nowhere"))["data"]["samples"][0].get("tokens") is None
 
 
+@pytest.mark.slow
 def test_events_json_adds_token_texts_to_trainer_samples_from_the_jobs_model(alice: Any, alice_job: Any,
                                                                             tiny_model_dir: Any) -> None:
     from transformers import AutoTokenizer
