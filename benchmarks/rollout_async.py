@@ -7,7 +7,8 @@ so every turn costs a real forward pass) and each rollout makes ``--turns`` tool
 
 The last line is the speed-up of concurrent over sequential; the ideal is bounded by N and by generation.
 With ``--sweep`` the table has one row per (latency, N): the generation-only time (same rollouts, tools that
-return at once, measured right before the concurrent run so both see the same machine load), the sequential
+return at once; best of ``--repeats``, alternating with the concurrent run so both see the same machine
+load), the sequential
 and concurrent times, and the overlap achieved, ideal / concurrent (1.00 = perfect). The ideal is the larger
 of two bounds: all the generation (generation only), and one rollout's critical path (turns x latency plus
 its own share of generation, generation only / N). The last line is the worst overlap. Sequential time is
@@ -113,8 +114,11 @@ def sweep(args: argparse.Namespace, run: Any) -> float:
         t, _ = run(args.seq_sample, 1, latency, repeats=1)
         seq_per_rollout[latency] = t / args.seq_sample
         for n in (8, 32, 128):
-            t_gen, _ = run(n, n, 0.0, repeats=1)
-            t_con, _ = run(n, n, latency, repeats=1)
+            # Best of --repeats, alternating the two, so a change in machine load falls on both.
+            t_gen = t_con = float("inf")
+            for _ in range(args.repeats):
+                t_gen = min(t_gen, run(n, n, 0.0, repeats=1)[0])
+                t_con = min(t_con, run(n, n, latency, repeats=1)[0])
             ideal = max(t_gen, args.turns * latency + t_gen / n)
             rows.append((latency, n, t_gen, seq_per_rollout[latency] * n, t_con, ideal))
     print(f"{args.turns} tool calls per rollout; seconds (sequential: {args.seq_sample} timed, scaled to N)")

@@ -26,6 +26,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -85,10 +86,13 @@ def cuda_available() -> bool:
         return False
 
 
+LOG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+\] \[(DEBUG|INFO|WARNING)\]")
+
+
 def keep_line(line: str) -> bool:
     """Table lines only: progress bars and library chatter that reach stdout are dropped."""
     noise = ("Loading weights", "Writing model shards", "Timeout is disabled", "it/s]", "%|")
-    return bool(line.strip()) and not any(n in line for n in noise)
+    return bool(line.strip()) and not any(n in line for n in noise) and not LOG_LINE.match(line)
 
 
 def run_script(path: Path, timeout: float) -> Result:
@@ -200,7 +204,7 @@ def render(results: list[Result], command: str, started: dt.datetime, load: tupl
         "| --- | --- | --- | --- |",
     ]
     for r in results:
-        cell = r.headline.replace("|", "\\|")
+        cell = r.headline.strip().replace("|", "\\|")
         out.append(f"| `{r.name}` | {r.question} | {cell} | {r.seconds:.0f} |")
     for r in results:
         out += ["", f"## {r.name}: {r.question}", "", f"`{r.command}` — {r.status}, {r.seconds:.0f} s", ""]

@@ -9,11 +9,16 @@ the turns written by ``ReplayEngine`` (call the calculator, then answer, right o
 have non-zero advantages): real chat template, tool schemas, observation glue and loss masks, and the
 tiny model's logprobs by teacher forcing. Two updates of the same model run on it, interleaved:
 
-- **floor**: ``collate``, one forward over every position, the logprob of every next token, a plain mean
-  (no mask, no advantages, no metrics), backward, AdamW step: the least any policy-gradient update costs.
+- **plain floor**: ``collate``, one forward over every position of every row, the logprob of every next
+  token, a plain mean (no mask, no advantages, no metrics), backward, AdamW step.
+- **floor**: the same, but with the trainer's forward (``trainer.loop.forward``), which computes the prompt
+  prefix every row shares once and broadcasts its KV cache: the least the trainer's update can cost.
 - **trainer update**: ``Trainer._update``, exactly what a training step runs: collate, advantages from the
-  rewards, forward at the sampling temperature (sharing the common prompt prefix across rows), the clipped
-  surrogate over mask-1 tokens only, entropy and clip metrics read back, gradient clipping, AdamW step.
+  rewards, that forward at the sampling temperature with the entropy, the clipped surrogate over mask-1
+  tokens only, the metrics read back, gradient clipping, AdamW step.
+
+Trainer update / floor is what masking and bookkeeping cost; plain floor / floor is what sharing the prefix
+saves.
 
 Part 2 (``--no-stages`` skips it) runs ``Trainer.train_step`` a few times with the HF engine sampling from
 the tiny model and reports each timed stage's share of the step (rollout, reward, logprobs, advantages,
@@ -78,15 +83,21 @@ def replay_batch(trainer: Any, args: argparse.Namespace) -> tuple[list[Any], lis
     return trajectories, [t.reward for t in trajectories], groups
 
 
-def floor_update(trainer: Any, trajectories: list[Any], rewards: list[float], groups: list[int]) -> None:
-    """The least a policy-gradient update costs: forward, next-token logprobs, a plain mean, backward, step."""
+def floor_update(trainer: Any, trajectories: list[Any], rewards: list[float], groups: list[int], *,
+                 shared_prefix: bool) -> None:
+    """Forward, next-token logprobs, a plain mean over every position, backward, AdamW step."""
     from trainer.algorithms import token_logprobs
-    from trainer.loop import collate
+    from trainer.loop import collate, forward
 
     batch = collate(trajectories, rewards, groups, trainer.pad_id, trainer.device)
     trainer.model.train()
-    logits = trainer.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
-    loss = -token_logprobs(logits[:, :-1], batch.input_ids[:, 1:]).mean()
+    if shared_prefix:
+        logp, _, _ = forward(trainer.model, batch, 1.0)
+    else:
+        logits = trainer.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                               use_cache=False).logits
+        logp = token_logprobs(logits[:, :-1], batch.input_ids[:, 1:])
+    loss = -logp.mean()
     trainer.optimizer.zero_grad(set_to_none=True)
     loss.backward()
     trainer.optimizer.step()
@@ -116,9 +127,11 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: in
 def update_comparison(trainer: Any, args: argparse.Namespace) -> float:
     trajectories, rewards, groups = replay_batch(trainer, args)
     times = time_interleaved({
-        "floor": lambda: floor_update(trainer, trajectories, rewards, groups),
+        "plain": lambda: floor_update(trainer, trajectories, rewards, groups, shared_prefix=False),
+        "floor": lambda: floor_update(trainer, trajectories, rewards, groups, shared_prefix=True),
         "masked": lambda: trainer_update(trainer, trajectories, rewards, groups),
     }, args.repeats)
+    plain = statistics.median(times["plain"])
     floor, masked = statistics.median(times["floor"]), statistics.median(times["masked"])
     trained = sum(t.num_trained_tokens for t in trajectories)
     total = sum(len(t.token_ids) for t in trajectories)
@@ -126,8 +139,10 @@ def update_comparison(trainer: Any, args: argparse.Namespace) -> float:
     print(f"update on {len(trajectories)} trajectories (pad to {longest} tokens, {total} real, {trained} trained, "
           f"mean reward {statistics.mean(rewards):.2f}), median of {args.repeats}")
     print(f"{'update':<40}{'ms':>9}{'trained tok/s':>15}")
-    print(f"{'floor (plain forward/backward)':<40}{floor * 1e3:>9.1f}{trained / floor:>15.0f}")
+    print(f"{'plain floor (every row in full)':<40}{plain * 1e3:>9.1f}{trained / plain:>15.0f}")
+    print(f"{'floor (shared-prefix forward)':<40}{floor * 1e3:>9.1f}{trained / floor:>15.0f}")
     print(f"{f'trainer update ({args.algorithm}, masked)':<40}{masked * 1e3:>9.1f}{trained / masked:>15.0f}")
+    print(f"sharing the prompt prefix, plain floor / floor: {plain / floor:.2f}")
     return masked / floor
 
 
@@ -142,12 +157,15 @@ def stage_breakdown(trainer: Any, args: argparse.Namespace) -> None:
     # The first step pays for warm-up (allocator, thread pool): leave it out when there are more.
     mean = {k: statistics.mean(v[1:] or v) for k, v in stages.items()}
     step = mean.pop("step")
+    cpu = mean.pop("step_cpu", None)
     print(f"\nstage breakdown of one training step ({args.prompts}x{args.group} rollouts sampled by the HF engine, "
           f"mean of steps 2..{args.stage_steps})")
     print(f"{'stage':<40}{'ms':>9}{'share':>8}")
     for key, value in sorted(mean.items(), key=lambda kv: -kv[1]):
         print(f"{key:<40}{value * 1e3:>9.1f}{value / step:>8.0%}")
     print(f"{'step (wall)':<40}{step * 1e3:>9.1f}{1:>8.0%}")
+    if cpu is not None:
+        print(f"{'step (this process, CPU time)':<40}{cpu * 1e3:>9.1f}")
 
 
 def default_model(af: Any) -> Path:

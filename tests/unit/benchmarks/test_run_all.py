@@ -41,6 +41,7 @@ def test_it_keeps_the_table_and_drops_progress_bars_and_library_chatter(run_all:
         print("setting      seconds")
         print("baseline        1.00")
         print("Timeout is disabled as parsing_timeout is None")
+        print("[2026-12-03 07:24:10,756] [WARNING] [real_accelerator.py:213:get_accelerator] Setting accelerator")
         print("warming up", file=sys.stderr)
         print("ratio ours/baseline: 0.50")
     ''')
