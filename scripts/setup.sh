@@ -14,6 +14,7 @@ command -v chromium >/dev/null || need_apt+=(chromium)
 command -v java >/dev/null || need_apt+=(default-jre-headless)
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
+command -v docker-compose >/dev/null || need_apt+=(docker-compose)
 if [ ${#need_apt[@]} -gt 0 ] && command -v apt-get >/dev/null; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
     echo "setup: apt-get install ${need_apt[*]}"
