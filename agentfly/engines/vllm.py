@@ -394,11 +394,6 @@ class VLLMEngine(Engine):
             ) from None
         self.stats["weight_syncs"] += 1
 
-    def named_parameters(self) -> dict[str, Any]:
-        """A CPU copy of vLLM's parameters (vLLM's names, with fused q/k/v and gate/up projections)."""
-        with self._lock:
-            return self.llm.apply_model(lambda m: {n: p.detach().cpu().clone() for n, p in m.named_parameters()})[0]
-
     def close(self) -> None:
         """Shut vLLM's engine core down and free the model and KV cache."""
         if self._closed:
