@@ -18,8 +18,9 @@ What differs, and why (also printed under the table):
 - Length budget: AgentFly limits each assistant turn to ``--max-new-tokens``; TRL has one budget for the
   whole completion, tool results included (``max_completion_length``), set here to
   ``max_new_tokens * max_turns``. Neither binds much once the warm-started model answers.
-- Tool-call format: AgentFly renders tool schemas from its ``@tool`` signature; TRL from the function's
-  signature and docstring (``transformers.utils.get_json_schema``): the same tool, slightly different JSON.
+- Tool schema: AgentFly builds it from its ``@tool``; TRL from the function (``transformers.utils.
+  get_json_schema``). The TRL side's function has no return annotation, which makes the two byte-identical,
+  so both sides render the same prompt.
 - Generation: AgentFly's HF engine batches concurrent rollouts with a KV cache and drops finished rows; TRL
   calls ``model.generate`` on the batch, then on the rows that called a tool (its default, non-vLLM path).
 - Sampling seeds differ, so the two runs draw different trajectories: compare rewards as a trend, not a digit.
@@ -274,9 +275,8 @@ def main(argv: list[str] | None = None) -> float | None:
         ratio = a[key] / t[key] if t[key] and higher_better is not None else float("nan")
         ratio_text = f"{ratio:.2f}" if ratio == ratio else ""
         print(f"{label:<26}{fmt.format(a[key]):>12}{fmt.format(t[key]):>14}{ratio_text:>10}")
-    print("settings that differ: per-turn budget (AgentFly) vs one completion budget incl. tool results (TRL, "
-          f"{args.max_new_tokens * args.max_turns} tokens); tool schema JSON rendering; generation batching; "
-          "sampling seeds")
+    print("settings that differ: per-turn token budget (AgentFly) vs one completion budget incl. tool results "
+          f"(TRL, {args.max_new_tokens * args.max_turns} tokens); generation batching; sampling seeds")
     speed = t["step"] / a["step"]
     print(f"steps per second, AgentFly / TRL: {speed:.2f} by wall time, {t['cpu'] / a['cpu']:.2f} by CPU time")
     return speed
