@@ -123,6 +123,32 @@ async def test_its_logprobs_are_the_sampled_tokens_logprobs_under_the_sampling_t
         assert logits.argmax(-1).tolist() == gens[0].token_ids
 
 
+async def test_greedy_decoding_gives_the_same_tokens_as_the_hf_engine(
+    engine: VLLMEngine, hf_model: Any, prompts: list[list[int]]
+) -> None:
+    from agentfly.engines import HFEngine
+
+    hf_engine = HFEngine(hf_model, engine.tokenizer)
+    greedy = af.Sampling(temperature=0.0, max_new_tokens=20)
+    ours = await asyncio.gather(*(engine.generate(p, greedy) for p in prompts))
+    theirs = await asyncio.gather(*(hf_engine.generate(p, greedy) for p in prompts))
+    assert [g.token_ids for g in ours] == [g.token_ids for g in theirs]
+    assert [g.finish_reason for g in ours] == [g.finish_reason for g in theirs]
+
+
+async def test_with_top_p_the_logprobs_are_of_the_renormalised_nucleus(
+    engine: VLLMEngine, hf_model: Any, prompts: list[list[int]]
+) -> None:
+    # A documented difference from HFEngine (which reports the untruncated distribution): vLLM divides by the
+    # nucleus mass, so each logprob is at least the full-distribution one, and higher when tokens were cut.
+    gens = await asyncio.gather(*(engine.generate(p, af.Sampling(temperature=1.0, top_p=0.5, max_new_tokens=16,
+                                                                   seed=i)) for i, p in enumerate(prompts)))
+    gaps = torch.cat([torch.tensor(g.logprobs) - recomputed_logprobs(hf_model, p, g.token_ids)
+                      for p, g in zip(prompts, gens, strict=True)])
+    assert gaps.min().item() > -1e-4
+    assert gaps.max().item() > 1e-2
+
+
 async def test_it_batches_concurrent_requests_and_a_seed_samples_the_same_tokens_whatever_shares_the_batch(
     engine: VLLMEngine, prompts: list[list[int]]
 ) -> None:
