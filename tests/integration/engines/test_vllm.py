@@ -266,11 +266,38 @@ async def test_after_update_weights_vllm_and_the_trainer_forward_agree(
     assert await mismatch() < 1e-4
 
 
-def test_update_weights_names_an_unknown_parameter_and_rejects_an_empty_state_dict(engine: VLLMEngine) -> None:
+async def test_update_weights_takes_bf16_tensors_from_a_bf16_trainer(
+    engine: VLLMEngine, model_dir: Path, prompts: list[list[int]]
+) -> None:
+    # DeepSpeed with bf16 hands over bf16 parameters; the CPU engine computes in float32 and casts on load.
+    from transformers import AutoModelForCausalLM
+
+    trainer_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    original = {k: v.clone() for k, v in trainer_model.state_dict().items()}
+    try:
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for param in trainer_model.parameters():
+                param.add_(torch.randn_like(param) * 0.05)
+                param.copy_(param.to(torch.bfloat16).float())  # what the bf16 trainer holds
+        engine.update_weights({k: v.to(torch.bfloat16) for k, v in trainer_model.state_dict().items()})
+        gen = await engine.generate(prompts[0], af.Sampling(temperature=1.0, max_new_tokens=24, seed=3))
+        ref = recomputed_logprobs(trainer_model, prompts[0], gen.token_ids)
+        assert (ref - torch.tensor(gen.logprobs)).abs().mean().item() < 1e-4
+    finally:
+        engine.update_weights(original)
+
+
+def test_update_weights_names_an_unknown_parameter_and_rejects_an_empty_state_dict_or_a_wrong_shape(engine: VLLMEngine) -> None:
     with pytest.raises(KeyError, match=r"no parameter 'model\.layers\.0\.not_a_weight'"):
         engine.update_weights({"model.layers.0.not_a_weight": torch.zeros(3)})
     with pytest.raises(ValueError, match="empty state_dict"):
         engine.update_weights({})
+    with pytest.raises(ValueError, match=r"gather ZeRO-3"):  # a ZeRO-3 slice instead of the whole tensor
+        engine.update_weights({"model.norm.weight": torch.ones(64)})
+    # Refused before vLLM saw anything: the engine still generates.
+    gen = asyncio.run(engine.generate([5, 6, 7], af.Sampling(temperature=0.0, max_new_tokens=3)))
+    assert len(gen.token_ids) == 3
 
 
 def test_it_refuses_a_missing_model_dir_and_a_multiprocess_vllm(tmp_path: Path,
