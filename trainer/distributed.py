@@ -232,7 +232,13 @@ def deepspeed_initialize(
 
 @contextlib.contextmanager
 def gathered_parameters(model: torch.nn.Module) -> Iterator[None]:
-    """Inside the block every ZeRO-3 parameter of ``model`` is whole on every rank (a no-op otherwise)."""
+    """Inside the block every ZeRO-3 parameter of ``model`` is whole on every rank (a no-op otherwise).
+
+    Every rank must enter it (it is a collective). It is for reading the weights (``full_state_dict``), not
+    for generating with the module: ZeRO-3's forward hooks still run inside it and re-partition parameters
+    after each forward, so ranks whose rollouts take different numbers of decode steps fall out of step.
+    Multi-rank ZeRO-3 rollouts belong in an engine with its own copy of the weights (``VLLMEngine``).
+    """
     params = [p for p in model.parameters() if hasattr(p, "ds_id")]
     if not params:
         yield
