@@ -196,7 +196,9 @@ def main(argv: list[str] | None = None) -> float:
     import agentfly as af
 
     model_dir = Path(args.model) if args.model else default_model(af)
-    print(f"model: {model_dir}")
+    repo = Path(__file__).resolve().parents[1]
+    shown = model_dir.resolve().relative_to(repo) if model_dir.resolve().is_relative_to(repo) else model_dir
+    print(f"model: {shown}")
     trainer = build_trainer(args, model_dir)
     try:
         ratio = update_comparison(trainer, args)

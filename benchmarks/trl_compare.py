@@ -30,7 +30,7 @@ What differs, and why (also printed under the table):
 Per-step time is reported as wall time and as the process's CPU time: on a shared machine the wall time of
 two runs made a minute apart can differ by 2x from load alone, while CPU time mostly reflects the work done.
 
-The TRL side runs in its own virtual environment (``benchmarks/trl_side/requirements.txt``) so its
+Progress goes to standard error; standard output is the table. The TRL side runs in its own virtual environment (``benchmarks/trl_side/requirements.txt``) so its
 dependencies never touch AgentFly's. The last line is the ratio of steps per second, AgentFly over TRL.
 """
 
@@ -86,9 +86,10 @@ def ensure_trl_venv(venv: Path) -> Path:
     if python.exists() and ok(installed_versions(python)):
         return python
     if not python.exists():
-        print(f"creating {venv} (the TRL side's own environment)", flush=True)
+        print(f"creating {venv} (the TRL side's own environment)", file=sys.stderr, flush=True)
         subprocess.run([sys._base_executable, "-m", "venv", str(venv)], check=True)
-    print(f"installing {', '.join(f'{k}=={v}' for k, v in want.items())} into {venv} (a few minutes)", flush=True)
+    print(f"installing {', '.join(f'{k}=={v}' for k, v in want.items())} into {venv} (a few minutes)",
+          file=sys.stderr, flush=True)
     log = venv / "pip-install.log"
     with log.open("w") as fh:
         done = subprocess.run([str(python), "-m", "pip", "install", "-r", str(REQUIREMENTS)], stdout=fh,
@@ -115,13 +116,14 @@ def warm_start_model(work: Path, seed: int, threads: int, demos: int, epochs: in
     if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
         return out
     print(f"warm-starting the tiny model: SFT on {demos} demonstrations x {epochs} epochs into {out} (once)",
-          flush=True)
+          file=sys.stderr, flush=True)
     config = load_config(None, [
         f"model.path={base}", f"output_dir={out}-run", f"sft.output_dir={out}", f"sft.num_demos={demos}",
         f"sft.epochs={epochs}", "data.eval_size=16", "progress=false", f"threads={threads}", f"seed={seed}"])
     metrics = run_sft(config)["metrics"]
     print(f"warm start: greedy accuracy {metrics.get('eval/accuracy', float('nan')):.2f}, tool calls per "
-          f"problem {metrics.get('eval/tool_calls/mean', float('nan')):.2f} on 16 held-out problems", flush=True)
+          f"problem {metrics.get('eval/tool_calls/mean', float('nan')):.2f} on 16 held-out problems",
+          file=sys.stderr, flush=True)
     return out
 
 
@@ -200,7 +202,7 @@ def run_side(cmd: list[str], name: str, timeout: float) -> dict[str, Any]:
     out.unlink(missing_ok=True)
     shutil.rmtree(f"{out.with_suffix('')}-work", ignore_errors=True)  # a rerun starts clean
     log = out.with_suffix(".log")
-    print(f"running the {name} side ({log})", flush=True)
+    print(f"running the {name} side ({log})", file=sys.stderr, flush=True)
     with log.open("w") as fh:
         try:
             done = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout, cwd=REPO,
