@@ -30,8 +30,9 @@ What differs, and why (also printed under the table):
 Per-step time is reported as wall time and as the process's CPU time: on a shared machine the wall time of
 two runs made a minute apart can differ by 2x from load alone, while CPU time mostly reflects the work done.
 
-Progress goes to standard error; standard output is the table. The TRL side runs in its own virtual environment (``benchmarks/trl_side/requirements.txt``) so its
-dependencies never touch AgentFly's. The last line is the ratio of steps per second, AgentFly over TRL.
+Progress goes to standard error; standard output is the table. The TRL side runs in its own virtual
+environment (``benchmarks/trl_side/requirements.txt``) so its dependencies never touch AgentFly's. The last
+line is the ratio of steps per second, AgentFly over TRL.
 """
 
 from __future__ import annotations
