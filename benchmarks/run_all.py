@@ -3,6 +3,7 @@
     python benchmarks/run_all.py                          # all of them, each with its default (short) run
     python benchmarks/run_all.py --only training_step trl_compare --timeout 900
     python benchmarks/run_all.py --list
+    python benchmarks/run_all.py --notes-only                # after editing a docs/benchmarks-*.md note
 
 Each ``benchmarks/*.py`` (except this file) runs as its own subprocess, one after another, with a time limit,
 so one that hangs or crashes costs only its own section. Its standard output is its table (each script's last
@@ -212,12 +213,28 @@ def render(results: list[Result], command: str, started: dt.datetime, load: tupl
             out += ["```", *r.table, "```"]
         if r.status != "ok" and r.log:
             out += ["", f"Its standard error is in `{r.log}`."]
+    return "\n".join(out) + "\n" + notes()
+
+
+NOTES_HEADING = "# Notes from the benchmark owners"
+
+
+def notes() -> str:
+    """The ``docs/benchmarks-*.md`` fragments, sorted by name, under one heading ("" when there are none)."""
     fragments = sorted((REPO / "docs").glob("benchmarks-*.md"))
-    if fragments:
-        out += ["", "# Notes from the benchmark owners"]
-        for frag in fragments:
-            out += ["", f"<!-- merged from docs/{frag.name} -->", frag.read_text().strip()]
+    if not fragments:
+        return ""
+    out = ["", NOTES_HEADING]
+    for frag in fragments:
+        out += ["", f"<!-- merged from docs/{frag.name} -->", frag.read_text().strip()]
     return "\n".join(out) + "\n"
+
+
+def remerge_notes(page: Path) -> None:
+    """Replace the notes of an existing page with the fragments as they are now, keeping its measured part."""
+    text = page.read_text()
+    measured = text.split("\n" + NOTES_HEADING, 1)[0].rstrip("\n") + "\n"
+    page.write_text(measured + notes())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600, help="seconds each script may run")
     ap.add_argument("--out", default=str(DOC), help="the page to write")
     ap.add_argument("--list", action="store_true", help="list the scripts and their questions, run nothing")
+    ap.add_argument("--notes-only", action="store_true",
+                    help="run nothing; re-merge the docs/benchmarks-*.md notes into the existing page")
     args = ap.parse_args(argv)
 
     scripts = discover()
@@ -235,6 +254,12 @@ def main(argv: list[str] | None = None) -> int:
         if name not in known:
             ap.error(f"no benchmark named {name!r}; choose from {', '.join(sorted(known))}")
     scripts = [p for p in scripts if (not args.only or p.stem in args.only) and p.stem not in args.skip]
+    if args.notes_only:
+        if not Path(args.out).exists():
+            ap.error(f"{args.out} does not exist yet; run the benchmarks first")
+        remerge_notes(Path(args.out))
+        print(f"re-merged the notes into {args.out}")
+        return 0
     if args.list:
         for p in scripts:
             print(f"{p.stem:<20} {question_of(p)}{'  [GPU]' if requires_gpu(p) else ''}")

@@ -101,3 +101,19 @@ def test_the_page_names_the_machine_and_versions_and_merges_the_owners_notes(run
     assert "| `fake` | Fake: a question | ratio: 0.50 |" in page  # the summary row
     assert "a \\| b" not in page.split("## fake")[1] and "a | b" in page  # tables verbatim in code blocks
     assert page.index("Alpha notes") < page.index("Zeta notes")
+
+
+def test_notes_can_be_remerged_without_rerunning_the_benchmarks(run_all: ModuleType, tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    note = tmp_path / "docs" / "benchmarks-alpha.md"
+    note.write_text("old note")
+    import datetime as dt
+
+    page = tmp_path / "docs" / "benchmarks.md"
+    results = [run_all.Result("fake", "Fake", "python benchmarks/fake.py", "ok", 1.0, ["ratio: 0.50"])]
+    page.write_text(run_all.render(results, "cmd", dt.datetime(2026, 1, 1), None))
+    note.write_text("new note")
+    assert run_all.main(["--notes-only", "--out", str(page)]) == 0
+    text = page.read_text()
+    assert "new note" in text and "old note" not in text
+    assert "ratio: 0.50" in text and text.count(run_all.NOTES_HEADING) == 1
