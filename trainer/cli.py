@@ -94,7 +94,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from trainer.loop import build_agent, evaluate, load_policy, load_samples, setup_torch
 
     path = resolve(args.checkpoint)
-    config = _checkpoint_config(path, args.overrides)
+    overrides = [*args.overrides, f"data.eval_size={args.n}", "eval.size=null"] if args.n else args.overrides
+    config = _checkpoint_config(path, overrides)
     device = setup_torch(config)
     model, tokenizer = load_policy(config, device, path=str(path))
     model.eval()
