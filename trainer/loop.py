@@ -414,7 +414,13 @@ def trajectory_sample(t: Any, tokenizer: Any) -> dict[str, Any]:
         "token_ids": list(t.token_ids), "loss_mask": list(t.loss_mask),
         "logprobs": [round(x, 5) for x in t.logprobs], "segments": mask_segments(t, tokenizer),
         "tool_calls": [{"turn": c.turn, "name": c.name, "arguments": c.arguments, "observation": c.observation,
-                        "error": c.error} for c in t.tool_calls],
+                        "error": c.error, "latency": round(c.latency, 4)} for c in t.tool_calls],
+        # The conversation as the rollout saw it, so the viewer shows turns, calls and observations.
+        "messages": [{"role": m["role"], "content": m.get("content") or "", **({"name": m["name"]} if "name" in m else {})}
+                     for m in t.messages],
+        "turns": [{"index": u.index, "start": u.start, "end": u.end, "text": u.text, "finish_reason": u.finish_reason,
+                   "tool_calls": list(u.tool_calls), "parse_errors": list(u.parse_errors)} for u in t.turns],
+        "model": t.model,
         "num_turns": t.num_turns, "finish_reason": t.finish_reason, "final_answer": t.final_answer,
         "error": t.error,
     }
