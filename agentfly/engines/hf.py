@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,7 +41,6 @@ class EngineStats:
     generated_tokens: int = 0
     busy_seconds: float = 0.0
     max_batch: int = 0
-    extra: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, float]:
         tps = self.generated_tokens / self.busy_seconds if self.busy_seconds else 0.0

@@ -20,7 +20,7 @@ import enum
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from agentfly.agents.parsers import Parser, ParseResult, ToolCall
@@ -72,7 +72,6 @@ class _Rollout:
     turn: int = 0
     last: Generation | None = None
     parsed: ParseResult | None = None
-    pending_messages: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
