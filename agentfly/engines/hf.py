@@ -38,6 +38,7 @@ class EngineStats:
     batches: int = 0
     sequences: int = 0
     prompt_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens actually run through the model (shared prefixes count once)
     generated_tokens: int = 0
     busy_seconds: float = 0.0
     max_batch: int = 0
@@ -48,6 +49,7 @@ class EngineStats:
             "batches": self.batches,
             "sequences": self.sequences,
             "prompt_tokens": self.prompt_tokens,
+            "prefill_tokens": self.prefill_tokens,
             "generated_tokens": self.generated_tokens,
             "busy_seconds": round(self.busy_seconds, 4),
             "tokens_per_second": round(tps, 2),
@@ -91,6 +93,8 @@ class HFEngine(Engine):
     tokenizer: defaults to ``AutoTokenizer.from_pretrained(model)``.
     max_batch_size: the most sequences decoded together.
     gguf_file: load a GGUF checkpoint inside ``model`` (needs the ``gguf`` package).
+    min_shared_prefix: the shortest prefix common to a whole batch that is computed once and broadcast
+        (identical prompts are always computed once).
     """
 
     def __init__(
@@ -103,6 +107,7 @@ class HFEngine(Engine):
         max_batch_size: int = 256,
         max_model_len: int | None = None,
         gguf_file: str | None = None,
+        min_shared_prefix: int = 16,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -127,6 +132,7 @@ class HFEngine(Engine):
         self.pad_id = int(pad if pad is not None else self.stop_token_ids[0])
         self.max_model_len = int(max_model_len or getattr(model.config, "max_position_embeddings", 4096))
         self.max_batch_size = max_batch_size
+        self.min_shared_prefix = min_shared_prefix
         self.stats = EngineStats()
         self._pending: list[_Request] = []
         self._drainer: asyncio.Task[None] | None = None
@@ -197,27 +203,13 @@ class HFEngine(Engine):
             torch.Generator(device="cpu").manual_seed(samplings[i].seed) if samplings[i].seed is not None else None
             for i in range(n)
         ]
-        width = max(len(prompts[i]) for i in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, i in enumerate(rows):
-            p = prompts[i]
-            ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[r, width - len(p):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits, cache, mask, step_pos = self._prefill([prompts[i] for i in rows])
         out_tokens: list[list[int]] = [[] for _ in range(n)]
         out_logps: list[list[float]] = [[] for _ in range(n)]
         stop_ids = torch.tensor(self.stop_token_ids, device=self.device)
         stop_strings = sampling.stop
         active = list(rows)  # original indices of rows still decoding, in batch order
-        cache = None
-        step_input, step_pos = ids, positions
         while active:
-            outputs = self.model(input_ids=step_input, attention_mask=mask, position_ids=step_pos,
-                                 past_key_values=cache, use_cache=True, logits_to_keep=1)
-            cache = outputs.past_key_values
-            logits = outputs.logits[:, -1, :].float()
             if sampling.temperature == 0:
                 logp_all = torch.log_softmax(logits, dim=-1)
                 next_tokens = logits.argmax(-1)
@@ -262,9 +254,57 @@ class HFEngine(Engine):
                 next_tokens = next_tokens.index_select(0, index)
                 active = [active[r] for r in keep]
             mask = torch.cat([mask, torch.ones((len(active), 1), dtype=mask.dtype, device=self.device)], dim=1)
-            step_pos = step_pos[:, -1:] + 1
-            step_input = next_tokens.unsqueeze(-1)
+            step_pos = step_pos + 1
+            outputs = self.model(input_ids=next_tokens.unsqueeze(-1), attention_mask=mask, position_ids=step_pos,
+                                 past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache = outputs.past_key_values
+            logits = outputs.logits[:, -1, :].float()
         return [r for r in results if r is not None]
+
+    def _prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+        """Run the prompts through the model once; returns the next-token logits [R, V], the KV cache, the
+        attention mask [R, T] and each row's last position [R, 1].
+
+        Work is shared where prompts share tokens: identical prompts (the ``group_size`` samples of one task)
+        are computed once, and the prefix common to every prompt (system prompt and tool schemas) is computed
+        once at batch size 1; both are broadcast through the cache. A row's cache is laid out as
+        ``[shared prefix | left padding | its own suffix]`` with the padding masked and positions counted over
+        real tokens only, so every row sees exactly its own prompt.
+        """
+        unique: dict[tuple[int, ...], int] = {}
+        row_to_unique = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
+        distinct = list(unique)
+        shared = min(len(p) for p in distinct) - 1  # every row keeps at least one token of its own
+        first = distinct[0]
+        for p in distinct[1:]:
+            shared = next((k for k in range(shared) if p[k] != first[k]), shared)
+        cache = None
+        if shared >= self.min_shared_prefix:
+            prefix = torch.tensor([first[:shared]], dtype=torch.long, device=self.device)
+            cache = self.model(input_ids=prefix, use_cache=True, logits_to_keep=1).past_key_values
+            self.stats.prefill_tokens += shared
+            if len(distinct) > 1:
+                cache.batch_repeat_interleave(len(distinct))
+        else:
+            shared = 0
+        width = max(len(p) for p in distinct) - shared
+        ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long)
+        own = torch.zeros((len(distinct), width), dtype=torch.long)
+        for u, p in enumerate(distinct):
+            ids[u, width - (len(p) - shared):] = torch.tensor(p[shared:], dtype=torch.long)
+            own[u, width - (len(p) - shared):] = 1
+        mask = torch.cat([torch.ones((len(distinct), shared), dtype=torch.long), own], dim=1).to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+        outputs = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache = outputs.past_key_values
+        self.stats.prefill_tokens += sum(len(p) - shared for p in distinct)
+        logits = outputs.logits[:, -1, :].float()
+        if len(distinct) < len(prompts):
+            index = torch.tensor(row_to_unique, device=self.device)
+            cache.batch_select_indices(index)
+            logits, mask, positions = logits[index], mask[index], positions[index]
+        return logits, cache, mask, positions[:, -1:]
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:

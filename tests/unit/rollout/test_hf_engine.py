@@ -230,3 +230,32 @@ async def test_it_raises_a_failed_decode_to_its_callers_instead_of_hanging(engin
     with pytest.raises(IndexError):
         await asyncio.wait_for(engine.generate([10**6], greedy), timeout=30)
     assert (await engine.generate(prompts[0], greedy)).token_ids  # the engine keeps serving
+
+
+async def test_it_computes_a_shared_system_prompt_and_repeated_prompts_once(engine: HFEngine, tiny_model: Any,
+                                                                            tiny_tokenizer: Any) -> None:
+    # A training batch: every prompt starts with the same system prompt and tool schemas, and each task is
+    # sampled several times. The shared work is done once, and every row still gets exactly its own
+    # prompt's distribution (greedy tokens and logprobs equal a plain forward pass over that row alone).
+    from agentfly.tools.builtin.calculator import calculator
+
+    def prompt(question: str) -> list[int]:
+        text = tiny_tokenizer.apply_chat_template([{"role": "user", "content": question}], tools=[calculator.schema],
+                                                  tokenize=False, add_generation_prompt=True)
+        return tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    distinct = [prompt(q) for q in QUESTIONS]
+    batch = [p for p in distinct for _ in range(3)]
+    greedy = af.Sampling(temperature=0, max_new_tokens=8)
+    results = await asyncio.gather(*(engine.generate(p, greedy) for p in batch))
+    assert engine.stats.batches == 1
+    shared = next(k for k in range(min(map(len, distinct))) if len({p[k] for p in distinct}) > 1)
+    assert shared > 50  # the system prompt
+    assert engine.stats.prefill_tokens == shared + sum(len(p) - shared for p in distinct)
+    assert engine.stats.prompt_tokens == sum(map(len, batch))
+    for p, gen in zip(batch, results, strict=True):
+        expected = direct_logprobs(tiny_model, p, gen.token_ids)
+        assert gen.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
+        with torch.inference_mode():
+            logits = tiny_model(input_ids=torch.tensor([p + gen.token_ids])).logits[0, len(p) - 1: -1]
+        assert gen.token_ids == logits.argmax(-1).tolist()
