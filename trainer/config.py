@@ -53,10 +53,23 @@ class LoraConfig:
 
 
 @dataclass
+class TinyModelConfig:
+    hidden_size: int = _f(128, "Width of the tiny model.")
+    num_layers: int = _f(4, "Transformer layers.")
+    num_heads: int = _f(4, "Attention heads (head size = hidden_size / num_heads; vLLM's CPU backend needs >= 32).")
+    num_kv_heads: int = _f(2, "Key/value heads (grouped-query attention); must divide num_heads.")
+    intermediate_size: int = _f(512, "MLP width.")
+    init_std: float = _f(0.02, "Standard deviation of the initial weights. The Hugging Face default 0.02 leaves "
+                               "attention nearly uniform at this width, and the model then needs thousands of steps "
+                               "before it learns to copy; 0.06 learns copying in a few hundred (docs/benchmarks.md).")
+
+
+@dataclass
 class ModelConfig:
     path: str = _f("runs/tiny", "Local model directory (from_pretrained). Nothing is downloaded.")
     build_tiny: bool = _f(True, "If `path` does not exist, build the tiny CPU model there (agentfly.models.tiny).")
     tiny_seed: int = _f(0, "Seed of the tiny model's weights and tokenizer when it is built.")
+    tiny: TinyModelConfig = _f(TinyModelConfig(), "Shape and initialisation of the tiny model when it is built.")
     dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "Parameter dtype; bfloat16 on GPUs.")
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
     lora: LoraConfig = _f(LoraConfig(), "LoRA settings.")
@@ -166,6 +179,10 @@ class EvalConfig:
 class SFTConfig:
     num_demos: int = _f(4000, "Demonstrations generated from the 'sft' stream of problems.")
     wrong_fraction: float = _f(0.25, "Share of demonstrations whose final answer is deliberately wrong.")
+    guess_phrasings: list[str] = _f([], "Question openings (e.g. 'Evaluate') on which the demonstrator has a bad "
+                                        "habit: it often answers at once, guessing, without calling the tool.")
+    guess_fraction: float = _f(0.0, "Share of the demonstrations whose question opens with one of "
+                                    "`guess_phrasings` that guess instead of calling the tool.")
     epochs: int = _f(4, "Passes over the demonstrations (the tiny model needs ~2000 steps to learn to copy digits).")
     batch_size: int = _f(8, "Demonstrations per optimizer step (small: optimizer steps matter more than tokens).")
     lr: float = _f(1.5e-3, "AdamW learning rate for SFT.")
@@ -181,7 +198,9 @@ class Config:
     engine: Literal["hf", "vllm"] = _f("hf", "Rollout engine: hf (shares the trainer's module) or vllm.")
     deepspeed: str | None = _f(None, "DeepSpeed JSON config path (ZeRO 1/2/3, bf16); None = plain torch.")
     device: str = _f("auto", "'auto', 'cpu' or 'cuda[:i]'.")
-    threads: int = _f(0, "torch intra-op threads; 0 = all cores but one.")
+    threads: int = _f(0, "torch intra-op threads for rollouts, eval and setup; 0 = all cores but one.")
+    update_threads: int = _f(0, "torch intra-op threads for the update stage, when nothing else runs; 0 = the "
+                                "same as `threads`.")
     micro_batch_size: int = _f(32, "Rows per forward/backward; rows are length-sorted so each micro-batch is "
                                "padded only to its own longest row, and gradients accumulate to the minibatch's.")
     save_every: int = _f(0, "Save a checkpoint every N steps (and at the end); 0 = only at the end.")
@@ -220,8 +239,9 @@ class Config:
                 raise ConfigError(f"resources.{name}: min={res.min} is above max={res.max}")
             if res.max is not None and res.max < 1:
                 raise ConfigError(f"resources.{name}.max={res.max} must be >= 1")
-        if not 0 <= self.sft.wrong_fraction <= 1:
-            raise ConfigError(f"sft.wrong_fraction={self.sft.wrong_fraction} must be between 0 and 1")
+        for key in ("wrong_fraction", "guess_fraction"):
+            if not 0 <= getattr(self.sft, key) <= 1:
+                raise ConfigError(f"sft.{key}={getattr(self.sft, key)} must be between 0 and 1")
         for key, value in [("steps", self.steps), ("rollout.group_size", r.group_size),
                            ("rollout.prompts_per_step", r.prompts_per_step), ("rollout.max_turns", r.max_turns),
                            ("rollout.max_new_tokens", r.max_new_tokens), ("algorithm.epochs", a.epochs),

@@ -76,18 +76,21 @@ def import_object(spec: str, what: str) -> Any:
 
 def load_policy(config: Config, device: torch.device, path: str | None = None) -> tuple[Any, Any]:
     """The policy module and tokenizer from ``model.path`` (building the tiny model there if asked to)."""
+    import dataclasses
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentfly.models.tiny import STAMP, build_tiny
 
     path = path or config.model.path
     if (Path(path) / "adapter_config.json").is_file():
         return _load_lora_checkpoint(Path(path), config, device)
-    if not Path(path).is_dir():
-        if not config.model.build_tiny:
-            raise FileNotFoundError(f"model.path {path!r} does not exist; point it at a local model directory "
-                                    "or set model.build_tiny=true to build the tiny CPU model there")
-        from agentfly.models.tiny import build_tiny
-
-        build_tiny(path, seed=config.model.tiny_seed)
+    if not Path(path).is_dir() and not config.model.build_tiny:
+        raise FileNotFoundError(f"model.path {path!r} does not exist; point it at a local model directory "
+                                "or set model.build_tiny=true to build the tiny CPU model there")
+    if config.model.build_tiny and (not Path(path).is_dir() or (Path(path) / STAMP).is_file()):
+        # A tiny build with other settings is rebuilt; one with the same settings is reused as it is.
+        build_tiny(path, seed=config.model.tiny_seed, **dataclasses.asdict(config.model.tiny))
     dtype = getattr(torch, config.model.dtype)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -389,6 +392,18 @@ def forward(model: Any, batch: Batch, temperature: float, *, entropy: bool = Fal
 # ------------------------------------------------------------------------------------------ the trainer
 
 
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    """Run the block with ``n`` torch threads (0: leave the count alone)."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 class StageTimer:
     """``with timer("rollout"):`` adds the block's wall time to ``timer.times["rollout"]``."""
 
@@ -675,7 +690,7 @@ class Trainer:
             advantages, returns = algos.compute_advantages(
                 a.name, token_rewards, mask, batch.group_ids, values=values, std_normalize=a.std_normalize,
                 gamma=a.gamma, lam=a.lam, whiten=a.whiten_advantages)
-        with timer("update"):
+        with timer("update"), _torch_threads(cfg.update_threads):
             metrics |= self._optimise(batch, old_logp, ref_logp, advantages, values, returns)
         return metrics
 

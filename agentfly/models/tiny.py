@@ -92,6 +92,7 @@ def build_tiny(
     intermediate_size: int = 512,
     vocab_size: int = 2048,
     max_position_embeddings: int = 1024,
+    init_std: float = 0.02,
     overwrite: bool = False,
 ) -> Path:
     """Build (or reuse) a tiny Qwen2 model and tokenizer in ``path``; return the path.
@@ -105,7 +106,7 @@ def build_tiny(
     settings = {
         "seed": seed, "hidden_size": hidden_size, "num_layers": num_layers, "num_heads": num_heads,
         "num_kv_heads": num_kv_heads, "intermediate_size": intermediate_size, "vocab_size": vocab_size,
-        "max_position_embeddings": max_position_embeddings,
+        "max_position_embeddings": max_position_embeddings, "init_std": init_std,
     }
     stamp = path / STAMP
     if not overwrite and stamp.exists() and json.loads(stamp.read_text()) == settings:
@@ -123,6 +124,7 @@ def build_tiny(
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_position_embeddings,
+        initializer_range=init_std,
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=im_end,
