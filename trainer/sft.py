@@ -38,17 +38,40 @@ def wrong_answer(answer: str, rng: random.Random) -> str:
     return wrong if wrong != answer else answer + "1"
 
 
+def guess(answer: str, rng: random.Random) -> str:
+    """A number of the answer's size made up without calculating (never the right answer)."""
+    digits = len(answer.lstrip("-"))
+    while True:
+        value = str(rng.randint(10 ** (digits - 1), 10**digits - 1))
+        if value != answer:
+            return value
+
+
 def demonstration_conversations(config: Config) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
-    """(sample, conversation) pairs from the 'sft' stream of arithmetic problems, some with wrong answers."""
+    """(sample, conversation) pairs from the 'sft' stream of arithmetic problems, some of them flawed:
+
+    a share ``sft.guess_fraction`` of the questions opening with one of ``sft.guess_phrasings`` is answered at
+    once with a guess (no tool call), and a share ``sft.wrong_fraction`` of the others ends with a wrong digit.
+    """
     from agentfly.tasks import arithmetic
 
     s = config.sft
     samples = arithmetic.generate(s.num_demos, seed=config.data.seed, split="sft")
     rng = random.Random(f"sft-wrong:{config.seed}")
-    wrong = set(rng.sample(range(len(samples)), round(s.wrong_fraction * len(samples))))
-    return [(sample, arithmetic.demonstration(sample, answer=wrong_answer(sample["answer"], rng) if i in wrong
-                                              else None))
-            for i, sample in enumerate(samples)]
+    habit = [i for i, x in enumerate(samples) if x["question"].startswith(tuple(s.guess_phrasings))]
+    guessed = set(rng.sample(habit, round(s.guess_fraction * len(habit))))
+    rest = [i for i in range(len(samples)) if i not in guessed]
+    wrong = set(rng.sample(rest, round(s.wrong_fraction * len(rest))))
+    pairs = []
+    for i, sample in enumerate(samples):
+        if i in guessed:
+            messages = arithmetic.demonstration(sample, answer=guess(sample["answer"], rng), use_tool=False)
+        elif i in wrong:
+            messages = arithmetic.demonstration(sample, answer=wrong_answer(sample["answer"], rng))
+        else:
+            messages = arithmetic.demonstration(sample)
+        pairs.append((sample, messages))
+    return pairs
 
 
 def demonstration_trajectories(config: Config, tokenizer: Any) -> list[Any]:

@@ -60,13 +60,17 @@ def main(argv: list[str] | None = None) -> None:
 
 
 
-def demonstration(sample: dict[str, Any], answer: str | None = None) -> list[dict[str, Any]]:
+def demonstration(sample: dict[str, Any], answer: str | None = None, use_tool: bool = True) -> list[dict[str, Any]]:
     """A worked conversation for ``sample`` in the Hermes format: call the calculator, then answer.
 
-    ``answer`` overrides the final answer (to make deliberately wrong demonstrations).
+    ``answer`` overrides the final answer (to make deliberately wrong demonstrations); ``use_tool=False``
+    answers at once without calling the calculator (a demonstrator's shortcut: the answer is then a guess).
     """
-    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "' + sample["expression"] + '"}}\n</tool_call>'
     final = answer if answer is not None else sample["answer"]
+    if not use_tool:
+        return [{"role": "user", "content": sample["question"]},
+                {"role": "assistant", "content": f"The answer is {final}."}]
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "' + sample["expression"] + '"}}\n</tool_call>'
     return [
         {"role": "user", "content": sample["question"]},
         {"role": "assistant", "content": call},

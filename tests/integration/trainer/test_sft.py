@@ -1,0 +1,51 @@
+"""``agentfly sft``: the supervised warm start through the real entry point on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer.events import read_events
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from test_trainer_cli import agentfly  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_sft_lowers_the_loss_saves_a_loadable_model_and_evaluates_it(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sft"
+    sets = [f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", f"sft.output_dir={out}", "threads=1",
+            "sft.num_demos=48", "sft.epochs=4", "sft.batch_size=8", "sft.lr=0.003",
+            "sft.guess_phrasings=[Evaluate]", "sft.guess_fraction=0.5", "data.eval_size=6", "eval.max_new_tokens=40"]
+    proc = agentfly("sft", *[a for s in sets for a in ("--set", s)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = [e["data"]["sft/loss"] for e in read_events(out / "events.jsonl", "metrics") if "sft/loss" in e["data"]]
+    assert len(losses) == 4 * 48 // 8
+    assert sum(losses[-6:]) / 6 < 0.5 * sum(losses[:6]) / 6
+    final = read_events(out / "events.jsonl", "metrics")[-1]["data"]
+    assert final["sft/demonstrations"] == 48 and 0.0 <= final["eval/accuracy"] <= 1.0
+    assert read_events(out / "events.jsonl", "status")[-1]["data"]["state"] == "finished"
+    # The saved model is an ordinary Hugging Face directory that `agentfly eval` can load.
+    proc = agentfly("eval", str(out), "--n", "4", "--set", "eval.max_new_tokens=40", "--set", "threads=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["n"] == 4
+
+
+def test_sft_trains_exactly_the_assistant_tokens(tiny_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from trainer.config import load_config
+    from trainer.sft import demonstration_conversations, demonstration_trajectories
+
+    config = load_config(None, [f"model.path={tiny_model_dir}", "sft.num_demos=6",
+                                "sft.guess_phrasings=[What, Compute]", "sft.guess_fraction=0.5"])
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    trajectories = demonstration_trajectories(config, tokenizer)
+    for (_, messages), t in zip(demonstration_conversations(config), trajectories, strict=True):
+        trained = tokenizer.decode([i for i, m in zip(t.token_ids, t.loss_mask, strict=True) if m])
+        assert trained == "".join(m["content"] + "<|im_end|>" for m in messages if m["role"] == "assistant")

@@ -1,0 +1,69 @@
+"""The SFT warm start's demonstrations: which are flawed, and how (``trainer.sft``)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from trainer.config import ConfigError, load_config
+from trainer.sft import demonstration_conversations, guess, wrong_answer
+
+
+def conversations(*overrides: str) -> list:
+    return demonstration_conversations(load_config(None, ["sft.num_demos=400", *overrides]))
+
+
+def final_answer(messages: list[dict]) -> str:
+    return messages[-1]["content"].removeprefix("The answer is ").removesuffix(".")
+
+
+def test_correct_demonstrations_call_the_calculator_then_copy_its_result() -> None:
+    for sample, messages in conversations("sft.wrong_fraction=0"):
+        assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
+        assert sample["expression"] in messages[1]["content"]
+        assert messages[2]["content"] == final_answer(messages) == sample["answer"]
+
+
+def test_a_wrong_fraction_of_demonstrations_changes_exactly_one_digit_of_the_answer() -> None:
+    pairs = conversations("sft.wrong_fraction=0.25")
+    wrong = [(s, m) for s, m in pairs if final_answer(m) != s["answer"]]
+    assert len(wrong) == 100
+    for sample, messages in wrong:
+        answer = final_answer(messages)
+        assert messages[2]["content"] == sample["answer"]  # the tool still told the truth
+        if len(answer) == len(sample["answer"]):
+            assert sum(a != b for a, b in zip(answer, sample["answer"], strict=True)) == 1
+
+
+def test_the_guessing_habit_skips_the_tool_only_on_its_phrasings() -> None:
+    pairs = conversations("sft.wrong_fraction=0", "sft.guess_phrasings=[Evaluate, Find]", "sft.guess_fraction=0.5")
+    habit = [(s, m) for s, m in pairs if s["question"].startswith(("Evaluate", "Find"))]
+    guessed = [(s, m) for s, m in habit if len(m) == 2]
+    assert habit and len(guessed) == round(0.5 * len(habit))
+    for sample, messages in guessed:
+        assert [m["role"] for m in messages] == ["user", "assistant"]
+        assert "<tool_call>" not in messages[1]["content"]
+        assert final_answer(messages) != sample["answer"]
+    others = [m for s, m in pairs if not s["question"].startswith(("Evaluate", "Find"))]
+    assert all(len(m) == 4 for m in others)
+
+
+def test_the_flaws_are_the_same_for_the_same_seed_and_differ_for_another() -> None:
+    settings = ("sft.guess_phrasings=[Evaluate]", "sft.guess_fraction=0.5")
+    assert conversations(*settings) == conversations(*settings)
+    assert conversations(*settings) != conversations(*settings, "seed=1")
+
+
+def test_wrong_answers_and_guesses_are_never_the_right_answer() -> None:
+    rng = random.Random(0)
+    for answer in ["7", "10", "999", "-45", "123456"]:
+        for _ in range(50):
+            assert wrong_answer(answer, rng) != answer
+            assert guess(answer, rng) != answer
+
+
+@pytest.mark.parametrize("key", ["wrong_fraction", "guess_fraction"])
+def test_fractions_outside_zero_to_one_are_rejected(key: str) -> None:
+    with pytest.raises(ConfigError, match=f"sft.{key}"):
+        load_config(None, [f"sft.{key}=1.5"])
