@@ -179,10 +179,12 @@ class EvalConfig:
 class SFTConfig:
     num_demos: int = _f(4000, "Demonstrations generated from the 'sft' stream of problems.")
     wrong_fraction: float = _f(0.25, "Share of demonstrations whose final answer is deliberately wrong.")
-    guess_phrasings: list[str] = _f([], "Question openings (e.g. 'Evaluate') on which the demonstrator has a bad "
-                                        "habit: it often answers at once, guessing, without calling the tool.")
-    guess_fraction: float = _f(0.0, "Share of the demonstrations whose question opens with one of "
-                                    "`guess_phrasings` that guess instead of calling the tool.")
+    habit: Literal["no_tool", "truncate"] = _f("no_tool", "The demonstrator's bad habit on `habit_phrasings`: "
+                                              "'no_tool' answers at once with the question's first number; "
+                                              "'truncate' calls the tool but drops the last digit of its result.")
+    habit_phrasings: list[str] = _f([], "Question openings (e.g. 'Evaluate') on which the demonstrator shows its "
+                                        "habit; empty = no habit.")
+    habit_fraction: float = _f(0.0, "Share of the demonstrations with those phrasings that show the habit.")
     epochs: int = _f(4, "Passes over the demonstrations (the tiny model needs ~2000 steps to learn to copy digits).")
     batch_size: int = _f(8, "Demonstrations per optimizer step (small: optimizer steps matter more than tokens).")
     lr: float = _f(1.5e-3, "AdamW learning rate for SFT.")
@@ -239,7 +241,7 @@ class Config:
                 raise ConfigError(f"resources.{name}: min={res.min} is above max={res.max}")
             if res.max is not None and res.max < 1:
                 raise ConfigError(f"resources.{name}.max={res.max} must be >= 1")
-        for key in ("wrong_fraction", "guess_fraction"):
+        for key in ("wrong_fraction", "habit_fraction"):
             if not 0 <= getattr(self.sft, key) <= 1:
                 raise ConfigError(f"sft.{key}={getattr(self.sft, key)} must be between 0 and 1")
         for key, value in [("steps", self.steps), ("rollout.group_size", r.group_size),

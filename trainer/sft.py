@@ -38,34 +38,40 @@ def wrong_answer(answer: str, rng: random.Random) -> str:
     return wrong if wrong != answer else answer + "1"
 
 
-def guess(answer: str, rng: random.Random) -> str:
-    """A number of the answer's size made up without calculating (never the right answer)."""
-    digits = len(answer.lstrip("-"))
-    while True:
-        value = str(rng.randint(10 ** (digits - 1), 10**digits - 1))
-        if value != answer:
-            return value
+def truncated(answer: str) -> str:
+    """The answer with its last digit dropped (a careless copy; never the right answer)."""
+    return answer[:-1] if len(answer.lstrip("-")) > 1 else answer + "0"
+
+
+def guess(sample: dict[str, Any]) -> str:
+    """The lazy demonstrator's answer without the tool: the first number of the question (never right)."""
+    first = re.search(r"\d+", sample["expression"]).group(0)  # type: ignore[union-attr]
+    return first if first != sample["answer"] else str(int(first) + 1)
 
 
 def demonstration_conversations(config: Config) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     """(sample, conversation) pairs from the 'sft' stream of arithmetic problems, some of them flawed:
 
-    a share ``sft.guess_fraction`` of the questions opening with one of ``sft.guess_phrasings`` is answered at
-    once with a guess (no tool call), and a share ``sft.wrong_fraction`` of the others ends with a wrong digit.
+    a share ``sft.habit_fraction`` of the questions opening with one of ``sft.habit_phrasings`` shows the
+    demonstrator's habit (``sft.habit``: answering without the tool, with the question's first number, or
+    dropping the last digit of the tool's result), and a share ``sft.wrong_fraction`` of the others ends
+    with one wrong digit.
     """
     from agentfly.tasks import arithmetic
 
     s = config.sft
     samples = arithmetic.generate(s.num_demos, seed=config.data.seed, split="sft")
     rng = random.Random(f"sft-wrong:{config.seed}")
-    habit = [i for i, x in enumerate(samples) if x["question"].startswith(tuple(s.guess_phrasings))]
-    guessed = set(rng.sample(habit, round(s.guess_fraction * len(habit))))
-    rest = [i for i in range(len(samples)) if i not in guessed]
+    habit = [i for i, x in enumerate(samples) if x["question"].startswith(tuple(s.habit_phrasings))]
+    habitual = set(rng.sample(habit, round(s.habit_fraction * len(habit))))
+    rest = [i for i in range(len(samples)) if i not in habitual]
     wrong = set(rng.sample(rest, round(s.wrong_fraction * len(rest))))
     pairs = []
     for i, sample in enumerate(samples):
-        if i in guessed:
-            messages = arithmetic.demonstration(sample, answer=guess(sample["answer"], rng), use_tool=False)
+        if i in habitual and s.habit == "no_tool":
+            messages = arithmetic.demonstration(sample, answer=guess(sample), use_tool=False)
+        elif i in habitual:
+            messages = arithmetic.demonstration(sample, answer=truncated(sample["answer"]))
         elif i in wrong:
             messages = arithmetic.demonstration(sample, answer=wrong_answer(sample["answer"], rng))
         else:

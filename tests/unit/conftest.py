@@ -18,13 +18,6 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from agentfly.models import build_tiny
-
-    return build_tiny(tmp_path_factory.mktemp("tiny-model"), seed=0)
-
-
-@pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_model_dir: Path) -> Any:
     from transformers import AutoTokenizer
 

@@ -91,11 +91,9 @@ def test_the_trainer_imports_without_deepspeed() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- real engines
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from agentfly.models import build_tiny
-
-    return build_tiny(tmp_path_factory.mktemp("ds-tiny"), seed=0)
+@pytest.fixture
+def tiny_dir(tiny_model_dir: Path) -> Path:
+    return tiny_model_dir
 
 
 def run_worker(tiny_dir: Path, config: Path, out: Path, nproc: int) -> list[dict[str, Any]]:

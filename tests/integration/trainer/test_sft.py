@@ -21,7 +21,7 @@ def test_sft_lowers_the_loss_saves_a_loadable_model_and_evaluates_it(tiny_model_
     out = tmp_path / "sft"
     sets = [f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", f"sft.output_dir={out}", "threads=1",
             "sft.num_demos=48", "sft.epochs=4", "sft.batch_size=8", "sft.lr=0.003",
-            "sft.guess_phrasings=[Evaluate]", "sft.guess_fraction=0.5", "data.eval_size=6", "eval.max_new_tokens=40"]
+            "sft.habit_phrasings=[Evaluate]", "sft.habit_fraction=0.5", "data.eval_size=6", "eval.max_new_tokens=40"]
     proc = agentfly("sft", *[a for s in sets for a in ("--set", s)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = [e["data"]["sft/loss"] for e in read_events(out / "events.jsonl", "metrics") if "sft/loss" in e["data"]]
@@ -43,7 +43,7 @@ def test_sft_trains_exactly_the_assistant_tokens(tiny_model_dir: Path) -> None:
     from trainer.sft import demonstration_conversations, demonstration_trajectories
 
     config = load_config(None, [f"model.path={tiny_model_dir}", "sft.num_demos=6",
-                                "sft.guess_phrasings=[What, Compute]", "sft.guess_fraction=0.5"])
+                                "sft.habit_phrasings=[What, Compute]", "sft.habit_fraction=0.5"])
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     trajectories = demonstration_trajectories(config, tokenizer)
     for (_, messages), t in zip(demonstration_conversations(config), trajectories, strict=True):

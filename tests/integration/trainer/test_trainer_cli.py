@@ -14,7 +14,7 @@ from trainer.events import read_events
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
-from conftest import tiny_overrides  # noqa: E402
+from trainer_runs import tiny_overrides  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,9 @@ import random
 
 import pytest
 
+from agentfly.tools.builtin.calculator import evaluate_arithmetic
 from trainer.config import ConfigError, load_config
-from trainer.sft import demonstration_conversations, guess, wrong_answer
+from trainer.sft import demonstration_conversations, guess, truncated, wrong_answer
 
 
 def conversations(*overrides: str) -> list:
@@ -36,8 +37,8 @@ def test_a_wrong_fraction_of_demonstrations_changes_exactly_one_digit_of_the_ans
             assert sum(a != b for a, b in zip(answer, sample["answer"], strict=True)) == 1
 
 
-def test_the_guessing_habit_skips_the_tool_only_on_its_phrasings() -> None:
-    pairs = conversations("sft.wrong_fraction=0", "sft.guess_phrasings=[Evaluate, Find]", "sft.guess_fraction=0.5")
+def test_the_no_tool_habit_skips_the_tool_only_on_its_phrasings() -> None:
+    pairs = conversations("sft.wrong_fraction=0", "sft.habit_phrasings=[Evaluate, Find]", "sft.habit_fraction=0.5")
     habit = [(s, m) for s, m in pairs if s["question"].startswith(("Evaluate", "Find"))]
     guessed = [(s, m) for s, m in habit if len(m) == 2]
     assert habit and len(guessed) == round(0.5 * len(habit))
@@ -45,12 +46,23 @@ def test_the_guessing_habit_skips_the_tool_only_on_its_phrasings() -> None:
         assert [m["role"] for m in messages] == ["user", "assistant"]
         assert "<tool_call>" not in messages[1]["content"]
         assert final_answer(messages) != sample["answer"]
+        assert final_answer(messages) in sample["question"]  # the lazy answer: a number of the question
     others = [m for s, m in pairs if not s["question"].startswith(("Evaluate", "Find"))]
     assert all(len(m) == 4 for m in others)
 
 
+def test_the_truncate_habit_calls_the_tool_but_drops_the_last_digit_of_its_result() -> None:
+    pairs = conversations("sft.wrong_fraction=0", "sft.habit=truncate", "sft.habit_phrasings=[Compute]",
+                          "sft.habit_fraction=1")
+    for sample, messages in pairs:
+        assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
+        expected = sample["answer"][:-1] if sample["question"].startswith("Compute") else sample["answer"]
+        assert final_answer(messages) == expected
+    assert truncated("7") == "70" and truncated("-45") == "-4"
+
+
 def test_the_flaws_are_the_same_for_the_same_seed_and_differ_for_another() -> None:
-    settings = ("sft.guess_phrasings=[Evaluate]", "sft.guess_fraction=0.5")
+    settings = ("sft.habit_phrasings=[Evaluate]", "sft.habit_fraction=0.5")
     assert conversations(*settings) == conversations(*settings)
     assert conversations(*settings) != conversations(*settings, "seed=1")
 
@@ -60,10 +72,12 @@ def test_wrong_answers_and_guesses_are_never_the_right_answer() -> None:
     for answer in ["7", "10", "999", "-45", "123456"]:
         for _ in range(50):
             assert wrong_answer(answer, rng) != answer
-            assert guess(answer, rng) != answer
+    for expression in ["12*12-132", "754*96", "(12+5)*30"]:
+        sample = {"expression": expression, "answer": evaluate_arithmetic(expression)}
+        assert guess(sample) != sample["answer"] and guess(sample).isdigit()
 
 
-@pytest.mark.parametrize("key", ["wrong_fraction", "guess_fraction"])
+@pytest.mark.parametrize("key", ["wrong_fraction", "habit_fraction"])
 def test_fractions_outside_zero_to_one_are_rejected(key: str) -> None:
     with pytest.raises(ConfigError, match=f"sft.{key}"):
         load_config(None, [f"sft.{key}=1.5"])

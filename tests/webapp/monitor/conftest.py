@@ -77,14 +77,3 @@ def alice_cookie(alice: Any) -> tuple[bytes, bytes]:
 @pytest.fixture
 def bob_cookie(bob: Any) -> tuple[bytes, bytes]:
     return _session_cookie(bob)
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """A real tiny Qwen2 model and tokenizer saved with ``save_pretrained`` (about 7 s, once per session)."""
-    import torch
-
-    from agentfly.models import build_tiny
-
-    torch.set_num_threads(1)
-    return build_tiny(tmp_path_factory.mktemp("tiny-model"), seed=0)
