@@ -30,7 +30,8 @@ def _add_config_args(p: argparse.ArgumentParser, positional: bool = True) -> Non
 
 
 def _load(args: argparse.Namespace) -> Config:
-    return load_config(args.config, args.overrides)
+    deepspeed = getattr(args, "deepspeed", None)
+    return load_config(args.config, [*args.overrides, *([f"deepspeed={deepspeed}"] if deepspeed else [])])
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -130,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="masked RL (GRPO, Dr. GRPO, DAPO, RLOO, REINFORCE++, PPO)")
     _add_config_args(p)
     p.add_argument("--resume", default=None, help="checkpoint (or run directory) to continue from")
+    p.add_argument("--deepspeed", default=None, metavar="DS_CONFIG.json",
+                   help="train through deepspeed.initialize with this DeepSpeed config (ZeRO 1/2/3, bf16); "
+                        "launch with `deepspeed` or `torchrun` for several GPUs (same as --set deepspeed=...)")
     p.add_argument("--help-config", action="store_true", help="list every config key with its help and exit")
     p.set_defaults(func=cmd_train)
 

@@ -99,3 +99,15 @@ def test_resource_pools_are_a_mapping_checked_field_by_field():
         load_config(None, ["resources={python: {size: 4}}"])
     with pytest.raises(ConfigError, match=r"resources\.python: min=3 is above max=2"):
         load_config(None, ["resources={python: {min: 3, max: 2}}"])
+
+
+def test_the_train_command_takes_deepspeed_as_a_flag(tmp_path):
+    from trainer.cli import _load, build_parser
+
+    ds = tmp_path / "ds_config.json"
+    ds.write_text('{"zero_optimization": {"stage": 2}}')
+    args = build_parser().parse_args(["train", "--deepspeed", str(ds), "--set", "steps=3"])
+    config = _load(args)
+    assert config.deepspeed == str(ds) and config.steps == 3
+    with pytest.raises(ConfigError, match="deepspeed="):
+        _load(build_parser().parse_args(["train", "--deepspeed", str(tmp_path / "missing.json")]))
