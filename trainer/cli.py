@@ -80,11 +80,21 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _checkpoint_config(path: Path, overrides: list[str]) -> Config:
-    """The config a checkpoint was trained with (its own config.yaml, or its run's), pointed at it."""
+    """The config a checkpoint was trained with (its own config.yaml, or its run's), pointed at it. Keys that
+    this version does not know (a checkpoint from another version) are dropped with a warning."""
+    import yaml
+
+    from trainer.config import known_keys
+
+    pointed = [*overrides, f"model.path={path}", "model.build_tiny=false"]
     for candidate in (path / "config.yaml", path.parent / "config.yaml"):
         if candidate.is_file():
-            return load_config(candidate, [*overrides, f"model.path={path}", "model.build_tiny=false"])
-    return load_config(None, [*overrides, f"model.path={path}", "model.build_tiny=false"])
+            saved, dropped = known_keys(yaml.safe_load(candidate.read_text()) or {})
+            if dropped:
+                print(f"agentfly: {candidate} has keys this version does not know, ignored: {', '.join(dropped)}",
+                      file=sys.stderr)
+            return load_config(None, pointed, base=saved)
+    return load_config(None, pointed)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

@@ -406,6 +406,27 @@ def load_config(
     return from_dict(Config, data).validate()
 
 
+def known_keys(data: dict[str, Any], cls: type = Config, prefix: str = "") -> tuple[dict[str, Any], list[str]]:
+    """``data`` without the keys ``cls`` does not have (at any depth), and the dotted names of those dropped.
+
+    For configs written by another version (a checkpoint's ``config.yaml``); a user's own config is checked
+    strictly by ``load_config`` instead.
+    """
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kept: dict[str, Any] = {}
+    dropped: list[str] = []
+    for key, value in data.items():
+        if key not in names:
+            dropped.append(f"{prefix}{key}")
+        elif dataclasses.is_dataclass(hints[key]) and isinstance(value, dict):
+            kept[key], more = known_keys(value, hints[key], f"{prefix}{key}.")
+            dropped += more
+        else:
+            kept[key] = value
+    return kept, dropped
+
+
 def save_config(config: Config, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
 

@@ -111,3 +111,23 @@ def test_the_train_command_takes_deepspeed_as_a_flag(tmp_path):
     assert config.deepspeed == str(ds) and config.steps == 3
     with pytest.raises(ConfigError, match="deepspeed="):
         _load(build_parser().parse_args(["train", "--deepspeed", str(tmp_path / "missing.json")]))
+
+
+def test_a_checkpoint_config_from_another_version_loads_without_its_unknown_keys(tmp_path, capsys):
+    import yaml
+
+    from trainer.cli import _checkpoint_config
+    from trainer.config import to_dict
+
+    ckpt = tmp_path / "checkpoint-000010"
+    ckpt.mkdir()
+    saved = to_dict(load_config(None, ["rollout.group_size=4"]))
+    saved["sft"]["retired_setting"] = 1
+    saved["gone_section"] = {"x": 1}
+    (ckpt / "config.yaml").write_text(yaml.safe_dump(saved))
+    config = _checkpoint_config(ckpt, ["eval.max_new_tokens=7"])
+    assert config.rollout.group_size == 4 and config.eval.max_new_tokens == 7
+    assert config.model.path == str(ckpt) and config.model.build_tiny is False
+    assert "sft.retired_setting" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="retired_setting"):
+        load_config(None, ["sft.retired_setting=1"])
