@@ -77,9 +77,11 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    task: str = _f("arithmetic", "'arithmetic' (generated calculator problems) or a JSONL file of samples.")
+    task: str = _f("arithmetic", "A built-in task ('arithmetic': generated calculator problems; 'wiki_qa': questions "
+                                 "on the bundled WIKI_MINI corpus; 'scienceworld': its tasks, 5 variations each) "
+                                 "or a JSONL file of samples.")
     train_size: int = _f(20000, "Training problems generated for 'arithmetic' (ignored for a JSONL file).")
-    eval_path: str | None = _f(None, "JSONL of held-out samples; None generates 'arithmetic' test problems.")
+    eval_path: str | None = _f(None, "JSONL of held-out samples; None takes a built-in task's test split.")
     eval_size: int = _f(500, "Held-out problems used by eval (the bar uses 500 unseen problems).")
     seed: int = _f(0, "Seed of the generated problems (train and test streams are disjoint).")
     shuffle: bool = _f(True, "Shuffle the training samples each epoch (seeded by `seed` + epoch).")

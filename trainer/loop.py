@@ -130,26 +130,39 @@ def apply_lora(model: Any, config: Config) -> Any:
 
 
 def load_samples(config: Config) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Training and held-out samples. 'arithmetic' generates both from disjoint random streams."""
-    from agentfly.tasks import arithmetic
+    """Training and held-out samples. The built-in tasks have disjoint train and test splits:
+    'arithmetic' (generated), 'wiki_qa' (the WIKI_MINI questions) and 'scienceworld' (its own variation splits)."""
+    from agentfly.tasks import arithmetic, wiki_qa
     from agentfly.tasks.io import load_jsonl
 
     data = config.data
-    if data.task == "arithmetic":
-        train = arithmetic.generate(data.train_size, seed=data.seed, split="train")
+    builtin: dict[str, Any] = {
+        "arithmetic": lambda split, n: arithmetic.generate(n, seed=data.seed, split=split),
+        "wiki_qa": lambda split, n: wiki_qa.load(split),
+        "scienceworld": lambda split, n: _scienceworld(split, data.seed),
+    }
+    if data.task in builtin:
+        train = builtin[data.task]("train", data.train_size)
     elif Path(data.task).is_file():
         train = load_jsonl(data.task)
     else:
-        raise FileNotFoundError(f"data.task={data.task!r} is neither 'arithmetic' nor an existing JSONL file")
+        raise FileNotFoundError(f"data.task={data.task!r} is neither a built-in task ({', '.join(builtin)}) nor an "
+                                "existing JSONL file")
     if data.eval_path:
         held_out = load_jsonl(data.eval_path)[: data.eval_size]
-    elif data.task == "arithmetic":
-        held_out = arithmetic.generate(data.eval_size, seed=data.seed, split="test")
+    elif data.task in builtin:
+        held_out = builtin[data.task]("test", data.eval_size)[: data.eval_size]
     else:
         raise ValueError("data.eval_path is required when data.task is a JSONL file (held-out samples)")
     if not train:
         raise ValueError(f"data.task={data.task!r} has no samples")
     return train, held_out
+
+
+def _scienceworld(split: str, seed: int) -> list[dict[str, Any]]:
+    from agentfly.envs.scienceworld import scienceworld_tasks
+
+    return scienceworld_tasks(split, variations_per_task=5, seed=seed)
 
 
 BUILTIN_RESOURCES = {

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from trainer import algorithms as algos
-from trainer.config import Config, save_config
+from trainer.config import Config, ConfigError, save_config
 from trainer.events import EventStream, JSONLSink, Sink
 from trainer.loop import build_agent, collate, evaluate, forward, load_policy, load_samples, setup_torch
 
@@ -50,16 +50,22 @@ def guess(sample: dict[str, Any]) -> str:
 
 
 def demonstration_conversations(config: Config) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
-    """(sample, conversation) pairs from the 'sft' stream of arithmetic problems, some of them flawed:
+    """(sample, conversation) pairs for ``data.task``, some of them flawed on purpose.
 
-    a share ``sft.habit_fraction`` of the questions opening with one of ``sft.habit_phrasings`` shows the
-    demonstrator's habit (``sft.habit``: answering without the tool, with the question's first number, or
-    dropping the last digit of the tool's result), and a share ``sft.wrong_fraction`` of the others ends
-    with one wrong digit.
+    'arithmetic' draws from its 'sft' stream of problems: a share ``sft.habit_fraction`` of the questions
+    opening with one of ``sft.habit_phrasings`` shows the demonstrator's habit (``sft.habit``: answering
+    without the tool, with the question's first number, or dropping the last digit of the tool's result),
+    and a share ``sft.wrong_fraction`` of the others ends with one wrong digit. 'wiki_qa' takes the first
+    ``sft.num_demos`` training questions; its wrong answers are other questions' answers.
     """
+    s = config.sft
+    if config.data.task == "wiki_qa":
+        return _wiki_qa_conversations(config)
+    if config.data.task != "arithmetic":
+        raise ConfigError(f"data.task={config.data.task!r}: SFT demonstrations are generated for 'arithmetic' and "
+                          "'wiki_qa' only")
     from agentfly.tasks import arithmetic
 
-    s = config.sft
     samples = arithmetic.generate(s.num_demos, seed=config.data.seed, split="sft")
     rng = random.Random(f"sft-wrong:{config.seed}")
     habit = [i for i, x in enumerate(samples) if x["question"].startswith(tuple(s.habit_phrasings))]
@@ -77,6 +83,25 @@ def demonstration_conversations(config: Config) -> list[tuple[dict[str, Any], li
         else:
             messages = arithmetic.demonstration(sample)
         pairs.append((sample, messages))
+    return pairs
+
+
+def _wiki_qa_conversations(config: Config) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    from agentfly.tasks import wiki_qa
+
+    s = config.sft
+    if s.habit_phrasings:
+        raise ConfigError("sft.habit_phrasings: the demonstrator habits are defined for data.task=arithmetic only")
+    samples = wiki_qa.load("train")[: s.num_demos]
+    rng = random.Random(f"sft-wrong:{config.seed}")
+    wrong = set(rng.sample(range(len(samples)), round(s.wrong_fraction * len(samples))))
+    pairs = []
+    for i, sample in enumerate(samples):
+        answer = None
+        if i in wrong:
+            others = [o["answer"] for o in rng.sample(samples, min(len(samples), 20)) if o["answer"] != sample["answer"]]
+            answer = others[0] if others else "unknown"
+        pairs.append((sample, wiki_qa.demonstration(sample, answer=answer)))
     return pairs
 
 
