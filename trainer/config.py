@@ -67,7 +67,8 @@ class TinyModelConfig:
 @dataclass
 class ModelConfig:
     path: str = _f("runs/tiny", "Local model directory (from_pretrained). Nothing is downloaded.")
-    build_tiny: bool = _f(True, "If `path` does not exist, build the tiny CPU model there (agentfly.models.tiny).")
+    build_tiny: bool = _f(True, "Build the tiny CPU model at `path` (agentfly.models.tiny) if it does not exist, or "
+                                "rebuild a tiny build there whose settings differ from `tiny`.")
     tiny_seed: int = _f(0, "Seed of the tiny model's weights and tokenizer when it is built.")
     tiny: TinyModelConfig = _f(TinyModelConfig(), "Shape and initialisation of the tiny model when it is built.")
     dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "Parameter dtype; bfloat16 on GPUs.")
@@ -179,7 +180,8 @@ class EvalConfig:
 
 @dataclass
 class SFTConfig:
-    num_demos: int = _f(4000, "Demonstrations generated from the 'sft' stream of problems.")
+    num_demos: int = _f(4000, "Demonstrations: generated from arithmetic's 'sft' stream, or the first wiki_qa "
+                              "training questions.")
     wrong_fraction: float = _f(0.25, "Share of demonstrations whose final answer is deliberately wrong.")
     habit: Literal["no_tool", "truncate"] = _f("no_tool", "The demonstrator's bad habit on `habit_phrasings`: "
                                               "'no_tool' answers at once with the question's first number; "
@@ -187,7 +189,7 @@ class SFTConfig:
     habit_phrasings: list[str] = _f([], "Question openings (e.g. 'Evaluate') on which the demonstrator shows its "
                                         "habit; empty = no habit.")
     habit_fraction: float = _f(0.0, "Share of the demonstrations with those phrasings that show the habit.")
-    epochs: int = _f(4, "Passes over the demonstrations (the tiny model needs ~2000 steps to learn to copy digits).")
+    epochs: int = _f(4, "Passes over the demonstrations.")
     batch_size: int = _f(8, "Demonstrations per optimizer step (small: optimizer steps matter more than tokens).")
     lr: float = _f(1.5e-3, "AdamW learning rate for SFT.")
     output_dir: str | None = _f(None, "Where the SFT model is saved; None = <output_dir>/sft.")

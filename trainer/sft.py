@@ -1,12 +1,14 @@
 """Supervised warm start on generated demonstrations (``agentfly sft CONFIG.yaml``).
 
-Demonstrations are written conversations (``agentfly.tasks.arithmetic.demonstration``) replayed through the
+Demonstrations are written conversations (``agentfly.tasks.arithmetic.demonstration``, or
+``agentfly.tasks.wiki_qa.demonstration`` for ``data.task: wiki_qa``) replayed through the
 real rollout path with ``agentfly.ReplayEngine``: the assistant turns are tokenised exactly as a sampled turn
 would be, the tool really runs, and its observation and the template glue are appended with mask 0. So the
 SFT loss mask (assistant tokens only) is built by the same code, token for token, as the RL loss mask.
 
-A share ``sft.wrong_fraction`` of the demonstrations ends with a deliberately wrong answer, and only
-``sft.num_demos`` are used: the warm start is meant to be imperfect, leaving RL something to fix.
+A share ``sft.wrong_fraction`` of the demonstrations ends with a deliberately wrong answer (and, for
+arithmetic, ``sft.habit`` gives the demonstrator a bad habit on some phrasings), and only ``sft.num_demos``
+are used: the warm start is meant to be imperfect, leaving RL something to fix.
 """
 
 from __future__ import annotations

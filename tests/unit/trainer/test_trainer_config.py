@@ -131,3 +131,15 @@ def test_a_checkpoint_config_from_another_version_loads_without_its_unknown_keys
     assert "sft.retired_setting" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="retired_setting"):
         load_config(None, ["sft.retired_setting=1"])
+
+
+def test_the_tiny_model_settings_default_to_build_tinys_own_defaults():
+    import dataclasses
+    import inspect
+
+    from agentfly.models.tiny import build_tiny
+    from trainer.config import TinyModelConfig
+
+    params = inspect.signature(build_tiny).parameters
+    for name, value in dataclasses.asdict(TinyModelConfig()).items():
+        assert params[name].default == value, name
