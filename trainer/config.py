@@ -192,6 +192,9 @@ class SFTConfig:
     epochs: int = _f(4, "Passes over the demonstrations.")
     batch_size: int = _f(8, "Demonstrations per optimizer step (small: optimizer steps matter more than tokens).")
     lr: float = _f(1.5e-3, "AdamW learning rate for SFT.")
+    warmup_steps: int = _f(0, "Linear warm-up steps of the SFT learning rate.")
+    schedule: Literal["constant", "linear", "cosine"] = _f("constant", "SFT learning-rate schedule after warm-up "
+                                                          "(a decay to 0 over all epochs settles the copy).")
     output_dir: str | None = _f(None, "Where the SFT model is saved; None = <output_dir>/sft.")
 
 

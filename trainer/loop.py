@@ -273,7 +273,14 @@ class DataCursor:
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, config: Config) -> torch.optim.lr_scheduler.LambdaLR:
-    warmup, total, kind = config.optim.warmup_steps, max(config.steps, 1), config.optim.schedule
+    """The policy's learning-rate schedule (``optim.schedule`` over ``steps``)."""
+    return lr_schedule(optimizer, config.optim.warmup_steps, config.steps, config.optim.schedule)
+
+
+def lr_schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int, kind: str
+                ) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over ``warmup`` steps, then ``kind`` (constant, linear or cosine decay to 0 at ``total``)."""
+    total = max(total, 1)
 
     def factor(step: int) -> float:
         if warmup and step < warmup:

@@ -25,7 +25,16 @@ import torch
 from trainer import algorithms as algos
 from trainer.config import Config, ConfigError, save_config
 from trainer.events import EventStream, JSONLSink, Sink
-from trainer.loop import build_agent, collate, evaluate, forward, load_policy, load_samples, setup_torch
+from trainer.loop import (
+    build_agent,
+    collate,
+    evaluate,
+    forward,
+    load_policy,
+    load_samples,
+    lr_schedule,
+    setup_torch,
+)
 
 _USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
 
@@ -155,6 +164,8 @@ def run_sft(config: Config, sinks: Sequence[Sink] = ()) -> dict[str, Any]:
         pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
         trajectories = demonstration_trajectories(config, tokenizer)
         optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr)
+        total_steps = s.epochs * -(-len(trajectories) // s.batch_size)
+        scheduler = lr_schedule(optimizer, s.warmup_steps, total_steps, s.schedule)
         order_rng = torch.Generator().manual_seed(config.seed)
         start = time.perf_counter()
         step = 0
@@ -167,9 +178,12 @@ def run_sft(config: Config, sinks: Sequence[Sink] = ()) -> dict[str, Any]:
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip or 1e9))
+                lr = optimizer.param_groups[0]["lr"]
                 optimizer.step()
+                scheduler.step()
                 step += 1
-                events.metrics(step, {"sft/loss": loss.item(), "grad_norm": grad_norm, "sft/epoch": float(epoch)})
+                events.metrics(step, {"sft/loss": loss.item(), "grad_norm": grad_norm, "sft/epoch": float(epoch),
+                                      "lr": lr})
         model.eval()
         train_seconds = time.perf_counter() - start
         model.save_pretrained(out, safe_serialization=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -20,13 +21,17 @@ pytestmark = pytest.mark.slow
 def test_sft_lowers_the_loss_saves_a_loadable_model_and_evaluates_it(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "sft"
     sets = [f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", f"sft.output_dir={out}", "threads=1",
-            "sft.num_demos=48", "sft.epochs=4", "sft.batch_size=8", "sft.lr=0.003",
-            "sft.habit_phrasings=[Evaluate]", "sft.habit_fraction=0.5", "data.eval_size=6", "eval.max_new_tokens=40"]
+            "sft.num_demos=48", "sft.epochs=4", "sft.batch_size=8", "sft.lr=0.003", "sft.warmup_steps=2",
+            "sft.schedule=cosine", "sft.habit_phrasings=[Evaluate]", "sft.habit_fraction=0.5", "data.eval_size=6", "eval.max_new_tokens=40"]
     proc = agentfly("sft", *[a for s in sets for a in ("--set", s)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = [e["data"]["sft/loss"] for e in read_events(out / "events.jsonl", "metrics") if "sft/loss" in e["data"]]
     assert len(losses) == 4 * 48 // 8
     assert sum(losses[-6:]) / 6 < 0.5 * sum(losses[:6]) / 6
+    # Warm-up over 2 steps, then a cosine decay over all 24 optimizer steps of the 4 epochs.
+    lrs = [e["data"]["lr"] for e in read_events(out / "events.jsonl", "metrics") if "sft/loss" in e["data"]]
+    assert lrs[:3] == pytest.approx([0.0015, 0.003, 0.003])
+    assert all(a > b for a, b in itertools.pairwise(lrs[2:])) and lrs[-1] < 0.0001
     final = read_events(out / "events.jsonl", "metrics")[-1]["data"]
     assert final["sft/demonstrations"] == 48 and 0.0 <= final["eval/accuracy"] <= 1.0
     assert read_events(out / "events.jsonl", "status")[-1]["data"]["state"] == "finished"

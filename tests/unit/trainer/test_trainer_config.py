@@ -143,3 +143,25 @@ def test_the_tiny_model_settings_default_to_build_tinys_own_defaults():
     params = inspect.signature(build_tiny).parameters
     for name, value in dataclasses.asdict(TinyModelConfig()).items():
         assert params[name].default == value, name
+
+
+def test_learning_rate_schedules_warm_up_then_decay():
+    import torch
+
+    from trainer.loop import lr_schedule
+
+    def factors(kind: str) -> list[float]:
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        sched = lr_schedule(opt, warmup=2, total=10, kind=kind)
+        out = []
+        for _ in range(10):
+            out.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        return out
+
+    # Warm-up 1/2, 2/2; then progress (s - 2) / 8: cosine 0.5 * (1 + cos(pi * p)), linear 1 - p.
+    assert factors("cosine") == pytest.approx([0.5, 1.0, 1.0, 0.96194, 0.85355, 0.69134, 0.5, 0.30866, 0.14645,
+                                               0.03806], abs=1e-5)
+    assert factors("linear") == pytest.approx([0.5, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125])
+    assert factors("constant") == pytest.approx([0.5, 1.0] + [1.0] * 8)
