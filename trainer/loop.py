@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib
+import json
 import math
 import os
 import random
@@ -524,9 +525,17 @@ class Trainer:
         self.scheduler = make_scheduler(self.optimizer, config)
         self.ds_engine = None
         if config.deepspeed:
-            from trainer.distributed import deepspeed_initialize
+            from trainer.distributed import deepspeed_initialize, is_main_process, read_deepspeed_config
 
-            self.ds_engine, self.optimizer = deepspeed_initialize(self.model, self.optimizer, config.deepspeed)
+            # One backward per minibatch (its rows are DeepSpeed's micro-batch), clipped as optim.grad_clip says:
+            # "auto" values of the DeepSpeed config take these, and the run directory keeps what was used.
+            rows = config.rollout.prompts_per_step * config.rollout.group_size // config.algorithm.minibatches
+            ds_config = read_deepspeed_config(
+                config.deepspeed, micro_batch_size=max(rows, 1),
+                gradient_clipping=config.optim.grad_clip if config.optim.grad_clip > 0 else None)
+            if is_main_process():
+                (self.out / "deepspeed.json").write_text(json.dumps(ds_config, indent=2) + "\n")
+            self.ds_engine, self.optimizer = deepspeed_initialize(self.model, self.optimizer, ds_config)
         self.engine = build_engine(config, self.model, self.tokenizer)
         self.agent = build_agent(config, self.engine)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None

@@ -139,3 +139,27 @@ def test_a_deepspeed_engine_trains_the_tiny_model_on_gloo_and_gives_back_its_ful
             assert r["local_numel"] == r["full_numel"]
     # Ranks train on different batches but step in lockstep on the averaged gradient.
     assert len({tuple(r["losses"]) for r in reports}) == 1
+
+
+@pytest.mark.slow
+def test_agentfly_train_with_deepspeed_runs_the_loop_and_fills_auto_values_from_the_config(
+    tmp_path: Path, tiny_dir: Path
+) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_trainer_cli import agentfly
+    from trainer_runs import tiny_overrides
+
+    from trainer.events import read_events
+
+    out = tmp_path / "run"
+    sets = tiny_overrides(tiny_dir, out, "optim.grad_clip=0.5", "algorithm.minibatches=2",
+                          "rollout.reward=rewards_for_tests:answer_length")
+    proc = agentfly("train", "--deepspeed", str(EXAMPLES / "zero2_bf16.json"), *[a for s in sets for a in ("--set", s)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [e["data"] for e in read_events(out / "events.jsonl", "metrics") if "loss/total" in e["data"]]
+    assert len(steps) == 2 and all(s["grad_norm"] > 0 for s in steps), steps
+    # The example's "auto" values became the run's: 2 prompts x 2 samples in 2 minibatches, optim.grad_clip.
+    used = json.loads((out / "deepspeed.json").read_text())
+    assert (used["train_micro_batch_size_per_gpu"], used["gradient_clipping"]) == (2, 0.5)
+    assert used["zero_optimization"]["stage"] == 2 and used["bf16"]["enabled"] is True
+    assert (out / "checkpoint-latest" / "model.safetensors").exists()
