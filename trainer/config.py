@@ -190,7 +190,7 @@ class SFTConfig:
                                         "habit; empty = no habit.")
     habit_fraction: float = _f(0.0, "Share of the demonstrations with those phrasings that show the habit.")
     epochs: int = _f(4, "Passes over the demonstrations.")
-    batch_size: int = _f(8, "Demonstrations per optimizer step (small: optimizer steps matter more than tokens).")
+    batch_size: int = _f(8, "Demonstrations per optimizer step.")
     lr: float = _f(1.5e-3, "AdamW learning rate for SFT.")
     warmup_steps: int = _f(0, "Linear warm-up steps of the SFT learning rate.")
     schedule: Literal["constant", "linear", "cosine"] = _f("constant", "SFT learning-rate schedule after warm-up "
