@@ -6,6 +6,7 @@ from django import forms
 
 from webapp.accounts.models import Team
 from webapp.registry.models import Kind, check_import_path
+from webapp.registry.rules import NotRegistrable, check_registrable
 
 
 class RegisterForm(forms.Form):
@@ -23,6 +24,15 @@ class RegisterForm(forms.Form):
             return check_import_path(self.cleaned_data["import_path"])
         except ValueError as exc:
             raise forms.ValidationError(str(exc)) from None
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("import_path") and data.get("kind") and data.get("team"):
+            try:
+                check_registrable(data["kind"], data["import_path"], data["team"].slug)
+            except NotRegistrable as exc:
+                self.add_error("import_path", str(exc))
+        return data
 
 
 class TryForm(forms.Form):
