@@ -260,3 +260,12 @@ def test_concurrent_try_calls_beyond_the_limit_get_429(alice: Any, alice_api: An
             pass
     # Every slot is given back, refused ones included.
     assert _redis().zcard(f"{settings.REDIS_PREFIX}agentfly:try-slots:{alice.pk}") == 0
+
+
+def test_reinspecting_a_stored_entry_the_rule_refuses_marks_it_failed(alice_client: Any, team_a: Any) -> None:
+    system = ready_entry(team_a, "tool", "os:system", "system")
+    response = alice_client.post(reverse("registry:reinspect", args=[system.pk]), follow=True)
+    assert response.status_code == 200
+    system.refresh_from_db()
+    assert system.status == EntryStatus.FAILED and "AGENTFLY_PLUGIN_DIRS" in system.error
+    assert "is not registrable code" in response.content.decode()

@@ -11,8 +11,10 @@ from webapp.registry.rules import NotRegistrable, check_registrable
 
 class RegisterForm(forms.Form):
     kind = forms.ChoiceField(choices=Kind.choices)
-    import_path = forms.CharField(max_length=300, help_text="package.module:function, importable on the workers.",
-                                  widget=forms.TextInput(attrs={"placeholder": "my_tools.search:web_search"}))
+    import_path = forms.CharField(
+        max_length=300, widget=forms.TextInput(attrs={"placeholder": "my_tools.search:web_search"}),
+        help_text="module:function of a plugin folder (your team's own modules: agentfly_teams.<team>.<module>:"
+                  "function), or a decorated tool or reward of AgentFly's built-ins or of AGENTFLY_TOOL_PACKAGES.")
     team = forms.ModelChoiceField(queryset=Team.objects.none(), empty_label=None)
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:

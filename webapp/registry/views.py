@@ -9,6 +9,7 @@ from django.views.decorators.http import require_http_methods
 from webapp.registry import actions
 from webapp.registry.forms import RegisterForm, TryForm
 from webapp.registry.models import Entry, Kind
+from webapp.registry.rules import NotRegistrable
 from webapp.registry.trying import NoAnswer, TooManyTries, try_on_worker
 
 
@@ -49,7 +50,11 @@ def entry_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @require_http_methods(["POST"])
 def reinspect(request: HttpRequest, pk: int) -> HttpResponse:
     entry = get_object_or_404(Entry.objects.visible_to(request.user).filter(team__isnull=False), pk=pk)
-    actions.do_register_entry(user=request.user, team=entry.team, kind=entry.kind, import_path=entry.import_path)
+    try:
+        actions.do_register_entry(user=request.user, team=entry.team, kind=entry.kind, import_path=entry.import_path)
+    except NotRegistrable as exc:  # stored before the rule, or the plugin folder changed since
+        actions.record_failure(entry.pk, str(exc))
+        messages.error(request, str(exc))
     return redirect("registry:detail", pk=entry.pk)
 
 
