@@ -180,10 +180,12 @@ class LaunchForm(forms.Form):
         from webapp.registry.rules import NotRegistrable, check_registrable
 
         team = data.get("team")
+        if team is None:  # the team field has its own error; a team module cannot be judged without one
+            return
         chosen = [("tools", t) for t in data.get("tools") or []] + ([("reward", data["reward"])] if data.get("reward") else [])
         for field, entry in chosen:
             try:
-                check_registrable(entry.kind, entry.import_path, team.slug if team else None)
+                check_registrable(entry.kind, entry.import_path, team.slug)
             except NotRegistrable as exc:
                 self.add_error(field, str(exc))
 

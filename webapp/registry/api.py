@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -85,7 +85,9 @@ class EntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         entry = actions.do_register_entry(user=request.user, **ser.validated_data)
         return Response(EntrySerializer(entry).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(request=TrySerializer, responses={200: dict})
+    @extend_schema(request=TrySerializer, responses={
+        200: dict, 429: OpenApiResponse(description="The user already has AGENTFLY_TRY_CONCURRENCY calls running."),
+        504: OpenApiResponse(description="No worker on the try queue answered within AGENTFLY_TRY_TIMEOUT.")})
     @action(detail=True, methods=["post"], url_path="try")
     def try_it(self, request: Request, pk: str | None = None) -> Response:
         """Call a ready tool with arguments on a worker and return its observation."""
