@@ -1,11 +1,13 @@
 """The Celery app: Redis broker and result backend, one queue per hardware class.
 
-Training jobs go to ``cpu`` or ``gpu``; registry introspection and "try it" calls go to ``cpu`` (they import
-user code, which must never happen in the web process). ``acks_late`` with prefetch 1 means a worker takes
+Training jobs go to ``cpu`` or ``gpu``; registry introspection goes to ``cpu`` and "try it" calls to their
+own ``try`` queue (both import user code, which must never happen in the web process; a busy "try it" never
+takes a training job's queue). The registry's tasks opt out of the late acknowledgement below: they are
+never redelivered (``webapp.registry.tasks``). ``acks_late`` with prefetch 1 means a worker takes
 one job at a time and a message is only acknowledged once the task returns, so a job whose worker vanished
 before starting it is redelivered; the task's conditional claim makes a redelivery of a started job a no-op.
 
-    celery -A webapp worker -Q cpu -c 1
+    celery -A webapp worker -Q cpu,try -c 1
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 app = Celery("webapp")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.update(
-    task_queues=(Queue("cpu"), Queue("gpu")),
+    task_queues=(Queue("cpu"), Queue("gpu"), Queue("try")),
     task_default_queue="cpu",
     task_acks_late=True,
     task_reject_on_worker_lost=True,

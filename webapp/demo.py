@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         user, team = demo_user()
         from django.conf import settings
 
-        services.start("worker", [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", "cpu,gpu", "-c", "1",
+        services.start("worker", [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", "cpu,gpu,try", "-c", "1",
                                   "-B", "-s", str(logs / "celerybeat-schedule"), "-l", "info", "-n", "demo@%h"], env)
         services.start("web", [sys.executable, "-m", "daphne", "-b", args.host, "-p", str(args.port),
                                "webapp.asgi:application"], env)

@@ -227,6 +227,13 @@ AGENTFLY_PLUGIN_DIRS = [Path(p) for p in env_list("AGENTFLY_PLUGIN_DIRS", [])]
 AGENTFLY_ALLOWED_PATHS = [Path(p) for p in env_list("AGENTFLY_ALLOWED_PATHS", [])]
 # Time the web process waits for a worker to answer a "try it" call before telling the user.
 AGENTFLY_TRY_TIMEOUT = env_float("AGENTFLY_TRY_TIMEOUT", 30.0)
+# Registrable code (docs/security.md): besides AgentFly's built-ins and AGENTFLY_PLUGIN_DIRS, the installed
+# packages whose @agentfly.tool / @agentfly.reward objects teams may register (comma list of package names).
+AGENTFLY_TOOL_PACKAGES = env_list("AGENTFLY_TOOL_PACKAGES", [])
+# Seconds a worker's child process may spend on one inspection or "try it" call before it is killed (keep
+# it below AGENTFLY_TRY_TIMEOUT, so the user hears why), and "try it" calls one user may have in flight.
+AGENTFLY_CHILD_TIMEOUT = env_float("AGENTFLY_CHILD_TIMEOUT", 20.0)
+AGENTFLY_TRY_CONCURRENCY = env_int("AGENTFLY_TRY_CONCURRENCY", 2)
 
 # ------------------------------------------------------------------ REST API
 REST_FRAMEWORK = {

@@ -30,6 +30,8 @@ os.environ.setdefault("AGENTFLY_REDIS_PREFIX", f"agentfly-test-{uuid.uuid4().hex
 os.environ.setdefault("JOB_HEARTBEAT_SECONDS", "0.5")
 os.environ.setdefault("JOB_HEARTBEAT_TIMEOUT", "6")
 os.environ.setdefault("AGENTFLY_TRY_TIMEOUT", "60")
+# A hanging tool's child is killed after this many seconds (the tests wait for it).
+os.environ.setdefault("AGENTFLY_CHILD_TIMEOUT", "5")
 PLUGINS = Path(__file__).parent / "plugins"
 os.environ.setdefault("AGENTFLY_PLUGIN_DIRS", str(PLUGINS))
 
@@ -142,13 +144,13 @@ def bob_api(bob: Any) -> Any:
 @pytest.fixture(scope="session")
 def worker(django_db_setup: None, django_db_blocker: Any, runs_dir: Path,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
-    """One worker on the ``cpu`` queue for the whole session (training, introspection, "try it")."""
+    """One worker on the ``cpu`` and ``try`` queues for the whole session (training, introspection, "try it")."""
     from webapp.celery import app
 
     app.control.purge()  # messages a previous, interrupted session left in the test broker
     with django_db_blocker.unblock():
         env = worker_env(runs_dir)
-    w = Worker("cpu", env, tmp_path_factory.mktemp("worker") / "worker.log")
+    w = Worker("cpu,try", env, tmp_path_factory.mktemp("worker") / "worker.log")
     try:
         w.wait_ready()
         yield w

@@ -59,11 +59,13 @@ class Worker:
 
 def worker_env(runs: Path) -> dict[str, str]:
     """The environment of a worker that shares this test session's database, Redis and runs folder."""
+    from django.conf import settings
     from django.db import connection
 
     db = connection.settings_dict
     env = dict(os.environ)
     env.update({
+        "SECRET_KEY": settings.SECRET_KEY,  # a worker holds one; what it runs must not see it
         "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/"
                         f"{db['NAME']}",
         "AGENTFLY_RUNS_DIR": str(runs),

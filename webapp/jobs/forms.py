@@ -165,6 +165,7 @@ class LaunchForm(forms.Form):
         if sandboxed and not trainer_takes_resources():
             self.add_error("tools", f"These tools need the {', '.join(sandboxed)} resource, which the trainer on this "
                                     "server cannot give to tools yet; pick tools without a sandbox.")
+        self.check_registrable_code(data)
         names = [t.name for t in tools]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -172,6 +173,21 @@ class LaunchForm(forms.Form):
         if not self.errors:
             self.validate_with_trainer()
         return data
+
+    def check_registrable_code(self, data: dict[str, Any]) -> None:
+        """Every tool and the reward must still be code the registry may run, for this job's team (an entry
+        made behind the API, or before the rule, is refused here and again when the job starts)."""
+        from webapp.registry.rules import NotRegistrable, check_registrable
+
+        team = data.get("team")
+        if team is None:  # the team field has its own error; a team module cannot be judged without one
+            return
+        chosen = [("tools", t) for t in data.get("tools") or []] + ([("reward", data["reward"])] if data.get("reward") else [])
+        for field, entry in chosen:
+            try:
+                check_registrable(entry.kind, entry.import_path, team.slug)
+            except NotRegistrable as exc:
+                self.add_error(field, str(exc))
 
     def trainer_config(self) -> dict[str, Any]:
         """The validated input as the trainer's configuration (``trainer.config.Config`` as a dict)."""

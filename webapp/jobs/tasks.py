@@ -112,6 +112,9 @@ def run_job(job_id: int) -> str:
     sink = DatabaseEventSink(job_id)
     status, error, outcome = Status.FAILED, "", body.Outcome()
     try:
+        from webapp.registry.rules import check_job_config
+
+        check_job_config(job.config, job.team.slug)  # before anything is imported: rows made behind the API too
         for warning in actions.record_versions_used(job_id, describe_components(job.config)):
             sink.emit({"type": "log", "level": "warning", "message": warning})
         outcome = body.run(

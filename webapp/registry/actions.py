@@ -9,19 +9,22 @@ from django.utils import timezone
 
 from webapp.accounts.models import Team
 from webapp.registry.models import Entry, EntryStatus, Kind, Version, check_import_path
+from webapp.registry.rules import NotRegistrable, check_registrable
 
 
 def do_register_entry(*, user: object, team: Team, kind: str, import_path: str) -> Entry:
     """Register ``import_path`` for ``team`` and queue its inspection on a worker.
 
     Registering the same path twice returns the existing entry and inspects it again (a new version is
-    recorded if its source changed), so a double submit or a retried API call is harmless.
+    recorded if its source changed), so a double submit or a retried API call is harmless. A path the
+    registry's rule refuses raises NotRegistrable (the form and the API show it on the field first).
     """
     if kind not in Kind.values:
         raise ValueError(f"Unknown registry kind: {kind!r}; expected 'tool' or 'reward'")
     import_path = check_import_path(import_path)
     if not team.has_member(user):
         raise PermissionError("you can only register entries for a team you belong to")
+    check_registrable(kind, import_path, team.slug)
     with transaction.atomic():
         entry, _ = Entry.objects.get_or_create(
             team=team, kind=kind, import_path=import_path,
@@ -70,3 +73,16 @@ def ensure_builtin(kind: str, import_path: str) -> Entry:
     except IntegrityError:  # another worker created it between our read and our insert
         entry = Entry.objects.get(team=None, kind=kind, import_path=import_path)
     return entry
+
+
+def fail_unregistrable_entries() -> list[int]:
+    """Mark failed, with the reason, every stored entry the rule refuses (rows made in the admin, a shell,
+    or before the rule existed); a worker runs this when it starts. Returns their ids."""
+    refused = []
+    for entry in Entry.objects.exclude(status=EntryStatus.FAILED).select_related("team").iterator():
+        try:
+            check_registrable(entry.kind, entry.import_path, entry.team.slug if entry.team else None)
+        except NotRegistrable as exc:
+            record_failure(entry.pk, str(exc))
+            refused.append(entry.pk)
+    return refused

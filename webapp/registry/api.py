@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery.exceptions import TimeoutError as CeleryTimeout
-from django.conf import settings
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -14,7 +12,9 @@ from rest_framework.response import Response
 
 from webapp.accounts.models import Team
 from webapp.registry import actions
-from webapp.registry.models import Entry, Kind, Version, check_import_path
+from webapp.registry.models import Entry, EntryStatus, Kind, Version, check_import_path
+from webapp.registry.rules import NotRegistrable, check_registrable
+from webapp.registry.trying import NoAnswer, TooManyTries, try_on_worker
 
 
 class VersionSerializer(serializers.ModelSerializer):
@@ -49,6 +49,13 @@ class RegisterSerializer(serializers.Serializer):
             raise serializers.ValidationError("You are not a member of this team.")
         return team
 
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        try:
+            check_registrable(attrs["kind"], attrs["import_path"], attrs["team"].slug)
+        except NotRegistrable as exc:
+            raise serializers.ValidationError({"import_path": [str(exc)]}) from None
+        return attrs
+
 
 class TrySerializer(serializers.Serializer):
     arguments = serializers.DictField(help_text="The tool's arguments, as the model would send them.")
@@ -78,22 +85,22 @@ class EntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         entry = actions.do_register_entry(user=request.user, **ser.validated_data)
         return Response(EntrySerializer(entry).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(request=TrySerializer, responses={200: dict})
+    @extend_schema(request=TrySerializer, responses={
+        200: dict, 429: OpenApiResponse(description="The user already has AGENTFLY_TRY_CONCURRENCY calls running."),
+        504: OpenApiResponse(description="No worker on the try queue answered within AGENTFLY_TRY_TIMEOUT.")})
     @action(detail=True, methods=["post"], url_path="try")
     def try_it(self, request: Request, pk: str | None = None) -> Response:
         """Call a ready tool with arguments on a worker and return its observation."""
-        from webapp.registry.tasks import try_tool
-
         entry = self.get_object()
         if entry.kind != Kind.TOOL:
             return Response({"detail": "Only tools can be tried; this entry is a reward."}, status=400)
-        if entry.current_version is None:
+        if entry.status != EntryStatus.READY or entry.current_version is None:
             return Response({"detail": f"This tool is {entry.status}; it can be tried once it is ready."}, status=409)
         ser = TrySerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         try:
-            result = try_tool.apply_async(args=[entry.pk, ser.validated_data["arguments"]], queue="cpu").get(
-                timeout=settings.AGENTFLY_TRY_TIMEOUT)
-        except CeleryTimeout:
-            return Response({"detail": "No worker answered in time."}, status=504)
-        return Response(result)
+            return Response(try_on_worker(request.user.pk, entry.pk, ser.validated_data["arguments"]))
+        except TooManyTries as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_429_TOO_MANY_REQUESTS)
+        except NoAnswer as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_504_GATEWAY_TIMEOUT)

@@ -6,12 +6,15 @@ from django import forms
 
 from webapp.accounts.models import Team
 from webapp.registry.models import Kind, check_import_path
+from webapp.registry.rules import NotRegistrable, check_registrable
 
 
 class RegisterForm(forms.Form):
     kind = forms.ChoiceField(choices=Kind.choices)
-    import_path = forms.CharField(max_length=300, help_text="package.module:function, importable on the workers.",
-                                  widget=forms.TextInput(attrs={"placeholder": "my_tools.search:web_search"}))
+    import_path = forms.CharField(
+        max_length=300, widget=forms.TextInput(attrs={"placeholder": "my_tools.search:web_search"}),
+        help_text="module:function of a plugin folder (your team's own modules: agentfly_teams.<team>.<module>:"
+                  "function), or a decorated tool or reward of AgentFly's built-ins or of AGENTFLY_TOOL_PACKAGES.")
     team = forms.ModelChoiceField(queryset=Team.objects.none(), empty_label=None)
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
@@ -23,6 +26,15 @@ class RegisterForm(forms.Form):
             return check_import_path(self.cleaned_data["import_path"])
         except ValueError as exc:
             raise forms.ValidationError(str(exc)) from None
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("import_path") and data.get("kind") and data.get("team"):
+            try:
+                check_registrable(data["kind"], data["import_path"], data["team"].slug)
+            except NotRegistrable as exc:
+                self.add_error("import_path", str(exc))
+        return data
 
 
 class TryForm(forms.Form):

@@ -1,7 +1,10 @@
 """Import a tool or reward by path and describe it. Runs on workers only: it executes user code.
 
-The web process never calls this module; it queues ``webapp.registry.tasks.inspect_entry`` instead, so a
-module that hangs, crashes or has side effects at import time takes down a worker process, not the site.
+The web process never calls this module; it queues ``webapp.registry.tasks.inspect_entry`` instead, and the
+worker runs inspection and "try it" in a child process (``webapp.registry.child``), so a module that hangs,
+crashes or has side effects at import time ends that child, not the worker. Only paths the registry's rule
+(``webapp.registry.rules``) accepts get here; ``Source`` carries what the rule found, which the import must
+match. Django is not needed here (the child has no settings): plugin folders are passed in.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
+from webapp.registry.plugins import Source, install_team_finder
 
 
 class IntrospectionError(Exception):
@@ -32,33 +35,49 @@ class Description:
     module_file: str = ""
 
 
-def add_plugin_dirs() -> None:
-    """Make the team plugin folders importable (idempotent)."""
-    for folder in settings.AGENTFLY_PLUGIN_DIRS:
-        path = str(Path(folder).resolve())
+def plugin_dirs_of(plugin_dirs: list[str] | None) -> list[Path]:
+    if plugin_dirs is not None:
+        return [Path(d) for d in plugin_dirs]
+    from django.conf import settings
+
+    return [Path(d) for d in settings.AGENTFLY_PLUGIN_DIRS]
+
+
+def add_plugin_dirs(plugin_dirs: list[str] | None = None) -> None:
+    """Make the plugin folders importable (idempotent): shared modules by name, after the installed packages
+    so a plugin never shadows one, and each team's folder as ``agentfly_teams.<team>`` (``TeamFinder``)."""
+    folders = plugin_dirs_of(plugin_dirs)
+    for folder in folders:
+        path = str(folder.resolve())
         if path not in sys.path:
-            sys.path.insert(0, path)
+            sys.path.append(path)
+    install_team_finder(folders)
 
 
-def in_plugin_dir(module: Any) -> bool:
+def in_plugin_dir(module: Any, plugin_dirs: list[str] | None = None) -> bool:
     origin = getattr(module, "__file__", None)
     if not origin:
         return False
     path = Path(origin).resolve()
-    return any(path.is_relative_to(Path(folder).resolve()) for folder in settings.AGENTFLY_PLUGIN_DIRS)
+    return any(path.is_relative_to(folder.resolve()) for folder in plugin_dirs_of(plugin_dirs))
 
 
-def resolve(import_path: str) -> Any:
-    """The object at ``package.module:attr.sub``; IntrospectionError carries the import error text."""
+def resolve(import_path: str, source: Source | None = None, plugin_dirs: list[str] | None = None) -> Any:
+    """The object at ``package.module:attr.sub``; IntrospectionError carries the import error text. With a
+    ``source``, the module must come from the file the rule located."""
     module_name, _, attr_path = import_path.partition(":")
-    add_plugin_dirs()
+    add_plugin_dirs(plugin_dirs)
     try:
         obj: Any = importlib.import_module(module_name)
-        if in_plugin_dir(obj):
+        if in_plugin_dir(obj, plugin_dirs):
             # A team edits its plugin files while workers run: re-read the source so a new version is seen.
             obj = importlib.reload(obj)
     except BaseException as exc:  # SystemExit and friends from user code must not kill the worker
         raise IntrospectionError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+    origin = getattr(obj, "__file__", None)
+    if source is not None and (not origin or str(Path(origin).resolve()) != source.module_file):
+        raise IntrospectionError(f"{module_name!r} was imported from {origin}, not from {source.module_file} "
+                                 "where the registry located it; refusing to use it")
     for part in attr_path.split("."):
         try:
             obj = getattr(obj, part)
@@ -67,13 +86,17 @@ def resolve(import_path: str) -> Any:
     return obj
 
 
-def load_tool(import_path: str) -> Any:
-    """The ``agentfly.tools.Tool`` at ``import_path``; a plain function is wrapped with ``make_tool``."""
+def load_tool(import_path: str, source: Source | None = None, plugin_dirs: list[str] | None = None) -> Any:
+    """The ``agentfly.tools.Tool`` at ``import_path``; a plain function of a plugin module is wrapped with
+    ``make_tool`` (from a tool package only decorated tools are taken)."""
     from agentfly.tools import Tool, make_tool
 
-    obj = resolve(import_path)
+    obj = resolve(import_path, source, plugin_dirs)
     if isinstance(obj, Tool):
         return obj
+    if source is not None and source.decorated_only:
+        raise IntrospectionError(f"{import_path} is a {type(obj).__name__}, not an object decorated with "
+                                 "@agentfly.tool; from a tool package only decorated tools are registrable")
     if inspect.isclass(obj) or not callable(obj):
         raise IntrospectionError(
             f"{import_path} is a {type(obj).__name__}, not a tool; decorate a function with @agentfly.tools.tool"
@@ -84,13 +107,17 @@ def load_tool(import_path: str) -> Any:
         raise IntrospectionError(f"{import_path} is not a usable tool: {exc}") from exc
 
 
-def load_reward(import_path: str) -> Any:
-    """The ``agentfly.rewards.Reward`` at ``import_path``; a plain function is wrapped with ``make_reward``."""
+def load_reward(import_path: str, source: Source | None = None, plugin_dirs: list[str] | None = None) -> Any:
+    """The ``agentfly.rewards.Reward`` at ``import_path``; a plain function of a plugin module is wrapped with
+    ``make_reward`` (from a tool package only decorated rewards are taken)."""
     from agentfly.rewards import Reward, make_reward
 
-    obj = resolve(import_path)
+    obj = resolve(import_path, source, plugin_dirs)
     if isinstance(obj, Reward):
         return obj
+    if source is not None and source.decorated_only:
+        raise IntrospectionError(f"{import_path} is a {type(obj).__name__}, not an object decorated with "
+                                 "@agentfly.reward; from a tool package only decorated rewards are registrable")
     if inspect.isclass(obj) or not callable(obj):
         raise IntrospectionError(
             f"{import_path} is a {type(obj).__name__}, not a reward; decorate a function with "
@@ -115,10 +142,11 @@ def source_hash(fn: Any) -> tuple[str, str]:
     return hashlib.sha256(source.encode()).hexdigest(), module_file
 
 
-def describe(kind: str, import_path: str) -> Description:
+def describe(kind: str, import_path: str, source: Source | None = None,
+             plugin_dirs: list[str] | None = None) -> Description:
     """Import and describe the tool or reward at ``import_path`` (``kind`` is "tool" or "reward")."""
     if kind == "tool":
-        t = load_tool(import_path)
+        t = load_tool(import_path, source, plugin_dirs)
         digest, module_file = source_hash(t.fn)
         return Description(
             name=t.name,
@@ -130,7 +158,7 @@ def describe(kind: str, import_path: str) -> Description:
             module_file=module_file,
         )
     if kind == "reward":
-        r = load_reward(import_path)
+        r = load_reward(import_path, source, plugin_dirs)
         digest, module_file = source_hash(r.fn)
         return Description(
             name=r.name,

@@ -1,8 +1,14 @@
-"""Worker-side registry tasks: they import user code, so they never run in the web process."""
+"""Worker-side registry tasks: they run user code, so they never run in the web process.
+
+Each checks the registry's rule (``rules.check_registrable``) before anything is imported, and runs the
+entry's code in a child process (``webapp.registry.child``), so user code can neither end the worker nor
+read its environment. None of them is redelivered: they are acknowledged when they start
+(``acks_late=False``), so a worker process that dies while running one drops it instead of taking it again
+(the app's ``task_acks_late`` + ``task_reject_on_worker_lost`` are for training jobs, which claim their row).
+"""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from typing import Any
@@ -10,77 +16,66 @@ from typing import Any
 from celery import shared_task
 
 from webapp.registry import actions
-from webapp.registry.introspect import IntrospectionError, builtin_paths, describe, load_tool
+from webapp.registry.child import describe_in_child, try_in_child
+from webapp.registry.introspect import IntrospectionError, builtin_paths, describe
 from webapp.registry.models import Entry, Kind
-from webapp.registry.sandboxes import UnknownSandbox
+from webapp.registry.rules import NotRegistrable, check_registrable
 
 log = logging.getLogger(__name__)
+# Acknowledged on receipt: a crash while one runs is reported (to the user, or as a failed entry), never
+# answered by running the same code again.
+ONCE = {"acks_late": False, "reject_on_worker_lost": False}
 
 
-@shared_task(name="webapp.registry.tasks.inspect_entry", acks_late=True, time_limit=120)
+def team_slug(entry: Entry) -> str | None:
+    return entry.team.slug if entry.team_id else None  # type: ignore[union-attr]
+
+
+@shared_task(name="webapp.registry.tasks.inspect_entry", time_limit=120, **ONCE)
 def inspect_entry(entry_id: int) -> str:
     """Import the entry's path, record its schema/docstring/signature/hash, or the import error."""
-    entry = Entry.objects.filter(pk=entry_id).first()
+    entry = Entry.objects.select_related("team").filter(pk=entry_id).first()
     if entry is None:
         return "gone"
     try:
-        description = describe(entry.kind, entry.import_path)
-    except IntrospectionError as exc:
+        source = check_registrable(entry.kind, entry.import_path, team_slug(entry))
+        description = describe_in_child(entry.kind, entry.import_path, source)
+    except (NotRegistrable, IntrospectionError) as exc:
         actions.record_failure(entry_id, str(exc))
         return "failed"
     actions.record_description(entry_id, description)
     return "ready"
 
 
-@shared_task(name="webapp.registry.tasks.sync_builtins", acks_late=True, time_limit=300)
+@shared_task(name="webapp.registry.tasks.sync_builtins", time_limit=300, **ONCE)
 def sync_builtins() -> int:
-    """Make every tool and reward that ships with AgentFly appear in the registry, at its current version."""
+    """Make every tool and reward that ships with AgentFly appear in the registry, at its current version.
+
+    Built-ins are AgentFly's own code, already imported by the worker: they are described in this process
+    (a child per worker start would cost seconds for no isolation gained), after the same rule check.
+    """
     count = 0
     for kind, path in builtin_paths():
         entry = actions.ensure_builtin(kind, path)
         try:
-            actions.record_description(entry.pk, describe(kind, path))
+            actions.record_description(entry.pk, describe(kind, path, check_registrable(kind, path, None)))
             count += 1
-        except IntrospectionError as exc:
+        except (NotRegistrable, IntrospectionError) as exc:
             actions.record_failure(entry.pk, str(exc))
     return count
 
 
-@shared_task(name="webapp.registry.tasks.try_tool", acks_late=True, time_limit=120)
+@shared_task(name="webapp.registry.tasks.try_tool", time_limit=120, **ONCE)
 def try_tool(entry_id: int, arguments: Any) -> dict[str, Any]:
-    """Call the tool with ``arguments`` the way a rollout would, and return its observation.
-
-    A tool that declares a sandbox resource gets it from a resource engine built for this one call, so it
-    runs inside the same sandbox it would get during training.
-    """
-    entry = Entry.objects.filter(pk=entry_id, kind=Kind.TOOL).first()
+    """Call the tool with ``arguments`` the way a rollout would (in a child), and return its observation."""
+    entry = Entry.objects.select_related("team").filter(pk=entry_id, kind=Kind.TOOL).first()
     if entry is None:
         return {"observation": "", "error": "this tool no longer exists", "latency": 0.0}
     try:
-        tool = load_tool(entry.import_path)
-        result = asyncio.run(_invoke(tool, arguments))
-    except (IntrospectionError, UnknownSandbox) as exc:
+        source = check_registrable(entry.kind, entry.import_path, team_slug(entry))
+    except NotRegistrable as exc:
         return {"observation": "", "error": str(exc), "latency": 0.0}
-    return {"observation": result.observation, "error": result.error, "latency": result.latency}
-
-
-async def _invoke(tool: Any, arguments: Any) -> Any:
-    from agentfly.context import RolloutContext
-
-    if not tool.resource:
-        return await tool.invoke(arguments, RolloutContext(sample={}, rollout_id="try", group_id="try"))
-    from agentfly.resources import ResourceEngine
-    from webapp.registry.sandboxes import specs_for
-
-    engine = ResourceEngine(specs_for([tool.resource]))
-    ctx = RolloutContext(sample={}, rollout_id="try", group_id="try", resources=engine)
-    try:
-        return await tool.invoke(arguments, ctx)
-    finally:
-        try:
-            await ctx.aclose()
-        finally:
-            await engine.aclose()
+    return try_in_child(entry.import_path, source, arguments)
 
 
 def parse_arguments(text: str) -> dict[str, Any]:

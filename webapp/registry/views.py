@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from celery.exceptions import TimeoutError as CeleryTimeout
-from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
@@ -11,6 +9,8 @@ from django.views.decorators.http import require_http_methods
 from webapp.registry import actions
 from webapp.registry.forms import RegisterForm, TryForm
 from webapp.registry.models import Entry, Kind
+from webapp.registry.rules import NotRegistrable
+from webapp.registry.trying import NoAnswer, TooManyTries, try_on_worker
 
 
 @login_required
@@ -50,7 +50,11 @@ def entry_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @require_http_methods(["POST"])
 def reinspect(request: HttpRequest, pk: int) -> HttpResponse:
     entry = get_object_or_404(Entry.objects.visible_to(request.user).filter(team__isnull=False), pk=pk)
-    actions.do_register_entry(user=request.user, team=entry.team, kind=entry.kind, import_path=entry.import_path)
+    try:
+        actions.do_register_entry(user=request.user, team=entry.team, kind=entry.kind, import_path=entry.import_path)
+    except NotRegistrable as exc:  # stored before the rule, or the plugin folder changed since
+        actions.record_failure(entry.pk, str(exc))
+        messages.error(request, str(exc))
     return redirect("registry:detail", pk=entry.pk)
 
 
@@ -58,20 +62,17 @@ def reinspect(request: HttpRequest, pk: int) -> HttpResponse:
 @require_http_methods(["POST"])
 def try_tool(request: HttpRequest, pk: int) -> HttpResponse:
     """Call the tool on a worker and show the observation (the web process never imports the tool)."""
-    from webapp.registry.tasks import try_tool as try_task
-
     entry = get_object_or_404(Entry.objects.visible_to(request.user).ready().tools(), pk=pk)
     form = TryForm(request.POST)
     result = None
     status = 200
     if form.is_valid():
-        pending = try_task.apply_async(args=[entry.pk, form.cleaned_data["arguments"]], queue="cpu")
         try:
-            result = pending.get(timeout=settings.AGENTFLY_TRY_TIMEOUT)
-        except CeleryTimeout:
-            result = {"observation": "", "latency": 0.0,
-                      "error": f"no worker answered within {settings.AGENTFLY_TRY_TIMEOUT:g} s; is a worker running "
-                               "on the cpu queue?"}
+            result = try_on_worker(request.user.pk, entry.pk, form.cleaned_data["arguments"])
+        except TooManyTries as exc:
+            result, status = {"observation": "", "latency": 0.0, "error": str(exc)}, 429
+        except NoAnswer as exc:
+            result = {"observation": "", "latency": 0.0, "error": str(exc)}
     else:
         status = 400
     template = "registry/_try_result.html" if request.headers.get("HX-Request") else "registry/entry_detail.html"
