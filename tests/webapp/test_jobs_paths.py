@@ -133,3 +133,28 @@ def test_a_job_whose_stored_config_points_into_another_teams_folder_fails_on_the
     assert done.status == Status.FAILED
     assert "PathRefused: model.path" in done.error and "outside your team's folder" in done.error
     assert not done.checkpoints.exists()
+
+
+@pytest.mark.integration
+def test_a_starting_worker_sweeps_the_sandbox_folders_of_dead_processes(
+        transactional_db: None, runs_dir: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from agentfly.resources.backends.local import start_time
+    from tests.webapp.helpers import Worker, worker_env
+
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    started = start_time(owner.pid)
+    owner.kill()
+    owner.wait()
+    boxes = tmp_path / "boxes"
+    dead = boxes / f"{owner.pid}-{started}-left" / "work"
+    dead.mkdir(parents=True)
+    (dead / "scratch.txt").write_text("left by a SIGKILLed worker")
+    worker = Worker("gpu", {**worker_env(runs_dir), "AGENTFLY_SANDBOX_DIR": str(boxes)}, tmp_path / "worker.log")
+    try:
+        worker.wait_ready()
+        wait_for(lambda: not dead.parent.exists(), 10, "the sweep to remove the dead owner's folder")
+    finally:
+        worker.stop()
