@@ -158,3 +158,18 @@ def test_a_starting_worker_sweeps_the_sandbox_folders_of_dead_processes(
         wait_for(lambda: not dead.parent.exists(), 10, "the sweep to remove the dead owner's folder")
     finally:
         worker.stop()
+
+
+def test_the_compose_file_allows_shared_data_but_not_every_teams_runs() -> None:
+    import yaml
+
+    from tests.webapp.helpers import ROOT
+
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    for name in ("web", "worker-cpu", "worker-gpu"):
+        env = services[name]["environment"]
+        runs = Path(env["AGENTFLY_RUNS_DIR"])
+        allowed = [Path(p) for p in env["AGENTFLY_ALLOWED_PATHS"].split(",")]
+        assert allowed and not any(runs.is_relative_to(p) for p in allowed), (name, allowed)
+        # Each shared folder is a read-only mount: a job reads it, never writes into another team's data.
+        assert all(any(v.endswith(f":{p}:ro") for v in services[name]["volumes"]) for p in allowed), name

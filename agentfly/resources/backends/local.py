@@ -78,7 +78,8 @@ class Isolation:
     Attributes:
         network: "none" (a fresh network namespace where the kernel allows) or "host".
         filesystem: "restricted" (Landlock: read the Python installation, system libraries and ``read_paths``;
-            write only the working directory) or "host".
+            write only the working directory; never the parent's working directory or the project root,
+            see ``runtime_read_paths``) or "host".
         own_uid: run as a private uid when the parent is root, so limits and kills are per sandbox.
         read_paths: extra paths the sandbox may read (data you give it).
     """
@@ -92,7 +93,7 @@ class Isolation:
 def project_roots() -> list[str]:
     """Folders a sandbox must never read: the working directory and the source tree AgentFly runs from
     (when it is not installed into site-packages), where settings, ``.git`` and databases live."""
-    roots = {os.path.realpath(os.getcwd())}
+    roots = {os.path.realpath(".")}
     package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))))
     installed = {os.path.realpath(p) for p in (sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib")) if p}
     if package not in installed:
