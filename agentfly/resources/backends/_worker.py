@@ -230,6 +230,8 @@ def harden(config: dict[str, Any]) -> dict[str, Any]:
         report["network"] = "allowed"
     if config.get("own_uid"):
         report["user"] = drop_privileges(workdir)
+        # The kernel clears the parent-death signal when the credentials change: ask for it again.
+        die_with_parent(config.get("parent_pid"))
     if config.get("filesystem") == "restricted":
         report["filesystem"] = landlock(list(config.get("read_paths") or []), [workdir, *config.get("write_paths", [])])
     else:

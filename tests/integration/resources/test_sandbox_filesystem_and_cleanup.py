@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -76,7 +77,8 @@ async def test_the_sandbox_cannot_read_the_project_root_or_the_working_directory
 
 
 # A parent that starts a sandbox, lets the sandboxed code start a grandchild (in the sandbox's session, and
-# one that left it with setsid), reports the pids and waits to be killed.
+# one that left it with setsid), reports the pids, and keeps the sandbox busy (an idle one would also exit
+# when its stdin closes) until it is killed.
 PARENT = textwrap.dedent("""
     import asyncio, json, sys
     from agentfly.resources import PythonSandbox
@@ -91,33 +93,42 @@ PARENT = textwrap.dedent("""
             "print(a.pid, b.pid)")
         print(json.dumps({"pid": box.pid, "workdir": box.workdir, "children": [int(p) for p in out.split()],
                           "user": box.isolation().get("user", "")}), flush=True)
-        await asyncio.sleep(120)
+        await box.run("import time; open('busy', 'w').close(); time.sleep(120)", timeout=300)
 
     asyncio.run(main())
 """)
 
 
 def orphan_a_sandbox(boxes: Path) -> dict:
-    """Run PARENT with its sandbox folders under ``boxes``, SIGKILL it once its sandbox runs; return the report."""
+    """Run PARENT with its sandbox folders under ``boxes`` and SIGKILL it while its sandbox is busy; return
+    the report."""
     env = {**os.environ, "AGENTFLY_SANDBOX_DIR": str(boxes), "PYTHONPATH": str(ROOT)}
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, env=env)
     assert parent.stdout is not None
     try:
         report = json.loads(parent.stdout.readline())
+        deadline = time.monotonic() + 10
+        while not Path(report["workdir"], "busy").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
     finally:
         parent.kill()  # SIGKILL: no atexit, no signal handler, no finally runs in the parent
         parent.wait(10)
     return report
 
 
-def test_a_sandbox_dies_with_its_sigkilled_parent(tmp_path: Path) -> None:
-    report = orphan_a_sandbox(tmp_path / "boxes")
-    assert gone_within([report["pid"]], 5), "the sandbox outlived its parent"
+@pytest.fixture
+def boxes(tmp_path: Path) -> Iterator[Path]:
+    """A sandbox root of the test's own; swept at the end, so a failing test leaves nothing running either."""
+    yield tmp_path / "boxes"
     sweep_sandboxes(tmp_path / "boxes")
 
 
-def test_the_sweep_removes_work_dirs_of_dead_owners(tmp_path: Path) -> None:
-    boxes = tmp_path / "boxes"
+def test_a_sandbox_dies_with_its_sigkilled_parent(boxes: Path) -> None:
+    report = orphan_a_sandbox(boxes)
+    assert gone_within([report["pid"]], 5), "the sandbox outlived its parent"
+
+
+def test_the_sweep_removes_work_dirs_of_dead_owners(boxes: Path) -> None:
     report = orphan_a_sandbox(boxes)
     assert gone_within([report["pid"]], 5)
     in_session, escaped = report["children"]
