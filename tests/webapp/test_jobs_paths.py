@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +174,26 @@ def test_the_compose_file_allows_shared_data_but_not_every_teams_runs() -> None:
         assert allowed and not any(runs.is_relative_to(p) for p in allowed), (name, allowed)
         # Each shared folder is a read-only mount: a job reads it, never writes into another team's data.
         assert all(any(v.endswith(f":{p}:ro") for v in services[name]["volumes"]) for p in allowed), name
+
+
+@pytest.mark.integration
+def test_try_it_python_code_cannot_read_the_projects_settings_or_git(
+        alice_client: Any, builtins: dict[str, Any]) -> None:
+    import asyncio
+
+    from agentfly.resources import PythonSandbox
+    from tests.webapp.helpers import ROOT
+
+    async def filesystem() -> str:
+        async with PythonSandbox() as box:
+            return str(box.isolation()["filesystem"])
+
+    if not (report := asyncio.run(filesystem())).startswith("landlock"):
+        pytest.skip(f"filesystem isolation not in effect here: {report}")
+    # The worker runs from the project root, as `celery -A webapp worker` does in a checkout.
+    for path in (ROOT / "webapp" / "settings.py", ROOT / ".git", ROOT / "pyproject.toml"):
+        code = f"open({str(path)!r}, 'rb').read()"
+        response = alice_client.post(reverse("registry:try", args=[builtins["python_code"].pk]),
+                                     {"arguments": json.dumps({"code": code})})
+        observation = response.context["result"]["observation"]
+        assert "PermissionError" in observation, (path, observation)
