@@ -91,6 +91,7 @@ def test_a_team_named_like_an_old_run_folder_gets_a_slug_of_its_own(db: None) ->
     from webapp.accounts.models import do_create_team
 
     assert do_create_team("Job 5", None).slug == "team-job-5"
+    assert [do_create_team(name, None).slug for name in ("Job", "job!")] == ["team-job", "team-job-2"]
 
 
 def test_a_launched_tiny_model_is_built_inside_the_teams_folder(

@@ -66,7 +66,9 @@ def do_create_team(name: str, creator: object | None) -> Team:
     if not name:
         raise ValueError("a team needs a name")
     base = slugify(name)[:70] or "team"
-    if re.fullmatch(r"job-\d+", base):  # the name of a run folder from before team folders (jobs.paths)
+    # Never the name of a run folder from before team folders (job-<id>, see jobs.paths), not even once
+    # "-2" is added below to "job".
+    if re.fullmatch(r"job(-\d+)?", base):
         base = f"team-{base}"
     with transaction.atomic():
         if Group.objects.filter(name=name).exists():
