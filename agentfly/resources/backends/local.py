@@ -166,13 +166,21 @@ def _owner_alive(name: str) -> bool:
     if not (pid.isdigit() and started.isdigit()):
         return True  # not ours to judge: leave it
     now = start_time(int(pid))
-    return now is not None and (int(started) == 0 or now == int(started))
+    if int(started) == 0:  # no /proc when the folder was made (not Linux): the pid is all we know
+        try:
+            os.kill(int(pid), 0)
+        except PermissionError:
+            return True  # alive, another user's
+        except (ProcessLookupError, OverflowError):
+            return False
+        return True
+    return now == int(started)
 
 
 def _sessions() -> dict[int, list[tuple[int, int]]]:
     """Live processes by session id: ``{sid: [(pid, start time)]}``."""
     found: dict[int, list[tuple[int, int]]] = {}
-    for entry in os.listdir("/proc"):
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not entry.isdigit():
             continue
         try:
