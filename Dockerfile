@@ -18,7 +18,7 @@ RUN pip install --index-url ${TORCH_INDEX} torch==2.13.0 && mkdir -p agentfly tr
 
 COPY . .
 RUN pip install --no-deps . \
-    && useradd --create-home --uid 1000 agentfly && mkdir -p /data/runs /data/plugins \
+    && useradd --create-home --uid 1000 agentfly && mkdir -p /data/runs /data/plugins /data/models /data/datasets \
     && chown -R agentfly /data /app
 USER agentfly
 

@@ -11,12 +11,13 @@ import json
 import os
 from typing import Any
 
-from agentfly.resources.backends._worker import Channel, serve
+from agentfly.resources.backends._worker import Channel, die_with_parent, serve
 
 
 def main() -> None:
-    channel = Channel()
     config = json.loads(os.environ.pop("AGENTFLY_SANDBOX", "{}"))
+    die_with_parent(config.get("parent_pid"))  # the JVM, in our process group, is swept with us
+    channel = Channel()
     try:
         from scienceworld import ScienceWorldEnv
 

@@ -4,7 +4,7 @@ See ``engine.py`` for the lifecycle and ``pool.py`` for the invariants. ``agentf
 nothing of agents: the rollout layer reaches it through ``RolloutContext``.
 """
 
-from agentfly.resources.backends.local import Isolation, Limits
+from agentfly.resources.backends.local import Isolation, Limits, sandbox_root, sweep_sandboxes
 from agentfly.resources.engine import ResourceEngine
 from agentfly.resources.pool import Lease
 from agentfly.resources.ratelimit import RateLimiter
@@ -35,4 +35,6 @@ __all__ = [
     "ResourceTimeout",
     "Scratchpad",
     "UnknownResource",
+    "sandbox_root",
+    "sweep_sandboxes",
 ]

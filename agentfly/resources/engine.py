@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from types import FrameType
 from typing import Any
 
-from agentfly.resources.backends.local import kill_all_workers
+from agentfly.resources.backends.local import kill_all_workers, sweep_sandboxes
 from agentfly.resources.pool import GlobalPool, Lease, RolloutPool
 from agentfly.resources.spec import ResourceClosed, ResourceSpec, UnknownResource
 
@@ -94,6 +94,9 @@ class ResourceEngine:
         if self.closed:
             raise ResourceClosed("this ResourceEngine was closed; create a new one")
         self._bind_loop()
+        # Folders and processes of sandboxes whose owner was SIGKILLed (one listing when there are none).
+        with contextlib.suppress(Exception):
+            sweep_sandboxes()
         await asyncio.gather(*(pool.start() for pool in self.pools.values()))
 
     async def acquire(self, name: str, *, owner: str | None = None, timeout: float | None = None) -> Lease:

@@ -113,8 +113,8 @@ def test_a_job_whose_worker_is_killed_fails_within_the_heartbeat_window_and_resu
 
 def test_a_job_that_crashes_on_the_worker_ends_failed_with_the_error_shown(
         alice_api: Any, alice_client: Any, builtins: dict[str, Any], runs_dir: Path) -> None:
-    broken = runs_dir / "broken-model"
-    broken.mkdir(exist_ok=True)
+    broken = runs_dir / "team-a" / "broken-model"  # a job may use only its own team's runs
+    broken.mkdir(parents=True, exist_ok=True)
     (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
     job = launch(alice_api, builtins, model_source="path", model_path=str(broken))
     done = wait_for(lambda: job_in(alice_api, job["id"], *Status.values[2:]), 120, "the job to fail", 0.5)

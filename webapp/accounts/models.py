@@ -7,6 +7,8 @@ and ``is_member`` all agree on one source of truth. Everything a user can see is
 
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from django.contrib.auth.models import Group
 from django.db import models, transaction
@@ -64,6 +66,10 @@ def do_create_team(name: str, creator: object | None) -> Team:
     if not name:
         raise ValueError("a team needs a name")
     base = slugify(name)[:70] or "team"
+    # Never the name of a run folder from before team folders (job-<id>, see jobs.paths), not even once
+    # "-2" is added below to "job".
+    if re.fullmatch(r"job(-\d+)?", base):
+        base = f"team-{base}"
     with transaction.atomic():
         if Group.objects.filter(name=name).exists():
             raise TeamNameTaken(f"a team named {name!r} already exists; pick another name")

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from django import forms
-from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from webapp.accounts.models import Team
+from webapp.jobs import paths
 from webapp.jobs.models import Queue
 from webapp.registry.models import Entry
 
@@ -23,8 +23,8 @@ MODEL_SOURCES = (("tiny", "Tiny model built on the worker (CPU demo)"), ("path",
 TASKS = (("arithmetic", "Arithmetic with a calculator (generated)"), ("jsonl", "JSONL file of samples"))
 
 
-def tiny_model_path(seed: int) -> str:
-    return str(Path(settings.AGENTFLY_RUNS_DIR) / "models" / f"tiny-{seed}")
+def tiny_model_path(seed: int, team: Team) -> str:
+    return str(paths.tiny_model_dir(team, seed))
 
 
 def trainer_takes_resources() -> bool:
@@ -38,15 +38,13 @@ def trainer_takes_resources() -> bool:
     return any(f.name == "resources" for f in dataclasses.fields(Config))
 
 
-def allowed_path(raw: str) -> str:
-    """``raw`` stripped, refused if ``AGENTFLY_ALLOWED_PATHS`` is set and the path resolves outside it."""
+def allowed_path(raw: str, team: Team | None = None) -> str:
+    """``raw`` stripped, refused if it resolves into another team's runs or outside ``AGENTFLY_ALLOWED_PATHS``
+    (see ``webapp.jobs.paths``)."""
     path = raw.strip()
-    roots = settings.AGENTFLY_ALLOWED_PATHS
-    if path and roots:
-        resolved = Path(path).resolve()
-        if not any(resolved.is_relative_to(Path(root).resolve()) for root in roots):
-            raise ValidationError(f"{path!r} is outside the folders this server allows: "
-                                  f"{', '.join(str(r) for r in roots)}.")
+    reason = paths.refusal(path, team) if path else None
+    if reason:
+        raise ValidationError(reason)
     return path
 
 
@@ -107,10 +105,10 @@ class LaunchForm(forms.Form):
         return name
 
     def clean_model_path(self) -> str:
-        return allowed_path(self.cleaned_data.get("model_path", ""))
+        return allowed_path(self.cleaned_data.get("model_path", ""), self.cleaned_data.get("team"))
 
     def clean_task_path(self) -> str:
-        return allowed_path(self.cleaned_data.get("task_path", ""))
+        return allowed_path(self.cleaned_data.get("task_path", ""), self.cleaned_data.get("team"))
 
     def clean_resources(self) -> dict[str, Any]:
         text = self.cleaned_data.get("resources", "").strip()
@@ -201,7 +199,7 @@ class LaunchForm(forms.Form):
             "threads": 1 if d["queue"] == Queue.CPU else 0,
             "device": "cpu" if d["queue"] == Queue.CPU else "auto",
             "progress": False,
-            "model": {"path": tiny_model_path(seed) if tiny else d["model_path"], "build_tiny": tiny,
+            "model": {"path": tiny_model_path(seed, d["team"]) if tiny else d["model_path"], "build_tiny": tiny,
                       "tiny_seed": seed},
             "data": {"task": "arithmetic" if d["task"] == "arithmetic" else d["task_path"],
                      "train_size": d["task_size"], "eval_size": d["eval_size"], "seed": seed},

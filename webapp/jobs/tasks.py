@@ -11,7 +11,6 @@ import logging
 import threading
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from celery import shared_task
@@ -19,7 +18,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import connection
 
-from webapp.jobs import actions
+from webapp.jobs import actions, paths
 from webapp.jobs.models import Status, TrainingJob
 
 log = logging.getLogger(__name__)
@@ -106,7 +105,7 @@ def run_job(job_id: int) -> str:
         return "gone"
     if not actions.claim_job(job_id):
         return "skipped"
-    output_dir = Path(settings.AGENTFLY_RUNS_DIR) / f"job-{job_id}"
+    output_dir = paths.job_dir(job)  # inside the team's folder: AGENTFLY_RUNS_DIR/<team-slug>/job-<id>
     output_dir.mkdir(parents=True, exist_ok=True)
     heartbeat = Heartbeat(job_id, settings.JOB_HEARTBEAT_SECONDS).start()
     sink = DatabaseEventSink(job_id)
@@ -115,6 +114,7 @@ def run_job(job_id: int) -> str:
         from webapp.registry.rules import check_job_config
 
         check_job_config(job.config, job.team.slug)  # before anything is imported: rows made behind the API too
+        paths.check_config(job.config, job.team)  # again here: the config may have been written behind the API
         for warning in actions.record_versions_used(job_id, describe_components(job.config)):
             sink.emit({"type": "log", "level": "warning", "message": warning})
         outcome = body.run(

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 SYS_LANDLOCK_CREATE_RULESET = 444  # the same number on every architecture (new syscall table)
 SYS_LANDLOCK_ADD_RULE = 445
@@ -63,6 +64,18 @@ def _libc() -> ctypes.CDLL:
 
 def _errno_text() -> str:
     return os.strerror(ctypes.get_errno())
+
+
+def die_with_parent(parent_pid: int | None) -> None:
+    """Be SIGKILLed by the kernel when the parent dies (Linux), however it dies, so no sandbox outlives the
+    worker that owns it. Called first thing: if the parent died before the call, we were already handed to
+    another parent and ``getppid()`` says so. (SIGKILL, not a signal we could handle: user code could
+    replace a handler.)"""
+    if parent_pid is None or not sys.platform.startswith("linux"):
+        return
+    _libc().prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
 
 
 def apply_limits(limits: dict[str, Any]) -> dict[str, str]:
@@ -217,6 +230,8 @@ def harden(config: dict[str, Any]) -> dict[str, Any]:
         report["network"] = "allowed"
     if config.get("own_uid"):
         report["user"] = drop_privileges(workdir)
+        # The kernel clears the parent-death signal when the credentials change: ask for it again.
+        die_with_parent(config.get("parent_pid"))
     if config.get("filesystem") == "restricted":
         report["filesystem"] = landlock(list(config.get("read_paths") or []), [workdir, *config.get("write_paths", [])])
     else:
@@ -364,8 +379,9 @@ def serve(channel: Channel, handlers: dict[str, Callable[[dict[str, Any]], dict[
 
 
 def main() -> None:
-    channel = Channel()
     config = json.loads(os.environ.pop("AGENTFLY_SANDBOX", "{}"))
+    die_with_parent(config.get("parent_pid"))
+    channel = Channel()
     workdir = config.get("workdir") or os.getcwd()
     os.chdir(workdir)
     try:

@@ -4,6 +4,16 @@ The child runs in a new session (its own process group) so that ``kill`` takes i
 started; when it runs under a private uid (root parents only, see ``_worker.harden``) every process of that
 uid is killed too, which catches children that left the group with ``setsid``. Limits, the network
 namespace and the filesystem rules are applied by the child itself before it reads its first request.
+
+Nothing is left behind when the parent dies without cleaning up (SIGKILL, OOM): the child asks the kernel
+for SIGKILL when its parent goes (``PR_SET_PDEATHSIG``), and every sandbox's folder is made under one root,
+
+    sandbox_root()/<owner pid>-<owner start time>-<random>/
+        pid     the sandbox process (pid, start time, private uid), written by the parent
+        work/   the sandbox's working directory, the only place it may write
+
+so ``sweep_sandboxes()`` (run when a ResourceEngine or a web-app worker starts) can find the folders of
+owners that are gone, kill what their sandboxes left running and remove the folders.
 """
 
 from __future__ import annotations
@@ -15,6 +25,8 @@ import json
 import os
 import shutil
 import signal
+import site
+import stat
 import sys
 import sysconfig
 import tempfile
@@ -66,7 +78,8 @@ class Isolation:
     Attributes:
         network: "none" (a fresh network namespace where the kernel allows) or "host".
         filesystem: "restricted" (Landlock: read the Python installation, system libraries and ``read_paths``;
-            write only the working directory) or "host".
+            write only the working directory; never the parent's working directory or the project root,
+            see ``runtime_read_paths``) or "host".
         own_uid: run as a private uid when the parent is root, so limits and kills are per sandbox.
         read_paths: extra paths the sandbox may read (data you give it).
     """
@@ -77,16 +90,159 @@ class Isolation:
     read_paths: tuple[str, ...] = ()
 
 
+def project_roots() -> list[str]:
+    """Folders a sandbox must never read: the working directory and the source tree AgentFly runs from
+    (when it is not installed into site-packages), where settings, ``.git`` and databases live."""
+    roots = {os.path.realpath(".")}
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))))
+    installed = {os.path.realpath(p) for p in (sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib")) if p}
+    if package not in installed:
+        roots.add(package)
+    return sorted(roots)
+
+
+def _overlaps(path: str, roots: list[str]) -> bool:
+    """Is ``path`` one of ``roots``, or a folder above one (granting it would grant the root too)?"""
+    real = os.path.realpath(path)
+    return any(real == root or root.startswith(real.rstrip(os.sep) + os.sep) for root in roots)
+
+
 def runtime_read_paths() -> list[str]:
-    """What an interpreter needs to read to import modules: its installation and the shared libraries."""
+    """What an interpreter needs to read to import modules: its installation and the shared libraries.
+
+    Not ``sys.path``: the sandboxed interpreter runs with ``-I`` (no PYTHONPATH, no script folder), and the
+    parent's ``sys.path`` holds the project root whenever PYTHONPATH, an editable install or ``celery -A``
+    put it there. Nothing that is or contains the working directory or the project root is granted; a venv
+    inside the project stays readable through its own site-packages, not through the project folder.
+    """
+    config = sysconfig.get_paths()
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        with contextlib.suppress(KeyError):
-            paths.add(sysconfig.get_paths()[key])
-    paths.update(p for p in sys.path if p and os.path.isdir(p) and not p.startswith(os.getcwd() + os.sep))
+    paths.update(config[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in config)
+    paths.update(site.getsitepackages())
     paths.update(["/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib", "/usr/share/zoneinfo", "/bin", "/usr/bin",
                   "/etc/ld.so.cache", "/etc/localtime", "/dev/null", "/dev/urandom", "/dev/zero"])
-    return sorted(p for p in paths if os.path.exists(p))
+    roots = project_roots()
+    return sorted(p for p in paths if os.path.exists(p) and not _overlaps(p, roots))
+
+
+# --------------------------------------------------------------------------- sandbox folders and the sweep
+def sandbox_root() -> Path:
+    """Where every sandbox folder of this user is made: ``AGENTFLY_SANDBOX_DIR``, by default
+    ``<tempdir>/agentfly-sandboxes-<uid>`` (one per uid, so users on one machine never share one)."""
+    default = Path(tempfile.gettempdir()) / f"agentfly-sandboxes-{os.geteuid()}"
+    root = Path(os.environ.get("AGENTFLY_SANDBOX_DIR") or default)
+    root.mkdir(mode=0o711, parents=True, exist_ok=True)
+    info = os.lstat(root)
+    # In a shared /tmp another user could have made the folder (or a symlink) first to watch or plant files.
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise ResourceError(f"the sandbox folder {root} is not a directory owned by uid {os.geteuid()}; remove it, "
+                            "or point AGENTFLY_SANDBOX_DIR at a folder of your own")
+    # Traversable (not listable) by others: a sandbox under a private uid must reach its own work/.
+    os.chmod(root, 0o711)
+    return root
+
+
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot), so a reused pid is never mistaken for the original."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[19]) if fields[0] not in ("Z", "X") else None
+
+
+def make_sandbox_folder() -> Path:
+    """A fresh folder for one sandbox, named after its owner (this process) so a sweep knows when it is dead."""
+    folder = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-{start_time(os.getpid()) or 0}-", dir=sandbox_root()))
+    folder.chmod(0o711)
+    (folder / "work").mkdir(mode=0o700)
+    return folder
+
+
+def _owner_alive(name: str) -> bool:
+    pid, _, rest = name.partition("-")
+    started, _, _ = rest.partition("-")
+    if not (pid.isdigit() and started.isdigit()):
+        return True  # not ours to judge: leave it
+    now = start_time(int(pid))
+    if int(started) == 0:  # no /proc when the folder was made (not Linux): the pid is all we know
+        try:
+            os.kill(int(pid), 0)
+        except PermissionError:
+            return True  # alive, another user's
+        except (ProcessLookupError, OverflowError):
+            return False
+        return True
+    return now == int(started)
+
+
+def _sessions() -> dict[int, list[tuple[int, int]]]:
+    """Live processes by session id: ``{sid: [(pid, start time)]}``."""
+    found: dict[int, list[tuple[int, int]]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] not in ("Z", "X"):
+            found.setdefault(int(fields[3]), []).append((int(entry), int(fields[19])))
+    return found
+
+
+def _kill_leftovers(folder: Path, sessions: dict[int, list[tuple[int, int]]]) -> int:
+    """Kill what the sandbox of ``folder`` left running: itself if alive, its session, its private uid."""
+    try:
+        record = json.loads((folder / "pid").read_text())
+        pid, started = int(record["pid"]), int(record["start"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    now = start_time(pid)
+    if now is not None and now != started:
+        return 0  # the pid went to another process: its session is not the sandbox's
+    # The sandbox ran in a session of its own (start_new_session), and while one member lives the kernel keeps
+    # the session's id from being reused, so members started after the sandbox are its descendants.
+    victims = [p for p, t in sessions.get(pid, []) if t >= started]
+    for victim in victims:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(victim, signal.SIGKILL)
+    uid = record.get("uid")
+    if isinstance(uid, int) and uid == 100000 + pid:  # the private uid drop_privileges gives (root parents)
+        return len(victims) + kill_uid(uid)
+    return len(victims)
+
+
+def remove_tree(path: Path) -> None:
+    """``rm -rf``, also through folders the sandbox made read-only."""
+    def unlock(function: Any, name: str, exc: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(name), 0o700)
+            if os.path.isdir(name) and not os.path.islink(name):
+                os.chmod(name, 0o700)
+                shutil.rmtree(name, ignore_errors=True)
+            else:
+                os.unlink(name)
+
+    shutil.rmtree(path, onerror=unlock)
+
+
+def sweep_sandboxes(root: Path | None = None) -> list[Path]:
+    """Remove the sandbox folders whose owner process is dead, after killing what their sandboxes left
+    running; return the folders removed. Cheap when nothing is left over (one directory listing)."""
+    root = root or sandbox_root()
+    try:
+        dead = [Path(e.path) for e in os.scandir(root) if e.is_dir(follow_symlinks=False) and not _owner_alive(e.name)]
+    except OSError:
+        return []
+    if dead:
+        sessions = _sessions()
+        for folder in dead:
+            _kill_leftovers(folder, sessions)
+            remove_tree(folder)
+    return [folder for folder in dead if not folder.exists()]
 
 
 class LocalWorker:
@@ -109,6 +265,7 @@ class LocalWorker:
         self.extra_env = env or {}
         self.own_workdir = workdir is None
         self.workdir = workdir
+        self.folder: Path | None = None  # the sandbox's folder under sandbox_root(), when we made it
         self.harden = harden
         self.ready_timeout = ready_timeout
         self.proc: asyncio.subprocess.Process | None = None
@@ -123,8 +280,12 @@ class LocalWorker:
 
     async def start(self) -> None:
         if self.workdir is None:
-            self.workdir = tempfile.mkdtemp(prefix="agentfly-sandbox-")
-        config: dict[str, Any] = {"workdir": self.workdir}
+            self.folder = make_sandbox_folder()
+            self.workdir = str(self.folder / "work")
+        # The child dies with this process (PR_SET_PDEATHSIG, see _worker.die_with_parent). The kernel sends
+        # that signal when the *thread* that forked the child ends, here the thread of the running event loop;
+        # a sandbox is bound to that loop (its pipes are), so it could not be used after the thread ends anyway.
+        config: dict[str, Any] = {"workdir": self.workdir, "parent_pid": os.getpid()}
         if self.harden:
             iso = self.isolation_config
             config.update(
@@ -158,6 +319,7 @@ class LocalWorker:
         )
         self.pid = self.proc.pid
         _live_workers.add(self)
+        self._record_pid()
         try:
             hello = await asyncio.wait_for(self._read(), self.ready_timeout)
         except BaseException:
@@ -170,6 +332,16 @@ class LocalWorker:
         user = str(self.report.get("user", ""))
         if user.startswith("uid ") and user.split()[1].isdigit() and int(user.split()[1]) >= 100000:
             self.uid = int(user.split()[1])
+            self._record_pid()
+
+    def _record_pid(self) -> None:
+        """Tell a later sweep which process (and private uid) this sandbox is, outside its writable work/."""
+        if self.folder is None or self.pid is None:
+            return
+        record = {"pid": self.pid, "start": start_time(self.pid) or 0, "uid": self.uid}
+        tmp = self.folder / "pid.tmp"
+        tmp.write_text(json.dumps(record))
+        tmp.replace(self.folder / "pid")
 
     async def _read(self) -> dict[str, Any]:
         assert self.proc is not None and self.proc.stdout is not None
@@ -221,7 +393,10 @@ class LocalWorker:
             # Killed after its event loop ended (engine.close() after asyncio.run): closing the transport
             # would schedule a callback on the dead loop and raise when it is garbage-collected.
             transport._closed = True  # type: ignore[union-attr]
-        if self.own_workdir and self.workdir and os.path.isdir(self.workdir):
+        if self.folder is not None:
+            with contextlib.suppress(OSError):
+                remove_tree(self.folder)
+        elif self.own_workdir and self.workdir and os.path.isdir(self.workdir):
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     async def kill_async(self) -> None:
