@@ -30,6 +30,9 @@ os.environ.setdefault("AGENTFLY_REDIS_PREFIX", f"agentfly-test-{uuid.uuid4().hex
 os.environ.setdefault("JOB_HEARTBEAT_SECONDS", "0.5")
 os.environ.setdefault("JOB_HEARTBEAT_TIMEOUT", "6")
 os.environ.setdefault("AGENTFLY_TRY_TIMEOUT", "60")
+# Tests launch on the gpu queue so that no worker takes the job; the launch form's "is a GPU worker running?"
+# check is turned on by the tests of that check.
+os.environ.setdefault("AGENTFLY_CHECK_GPU_WORKERS", "0")
 PLUGINS = Path(__file__).parent / "plugins"
 os.environ.setdefault("AGENTFLY_PLUGIN_DIRS", str(PLUGINS))
 
