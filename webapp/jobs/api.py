@@ -56,6 +56,12 @@ class EventPageSerializer(serializers.Serializer):
     events = EventSerializer(many=True)
 
 
+def bounded(kind: Any, name: str, default: float) -> Any:
+    """A number field documented with the launch form's own bounds (the form validates; this is the schema)."""
+    field = LaunchForm.base_fields[name]
+    return kind(default=default, min_value=field.min_value, max_value=field.max_value)  # type: ignore[attr-defined]
+
+
 class LaunchSerializer(serializers.Serializer):
     """The launch fields. Validation is ``LaunchForm``'s, so the page and the API share every rule."""
 
@@ -67,20 +73,20 @@ class LaunchSerializer(serializers.Serializer):
     task_path = serializers.CharField(required=False, allow_blank=True)
     eval_path = serializers.CharField(required=False, allow_blank=True,
                                       help_text="JSONL of held-out samples; required for a JSONL task.")
-    task_size = serializers.IntegerField(default=200)
+    task_size = bounded(serializers.IntegerField, "task_size", 200)
     tools = serializers.ListField(child=serializers.IntegerField(), default=list, help_text="Registry entry ids.")
     reward = serializers.IntegerField(help_text="Registry entry id.")
     algorithm = serializers.ChoiceField(choices=ALGORITHMS, default="grpo")
-    steps = serializers.IntegerField(default=5)
-    prompts_per_step = serializers.IntegerField(default=2)
-    group_size = serializers.IntegerField(default=2)
-    max_turns = serializers.IntegerField(default=2)
-    max_new_tokens = serializers.IntegerField(default=24)
-    learning_rate = serializers.FloatField(default=1e-4)
-    temperature = serializers.FloatField(default=1.0)
-    seed = serializers.IntegerField(default=0)
-    eval_size = serializers.IntegerField(default=8)
-    save_every = serializers.IntegerField(default=1)
+    steps = bounded(serializers.IntegerField, "steps", 5)
+    prompts_per_step = bounded(serializers.IntegerField, "prompts_per_step", 2)
+    group_size = bounded(serializers.IntegerField, "group_size", 2)
+    max_turns = bounded(serializers.IntegerField, "max_turns", 2)
+    max_new_tokens = bounded(serializers.IntegerField, "max_new_tokens", 24)
+    learning_rate = bounded(serializers.FloatField, "learning_rate", 1e-4)
+    temperature = bounded(serializers.FloatField, "temperature", 1.0)
+    seed = bounded(serializers.IntegerField, "seed", 0)
+    eval_size = bounded(serializers.IntegerField, "eval_size", 8)
+    save_every = bounded(serializers.IntegerField, "save_every", 1)
     resources = serializers.DictField(default=dict)
     queue = serializers.ChoiceField(choices=Queue.choices, default=Queue.CPU)
     launch_key = serializers.CharField(required=False, allow_blank=True, max_length=64)
