@@ -22,7 +22,7 @@ from django.core.exceptions import RequestDataTooBig
 from rest_framework import serializers
 from rest_framework.exceptions import ParseError
 from rest_framework.pagination import LimitOffsetPagination
-from rest_framework.parsers import JSONParser
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.utils import json as drf_json
 
 # Strings first, so brackets inside them do not count; the unrolled loop is linear (no backtracking).
@@ -103,13 +103,41 @@ class SafeJSONParser(JSONParser):
         try:
             return loads(raw.decode(encoding))
         except JSONInputError as exc:
-            if not exc.path:
-                raise ParseError(str(exc)) from None
-            # The top-level key is the field the client sent; deeper keys say where inside it.
-            inside = "".join(f"[{p!r}]" for p in exc.path[1:])
-            raise serializers.ValidationError({str(exc.path[0]): [f"{inside} {exc}".strip()]}) from None
+            raise as_api_error(exc) from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise ParseError(f"JSON parse error - {exc}") from None
+
+
+def as_api_error(exc: JSONInputError) -> Exception:
+    """The DRF error for ``exc``: on the top-level key the client sent (the field), else on the body."""
+    if not exc.path:
+        return ParseError(str(exc))
+    inside = "".join(f"[{p!r}]" for p in exc.path[1:])  # where inside the field, for nested JSON
+    return serializers.ValidationError({str(exc.path[0]): [f"{inside} {exc}".strip()]})
+
+
+def _check_form_data(data: Any) -> None:
+    # A form-encoded or multipart body cannot carry a lone surrogate (Django decodes with replacement), but
+    # it can carry %00, which PostgreSQL refuses in any text it is asked to compare or store.
+    values = data.data if hasattr(data, "data") else data  # MultiPartParser returns DataAndFiles
+    try:
+        check_storable({key: values.getlist(key) for key in values})
+    except JSONInputError as exc:
+        raise as_api_error(JSONInputError(str(exc), exc.path[:1])) from None
+
+
+class SafeFormParser(FormParser):
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict[str, Any] | None = None) -> Any:
+        data = super().parse(stream, media_type, parser_context)
+        _check_form_data(data)
+        return data
+
+
+class SafeMultiPartParser(MultiPartParser):
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict[str, Any] | None = None) -> Any:
+        data = super().parse(stream, media_type, parser_context)
+        _check_form_data(data)
+        return data
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Any:

@@ -240,8 +240,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "webapp.inputs.BoundedLimitOffsetPagination",
-    "DEFAULT_PARSER_CLASSES": ["webapp.inputs.SafeJSONParser", "rest_framework.parsers.FormParser",
-                               "rest_framework.parsers.MultiPartParser"],
+    "DEFAULT_PARSER_CLASSES": ["webapp.inputs.SafeJSONParser", "webapp.inputs.SafeFormParser",
+                               "webapp.inputs.SafeMultiPartParser"],
     "EXCEPTION_HANDLER": "webapp.inputs.exception_handler",
     "PAGE_SIZE": 50,
 }

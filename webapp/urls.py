@@ -6,15 +6,14 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.authtoken.views import ObtainAuthToken
-from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.routers import DefaultRouter
 
-from webapp.inputs import SafeJSONParser
+from webapp.inputs import SafeFormParser, SafeJSONParser, SafeMultiPartParser
 from webapp.jobs.api import JobViewSet
 from webapp.registry.api import EntryViewSet
 
 # DRF's token view names its own parsers; give it the app's JSON parser (depth and text checks) too.
-obtain_auth_token = ObtainAuthToken.as_view(parser_classes=[FormParser, MultiPartParser, SafeJSONParser])
+obtain_auth_token = ObtainAuthToken.as_view(parser_classes=[SafeFormParser, SafeMultiPartParser, SafeJSONParser])
 
 
 

@@ -166,7 +166,7 @@ def test_an_unknown_resource_name_is_refused_at_launch(alice_client: Any, alice_
 
 def test_the_launch_forms_built_in_resources_are_the_trainers() -> None:
     from trainer.loop import BUILTIN_RESOURCES
-    from webapp.jobs.forms import BUILTIN_RESOURCES as FORM_RESOURCES
+    from webapp.registry.sandboxes import KNOWN as FORM_RESOURCES
 
     assert set(FORM_RESOURCES) == set(BUILTIN_RESOURCES)
 
@@ -276,3 +276,14 @@ def test_check_deploy_is_clean_with_defaults_and_with_compose_environment(tmp_pa
                                 cwd=ROOT, env={**base, **env}, capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, (name, result.stdout + result.stderr)
         assert "System check identified no issues" in result.stdout, (name, result.stdout)
+
+
+def test_a_nul_in_a_form_encoded_api_body_is_a_400_naming_the_field(alice_api: Any, team_a: Any) -> None:
+    for data, field in [({"kind": "tool", "import_path": "a:b", "team": "team-a\x00"}, "team"),
+                        ({"kind": "tool", "import_path": "a:b\x00", "team": "team-a"}, "import_path")]:
+        response = alice_api.post("/api/registry/", data)  # multipart, as a browser form would send it
+        assert response.status_code == 400, response.content
+        assert field in response.json()
+    response = alice_api.generic("POST", "/api/registry/", "kind=tool&import_path=a:b&team=team-a%00",
+                                 content_type="application/x-www-form-urlencoded")
+    assert response.status_code == 400 and "NUL character" in messages_of(response, "team")

@@ -18,15 +18,11 @@ from webapp import inputs
 from webapp.accounts.models import Team
 from webapp.jobs.models import Queue
 from webapp.registry.models import Entry
+from webapp.registry.sandboxes import KNOWN as BUILTIN_RESOURCES
 
 ALGORITHMS = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo")
 MODEL_SOURCES = (("tiny", "Tiny model built on the worker (CPU demo)"), ("path", "Local model directory"))
 TASKS = (("arithmetic", "Arithmetic with a calculator (generated)"), ("jsonl", "JSONL file of samples"))
-
-
-# The resources the trainer builds without a spec (``trainer.loop.BUILTIN_RESOURCES``; named here so the web
-# process does not import torch; a test keeps the two equal).
-BUILTIN_RESOURCES = ("python", "wiki", "scienceworld")
 
 
 def tiny_model_path(seed: int) -> str:
@@ -236,7 +232,7 @@ class LaunchForm(forms.Form):
         """A pool size only for a resource the trainer can build: a built-in one or one a chosen tool declares."""
         tools = data.get("tools") or []
         declared = {t.current_version.resource for t in tools if t.current_version and t.current_version.resource}
-        known = set(BUILTIN_RESOURCES) | declared
+        known = set(BUILTIN_RESOURCES) | declared  # the web app's specs (the trainer's built-ins, a test says)
         unknown = sorted(set(data.get("resources") or {}) - known)
         if unknown:
             self.add_error("resources", f"Unknown resource {', '.join(map(repr, unknown))}; name one of "

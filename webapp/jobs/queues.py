@@ -7,9 +7,12 @@ answer is cached for ``AGENTFLY_WORKER_CHECK_CACHE_SECONDS`` to keep launches fa
 
 from __future__ import annotations
 
+import logging
 import time
 
 from django.conf import settings
+
+log = logging.getLogger(__name__)
 
 _cache: dict[str, tuple[float, bool]] = {}
 
@@ -18,7 +21,11 @@ def consumed_queues(timeout: float = 1.0) -> set[str]:
     """The queue names that at least one live worker consumes (empty when no worker answers)."""
     from webapp.celery import app
 
-    replies = app.control.inspect(timeout=timeout).active_queues() or {}
+    try:
+        replies = app.control.inspect(timeout=timeout).active_queues() or {}
+    except Exception:  # the broker is unreachable: no worker can be reached either
+        log.warning("could not ask the workers which queues they consume", exc_info=True)
+        return set()
     return {q["name"] for queues in replies.values() for q in queues or []}
 
 
