@@ -48,7 +48,12 @@ def test_no_template_has_an_inline_script_or_event_handler() -> None:
 @pytest.fixture
 def watched_job(alice_for_the_server: Any, team_a: Any) -> TrainingJob:  # noqa: F811
     # Made before the browser starts: sync Playwright runs an event loop in this thread, where the ORM refuses.
-    return TrainingJob.objects.create(team=team_a, created_by=alice_for_the_server, name="watched", config={})
+    from webapp.monitor.events import append_events
+
+    job = TrainingJob.objects.create(team=team_a, created_by=alice_for_the_server, name="watched", config={})
+    # Metrics to plot, so the dashboard's Plotly charts are drawn (styles injected) under the policy.
+    append_events(job.pk, [{"type": "metrics", "step": s, "reward_mean": s / 10, "loss": 1 / s} for s in (1, 2, 3)])
+    return job
 
 
 @pytest.mark.e2e
@@ -72,7 +77,8 @@ def test_pages_load_with_no_csp_violation(watched_job: TrainingJob, web_server: 
     expect(page.locator("#launch-button")).to_be_visible()
     page.goto(f"{web_server}/monitor/jobs/{job.pk}/")
     expect(page.locator("#job-progress")).to_be_attached()
-    page.wait_for_timeout(1500)  # the page's scripts draw the charts and open the websocket
+    expect(page.locator(".js-plotly-plot").first).to_be_attached()  # history came over the websocket, drawn
+    page.wait_for_timeout(1000)
     page.goto(f"{web_server}/api/docs/")
     expect(page.locator(".swagger-ui")).to_be_visible()
     page.wait_for_timeout(1000)

@@ -245,6 +245,8 @@ def test_schemathesis_finds_no_server_error_or_schema_mismatch(unconsumed_broker
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
     summary = json.loads(report.read_text())
     assert not summary["failures"] and not summary["errors"], summary["failures"]
+    # The run really ran: every operation but "try it" tested, and over a thousand cases (1281 when written).
+    assert summary["operations"]["tested"] >= 11 and summary["test_cases"]["generated"] >= 1000, summary
     print(f"schemathesis: {summary['test_cases']} over {summary['operations']['tested']} operations")
 
 
