@@ -71,7 +71,8 @@ if not _secret:
     _secret = "insecure-development-key-only-used-when-DEBUG-is-on"
 SECRET_KEY = _secret
 
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
+# Local addresses by default, DEBUG or not: a production host is named on purpose, never "*".
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
@@ -87,6 +88,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    "csp",
     "webapp.accounts",
     "webapp.registry",
     "webapp.jobs",
@@ -102,6 +104,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
 ]
 
 ROOT_URLCONF = "webapp.urls"
@@ -243,7 +246,10 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "webapp.inputs.BoundedLimitOffsetPagination",
+    "DEFAULT_PARSER_CLASSES": ["webapp.inputs.SafeJSONParser", "webapp.inputs.SafeFormParser",
+                               "webapp.inputs.SafeMultiPartParser"],
+    "EXCEPTION_HANDLER": "webapp.inputs.exception_handler",
     "PAGE_SIZE": 50,
 }
 SPECTACULAR_SETTINGS = {
@@ -255,7 +261,45 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Every operation also documents the errors it can answer (400, 401, 403, 404, ...), so a client, and
+    # the schemathesis run in the tests, can rely on the schema for every status code.
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "webapp.schema.document_error_responses"],
 }
+
+# ------------------------------------------------------------------ input limits and headers
+# Request bodies over this many bytes are refused (Django's setting; the API's JSON parser applies it too).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 2_621_440)
+# JSON (API bodies, the launch form's resources, "try it" arguments) nested deeper than this is a 400.
+AGENTFLY_MAX_JSON_DEPTH = env_int("AGENTFLY_MAX_JSON_DEPTH", 64)
+# Refuse a launch on the gpu queue while no Celery worker consumes it (asked of the workers, cached briefly).
+AGENTFLY_CHECK_GPU_WORKERS = env_bool("AGENTFLY_CHECK_GPU_WORKERS", True)
+AGENTFLY_WORKER_CHECK_CACHE_SECONDS = env_float("AGENTFLY_WORKER_CHECK_CACHE_SECONDS", 30.0)
+# Content-Security-Policy (django-csp): scripts only from this origin, never inline or eval'd. Styles allow
+# 'unsafe-inline' because Plotly writes style attributes and <style> elements at run time; a style cannot run
+# code. Websockets (the dashboard's live stream) connect to this host.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:", "blob:"],
+        "font-src": ["'self'", "data:"],
+        "connect-src": ["'self'", "ws:", "wss:"],
+        "worker-src": ["'self'", "blob:"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
+if not DEBUG:
+    # An operator who turns one of these off on purpose (docker-compose over plain HTTP on localhost, or TLS
+    # ended at a proxy) has answered the deployment check's question: silence that check only then.
+    _opted_out = {"SECURE_SSL_REDIRECT": "security.W008", "SESSION_COOKIE_SECURE": "security.W012",
+                  "CSRF_COOKIE_SECURE": "security.W016"}
+    SILENCED_SYSTEM_CHECKS = [*globals().get("SILENCED_SYSTEM_CHECKS", []),
+                              *(check for name, check in _opted_out.items() if not env_bool(name, True))]
 
 LOGGING = {
     "version": 1,

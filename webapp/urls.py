@@ -1,13 +1,26 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.http import HttpRequest, JsonResponse
+from django.urls import include, path, re_path
+from django.views.decorators.csrf import csrf_exempt
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
-from rest_framework.authtoken.views import obtain_auth_token
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
+from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.routers import DefaultRouter
 
+from webapp.inputs import SafeFormParser, SafeJSONParser, SafeMultiPartParser
 from webapp.jobs.api import JobViewSet
 from webapp.registry.api import EntryViewSet
+
+# DRF's token view names its own parsers; give it the app's JSON parser (depth and text checks) too.
+obtain_auth_token = ObtainAuthToken.as_view(parser_classes=[SafeFormParser, SafeMultiPartParser, SafeJSONParser])
+
+
+
+@csrf_exempt  # nothing happens here; a token client's POST to a wrong path gets the 404, not a CSRF page
+def api_not_found(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"detail": "Not found."}, status=404)
+
 
 router = DefaultRouter()
 router.register("registry", EntryViewSet, basename="entry")
@@ -24,6 +37,10 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include(router.urls)),
     path("api/token/", obtain_auth_token, name="api-token"),
+    # Any other /api/.../ path is a JSON 404 (not Django's HTML page): API clients always get JSON. Paths
+    # without the trailing slash still reach APPEND_SLASH's redirect.
+    re_path(r"^api/(?!schema/|docs/).*/$", api_not_found),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    # The split view serves Swagger UI's start-up script as a file, so the CSP needs no inline script.
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
 ]

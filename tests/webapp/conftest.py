@@ -32,6 +32,9 @@ os.environ.setdefault("JOB_HEARTBEAT_TIMEOUT", "6")
 os.environ.setdefault("AGENTFLY_TRY_TIMEOUT", "60")
 # A hanging tool's child is killed after this many seconds (the tests wait for it).
 os.environ.setdefault("AGENTFLY_CHILD_TIMEOUT", "5")
+# Tests launch on the gpu queue so that no worker takes the job; the launch form's "is a GPU worker running?"
+# check is turned on by the tests of that check.
+os.environ.setdefault("AGENTFLY_CHECK_GPU_WORKERS", "0")
 PLUGINS = Path(__file__).parent / "plugins"
 os.environ.setdefault("AGENTFLY_PLUGIN_DIRS", str(PLUGINS))
 

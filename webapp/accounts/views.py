@@ -34,7 +34,8 @@ def team_list(request: HttpRequest) -> HttpResponse:
         messages.success(request, f"Team {team.name} created.")
         return redirect("accounts:team", slug=team.slug)
     teams = Team.objects.of(request.user).select_related("group")
-    return render(request, "accounts/team_list.html", {"teams": teams, "form": form})
+    status = 400 if request.method == "POST" else 200  # a refused name is bad input, said on its field
+    return render(request, "accounts/team_list.html", {"teams": teams, "form": form}, status=status)
 
 
 @login_required

@@ -12,11 +12,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from webapp.accounts.models import Team
+from webapp.inputs import PG_BIGINT_MAX, query_int
 from webapp.jobs import actions
 from webapp.jobs.forms import ALGORITHMS, MODEL_SOURCES, TASKS, LaunchForm
 from webapp.jobs.models import Checkpoint, Queue, TrainingJob
 from webapp.monitor.events import events_after
 from webapp.monitor.models import EventType
+from webapp.schema import detail_response
 
 
 class CheckpointSerializer(serializers.ModelSerializer):
@@ -27,16 +29,37 @@ class CheckpointSerializer(serializers.ModelSerializer):
 
 class JobSerializer(serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    # null once the user is deleted, for a job made without a reward version, and for a fresh (not resumed) job
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     tool_versions = serializers.SlugRelatedField(slug_field="source_hash", many=True, read_only=True)
-    reward_version = serializers.SlugRelatedField(slug_field="source_hash", read_only=True)
-    resumed_from = serializers.PrimaryKeyRelatedField(read_only=True)
+    reward_version = serializers.SlugRelatedField(slug_field="source_hash", read_only=True, allow_null=True)
+    resumed_from = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True)
 
     class Meta:
         model = TrainingJob
         fields = ["id", "name", "team", "created_by", "status", "queue", "config", "tool_versions",
                   "reward_version", "resumed_from", "cancel_requested", "step", "total_steps", "final_metrics",
                   "error", "last_seq", "created_at", "started_at", "finished_at", "heartbeat_at"]
+
+
+class EventSerializer(serializers.Serializer):
+    seq = serializers.IntegerField()
+    type = serializers.ChoiceField(choices=EventType.values)
+    step = serializers.IntegerField(allow_null=True)
+    time = serializers.FloatField(allow_null=True)
+    data = serializers.JSONField(help_text="The payload as the trainer emitted it (trainer/events.py).")
+
+
+class EventPageSerializer(serializers.Serializer):
+    job = serializers.IntegerField()
+    last_seq = serializers.IntegerField()
+    events = EventSerializer(many=True)
+
+
+def bounded(kind: Any, name: str, default: float) -> Any:
+    """A number field documented with the launch form's own bounds (the form validates; this is the schema)."""
+    field = LaunchForm.base_fields[name]
+    return kind(default=default, min_value=field.min_value, max_value=field.max_value)  # type: ignore[attr-defined]
 
 
 class LaunchSerializer(serializers.Serializer):
@@ -48,20 +71,22 @@ class LaunchSerializer(serializers.Serializer):
     model_path = serializers.CharField(required=False, allow_blank=True)
     task = serializers.ChoiceField(choices=TASKS, default="arithmetic")
     task_path = serializers.CharField(required=False, allow_blank=True)
-    task_size = serializers.IntegerField(default=200)
+    eval_path = serializers.CharField(required=False, allow_blank=True,
+                                      help_text="JSONL of held-out samples; required for a JSONL task.")
+    task_size = bounded(serializers.IntegerField, "task_size", 200)
     tools = serializers.ListField(child=serializers.IntegerField(), default=list, help_text="Registry entry ids.")
     reward = serializers.IntegerField(help_text="Registry entry id.")
     algorithm = serializers.ChoiceField(choices=ALGORITHMS, default="grpo")
-    steps = serializers.IntegerField(default=5)
-    prompts_per_step = serializers.IntegerField(default=2)
-    group_size = serializers.IntegerField(default=2)
-    max_turns = serializers.IntegerField(default=2)
-    max_new_tokens = serializers.IntegerField(default=24)
-    learning_rate = serializers.FloatField(default=1e-4)
-    temperature = serializers.FloatField(default=1.0)
-    seed = serializers.IntegerField(default=0)
-    eval_size = serializers.IntegerField(default=8)
-    save_every = serializers.IntegerField(default=1)
+    steps = bounded(serializers.IntegerField, "steps", 5)
+    prompts_per_step = bounded(serializers.IntegerField, "prompts_per_step", 2)
+    group_size = bounded(serializers.IntegerField, "group_size", 2)
+    max_turns = bounded(serializers.IntegerField, "max_turns", 2)
+    max_new_tokens = bounded(serializers.IntegerField, "max_new_tokens", 24)
+    learning_rate = bounded(serializers.FloatField, "learning_rate", 1e-4)
+    temperature = bounded(serializers.FloatField, "temperature", 1.0)
+    seed = bounded(serializers.IntegerField, "seed", 0)
+    eval_size = bounded(serializers.IntegerField, "eval_size", 8)
+    save_every = bounded(serializers.IntegerField, "save_every", 1)
     resources = serializers.DictField(default=dict)
     queue = serializers.ChoiceField(choices=Queue.choices, default=Queue.CPU)
     launch_key = serializers.CharField(required=False, allow_blank=True, max_length=64)
@@ -91,6 +116,7 @@ def launch_form(request: Request) -> LaunchForm:
 
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = JobSerializer
+    lookup_value_regex = r"\d+"
 
     queryset = TrainingJob.objects.none()  # the schema generator's hint; requests use get_queryset
 
@@ -120,7 +146,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         """Cancel the job (idempotent)."""
         return Response(JobSerializer(actions.do_cancel_job(self.get_object())).data)
 
-    @extend_schema(request=None, responses={201: JobSerializer, 200: JobSerializer})
+    @extend_schema(request=None, responses={201: JobSerializer, 200: JobSerializer,
+                                            409: detail_response("The job has no checkpoint to resume from.")})
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str | None = None) -> Response:
         """Start a job that continues this one from its last checkpoint (idempotent)."""
@@ -131,26 +158,24 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @extend_schema(parameters=[
-        OpenApiParameter("after", int, description="Only events with a larger sequence number."),
+        OpenApiParameter("after", {"type": "integer", "format": "int64", "minimum": 0, "maximum": PG_BIGINT_MAX},
+                         description="Only events with a larger sequence number."),
         OpenApiParameter("type", str, many=True, enum=EventType.values),
-        OpenApiParameter("limit", int, description="At most this many (1-5000)."),
-    ], responses={200: dict})
+        OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 5000},
+                         description="At most this many (1-5000)."),
+    ], responses={200: EventPageSerializer})
     @action(detail=True, methods=["get"])
     def events(self, request: Request, pk: str | None = None) -> Response:
         """The job's stored events in sequence order."""
         job = self.get_object()
         errors: dict[str, list[str]] = {}
         try:
-            after = int(request.query_params.get("after", 0))
-            if after < 0:
-                raise ValueError
+            after = query_int(request.query_params, "after", 0, 0, PG_BIGINT_MAX)
         except ValueError:
             errors["after"] = ["Give a sequence number (an integer >= 0)."]
             after = 0
         try:
-            limit = int(request.query_params.get("limit", 1000))
-            if not 1 <= limit <= 5000:
-                raise ValueError
+            limit = query_int(request.query_params, "limit", 1000, 1, 5000)
         except ValueError:
             errors["limit"] = ["Give an integer from 1 to 5000."]
             limit = 1000
@@ -164,6 +189,6 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                          "events": events_after(job.pk, after, types or None, limit)})
 
     @extend_schema(responses={200: CheckpointSerializer(many=True)})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)  # all of them, a plain list (never paged)
     def checkpoints(self, request: Request, pk: str | None = None) -> Response:
         return Response(CheckpointSerializer(self.get_object().checkpoints.all(), many=True).data)

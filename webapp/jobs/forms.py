@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.core.exceptions import ValidationError
 
+from webapp import inputs
 from webapp.accounts.models import Team
 from webapp.jobs import paths
 from webapp.jobs.models import Queue
 from webapp.registry.models import Entry
+from webapp.registry.sandboxes import KNOWN as BUILTIN_RESOURCES
 
 ALGORITHMS = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo")
 MODEL_SOURCES = (("tiny", "Tiny model built on the worker (CPU demo)"), ("path", "Local model directory"))
@@ -68,6 +71,8 @@ class LaunchForm(forms.Form):
                                  help_text="A directory with config.json on the workers' shared disk.")
     task = forms.ChoiceField(choices=TASKS, initial="arithmetic")
     task_path = forms.CharField(required=False, max_length=500, help_text="Required for a JSONL task.")
+    eval_path = forms.CharField(required=False, max_length=500,
+                                help_text="JSONL of held-out samples; required for a JSONL task.")
     task_size = forms.IntegerField(min_value=1, max_value=1_000_000, initial=200,
                                    help_text="Problems generated for the arithmetic task.")
     tools = EntryMultipleChoiceField(queryset=Entry.objects.none(), required=False)
@@ -110,14 +115,19 @@ class LaunchForm(forms.Form):
     def clean_task_path(self) -> str:
         return allowed_path(self.cleaned_data.get("task_path", ""), self.cleaned_data.get("team"))
 
+    def clean_eval_path(self) -> str:
+        return allowed_path(self.cleaned_data.get("eval_path", ""))
+
     def clean_resources(self) -> dict[str, Any]:
         text = self.cleaned_data.get("resources", "").strip()
         if not text:
             return {}
         try:
-            value = json.loads(text)
+            value = inputs.loads(text)
         except json.JSONDecodeError as exc:
             raise ValidationError(f"Not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.") from None
+        except inputs.JSONInputError as exc:
+            raise ValidationError(str(exc)) from None
         if not isinstance(value, dict):
             raise ValidationError('Write an object of resource names, e.g. {"python": {"max": 4}}.')
         for name, pool in value.items():
@@ -154,6 +164,9 @@ class LaunchForm(forms.Form):
                 self.add_error("task_path", f"{path!r} is not a file on this server.")
             elif not path.endswith(".jsonl"):
                 self.add_error("task_path", "The task file must be JSON lines (a .jsonl file).")
+            self.check_eval_path(data.get("eval_path", ""))
+        self.check_resource_names(data)
+        self.check_queue_has_worker(data.get("queue"))
         algorithm = data.get("algorithm")
         group = data.get("group_size")
         if algorithm in ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp_baseline") and group is not None and group < 2:
@@ -202,6 +215,7 @@ class LaunchForm(forms.Form):
             "model": {"path": tiny_model_path(seed, d["team"]) if tiny else d["model_path"], "build_tiny": tiny,
                       "tiny_seed": seed},
             "data": {"task": "arithmetic" if d["task"] == "arithmetic" else d["task_path"],
+                     "eval_path": (d.get("eval_path") or None) if d["task"] == "jsonl" else None,
                      "train_size": d["task_size"], "eval_size": d["eval_size"], "seed": seed},
             "eval": {"size": d["eval_size"], "max_new_tokens": d["max_new_tokens"]},
             "rollout": {
@@ -216,6 +230,37 @@ class LaunchForm(forms.Form):
             "algorithm": {"name": d["algorithm"]},
             "optim": {"lr": d["learning_rate"]},
         }
+
+    def check_eval_path(self, path: str) -> None:
+        """The trainer needs held-out samples of a JSONL task (``data.eval_path``): ask for them here, or the
+        job would fail on the worker after its model was built."""
+        if "eval_path" in self.errors:
+            return
+        if not path:
+            self.add_error("eval_path", "A JSONL task needs a JSONL file of held-out samples to evaluate on.")
+        elif not Path(path).is_file():
+            self.add_error("eval_path", f"{path!r} is not a file on this server.")
+        elif not path.endswith(".jsonl"):
+            self.add_error("eval_path", "The evaluation file must be JSON lines (a .jsonl file).")
+
+    def check_resource_names(self, data: dict[str, Any]) -> None:
+        """A pool size only for a resource the trainer can build: a built-in one or one a chosen tool declares."""
+        tools = data.get("tools") or []
+        declared = {t.current_version.resource for t in tools if t.current_version and t.current_version.resource}
+        known = set(BUILTIN_RESOURCES) | declared  # the web app's specs (the trainer's built-ins, a test says)
+        unknown = sorted(set(data.get("resources") or {}) - known)
+        if unknown:
+            self.add_error("resources", f"Unknown resource {', '.join(map(repr, unknown))}; name one of "
+                                        f"{', '.join(sorted(known))} (built in, or declared by a chosen tool).")
+
+    def check_queue_has_worker(self, queue: str | None) -> None:
+        if queue != Queue.GPU or not settings.AGENTFLY_CHECK_GPU_WORKERS:
+            return
+        from webapp.jobs.queues import queue_has_worker
+
+        if not queue_has_worker(Queue.GPU):
+            self.add_error("queue", "No GPU worker is running, so this job would wait forever; choose the cpu "
+                                    "queue, or start one on a GPU host: celery -A webapp worker -Q gpu.")
 
     def validate_with_trainer(self) -> None:
         """Let the trainer's own config check the combination, where the trainer is installed."""

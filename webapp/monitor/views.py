@@ -16,6 +16,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 
+from webapp.inputs import PG_BIGINT_MAX, query_int
 from webapp.jobs.models import TrainingJob
 from webapp.monitor.events import events_after
 from webapp.monitor.models import EventType
@@ -55,7 +56,8 @@ def parse_job_ids(values: list[str]) -> list[int]:
             part = part.strip().lstrip("#")
             if not part:
                 continue
-            if not part.isdigit():
+            # isdecimal, not isdigit ("²" is a digit int() refuses); a bigint bound keeps SQL from overflowing.
+            if not part.isdecimal() or len(part) > 18:
                 raise ValueError(f"{part!r} is not a job id; pick jobs from the list or pass ?jobs=3,4")
             if int(part) not in ids:
                 ids.append(int(part))
@@ -97,23 +99,27 @@ def events_json(request: HttpRequest, pk: int) -> JsonResponse:
     """
     job = get_object_or_404(TrainingJob.objects.visible_to(request.user), pk=pk)
     after_raw = request.GET.get("after", "0") or "0"
-    if not after_raw.isdigit():
-        return _bad_request(f"after={after_raw!r} is not a sequence number; pass the last seq you have (0 for all)")
+    try:
+        after = query_int(request.GET, "after", 0, 0, PG_BIGINT_MAX)
+    except ValueError:
+        return _bad_request(f"after={after_raw[:40]!r} is not a sequence number; pass the last seq you have "
+                            "(0 for all)")
     limit_raw = request.GET.get("limit", "1000") or "1000"
-    if not limit_raw.isdigit() or not 1 <= int(limit_raw) <= MAX_EVENTS_PER_REQUEST:
-        return _bad_request(f"limit={limit_raw!r} must be an integer from 1 to {MAX_EVENTS_PER_REQUEST}")
+    try:
+        limit = query_int(request.GET, "limit", 1000, 1, MAX_EVENTS_PER_REQUEST)
+    except ValueError:
+        return _bad_request(f"limit={limit_raw[:40]!r} must be an integer from 1 to {MAX_EVENTS_PER_REQUEST}")
     types = [t for t in request.GET.get("types", "").split(",") if t]
     unknown = sorted(set(types) - set(EventType.values))
     if unknown:
         return _bad_request(f"unknown event types {unknown}; use some of {sorted(EventType.values)}")
-    limit = int(limit_raw)
     model = job_model_path(job.config)
-    events = [with_token_texts(m, model) for m in events_after(job.pk, int(after_raw), types or None, limit=limit + 1)]
+    events = [with_token_texts(m, model) for m in events_after(job.pk, after, types or None, limit=limit + 1)]
     more = len(events) > limit
     events = events[:limit]
     return JsonResponse({
         "job": {**job.summary(), "name": job.name},
         "events": events,
-        "last_seq": events[-1]["seq"] if events else int(after_raw),
+        "last_seq": events[-1]["seq"] if events else after,
         "more": more,
     })

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -15,6 +15,7 @@ from webapp.registry import actions
 from webapp.registry.models import Entry, EntryStatus, Kind, Version, check_import_path
 from webapp.registry.rules import NotRegistrable, check_registrable
 from webapp.registry.trying import NoAnswer, TooManyTries, try_on_worker
+from webapp.schema import detail_response
 
 
 class VersionSerializer(serializers.ModelSerializer):
@@ -24,8 +25,9 @@ class VersionSerializer(serializers.ModelSerializer):
 
 
 class EntrySerializer(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    current_version = VersionSerializer(read_only=True)
+    # null for a built-in entry (no team) and for one whose inspection has not succeeded yet (no version)
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    current_version = VersionSerializer(read_only=True, allow_null=True)
 
     class Meta:
         model = Entry
@@ -61,8 +63,20 @@ class TrySerializer(serializers.Serializer):
     arguments = serializers.DictField(help_text="The tool's arguments, as the model would send them.")
 
 
+class TryResultSerializer(serializers.Serializer):
+    """What one call of the tool gave: its observation, or the error the model would have been shown."""
+
+    observation = serializers.CharField(allow_blank=True, help_text="The tool's output as the model sees it.")
+    error = serializers.CharField(allow_null=True, allow_blank=True, help_text="Why the call failed, or null.")
+    latency = serializers.FloatField(help_text="Seconds the call took on the worker.")
+
+
+@extend_schema_view(list=extend_schema(parameters=[
+    OpenApiParameter("kind", str, enum=Kind.values, description="Only tools or only rewards."),
+]))
 class EntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = EntrySerializer
+    lookup_value_regex = r"\d+"
 
     queryset = Entry.objects.none()  # the schema generator's hint; requests use get_queryset
 
@@ -86,8 +100,12 @@ class EntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         return Response(EntrySerializer(entry).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=TrySerializer, responses={
-        200: dict, 429: OpenApiResponse(description="The user already has AGENTFLY_TRY_CONCURRENCY calls running."),
-        504: OpenApiResponse(description="No worker on the try queue answered within AGENTFLY_TRY_TIMEOUT.")})
+        200: TryResultSerializer,
+        400: OpenApiResponse(description="Bad arguments, or the entry is a reward (``detail`` says which)."),
+        409: detail_response("The tool is not ready (pending or failed inspection)."),
+        429: detail_response("The user already has AGENTFLY_TRY_CONCURRENCY calls running."),
+        504: detail_response("No worker on the try queue answered within AGENTFLY_TRY_TIMEOUT."),
+    })
     @action(detail=True, methods=["post"], url_path="try")
     def try_it(self, request: Request, pk: str | None = None) -> Response:
         """Call a ready tool with arguments on a worker and return its observation."""

@@ -80,8 +80,10 @@ def try_tool(entry_id: int, arguments: Any) -> dict[str, Any]:
 
 def parse_arguments(text: str) -> dict[str, Any]:
     """The JSON object a user typed into the "try it" form; ValueError names the problem."""
+    from webapp.inputs import loads
+
     try:
-        value = json.loads(text or "{}")
+        value = loads(text or "{}")  # refuses deep nesting and NUL/surrogates with a ValueError of its own
     except json.JSONDecodeError as exc:
         raise ValueError(f"arguments are not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     if not isinstance(value, dict):

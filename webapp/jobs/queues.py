@@ -1,0 +1,45 @@
+"""Which Celery queues have a worker listening, asked of the workers themselves and cached briefly.
+
+A job launched on a queue that nobody consumes waits forever; for the ``gpu`` queue (workers only on GPU
+hosts) the launch form refuses it up front. The broadcast waits ``timeout`` seconds for replies, so the
+answer is cached for ``AGENTFLY_WORKER_CHECK_CACHE_SECONDS`` to keep launches fast.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+_cache: dict[str, tuple[float, bool]] = {}
+
+
+def consumed_queues(timeout: float = 1.0) -> set[str]:
+    """The queue names that at least one live worker consumes (empty when no worker answers)."""
+    from webapp.celery import app
+
+    try:
+        replies = app.control.inspect(timeout=timeout).active_queues() or {}
+    except Exception:  # the broker is unreachable: no worker can be reached either
+        log.warning("could not ask the workers which queues they consume", exc_info=True)
+        return set()
+    return {q["name"] for queues in replies.values() for q in queues or []}
+
+
+def queue_has_worker(queue: str) -> bool:
+    now = time.monotonic()
+    hit = _cache.get(queue)
+    if hit is not None and now - hit[0] < settings.AGENTFLY_WORKER_CHECK_CACHE_SECONDS:
+        return hit[1]
+    queues = consumed_queues()
+    for name in {queue, *queues}:
+        _cache[name] = (now, name in queues)
+    return queue in queues
+
+
+def forget() -> None:
+    """Drop the cached answers (a test that starts or stops a worker)."""
+    _cache.clear()
