@@ -3,9 +3,9 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
-from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.routers import DefaultRouter
 
+from webapp.accounts.api import obtain_token
 from webapp.jobs.api import JobViewSet
 from webapp.registry.api import EntryViewSet
 
@@ -23,7 +23,7 @@ urlpatterns = [
     path("monitor/", include("webapp.monitor.urls")),
     path("admin/", admin.site.urls),
     path("api/", include(router.urls)),
-    path("api/token/", obtain_auth_token, name="api-token"),
+    path("api/token/", obtain_token, name="api-token"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
 ]
