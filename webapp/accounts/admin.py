@@ -21,6 +21,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Q, QuerySet
 from django.forms import ModelMultipleChoiceField
 from django.http import HttpRequest
+from rest_framework.authtoken.admin import TokenAdmin
+from rest_framework.authtoken.models import TokenProxy
 
 from webapp.accounts.models import Invitation, Team
 
@@ -177,4 +179,13 @@ class LoginAttemptAdmin(SuperuserOnly, AccessAttemptAdmin):
 
 @admin.register(AccessLog)
 class LoginLogAdmin(SuperuserOnly, AccessLogAdmin):
+    pass
+
+
+# DRF's token admin shows every user's API key: a staff member reading a teammate's could act as them.
+admin.site.unregister(TokenProxy)
+
+
+@admin.register(TokenProxy)
+class ApiTokenAdmin(SuperuserOnly, TokenAdmin):
     pass
