@@ -13,6 +13,7 @@ from django.urls import reverse
 
 from tests.webapp.factories import launch_data, ready_entry
 from tests.webapp.helpers import PASSWORD, ROOT
+from tests.webapp.test_e2e_browser import web_server  # noqa: F401  (the Daphne fixture)
 from webapp.registry.models import Entry, EntryStatus, Kind
 
 
@@ -147,3 +148,38 @@ def test_a_forwarded_for_header_does_not_buy_a_fresh_budget(alice: Any, rate_lim
     api = Client()
     assert api.post("/api/token/", {}, HTTP_X_FORWARDED_FOR="10.0.0.1").status_code == 400
     assert api.post("/api/token/", {}, HTTP_X_FORWARDED_FOR="10.0.0.2").status_code == 429
+
+
+def test_daphne_serves_the_lockout_page_too(web_server: str, alice: Any) -> None:  # noqa: F811 (the fixture)
+    """Production runs the ASGI stack, where django-axes' middleware takes its async path."""
+    import http.cookiejar
+    import re
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from django.contrib.auth.hashers import make_password
+
+    # The server process checks passwords with Django's default hashers, not the tests' fast MD5.
+    alice.password = make_password(PASSWORD, hasher="pbkdf2_sha256")
+    alice.save()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+
+    def attempt(password: str) -> tuple[int, str, str | None]:
+        page = opener.open(f"{web_server}/login/", timeout=30).read().decode()
+        csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
+        body = urllib.parse.urlencode({"username": "alice", "password": password, "csrfmiddlewaretoken": csrf})
+        try:
+            response = opener.open(urllib.request.Request(f"{web_server}/login/", data=body.encode()), timeout=30)
+            return response.status, response.read().decode(), None
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(), exc.headers.get("Retry-After")
+
+    status, text, _ = attempt(PASSWORD)
+    assert status == 200 and "Sign out" in text  # the server does check alice's password
+    failures = [attempt("wrong") for _ in range(4)]
+    assert [status for status, _, _ in failures] == [200] * 4 and "correct username" in failures[0][1]
+    status, text, retry_after = attempt("wrong")
+    assert status == 429 and "Try again in 15 minutes" in text and retry_after == str(15 * 60)
+    status, text, _ = attempt(PASSWORD)
+    assert status == 429 and "Sign-in locked" in text

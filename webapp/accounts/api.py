@@ -14,12 +14,14 @@ from webapp.accounts.throttling import ScopedThrottle
 
 
 class ObtainTokenView(ObtainAuthToken):
-    """POST ``username`` and ``password``; get ``{"token": ...}``.
+    """Exchange a username and password for the API token (``Authorization: Token <key>``).
 
-    DRF's own view has no throttles at all; this one counts requests per address (``AGENTFLY_RATE_TOKEN``),
-    and django-axes refuses a username and address pair after ``AGENTFLY_LOGIN_FAILURE_LIMIT`` wrong
-    passwords, for ``AGENTFLY_LOGIN_COOLOFF_MINUTES``, the same lock as the sign-in page's.
+    Limited to ``AGENTFLY_RATE_TOKEN`` requests per address. After ``AGENTFLY_LOGIN_FAILURE_LIMIT`` wrong
+    passwords for one username from one address, that pair is refused with 429 for
+    ``AGENTFLY_LOGIN_COOLOFF_MINUTES``: the same lock as the sign-in page's.
     """
+
+    # DRF's own ObtainAuthToken sets throttle_classes = (): without these, guessing would be unlimited.
 
     throttle_classes = [ScopedThrottle]
     throttle_scope = "token"
