@@ -5,13 +5,14 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from webapp.accounts.api import obtain_token
+from webapp.accounts.api import InvitationViewSet, obtain_token
 from webapp.jobs.api import JobViewSet
 from webapp.registry.api import EntryViewSet
 
 router = DefaultRouter()
 router.register("registry", EntryViewSet, basename="entry")
 router.register("jobs", JobViewSet, basename="job")
+router.register("invitations", InvitationViewSet, basename="invitation")
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="jobs:list", permanent=False)),

@@ -173,3 +173,25 @@ def test_the_demo_keeps_signup_open(monkeypatch: pytest.MonkeyPatch, tmp_path: A
         monkeypatch.setenv(name, os.environ.get(name, ""))
     env = demo.configure_environment(argparse.Namespace(dir=str(tmp_path)), demo.Services(tmp_path))
     assert env["AGENTFLY_SIGNUP"] == "open"
+
+
+def test_the_api_creates_lists_and_revokes_invitations_of_the_users_teams_only(
+        alice_api: Any, bob_api: Any, team_a: Team, team_b: Team, settings: Any) -> None:
+    settings.AGENTFLY_SIGNUP = "invite"
+    created = alice_api.post("/api/invitations/", {"team": team_a.slug}, format="json")
+    assert created.status_code == 201 and created.json()["state"] == "pending"
+    link = created.json()["link"].removeprefix("http://testserver")
+    assert "link" not in alice_api.get("/api/invitations/").json()["results"][0]  # shown once
+    assert [i["team"] for i in alice_api.get("/api/invitations/").json()["results"]] == ["team-a"]
+
+    refused = bob_api.post("/api/invitations/", {"team": team_a.slug}, format="json")
+    assert refused.status_code == 400 and "does not exist" in refused.json()["team"][0]
+    assert bob_api.get("/api/invitations/").json()["results"] == []
+    pk = created.json()["id"]
+    assert bob_api.post(f"/api/invitations/{pk}/revoke/").status_code == 404
+
+    assert sign_up(Client(), link).status_code == 302
+    assert alice_api.post(f"/api/invitations/{pk}/revoke/").json()["state"] == "used"
+    settings.AGENTFLY_SIGNUP = "closed"
+    closed = alice_api.post("/api/invitations/", {"team": team_a.slug}, format="json")
+    assert closed.status_code == 409 and "AGENTFLY_SIGNUP=closed" in closed.json()["detail"]
