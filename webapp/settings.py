@@ -268,7 +268,7 @@ if AGENTFLY_SIGNUP not in SIGNUP_MODES:
 # How long an invitation link stays valid.
 AGENTFLY_INVITE_DAYS = env_float("AGENTFLY_INVITE_DAYS", 7.0)
 
-# Throttle counters and login failures live in Redis, so every web process counts the same requests.
+# Throttle counters live in Redis, so every web process counts the same requests (login failures: the database).
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",

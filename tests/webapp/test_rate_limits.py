@@ -183,3 +183,11 @@ def test_daphne_serves_the_lockout_page_too(web_server: str, alice: Any) -> None
     assert status == 429 and "Try again in 15 minutes" in text and retry_after == str(15 * 60)
     status, text, _ = attempt(PASSWORD)
     assert status == 429 and "Sign-in locked" in text
+
+
+def test_a_malformed_rate_stops_the_server_naming_the_variable() -> None:
+    env = {**os.environ, "DEBUG": "1", "AGENTFLY_RATE_TRY": "30 per minute"}
+    result = subprocess.run([sys.executable, "-c", "import webapp.settings"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "AGENTFLY_RATE_TRY='30 per minute' is not a rate; write it as N/second, N/minute" in result.stderr
