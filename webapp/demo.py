@@ -101,6 +101,7 @@ def configure_environment(args: argparse.Namespace, services: Services) -> dict[
     demo_dir = Path(args.dir).resolve()
     demo_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("DEBUG", "1")
+    os.environ.setdefault("AGENTFLY_SIGNUP", "open")  # anyone who reaches the demo may make an account
     os.environ.setdefault("DATABASE_URL", f"sqlite:///{demo_dir / 'webapp.sqlite3'}")
     os.environ.setdefault("AGENTFLY_RUNS_DIR", str(demo_dir / "runs"))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")

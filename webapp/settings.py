@@ -9,6 +9,7 @@ inside tasks, the web process never does.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -307,3 +308,68 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }
+
+# ------------------------------------------------------------------ accounts and rate limits (docs/security.md)
+# Who may create an account: "open" (anyone, the demo), "invite" (only with a team's invitation link, the
+# default when DEBUG is off) or "closed" (only an administrator: manage.py createsuperuser or the admin).
+SIGNUP_MODES = ("open", "invite", "closed")
+AGENTFLY_SIGNUP = env_str("AGENTFLY_SIGNUP", "") or ("open" if DEBUG else "invite")
+if AGENTFLY_SIGNUP not in SIGNUP_MODES:
+    raise ImproperlyConfigured(f"AGENTFLY_SIGNUP={AGENTFLY_SIGNUP!r} is not one of {', '.join(SIGNUP_MODES)}")
+# How long an invitation link stays valid.
+AGENTFLY_INVITE_DAYS = env_float("AGENTFLY_INVITE_DAYS", 7.0)
+
+# Throttle counters live in Redis, so every web process counts the same requests (login failures: the database).
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": f"{REDIS_PREFIX}cache",
+    }
+}
+
+# Login lockout (django-axes): after AGENTFLY_LOGIN_FAILURE_LIMIT wrong passwords for one username from one
+# address, that pair is refused for AGENTFLY_LOGIN_COOLOFF_MINUTES, on /login/, /admin/ and /api/token/.
+# Locking by the pair (not the username alone) keeps a stranger from locking a colleague out at will.
+INSTALLED_APPS.append("axes")
+MIDDLEWARE.append("axes.middleware.AxesMiddleware")  # axes wants to be last: it rewrites the response
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("AGENTFLY_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_float("AGENTFLY_LOGIN_COOLOFF_MINUTES", 15.0))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "webapp.accounts.views.locked_out"  # a page that says when to try again
+AXES_CLIENT_IP_CALLABLE = "webapp.accounts.throttling.client_ip"
+AXES_ENABLE_ADMIN = False  # webapp/accounts/admin.py registers the attempts for superusers only
+
+# Request rates (DRF throttles, also applied to the matching HTML views). Each is "N/second|minute|hour|day".
+# Proxies in front of the web process that append to X-Forwarded-For; 0 trusts only the socket's address
+# (otherwise a client picks its own address, and its own throttle bucket, with one header).
+AGENTFLY_NUM_PROXIES = env_int("AGENTFLY_NUM_PROXIES", 0)
+
+
+def env_rate(name: str, default: str) -> str:
+    raw = env_str(name, default).strip()
+    count, _, period = raw.partition("/")
+    if not (count.isdigit() and period[:1] in {"s", "m", "h", "d"}):
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a rate; write it as N/second, N/minute, N/hour or N/day")
+    return raw
+
+
+AGENTFLY_RATES = {
+    "anon": env_rate("AGENTFLY_RATE_ANON", "120/hour"),
+    "user": env_rate("AGENTFLY_RATE_USER", "3600/hour"),
+    "token": env_rate("AGENTFLY_RATE_TOKEN", "20/hour"),
+    "signup": env_rate("AGENTFLY_RATE_SIGNUP", "10/hour"),
+    "try": env_rate("AGENTFLY_RATE_TRY", "30/minute"),
+    "launch": env_rate("AGENTFLY_RATE_LAUNCH", "30/hour"),
+}
+REST_FRAMEWORK.update({
+    "DEFAULT_THROTTLE_CLASSES": [
+        "webapp.accounts.throttling.AnonThrottle",
+        "webapp.accounts.throttling.UserThrottle",
+        "webapp.accounts.throttling.ScopedThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": AGENTFLY_RATES,
+    "NUM_PROXIES": AGENTFLY_NUM_PROXIES,
+})

@@ -5,16 +5,11 @@ from django.urls import include, path, re_path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
-from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.routers import DefaultRouter
 
-from webapp.inputs import SafeFormParser, SafeJSONParser, SafeMultiPartParser
+from webapp.accounts.api import InvitationViewSet, obtain_token
 from webapp.jobs.api import JobViewSet
 from webapp.registry.api import EntryViewSet
-
-# DRF's token view names its own parsers; give it the app's JSON parser (depth and text checks) too.
-obtain_auth_token = ObtainAuthToken.as_view(parser_classes=[SafeFormParser, SafeMultiPartParser, SafeJSONParser])
-
 
 
 @csrf_exempt  # nothing happens here; a token client's POST to a wrong path gets the 404, not a CSRF page
@@ -25,6 +20,7 @@ def api_not_found(request: HttpRequest) -> JsonResponse:
 router = DefaultRouter()
 router.register("registry", EntryViewSet, basename="entry")
 router.register("jobs", JobViewSet, basename="job")
+router.register("invitations", InvitationViewSet, basename="invitation")
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="jobs:list", permanent=False)),
@@ -36,7 +32,7 @@ urlpatterns = [
     path("monitor/", include("webapp.monitor.urls")),
     path("admin/", admin.site.urls),
     path("api/", include(router.urls)),
-    path("api/token/", obtain_auth_token, name="api-token"),
+    path("api/token/", obtain_token, name="api-token"),
     # Any other /api/.../ path is a JSON 404 (not Django's HTML page): API clients always get JSON. Paths
     # without the trailing slash still reach APPEND_SLASH's redirect.
     re_path(r"^api/(?!schema/|docs/).*/$", api_not_found),

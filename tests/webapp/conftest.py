@@ -35,6 +35,10 @@ os.environ.setdefault("AGENTFLY_CHILD_TIMEOUT", "5")
 # Tests launch on the gpu queue so that no worker takes the job; the launch form's "is a GPU worker running?"
 # check is turned on by the tests of that check.
 os.environ.setdefault("AGENTFLY_CHECK_GPU_WORKERS", "0")
+# Tests sign in and call the API far more often than a person: rates high enough never to get in their way.
+# Each limit's own tests set a low one with the ``rate_limits`` fixture (tests/webapp/test_rate_limits.py).
+for _scope in ("ANON", "USER", "TOKEN", "SIGNUP", "TRY", "LAUNCH"):
+    os.environ.setdefault(f"AGENTFLY_RATE_{_scope}", "100000/hour")
 PLUGINS = Path(__file__).parent / "plugins"
 os.environ.setdefault("AGENTFLY_PLUGIN_DIRS", str(PLUGINS))
 
@@ -141,6 +145,26 @@ def bob_api(bob: Any) -> Any:
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=bob).key}")
     return client
+
+
+@pytest.fixture
+def rate_limits(settings: Any) -> Any:
+    """Set throttle rates for one test, ``rate_limits({"try": "2/minute"})``, starting from no counted requests.
+
+    The counters live in the real Redis under this session's cache prefix, outside any test transaction.
+    """
+    import redis
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    stale = list(client.scan_iter(f"{settings.CACHES['default']['KEY_PREFIX']}:*"))
+    if stale:
+        client.delete(*stale)
+
+    def set_rates(rates: dict[str, str]) -> None:
+        current = settings.REST_FRAMEWORK
+        settings.REST_FRAMEWORK = {**current, "DEFAULT_THROTTLE_RATES": {**current["DEFAULT_THROTTLE_RATES"], **rates}}
+
+    return set_rates
 
 
 # ------------------------------------------------------------------------------------------ real workers

@@ -1,39 +1,191 @@
-"""Admin for teams, and the mixin that confines non-superuser staff to their own teams' rows."""
+"""Admin for teams, users and groups, and the mixin that confines non-superuser staff to their own teams.
+
+A staff member who is not a superuser sees and changes only rows of the teams they belong to, and every
+foreign-key and many-to-many choice offers only such rows (plus the built-in tools and rewards, which every
+team may pick). ``TEAM_PATHS`` says how each model reaches its team; every ModelAdmin of the project mixes
+in ``TeamScoped``, so one rule covers lists, change forms, choices, autocomplete and raw-id pop-ups alike.
+Privileges (superuser, staff, permissions) are granted by superusers only.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from axes.admin import AccessAttemptAdmin, AccessLogAdmin
+from axes.models import AccessAttempt, AccessLog
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group
+from django.core.exceptions import ImproperlyConfigured
+from django.db.models import Q, QuerySet
+from django.forms import ModelMultipleChoiceField
 from django.http import HttpRequest
+from rest_framework.authtoken.admin import TokenAdmin
+from rest_framework.authtoken.models import TokenProxy
 
-from webapp.accounts.models import Team
+from webapp.accounts.models import Invitation, Team
+
+# How a row of each model reaches the team that owns it (a lookup path ending at a Team).
+TEAM_PATHS: dict[str, str] = {
+    "accounts.team": "pk",
+    "accounts.invitation": "team",
+    "auth.group": "team",
+    "auth.user": "groups__team",
+    "jobs.trainingjob": "team",
+    "jobs.checkpoint": "job__team",
+    "registry.entry": "team",
+    "registry.version": "entry__team",
+    "monitor.jobevent": "job__team",
+}
+# Rows without a team that any team may pick (not change): the built-in tools and rewards and their versions.
+PICKABLE_WITHOUT_TEAM = {"registry.entry", "registry.version"}
 
 
-class TeamScopedAdmin(admin.ModelAdmin):
-    """Staff who are not superusers see and change only rows of their teams (``team_field`` names the path)."""
+def _team_filter(label: str, user: Any, *, choosing: bool) -> Q:
+    path = TEAM_PATHS[label]
+    q = Q(**{f"{path}__in": Team.objects.of(user)})
+    if choosing and label in PICKABLE_WITHOUT_TEAM:
+        q |= Q(**{f"{path}__isnull": True})
+    return q
 
-    team_field = "team"
+
+def scoped(qs: QuerySet[Any], user: Any, *, choosing: bool = False) -> QuerySet[Any]:
+    """``qs`` narrowed to the rows of ``user``'s teams (all rows for a superuser).
+
+    ``choosing`` is for a form's choices, where built-in registry rows are allowed too. A path through a
+    many-valued relation (a user in two teams) would repeat rows, hence the ``pk__in`` subquery.
+    """
+    if user.is_superuser:
+        return qs
+    label = qs.model._meta.label_lower
+    if label not in TEAM_PATHS:
+        raise ImproperlyConfigured(f"{label} has an admin but no entry in TEAM_PATHS (webapp/accounts/admin.py); "
+                                   "say how its rows reach their team")
+    return qs.filter(pk__in=qs.model._default_manager.filter(_team_filter(label, user, choosing=choosing))
+                     .values("pk"))
+
+
+class TeamScoped:
+    """Mix into a ModelAdmin or an inline (before the Django class) to confine non-superusers to their teams."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        qs = super().get_queryset(request)
-        if request.user.is_superuser:
-            return qs
-        return qs.filter(**{f"{self.team_field}__in": Team.objects.of(request.user)})
+        return scoped(super().get_queryset(request), request.user)  # type: ignore[misc]
+
+    def _narrow(self, field: Any, request: HttpRequest) -> Any:
+        queryset = getattr(field, "queryset", None)
+        if queryset is not None and queryset.model._meta.label_lower in TEAM_PATHS:
+            field.queryset = scoped(queryset, request.user, choosing=True)
+        return field
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
-        if db_field.related_model is Team and not request.user.is_superuser:
-            kwargs["queryset"] = Team.objects.of(request.user)
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+        field = self._narrow(super().formfield_for_foreignkey(db_field, request, **kwargs), request)  # type: ignore[misc]
+        own_path = TEAM_PATHS.get(self.model._meta.label_lower, "")  # type: ignore[attr-defined]
+        if field is not None and db_field.name == own_path.split("__")[0] and not request.user.is_superuser:
+            # An entry without a team is a built-in that every team sees: only a superuser may make one.
+            field.required = True
+        return field
+
+    def formfield_for_manytomany(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        return self._narrow(super().formfield_for_manytomany(db_field, request, **kwargs), request)  # type: ignore[misc]
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        # A many-to-many field shows only in-scope choices, and saving it would drop the rest: a staff member
+        # of team A editing a user who is also in team C would silently take them out of C. Keep what they
+        # could not see.
+        hidden: dict[str, list[Any]] = {}
+        if change and not request.user.is_superuser:
+            for name, field in form.fields.items():
+                if isinstance(field, ModelMultipleChoiceField):
+                    hidden[name] = list(getattr(form.instance, name).exclude(pk__in=field.queryset.values("pk")))
+        super().save_related(request, form, formsets, change)  # type: ignore[misc]
+        for name, rows in hidden.items():
+            getattr(form.instance, name).add(*rows)
+
+
+class TeamScopedAdmin(TeamScoped, admin.ModelAdmin):
+    pass
+
+
+class SuperuserOnly:
+    """For admin pages whose rows belong to no team (login attempts name any user): superusers only."""
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.is_superuser)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_superuser)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_superuser)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_superuser)
 
 
 @admin.register(Team)
 class TeamAdmin(TeamScopedAdmin):
-    team_field = "pk"
     list_display = ["slug", "name", "created_at"]
     search_fields = ["slug", "group__name"]
 
+
+@admin.register(Invitation)
+class InvitationAdmin(TeamScopedAdmin):
+    list_display = ["team", "created_by", "state", "created_at", "expires_at", "used_by"]
+    readonly_fields = ["digest", "created_by", "used_by", "used_at"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # the link's secret exists only at creation: members create invitations on the team page
+
+
+# Django's own User and Group admins, scoped the same way.
+User = get_user_model()
+admin.site.unregister(User)
+admin.site.unregister(Group)
+PRIVILEGES = ("is_superuser", "is_staff", "user_permissions")
+
+
+@admin.register(User)
+class TeamUserAdmin(TeamScoped, UserAdmin):  # type: ignore[type-arg]
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        qs = admin.ModelAdmin.get_queryset(self, request)
-        return qs if request.user.is_superuser else qs.filter(pk__in=Team.objects.of(request.user))
+        qs = super().get_queryset(request)
+        # A staff member could otherwise set the password of a superuser who shares their team.
+        return qs if request.user.is_superuser else qs.filter(is_superuser=False)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return fields if request.user.is_superuser else fields + PRIVILEGES
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # A new account belongs to no team, so its creator could never see it again: members invite instead.
+        return bool(request.user.is_superuser)
+
+
+@admin.register(Group)
+class TeamGroupAdmin(TeamScoped, GroupAdmin):
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return fields if request.user.is_superuser else (*fields, "permissions")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.is_superuser)  # teams (and their groups) are made on the Teams page
+
+
+# django-axes' records of failed sign-ins (AXES_ENABLE_ADMIN is off so they can be registered here).
+@admin.register(AccessAttempt)
+class LoginAttemptAdmin(SuperuserOnly, AccessAttemptAdmin):
+    pass
+
+
+@admin.register(AccessLog)
+class LoginLogAdmin(SuperuserOnly, AccessLogAdmin):
+    pass
+
+
+# DRF's token admin shows every user's API key: a staff member reading a teammate's could act as them.
+admin.site.unregister(TokenProxy)
+
+
+@admin.register(TokenProxy)
+class ApiTokenAdmin(SuperuserOnly, TokenAdmin):
+    pass

@@ -8,15 +8,19 @@ from django.contrib.auth.forms import UserCreationForm
 from django.contrib.auth.models import Group
 
 
-class SignupForm(UserCreationForm):
-    team_name = forms.CharField(
-        max_length=80, required=False,
-        help_text="Create a team and join it. Leave empty to get a personal team; others can add you to theirs.",
-    )
+class InvitedSignupForm(UserCreationForm):
+    """Sign-up through an invitation: the user joins the invitation's team, so there is no team to name."""
 
     class Meta(UserCreationForm.Meta):
         model = get_user_model()
         fields = ("username",)
+
+
+class SignupForm(InvitedSignupForm):
+    team_name = forms.CharField(
+        max_length=80, required=False,
+        help_text="Create a team and join it. Leave empty to get a personal team; others can add you to theirs.",
+    )
 
     def clean_team_name(self) -> str:
         name = self.cleaned_data.get("team_name", "").strip()

@@ -5,8 +5,11 @@ from webapp.accounts import views
 app_name = "accounts"
 urlpatterns = [
     path("signup/", views.signup, name="signup"),
+    path("signup/<str:token>/", views.signup, name="signup_invited"),
     path("token/", views.api_token, name="token"),
     path("teams/", views.team_list, name="teams"),
     path("teams/<slug:slug>/", views.team_detail, name="team"),
     path("teams/<slug:slug>/members/", views.team_add_member, name="add_member"),
+    path("teams/<slug:slug>/invitations/", views.invitation_create, name="invite"),
+    path("teams/<slug:slug>/invitations/<int:pk>/revoke/", views.invitation_revoke, name="revoke_invitation"),
 ]

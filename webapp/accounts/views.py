@@ -1,28 +1,77 @@
 from __future__ import annotations
 
+from typing import Any
+
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from webapp.accounts.forms import AddMemberForm, SignupForm, TeamForm
-from webapp.accounts.models import Team, do_create_team
+from webapp.accounts.forms import AddMemberForm, InvitedSignupForm, SignupForm, TeamForm
+from webapp.accounts.models import (
+    Invitation,
+    InvitationRefused,
+    Team,
+    do_create_invitation,
+    do_create_team,
+    do_revoke_invitation,
+    do_sign_up,
+    find_invitation,
+)
+from webapp.accounts.throttling import throttle
+
+SIGNUP_CLOSED = ("Sign-up is closed on this server: an administrator creates accounts (manage.py createsuperuser, "
+                 "or the admin site). Ask yours for one.")
+SIGNUP_NEEDS_INVITATION = ("Sign-up on this server is by invitation only. Ask a member of the team you want to join "
+                           "to create an invitation link on their team page (Teams, then the team, then \"Create an "
+                           "invitation link\"), and open that link.")
+
+
+def signup_refused(request: HttpRequest, reason: str) -> HttpResponse:
+    return render(request, "registration/signup_refused.html", {"reason": reason}, status=403)
 
 
 @require_http_methods(["GET", "POST"])
-def signup(request: HttpRequest) -> HttpResponse:
-    form = SignupForm(request.POST or None)
+@throttle("signup")
+def signup(request: HttpRequest, token: str | None = None) -> HttpResponse:
+    """Sign up as ``AGENTFLY_SIGNUP`` allows: anyone (open), with an invitation link (invite), nobody (closed)."""
+    if settings.AGENTFLY_SIGNUP == "closed":
+        return signup_refused(request, SIGNUP_CLOSED)
+    invitation = None
+    if token is not None:
+        try:
+            invitation = find_invitation(token)
+        except InvitationRefused as exc:
+            return signup_refused(request, str(exc))
+    elif settings.AGENTFLY_SIGNUP == "invite":
+        return signup_refused(request, SIGNUP_NEEDS_INVITATION)
+    form = (InvitedSignupForm if invitation else SignupForm)(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        with transaction.atomic():
-            user = form.save()
-            do_create_team(form.cleaned_data["team_name"] or f"{user.username}'s team", user)
+        try:
+            user = do_sign_up(form, invitation)
+        except InvitationRefused as exc:  # another sign-up used the link a moment ago
+            return signup_refused(request, str(exc))
         login(request, user, backend="django.contrib.auth.backends.ModelBackend")
-        messages.success(request, f"Welcome, {user.username}.")
+        messages.success(request, f"Welcome, {user.username}." + (f" You are in {invitation.team.name}." if invitation else ""))
         return redirect("jobs:list")
-    return render(request, "registration/signup.html", {"form": form})
+    return render(request, "registration/signup.html", {"form": form, "invitation": invitation})
+
+
+def locked_out(request: HttpRequest, original_response: Any = None, credentials: dict | None = None) -> HttpResponse:
+    """django-axes' lockout response (``AXES_LOCKOUT_CALLABLE``): say how long to wait, with a Retry-After."""
+    cooloff = settings.AXES_COOLOFF_TIME
+    username = (credentials or {}).get("username") or request.POST.get("username", "")
+    response = render(request, "registration/locked_out.html", {
+        "failure_limit": settings.AXES_FAILURE_LIMIT, "username": username,
+        "minutes": max(1, round(cooloff.total_seconds() / 60)),
+    }, status=429)
+    response["Retry-After"] = str(int(cooloff.total_seconds()))
+    return response
 
 
 @login_required
@@ -38,10 +87,19 @@ def team_list(request: HttpRequest) -> HttpResponse:
     return render(request, "accounts/team_list.html", {"teams": teams, "form": form}, status=status)
 
 
+def render_team(request: HttpRequest, team: Team, form: AddMemberForm, status: int = 200) -> HttpResponse:
+    return render(request, "accounts/team_detail.html", {
+        "team": team, "form": form, "invite_days": settings.AGENTFLY_INVITE_DAYS,
+        "invitations": team.invitations.select_related("created_by", "used_by")[:20],
+        # The link's secret is stored only as a hash: it is shown once, on the page right after creating it.
+        "new_invitation_link": request.session.pop("new_invitation_link", None),
+    }, status=status)
+
+
 @login_required
 def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
     team = get_object_or_404(Team.objects.of(request.user), slug=slug)
-    return render(request, "accounts/team_detail.html", {"team": team, "form": AddMemberForm()})
+    return render_team(request, team, AddMemberForm())
 
 
 @login_required
@@ -53,7 +111,32 @@ def team_add_member(request: HttpRequest, slug: str) -> HttpResponse:
         team.add_member(form.cleaned_data["username"])
         messages.success(request, f"{form.cleaned_data['username'].username} joined {team.name}.")
         return redirect("accounts:team", slug=team.slug)
-    return render(request, "accounts/team_detail.html", {"team": team, "form": form}, status=400)
+    return render_team(request, team, form, status=400)
+
+
+@login_required
+@require_POST
+def invitation_create(request: HttpRequest, slug: str) -> HttpResponse:
+    team = get_object_or_404(Team.objects.of(request.user), slug=slug)
+    try:
+        invitation, token = do_create_invitation(team, request.user)
+    except InvitationRefused as exc:
+        messages.error(request, f"No invitation was created: {exc}.")
+        return redirect("accounts:team", slug=team.slug)
+    request.session["new_invitation_link"] = request.build_absolute_uri(reverse("accounts:signup_invited", args=[token]))
+    messages.success(request, f"Invitation created; it signs up one person into {team.name} until "
+                              f"{invitation.expires_at:%Y-%m-%d %H:%M} UTC.")
+    return redirect("accounts:team", slug=team.slug)
+
+
+@login_required
+@require_POST
+def invitation_revoke(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    invitation = get_object_or_404(Invitation.objects.of(request.user).filter(team__slug=slug), pk=pk)
+    invitation = do_revoke_invitation(invitation, request.user)
+    messages.info(request, "Invitation revoked." if invitation.state == "revoked" else
+                  f"The invitation was already {invitation.state}.")
+    return redirect("accounts:team", slug=slug)
 
 
 @login_required

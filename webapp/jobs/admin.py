@@ -1,10 +1,10 @@
 from django.contrib import admin
 
-from webapp.accounts.admin import TeamScopedAdmin
+from webapp.accounts.admin import TeamScoped, TeamScopedAdmin
 from webapp.jobs.models import Checkpoint, TrainingJob
 
 
-class CheckpointInline(admin.TabularInline):
+class CheckpointInline(TeamScoped, admin.TabularInline):
     model = Checkpoint
     extra = 0
     readonly_fields = ["step", "path", "metrics", "created_at"]
@@ -21,5 +21,4 @@ class TrainingJobAdmin(TeamScopedAdmin):
 
 @admin.register(Checkpoint)
 class CheckpointAdmin(TeamScopedAdmin):
-    team_field = "job__team"
     list_display = ["job", "step", "path", "created_at"]

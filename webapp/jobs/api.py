@@ -120,6 +120,12 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     queryset = TrainingJob.objects.none()  # the schema generator's hint; requests use get_queryset
 
+    @property
+    def throttle_scope(self) -> str | None:
+        # Launching and resuming queue work on a GPU or CPU worker: their own rate per user
+        # (AGENTFLY_RATE_LAUNCH), one budget with the launch page.
+        return "launch" if getattr(self, "action", None) in {"create", "resume"} else None
+
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):  # drf-spectacular building the schema
             return TrainingJob.objects.none()

@@ -8,6 +8,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
+from webapp.accounts.throttling import throttle
 from webapp.jobs import actions
 from webapp.jobs.forms import LaunchForm
 from webapp.jobs.models import TrainingJob
@@ -30,6 +31,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_http_methods(["GET", "POST"])
+@throttle("launch")
 def launch(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         form = LaunchForm(request.POST, user=request.user)
@@ -75,6 +77,7 @@ def cancel(request: HttpRequest, pk: int) -> HttpResponse:
 
 @login_required
 @require_POST
+@throttle("launch")
 def resume(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_object_or_404(TrainingJob.objects.visible_to(request.user), pk=pk)
     try:

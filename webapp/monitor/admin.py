@@ -6,7 +6,6 @@ from webapp.monitor.models import JobEvent
 
 @admin.register(JobEvent)
 class JobEventAdmin(TeamScopedAdmin):
-    team_field = "job__team"
     list_display = ["job", "seq", "type", "step", "time"]
     list_filter = ["type"]
     readonly_fields = ["job", "seq", "type", "step", "time", "data"]

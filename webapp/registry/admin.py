@@ -1,10 +1,10 @@
 from django.contrib import admin
 
-from webapp.accounts.admin import TeamScopedAdmin
+from webapp.accounts.admin import TeamScoped, TeamScopedAdmin
 from webapp.registry.models import Entry, Version
 
 
-class VersionInline(admin.TabularInline):
+class VersionInline(TeamScoped, admin.TabularInline):
     model = Version
     extra = 0
     fields = ["source_hash", "name", "signature", "created_at"]
@@ -23,6 +23,5 @@ class EntryAdmin(TeamScopedAdmin):
 
 @admin.register(Version)
 class VersionAdmin(TeamScopedAdmin):
-    team_field = "entry__team"
     list_display = ["name", "source_hash", "entry", "created_at"]
     readonly_fields = ["entry", "source_hash", "name", "signature", "docstring", "schema", "resource", "module_file"]

@@ -80,6 +80,12 @@ class EntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
 
     queryset = Entry.objects.none()  # the schema generator's hint; requests use get_queryset
 
+    @property
+    def throttle_scope(self) -> str | None:
+        # "Try it" runs code on a worker: a rate of its own per user (AGENTFLY_RATE_TRY), one budget with the
+        # registry page's button.
+        return "try" if getattr(self, "action", None) == "try_it" else None
+
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):
             return Entry.objects.none()

@@ -6,6 +6,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods
 
+from webapp.accounts.throttling import throttle
 from webapp.registry import actions
 from webapp.registry.forms import RegisterForm, TryForm
 from webapp.registry.models import Entry, Kind
@@ -60,6 +61,7 @@ def reinspect(request: HttpRequest, pk: int) -> HttpResponse:
 
 @login_required
 @require_http_methods(["POST"])
+@throttle("try")
 def try_tool(request: HttpRequest, pk: int) -> HttpResponse:
     """Call the tool on a worker and show the observation (the web process never imports the tool)."""
     entry = get_object_or_404(Entry.objects.visible_to(request.user).ready().tools(), pk=pk)

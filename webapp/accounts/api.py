@@ -1,0 +1,120 @@
+"""The API's token endpoint (throttled, under django-axes' login lockout) and team invitations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.urls import reverse
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.authtoken.views import ObtainAuthToken
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from webapp.accounts.models import (
+    Invitation,
+    InvitationRefused,
+    Team,
+    do_create_invitation,
+    do_revoke_invitation,
+)
+from webapp.accounts.throttling import ScopedThrottle
+from webapp.inputs import SafeFormParser, SafeJSONParser, SafeMultiPartParser
+
+
+class ObtainTokenView(ObtainAuthToken):
+    """Exchange a username and password for the API token (``Authorization: Token <key>``).
+
+    Limited to ``AGENTFLY_RATE_TOKEN`` requests per address. After ``AGENTFLY_LOGIN_FAILURE_LIMIT`` wrong
+    passwords for one username from one address, that pair is refused with 429 for
+    ``AGENTFLY_LOGIN_COOLOFF_MINUTES``: the same lock as the sign-in page's.
+    """
+
+    # DRF's own ObtainAuthToken sets throttle_classes = (): without these, guessing would be unlimited.
+
+    throttle_classes = [ScopedThrottle]
+    throttle_scope = "token"
+    # DRF's token view names its own parsers; give it the app's (depth and text checks) too.
+    parser_classes = [SafeFormParser, SafeMultiPartParser, SafeJSONParser]
+
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        try:
+            return super().post(request, *args, **kwargs)
+        except ValidationError:
+            # axes flags the request it saw in authenticate(); DRF would otherwise answer a plain
+            # "Unable to log in", and the caller could not tell a lock from a typo.
+            if getattr(request, "axes_locked_out", False):
+                seconds = int(settings.AXES_COOLOFF_TIME.total_seconds())
+                return Response({"detail": f"Too many failed sign-ins for this username from your address "
+                                           f"(AGENTFLY_LOGIN_FAILURE_LIMIT={settings.AXES_FAILURE_LIMIT}); try "
+                                           f"again in {max(1, round(seconds / 60))} minutes."},
+                                status=429, headers={"Retry-After": str(seconds)})
+            raise
+
+
+obtain_token = ObtainTokenView.as_view()
+
+
+class InvitationSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    used_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    state = serializers.ChoiceField(choices=["pending", "used", "revoked", "expired"], read_only=True)
+
+    class Meta:
+        model = Invitation
+        fields = ["id", "team", "state", "created_by", "created_at", "expires_at", "used_by", "used_at", "revoked_at"]
+
+
+class NewInvitationSerializer(InvitationSerializer):
+    link = serializers.URLField(read_only=True, help_text="The sign-up link; shown only in this response.")
+
+    class Meta(InvitationSerializer.Meta):
+        fields = [*InvitationSerializer.Meta.fields, "link"]
+
+
+class CreateInvitationSerializer(serializers.Serializer):
+    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.none(),
+                                        help_text="Slug of one of your teams.")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Only the caller's teams resolve: another team's slug reads as unknown, as on every other endpoint.
+        self.fields["team"].queryset = Team.objects.of(getattr(self.context.get("request"), "user", None))
+
+
+class InvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Invitation links into your teams: create one, list them, revoke a pending one."""
+
+    serializer_class = InvitationSerializer
+    queryset = Invitation.objects.none()  # the schema generator's hint; requests use get_queryset
+
+    def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):
+            return Invitation.objects.none()
+        return Invitation.objects.of(self.request.user).select_related("team", "created_by", "used_by")
+
+    @extend_schema(request=CreateInvitationSerializer, responses={
+        201: NewInvitationSerializer,
+        400: OpenApiResponse(description="The team is not one of yours."),
+        409: OpenApiResponse(description="Sign-up is closed on this server (AGENTFLY_SIGNUP=closed)."),
+    })
+    def create(self, request: Request) -> Response:
+        ser = CreateInvitationSerializer(data=request.data, context={"request": request})
+        ser.is_valid(raise_exception=True)
+        try:
+            invitation, token = do_create_invitation(ser.validated_data["team"], request.user)
+        except InvitationRefused as exc:
+            return Response({"detail": f"No invitation was created: {exc}."}, status=status.HTTP_409_CONFLICT)
+        data = NewInvitationSerializer(invitation).data
+        data["link"] = request.build_absolute_uri(reverse("accounts:signup_invited", args=[token]))
+        return Response(data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={200: InvitationSerializer})
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, pk: str | None = None) -> Response:
+        """Revoke a pending invitation (idempotent; a used or expired one stays as it is)."""
+        return Response(InvitationSerializer(do_revoke_invitation(self.get_object(), request.user)).data)
