@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 import time
@@ -88,7 +89,8 @@ def test_the_sink_stores_batches_and_announces_them_to_the_jobs_group(job: Train
 
         async def receive_all() -> None:  # one event loop for all receives, as a consumer has
             while len(announced) < 120:
-                message = await layer.receive(channel)
+                # Bounded: a lost announcement fails the test with a timeout instead of hanging the suite.
+                message = await asyncio.wait_for(layer.receive(channel), timeout=15)
                 assert message["type"] == "job.events" and message["job_id"] == job.pk
                 assert message["first_seq"] == (announced[-1]["seq"] + 1 if announced else 1)
                 announced.extend(message["events"])
