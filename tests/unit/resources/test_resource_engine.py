@@ -79,8 +79,9 @@ async def test_concurrent_acquires_never_push_the_pool_past_max() -> None:
         await asyncio.gather(*(rollout(i) for i in range(50)))
         await engine.settle()
         stats = engine.stats()["pad"]
-        assert peak <= 3
-        assert stats["created"] <= 3
+        # 50 at once fill the pool to its max, never past it, and reuse those three.
+        assert peak == 3
+        assert stats["created"] == 3
         assert stats["in_use"] == 0 and stats["waiting"] == 0
 
 
