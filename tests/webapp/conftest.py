@@ -7,7 +7,11 @@ on database 0 never steals a test's task). Personas: alice is in team A, bob in 
 
 The ``worker`` fixture starts ``celery -A webapp worker`` as a subprocess against the test database, and
 stops it after the session. Tests that need it must use ``transactional_db`` (the worker is another process
-and sees only committed rows).
+and sees only committed rows). Browser tests take ``daphne`` (the app served by a real Daphne) and
+``browser_page`` (headless Debian Chromium driven by Playwright).
+
+One test database, ``test_<name>_webapp``, serves every web-app test; two test sessions at once need two
+``DATABASE_URL``s.
 """
 
 from __future__ import annotations
@@ -53,7 +57,11 @@ from django.conf import settings as _settings  # noqa: E402
 _settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher",
                               "django.contrib.auth.hashers.PBKDF2PasswordHasher"]
 
-from tests.webapp.helpers import PASSWORD, ROOT, Worker, wait_for, worker_env  # noqa: E402, F401  (re-exported)
+from tests.webapp.helpers import PASSWORD, ROOT, Daphne, Worker, wait_for, worker_env  # noqa: E402, F401
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
 
 
 @pytest.fixture(scope="session")
@@ -193,3 +201,49 @@ def builtins(transactional_db: None, worker: Worker) -> dict[str, Any]:
 
     sync_builtins.apply_async(queue="cpu").get(timeout=60)
     return {e.name: e for e in Entry.objects.filter(team__isnull=True)}
+
+
+# ------------------------------------------------------------------------------------------ browser tests
+@pytest.fixture
+def daphne(transactional_db: None, runs_dir: Path, tmp_path: Path) -> Iterator[Daphne]:
+    """Daphne serving ``webapp.asgi`` against this test's database, stopped after the test.
+
+    It hears the channel layer this test process uses (a monitor test's private prefix, which its autouse
+    fixture set before this one runs), so events stored here reach the pages it serves.
+    """
+    from django.conf import settings
+    from django.db import connection
+
+    connection.ensure_connection()
+    prefix = settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"]
+    server = Daphne({**worker_env(runs_dir), "CHANNEL_LAYER_PREFIX": prefix}, tmp_path / "daphne.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def browser_page() -> Iterator[Any]:
+    """A headless Debian Chromium page (Playwright's sync API, never the browser ``playwright install`` would
+    download); ``page.errors`` collects the page's uncaught JavaScript errors.
+
+    Playwright's sync API runs its own event loop on the test's thread, where Django's ORM refuses to run:
+    a test makes its rows before it first drives the page, or touches the database from another thread.
+    (So one browser per test, not per session: a session-wide loop would block every later test's ORM.)
+    """
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get update && apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        context = browser.new_context(viewport={"width": 1440, "height": 1800})
+        page = context.new_page()
+        page.errors = []
+        page.on("pageerror", lambda exc: page.errors.append(str(exc)))
+        try:
+            yield page
+        finally:
+            browser.close()

@@ -1,4 +1,4 @@
-"""Helpers the web app's tests share: real Celery worker processes, and waiting for a condition.
+"""Helpers the web app's tests share: real Celery worker and Daphne processes, and waiting for a condition.
 
 Kept out of ``conftest.py`` so test modules import them as an ordinary module.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -55,6 +56,49 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.kill()
         self._fh.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Daphne:
+    """``daphne webapp.asgi:application`` as a subprocess on a fixed port; ``stop`` then ``start`` keeps the
+    port, so a page's socket sees the server go away and come back."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env, self.log_path = env, log
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+                                          "webapp.asgi:application"], cwd=ROOT, env=self.env, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for(self._answering, 60, "daphne to listen")
+
+    def _answering(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"daphne exited: {self.log_path.read_text()}")
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
 
 
 def worker_env(runs: Path) -> dict[str, str]:

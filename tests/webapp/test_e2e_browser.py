@@ -7,55 +7,15 @@ worker runs the registry inspection and the job. Screenshots land in ``test-arti
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.webapp.helpers import PASSWORD, ROOT, wait_for, worker_env
+from tests.webapp.helpers import PASSWORD, ROOT, Daphne
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 ARTIFACTS = ROOT / "test-artifacts"
-
-
-@pytest.fixture
-def web_server(transactional_db: None, runs_dir: Path, tmp_path: Path) -> Iterator[str]:
-    """Daphne serving ``webapp.asgi`` against this test's database."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = (tmp_path / "daphne.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                             "webapp.asgi:application"], cwd=ROOT, env=worker_env(runs_dir), stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-    def listening() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"daphne exited: {(tmp_path / 'daphne.log').read_text()}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return True
-        except OSError:
-            return False
-
-    try:
-        wait_for(listening, 60, "daphne to listen")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 @pytest.fixture
@@ -68,26 +28,13 @@ def alice_for_the_server(alice: Any) -> Any:
     return alice
 
 
-@pytest.fixture
-def page() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.skip("needs Debian's chromium: apt-get install -y chromium")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield browser.new_page(viewport={"width": 1280, "height": 900})
-        finally:
-            browser.close()
-
-
 def test_a_user_signs_in_registers_a_tool_launches_a_job_and_sees_it_succeed(
-        alice_for_the_server: Any, builtins: dict[str, Any], web_server: str, page: Any) -> None:
+        alice_for_the_server: Any, builtins: dict[str, Any], daphne: Daphne, browser_page: Any) -> None:
     # The database rows come first: sync Playwright runs an event loop in this thread, where Django's ORM
     # refuses to run, so nothing below touches the ORM.
     from playwright.sync_api import expect
 
+    page, web_server = browser_page, daphne.url
     ARTIFACTS.mkdir(exist_ok=True)
     page.set_default_timeout(30_000)
     page.goto(f"{web_server}/jobs/")
@@ -126,3 +73,4 @@ def test_a_user_signs_in_registers_a_tool_launches_a_job_and_sees_it_succeed(
     expect(page.locator("#final-metrics")).to_contain_text("reward/mean")
     expect(page.locator(".log")).to_contain_text("checkpoint saved at step 2")
     page.screenshot(path=str(ARTIFACTS / "webapp-job.png"), full_page=True)
+    assert not page.errors, page.errors

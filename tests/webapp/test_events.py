@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 import time
@@ -88,7 +89,8 @@ def test_the_sink_stores_batches_and_announces_them_to_the_jobs_group(job: Train
 
         async def receive_all() -> None:  # one event loop for all receives, as a consumer has
             while len(announced) < 120:
-                message = await layer.receive(channel)
+                # Bounded: a lost announcement fails the test with a timeout instead of hanging the suite.
+                message = await asyncio.wait_for(layer.receive(channel), timeout=15)
                 assert message["type"] == "job.events" and message["job_id"] == job.pk
                 assert message["first_seq"] == (announced[-1]["seq"] + 1 if announced else 1)
                 announced.extend(message["events"])
@@ -100,6 +102,21 @@ def test_the_sink_stores_batches_and_announces_them_to_the_jobs_group(job: Train
     finally:
         async_to_sync(layer.group_discard)(f"job-{job.pk}", channel)
         channel_layers.backends.clear()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sampled_nul_character_is_stored_as_a_replacement_and_loses_none_of_its_batch(job: TrainingJob) -> None:
+    # PostgreSQL's jsonb refuses "\u0000", and a tiny model samples it: the sink used to retry, then drop the
+    # whole batch, the metrics and statuses beside the sample too.
+    sink = DatabaseEventSink(job.pk, flush_interval=5.0)
+    sink.emit({"type": "status", "step": 5, "data": {"state": "running", "message": "training from step 5"}})
+    sink.emit({"type": "metrics", "step": 6, "data": {"reward/mean": 0.5}})
+    sink.emit({"type": "samples", "step": 6, "data": {"trajectories": [{"text": "Ob\x00 2+2", "\x00": 1}]}})
+    sink.close()  # one flush: the three go in one batch
+    assert (sink.stored, sink.dropped) == (3, 0)
+    stored = list(JobEvent.objects.filter(job=job).order_by("seq").values_list("type", "step", "data"))
+    assert [(t, s) for t, s, _ in stored] == [("status", 5), ("metrics", 6), ("samples", 6)]
+    assert stored[2][2] == {"trajectories": [{"text": "Ob\ufffd 2+2", "\ufffd": 1}]}
 
 
 def test_a_closed_sink_refuses_more_events(job: TrainingJob) -> None:

@@ -106,18 +106,20 @@ def test_paths_outside_the_allowed_folders_are_refused(alice_client: Any, team_a
     assert response.status_code == 302
 
 
-def test_a_sandboxed_tool_is_refused_while_the_trainer_cannot_provide_its_sandbox(
+def test_a_sandboxed_tool_launches_with_the_pool_the_trainer_will_give_it(
         alice_client: Any, team_a: Any, entries: tuple[Any, Any]) -> None:
-    from webapp.jobs.forms import trainer_takes_resources
-
+    # The trainer builds a pool for every resource its tools declare (trainer.loop.build_resources), so the
+    # form accepts a sandboxed tool and passes the pool sizes through.
     python_code = ready_entry(None, "tool", "agentfly.tools.builtin.python_code:python_code", "python_code")
     python_code.current_version.resource = "python"
     python_code.current_version.save()
-    response = alice_client.post(reverse("jobs:launch"), launch_data(team_a, python_code, entries[1], queue="gpu"))
-    if trainer_takes_resources():
-        assert response.status_code == 302
-    else:
-        assert "need the python resource" in " ".join(response.context["form"].errors["tools"])
+    response = alice_client.post(reverse("jobs:launch"), launch_data(
+        team_a, python_code, entries[1], queue="gpu", resources='{"python": {"max": 2}}'))
+    assert response.status_code == 302, response.context["form"].errors
+    job = TrainingJob.objects.get()
+    assert response["Location"] == job.get_absolute_url()
+    assert job.config["rollout"]["tools"] == ["agentfly.tools.builtin.python_code:python_code"]
+    assert job.config["resources"] == {"python": {"max": 2}}
 
 
 def test_another_teams_tool_cannot_be_chosen(alice_client: Any, team_a: Any, team_b: Any,

@@ -28,6 +28,10 @@ def job_in(api: Any, job_id: int, *statuses: str) -> dict[str, Any] | None:
     return job if job["status"] in statuses else None
 
 
+def metrics_of(api: Any, job_id: int) -> list[dict[str, Any]]:
+    return api.get(f"/api/jobs/{job_id}/events/?type=metrics&limit=5000").json()["events"]
+
+
 def test_a_launched_job_trains_on_a_worker_and_stores_its_events_in_order(
         alice_api: Any, alice_client: Any, builtins: dict[str, Any]) -> None:
     job = launch(alice_api, builtins)
@@ -55,6 +59,7 @@ def test_a_launched_job_trains_on_a_worker_and_stores_its_events_in_order(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # its waits add up to 540 s
 def test_a_running_job_stops_between_steps_when_cancelled_and_resumes_once_from_its_checkpoint(
         alice_api: Any, builtins: dict[str, Any]) -> None:
     job = launch(alice_api, builtins, steps=40)
@@ -70,12 +75,17 @@ def test_a_running_job_stops_between_steps_when_cancelled_and_resumes_once_from_
     assert resumed.json()["id"] == repeat.json()["id"]
     new = resumed.json()
     assert new["config"]["resume_from"].endswith(f"checkpoint-{done['step']:06d}")
-    alice_api.post(f"/api/jobs/{new['id']}/cancel/")  # it need not run 40 steps; it only must start right
+    # It need not run 40 steps; it only must start right. So it is cancelled once it has trained a step past
+    # the checkpoint (cancelled while still queued, "cancelled" would prove nothing about the resume).
+    trained = wait_for(lambda: metrics_of(alice_api, new["id"]), 180, "the resumed job's first step", 0.5)
+    assert min(e["step"] for e in trained) == done["step"] + 1  # continued from the checkpoint, not from 0
+    alice_api.post(f"/api/jobs/{new['id']}/cancel/")
     ended = wait_for(lambda: job_in(alice_api, new["id"], *Status.values[2:]), 120, "the resumed job", 0.5)
-    assert ended["status"] == "cancelled"
+    assert ended["status"] == "cancelled" and done["step"] < ended["step"] < 40
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two worker starts and two runs
 def test_a_job_whose_worker_is_killed_fails_within_the_heartbeat_window_and_resumes(
         alice_api: Any, builtins: dict[str, Any], runs_dir: Path, tmp_path: Path, django_db_blocker: Any) -> None:
     from django.conf import settings

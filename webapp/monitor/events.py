@@ -50,18 +50,22 @@ def normalise(event: Mapping[str, Any]) -> dict[str, Any]:
     # events made here put it at the top level. Both are stored the same way.
     payload = event.get("data")
     if isinstance(payload, Mapping):
-        data = {str(k): _jsonable(v) for k, v in payload.items()}
+        data = {_jsonable(str(k)): _jsonable(v) for k, v in payload.items()}
     else:
         data = {k: _jsonable(v) for k, v in event.items() if k not in ("type", "step", "time", "run")}
     return {"type": kind, "step": step, "time": float(at), "data": data}
 
 
 def _jsonable(value: Any) -> Any:
-    """JSON has no NaN/inf and PostgreSQL's jsonb refuses them: store them as None (a gap in a chart)."""
+    """JSON has no NaN/inf and PostgreSQL's jsonb refuses them: store them as None (a gap in a chart).
+    jsonb also refuses the NUL character, which an untrained model samples like any other token: a sample's
+    text keeps it as U+FFFD, since one refused value would lose its whole batch of events."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {_jsonable(str(k)): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars

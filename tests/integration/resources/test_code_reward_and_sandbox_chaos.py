@@ -61,11 +61,26 @@ def our_processes() -> list[psutil.Process]:
     return found
 
 
+# What each code does in a sandbox, as the tool's observation (None: it prints nothing).
+OUTCOMES = {
+    "x = 1": None,
+    "print(x)": ("1\n", "NameError: name 'x' is not defined"),  # x survives only within one rollout's sandbox
+    "1/0": ("ZeroDivisionError: division by zero",),
+    "import time; time.sleep(5)": ("Error: execution timed out after 0.3 s and was killed",),
+    "import os; os._exit(3)": ("Error: sandbox process exited (exit code 3)",),
+    "y = [0] * 10": None,
+    "import threading, time; threading.Thread(target=time.sleep, args=(9,)).start()": None,
+}
+# What any call may meet instead: every pooled sandbox busy for acquire_timeout, the tool's own timeout (a
+# kill and restart that outlasts it), or the sandbox's timeout on a machine too busy to run even `x = 1`.
+CONTENTION = ("Error: tool 'py' raised ResourceTimeout: ", "Error: tool 'py' timed out after 0.5 s",
+              "Error: execution timed out after 0.3 s and was killed")
+
+
 @pytest.mark.slow
 async def test_chaos_against_real_sandboxes_leaves_no_process_behind() -> None:
     rng = random.Random(7)
-    codes = ["x = 1", "print(x)", "1/0", "import time; time.sleep(5)", "import os; os._exit(3)",
-             "y = [0] * 10", "import threading, time; threading.Thread(target=time.sleep, args=(9,)).start()"]
+    codes = list(OUTCOMES)
 
     @tool(resource="python", timeout=0.5)
     async def py(code: str, context: Any) -> str:
@@ -77,24 +92,47 @@ async def test_chaos_against_real_sandboxes_leaves_no_process_behind() -> None:
                         acquire_timeout=0.5)
     engine = ResourceEngine([spec])
     await engine.start()
+    calls: list[tuple[str, str]] = []  # (code, observation) of every call that returned, cancelled rollouts' too
 
-    async def rollout(i: int) -> None:
+    async def rollout(i: int) -> int:
         ctx = RolloutContext(sample={}, rollout_id=f"r{i}", group_id="g", resources=engine)
         try:
             for _ in range(rng.randint(1, 3)):
-                await py.invoke({"code": rng.choice(codes)}, context=ctx)
+                code = rng.choice(codes)
+                calls.append((code, (await py.invoke({"code": code}, context=ctx)).observation))
                 if rng.random() < 0.1:
                     ctx.mark_unhealthy("python")
         finally:
             await asyncio.shield(ctx.aclose())
+        return i
 
     tasks = [asyncio.create_task(rollout(i)) for i in range(60)]
-    for task in rng.sample(tasks, 10):
-        asyncio.get_running_loop().call_later(rng.random() * 2, task.cancel)
-    await asyncio.gather(*tasks, return_exceptions=True)
+    doomed = rng.sample(range(60), 10)
+    for i in doomed:
+        asyncio.get_running_loop().call_later(rng.random() * 2, tasks[i].cancel)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+
+    # Each rollout either finished or was one of the ten cancelled mid-way; nothing else escaped.
+    cancelled = {i for i, r in enumerate(results) if isinstance(r, asyncio.CancelledError)}
+    assert [r for i, r in enumerate(results) if i not in cancelled] == [i for i in range(60) if i not in cancelled]
+    assert cancelled and cancelled <= set(doomed), cancelled
+    # Each call's observation is what its code does, or contention; tool errors never became exceptions.
+    for code, observation in calls:
+        expected = OUTCOMES[code]
+        if observation.startswith(CONTENTION) or (expected is None and observation == ""):
+            continue
+        assert expected is not None and any(e in observation for e in expected), (code, observation)
+    # The chaos happened: rollouts waited out a full pool, and some calls reached a real sandbox.
+    waited = [o for _, o in calls if o.startswith(CONTENTION[0])]
+    ran = [o for _, o in calls if not o.startswith(CONTENTION)]
+    assert waited and ran, calls
+
     await engine.settle()
     stats = engine.stats()["python"]
     assert stats["in_use"] == 0 and stats["waiting"] == 0 and stats["size"] <= 3
+    assert stats["timeouts"] == len(waited)  # every wait the pool gave up on reached its caller as an error
+    # Every sandbox made is either in the pool or destroyed (killed, failed its reset, marked unhealthy).
+    assert stats["created"] == stats["size"] + stats["destroyed"], stats
     assert len(our_processes()) == stats["size"]
     await engine.aclose()
     for _ in range(50):

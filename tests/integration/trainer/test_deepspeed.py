@@ -143,12 +143,8 @@ def test_a_deepspeed_engine_trains_the_tiny_model_on_gloo_and_gives_back_its_ful
 
 @pytest.mark.slow
 def test_agentfly_train_with_deepspeed_runs_the_loop_and_fills_auto_values_from_the_config(
-    tmp_path: Path, tiny_dir: Path
+    tmp_path: Path, tiny_dir: Path, agentfly: Any, tiny_overrides: Any
 ) -> None:
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_trainer_cli import agentfly
-    from trainer_runs import tiny_overrides
-
     from trainer.events import read_events
 
     out = tmp_path / "run"

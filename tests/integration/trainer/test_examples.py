@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from trainer.config import ConfigError, load_config
 from trainer.events import read_events
-
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-from test_trainer_cli import agentfly  # noqa: E402
-from trainer_runs import tiny_overrides  # noqa: E402
 
 ROOT = Path(__file__).parents[3]
 EXAMPLES = sorted((ROOT / "examples").glob("*/*.yaml"))
@@ -43,7 +38,9 @@ def test_sft_demonstrations_for_a_task_without_a_generator_are_refused() -> None
 
 
 @pytest.mark.slow
-def test_the_retrieval_example_warm_starts_and_trains_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.timeout(900)  # two runs of the CLI, each allowed 300 s
+def test_the_retrieval_example_warm_starts_and_trains_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path,
+                                                                        agentfly: Any, tiny_overrides: Any) -> None:
     sft = tmp_path / "sft"
     proc = agentfly("sft", str(ROOT / "examples/retrieval_qa/sft.yaml"), *[a for s in [
         f"model.path={tiny_model_dir}", "model.build_tiny=false", f"sft.output_dir={sft}", "sft.num_demos=16",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,10 +9,6 @@ import pytest
 from trainer.config import load_config
 from trainer.events import CallbackSink, read_events
 from trainer.loop import Trainer
-
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-from trainer_runs import tiny_overrides  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +19,7 @@ def step_metrics(path: Path) -> dict[int, dict]:
     return {e["step"]: e["data"] for e in read_events(path, "metrics") if "time/rollout" in e["data"]}
 
 
-def test_a_run_resumed_at_step_k_reproduces_step_k_plus_1(tiny_model_dir, tmp_path):
+def test_a_run_resumed_at_step_k_reproduces_step_k_plus_1(tiny_model_dir, tmp_path, tiny_overrides):
     common = [REWARD, "steps=3", "optim.lr=0.003", "algorithm.entropy_coef=0.01"]
     whole = tmp_path / "whole"
     Trainer(load_config(None, tiny_overrides(tiny_model_dir, whole, *common, "save_every=2"))).train()
@@ -41,7 +36,7 @@ def test_a_run_resumed_at_step_k_reproduces_step_k_plus_1(tiny_model_dir, tmp_pa
     assert step_metrics(whole / "events.jsonl")[2]["grad_norm"] > 0
 
 
-def test_a_short_run_improves_the_mean_reward_on_a_fixed_seed(tiny_model_dir, tmp_path):
+def test_a_short_run_improves_the_mean_reward_on_a_fixed_seed(tiny_model_dir, tmp_path, tiny_overrides):
     events: list[dict] = []
     config = load_config(None, tiny_overrides(
         tiny_model_dir, tmp_path / "run", REWARD, "steps=8", "seed=3", "data.train_size=4",
@@ -54,7 +49,7 @@ def test_a_short_run_improves_the_mean_reward_on_a_fixed_seed(tiny_model_dir, tm
     assert last > first + 0.05, rewards
 
 
-def test_lora_trains_only_the_adapters_and_its_checkpoint_resumes_and_loads(tiny_model_dir, tmp_path):
+def test_lora_trains_only_the_adapters_and_its_checkpoint_resumes_and_loads(tiny_model_dir, tmp_path, tiny_overrides):
     pytest.importorskip("peft")
     import torch
 
@@ -80,7 +75,7 @@ def test_lora_trains_only_the_adapters_and_its_checkpoint_resumes_and_loads(tiny
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-def test_micro_batches_accumulate_to_the_same_update_as_one_batch(tiny_model_dir, tmp_path, agg):
+def test_micro_batches_accumulate_to_the_same_update_as_one_batch(tiny_model_dir, tmp_path, agg, tiny_overrides):
     import torch
 
     runs = []
@@ -99,7 +94,7 @@ def test_micro_batches_accumulate_to_the_same_update_as_one_batch(tiny_model_dir
     assert torch.allclose(wa, wb, rtol=1e-3, atol=1e-7)
 
 
-def test_tools_that_declare_a_resource_get_a_pool_whose_stats_are_events(tiny_model_dir, tmp_path):
+def test_tools_that_declare_a_resource_get_a_pool_whose_stats_are_events(tiny_model_dir, tmp_path, tiny_overrides):
     events: list[dict] = []
     config = load_config(None, tiny_overrides(
         tiny_model_dir, tmp_path / "run", "steps=1", "resources={python: {max: 2}}",

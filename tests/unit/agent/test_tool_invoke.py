@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import threading
 import time
 from typing import Any
 
@@ -135,27 +136,37 @@ async def test_it_times_out_a_slow_async_tool() -> None:
 
 
 async def test_it_times_out_a_slow_sync_tool_without_waiting_for_it() -> None:
+    # The tool blocks until the test lets it go, which it does only after invoke returned: an invoke that
+    # waited for the thread would return after 10 s with the tool finished.
+    release, finished = threading.Event(), threading.Event()
+
     @tool(timeout=0.05)
     def sleepy_sync() -> str:
-        time.sleep(0.5)
+        release.wait(10)
+        finished.set()
         return "late"
 
-    start = time.perf_counter()
-    result = await sleepy_sync.invoke({})
-    assert time.perf_counter() - start < 0.4
+    try:
+        result = await sleepy_sync.invoke({})
+        assert not finished.is_set(), "invoke waited for the abandoned thread"
+    finally:
+        release.set()
     assert result.error == "tool 'sleepy_sync' timed out after 0.05 s"
 
 
 async def test_it_runs_sync_tools_in_threads_so_they_overlap() -> None:
+    # Each call waits at a barrier for all four: it opens only if the four run at the same time (one at a
+    # time, the first would wait out the barrier's timeout and fail).
+    together = threading.Barrier(4, timeout=10)
+
     @tool
     def nap(seconds: float) -> str:
+        together.wait()
         time.sleep(seconds)
         return "ok"
 
-    start = time.perf_counter()
-    results = await asyncio.gather(*(nap.invoke({"seconds": 0.2}) for _ in range(4)))
-    assert all(r.ok for r in results)
-    assert time.perf_counter() - start < 0.6  # one at a time would take 0.8 s
+    results = await asyncio.gather(*(nap.invoke({"seconds": 0.01}) for _ in range(4)))
+    assert [(r.observation, r.error) for r in results] == [("ok", None)] * 4
 
 
 async def test_it_lets_cancellation_through() -> None:

@@ -1,8 +1,9 @@
 """Fixtures for the live-monitoring tests: a job of alice's team, session cookies for websockets, and a
-channel layer of their own on the real Redis (settings, alice and bob come from ``tests/webapp/conftest.py``).
+channel layer of their own on the real Redis (settings, the test database, alice and bob, Daphne and the
+browser come from ``tests/webapp/conftest.py``).
 
-They use a test database and a channel-layer prefix of their own, so a parallel run of the web app's tests
-(same job ids, same group names) cannot cross-talk with these.
+Each test gets a channel-layer prefix of its own, so events of another test (same job ids, same group
+names) cannot cross-talk with its socket.
 """
 
 from __future__ import annotations
@@ -12,15 +13,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
-    from django.conf import settings
-
-    db = settings.DATABASES["default"]
-    if db["ENGINE"].endswith("postgresql"):
-        db.setdefault("TEST", {})["NAME"] = f"test_{db['NAME']}_monitor"
 
 
 @pytest.fixture(autouse=True)

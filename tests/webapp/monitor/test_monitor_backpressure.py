@@ -4,8 +4,6 @@ and keeps only the newest sample trajectories of a flush, while every metric is 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import statistics
 import threading
 import time
 from typing import Any
@@ -23,12 +21,12 @@ async def test_a_flood_of_events_reaches_the_group_in_a_few_batched_messages_per
     from channels.layers import get_channel_layer
 
     layer = get_channel_layer()
-    channel = await layer.new_channel()
-    await layer.group_add(group_name(alice_job.pk), channel)
-    total, rate_limit = 3000, 4.0
+    channel = await asyncio.wait_for(layer.new_channel(), timeout=15)
+    await asyncio.wait_for(layer.group_add(group_name(alice_job.pk), channel), timeout=15)
+    total, rate_limit, max_batch = 3000, 4.0, 50
 
     def flood() -> float:
-        sink = DatabaseEventSink(alice_job.pk, flush_interval=0.05, max_batch=50,
+        sink = DatabaseEventSink(alice_job.pk, flush_interval=0.05, max_batch=max_batch,
                                  max_messages_per_second=rate_limit)
         started = time.monotonic()
         for i in range(total):  # ~3000 events/s for a second
@@ -40,19 +38,21 @@ async def test_a_flood_of_events_reaches_the_group_in_a_few_batched_messages_per
 
     writer = asyncio.create_task(asyncio.to_thread(flood))
     seqs: list[int] = []
-    arrivals: list[float] = []
+    sizes: list[int] = []
     while len(seqs) < total:
         message = await asyncio.wait_for(layer.receive(channel), timeout=15)
-        arrivals.append(time.monotonic())
+        sizes.append(len(message["events"]))
         seqs.extend(e["seq"] for e in message["events"])
-    elapsed = await writer
+    elapsed = await asyncio.wait_for(writer, timeout=60)
     assert seqs == list(range(1, total + 1)), "every metric is stored and announced once, in order"
-    # One message per flush and at most rate_limit flushes a second (the last one, at close, comes sooner).
-    # Arrival times jitter on a busy machine, so the bound is on the count and the typical spacing.
-    assert len(arrivals) <= rate_limit * elapsed + 2, (len(arrivals), elapsed)
-    gaps = [b - a for a, b in itertools.pairwise(arrivals[:-1])]
-    assert statistics.median(gaps) >= 0.8 / rate_limit, gaps
-    await layer.group_discard(group_name(alice_job.pk), channel)
+    # One message per flush and at most rate_limit flushes a second (the last one, at close, comes sooner),
+    # counted against the flood's own duration. (Arrival times are not compared: on a busy machine the
+    # receiver falls behind and reads queued messages back to back.)
+    assert len(sizes) <= rate_limit * elapsed + 2, (len(sizes), elapsed)
+    # The mechanism: a full batch waits for the throttle and keeps filling, so the flood goes out in batches
+    # bigger than max_batch. Without the throttle every flush would carry at most max_batch events.
+    assert max(sizes) > max_batch and len(sizes) < total / max_batch, sizes
+    await asyncio.wait_for(layer.group_discard(group_name(alice_job.pk), channel), timeout=15)
 
 
 def test_only_the_newest_samples_of_a_flush_are_kept_and_no_metric_is_dropped(alice_job: Any) -> None:

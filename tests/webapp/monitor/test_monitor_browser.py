@@ -7,105 +7,16 @@ Needs ``/usr/bin/chromium`` (``apt-get install -y chromium``) and the ``playwrig
 
 from __future__ import annotations
 
-import asyncio
-import socket
-import subprocess
-import sys
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.webapp.conftest import ROOT, wait_for, worker_env
+from tests.webapp.helpers import ROOT, Daphne, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 ARTIFACTS = ROOT / "test-artifacts"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Daphne:
-    """``daphne webapp.asgi:application`` as a subprocess on a fixed port; ``restart`` keeps the port, so a
-    page's socket sees the server go away and come back."""
-
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.env, self.log_path = env, log
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-                                      "webapp.asgi:application"], cwd=ROOT, env=self.env, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-        wait_for(self._answering, 60, "daphne to listen")
-
-    def _answering(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"daphne exited: {self.log_path.read_text()}")
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-            return True
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-
-@pytest.fixture
-def daphne(transactional_db: None, runs_dir: Path, tmp_path: Path, private_channel_layer: str) -> Iterator[Daphne]:
-    """Daphne serving the app against this test's database and channel layer, stopped after the test."""
-    from django.db import connection
-
-    connection.ensure_connection()
-    server = Daphne({**worker_env(runs_dir), "CHANNEL_LAYER_PREFIX": private_channel_layer},
-                    tmp_path / "daphne.log")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def browser_page() -> Iterator[Any]:
-    """A headless Debian Chromium page (Playwright's sync API)."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get update && apt-get install -y chromium")
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API runs its own event loop on this thread: from here on the tests touch the
-    # database only through ``off_loop``.
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        context = browser.new_context(viewport={"width": 1440, "height": 1800})
-        page = context.new_page()
-        page.errors = []
-        page.on("pageerror", lambda exc: page.errors.append(str(exc)))
-        try:
-            yield page
-        finally:
-            browser.close()
 
 
 def off_loop(fn: Any, *args: Any) -> Any:
@@ -143,59 +54,28 @@ def sign_in(page: Any, user: Any, base_url: str) -> None:
     page.context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "url": base_url, "value": off_loop(session_key)}])
 
 
-class PoolReporter:
-    """A real ``ResourceEngine`` whose pool is busy while the job runs, reporting ``pools`` stats into the
-    job's event stream through the worker's own ``DatabaseEventSink``.
-
-    The trainer's ``resources`` events carry the worker's CPU, memory and GPUs but no pools yet (it does not
-    hold a ResourceEngine for the calculator task), so this stands in for that part of the stream: same sink,
-    same database rows, same socket; only the producer differs.
-    """
-
-    def __init__(self, job_id: int) -> None:
-        self.job_id = job_id
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-
-    async def _run(self) -> None:
-        from agentfly.resources import Pool, ResourceEngine, ResourceSpec
-        from agentfly.resources.scratchpad import Scratchpad
-        from webapp.monitor.sampling import resource_snapshot
-        from webapp.monitor.sink import DatabaseEventSink
-
-        spec = ResourceSpec(name="scratchpad", factory=Scratchpad, kind="other", pool=Pool(min=1, max=4))
-        sink = DatabaseEventSink(self.job_id, flush_interval=0.2)
-        try:
-            async with ResourceEngine([spec]) as engine:
-                tick = 0
-                while not self.stop.is_set():
-                    leases = [await engine.acquire("scratchpad", owner=f"r{tick}-{i}") for i in range(1 + tick % 4)]
-                    sink.emit({"type": "resources", **resource_snapshot(engine.stats())})
-                    await asyncio.sleep(0.3)
-                    for lease in leases:
-                        await engine.release(lease)
-                    tick += 1
-        finally:
-            await asyncio.to_thread(sink.close)
-
-    def __enter__(self) -> PoolReporter:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(30)
+def register_and_wait(api: Any, kind: str, import_path: str) -> dict[str, Any]:
+    """Register a team entry through the API and wait for the worker to inspect it."""
+    entry = api.post("/api/registry/", {"kind": kind, "import_path": import_path, "team": "team-a"},
+                     format="json").json()
+    return wait_for(lambda: (e := api.get(f"/api/registry/{entry['id']}/").json())["status"] != "pending" and e,
+                    60, f"the worker to inspect {import_path}")
 
 
+@pytest.mark.timeout(900)  # its waits add up to ten minutes
 def test_the_dashboard_grows_live_shows_rollouts_and_pools_and_cancels_the_job(
         alice: Any, alice_api: Any, builtins: dict[str, Any], daphne: Daphne, browser_page: Any) -> None:
     from webapp.jobs.models import Status, TrainingJob
     from webapp.monitor.models import JobEvent
 
+    # The job's python pool is really used: the tool declares it, and the team's reward leases a sandbox from
+    # it on every rollout (a random tiny model never calls a tool by itself).
+    reward = off_loop(register_and_wait, alice_api, "reward", "team_tools:same_answer_in_a_sandbox")
+    assert reward["status"] == "ready", reward["error"]
     response = off_loop(lambda: alice_api.post("/api/jobs/", {
-        "name": "tiny live", "team": "team-a", "tools": [builtins["calculator"].pk],
-        "reward": builtins["math_equal"].pk, "steps": 300, "prompts_per_step": 2, "group_size": 2,
-        "max_turns": 2, "max_new_tokens": 12, "eval_size": 2, "save_every": 0,
+        "name": "tiny live", "team": "team-a", "tools": [builtins["calculator"].pk, builtins["python_code"].pk],
+        "reward": reward["id"], "steps": 300, "prompts_per_step": 2, "group_size": 2,
+        "max_turns": 2, "max_new_tokens": 12, "eval_size": 2, "save_every": 0, "resources": {"python": {"max": 2}},
     }, format="json"))
     assert response.status_code == 201, response.content
     job_id = response.json()["id"]
@@ -203,46 +83,54 @@ def test_the_dashboard_grows_live_shows_rollouts_and_pools_and_cancels_the_job(
     sign_in(page, alice, daphne.url)
     ARTIFACTS.mkdir(exist_ok=True)
 
-    with PoolReporter(job_id):
-        page.goto(f"{daphne.url}/monitor/jobs/{job_id}/")
-        page.wait_for_function("document.getElementById('connection').dataset.state === 'live'", timeout=30_000)
-        at_load = int(page.get_attribute("#chart-reward", "data-points") or 0)
+    page.goto(f"{daphne.url}/monitor/jobs/{job_id}/")
+    page.wait_for_function("document.getElementById('connection').dataset.state === 'live'", timeout=30_000)
+    at_load = int(page.get_attribute("#chart-reward", "data-points") or 0)
 
-        # At least ten reward points arrive live, without a reload.
-        page.wait_for_function(
-            f"Number(document.getElementById('chart-reward').dataset.points) >= {at_load + 10}", timeout=300_000)
-        assert page.url.endswith(f"/monitor/jobs/{job_id}/")
+    # At least ten reward points arrive live, without a reload.
+    page.wait_for_function(
+        f"Number(document.getElementById('chart-reward').dataset.points) >= {at_load + 10}", timeout=300_000)
+    assert page.url.endswith(f"/monitor/jobs/{job_id}/")
 
-        # The plotted numbers are the stored numbers, in step order.
-        plotted = page.evaluate("""() => {
-            const raw = document.getElementById('chart-reward').data.find((t) => t.mode === 'lines+markers');
-            return {x: Array.from(raw.x), y: Array.from(raw.y)};
-        }""")
-        stored = off_loop(lambda: {e.step: e.data["reward/mean"]
-                                   for e in JobEvent.objects.filter(job_id=job_id, type="metrics")})
-        assert plotted["x"] == sorted(plotted["x"])
-        assert plotted["y"] == [pytest.approx(stored[s]) for s in plotted["x"]]
+    # The plotted numbers are the stored numbers, in step order.
+    plotted = page.evaluate("""() => {
+        const raw = document.getElementById('chart-reward').data.find((t) => t.mode === 'lines+markers');
+        return {x: Array.from(raw.x), y: Array.from(raw.y)};
+    }""")
+    stored = off_loop(lambda: {e.step: e.data["reward/mean"]
+                               for e in JobEvent.objects.filter(job_id=job_id, type="metrics")})
+    assert plotted["x"] == sorted(plotted["x"])
+    assert plotted["y"] == [pytest.approx(stored[s]) for s in plotted["x"]]
 
-        # A trajectory with trained (mask 1) and masked (mask 0) tokens coloured apart, logprobs on hover.
-        page.wait_for_selector("#token-view .tok.m1", timeout=60_000)
-        colours = page.evaluate("""() => ['m0', 'm1'].map((m) => getComputedStyle(
-            document.querySelector('#token-view .tok.' + m)).backgroundColor)""")
-        assert colours[0] != colours[1]
-        title = page.get_attribute("#token-view .tok.m1", "title") or ""
-        assert "logprob" in title
-        assert page.locator("#token-view .tok.m0").count() > 0
+    # A trajectory with trained (mask 1) and masked (mask 0) tokens coloured apart, logprobs on hover.
+    page.wait_for_selector("#token-view .tok.m1", timeout=60_000)
+    colours = page.evaluate("""() => ['m0', 'm1'].map((m) => getComputedStyle(
+        document.querySelector('#token-view .tok.' + m)).backgroundColor)""")
+    assert colours[0] != colours[1]
+    title = page.get_attribute("#token-view .tok.m1", "title") or ""
+    assert "logprob" in title
+    assert page.locator("#token-view .tok.m0").count() > 0
 
-        # Pool bars and the pool table.
-        page.wait_for_function("document.querySelectorAll('#pool-bars .barlayer .point').length > 0", timeout=60_000)
-        assert "scratchpad" in page.inner_text("#pool-stats")
-        assert page.inner_text("#gpu-absent").startswith("absent")
-        page.screenshot(path=str(ARTIFACTS / "monitor-dashboard.png"), full_page=True)
+    # Pool bars and the pool table show the worker's own python pool: two sandboxes at most, made and leased
+    # by the rollouts (each step's four rewards lease one), with measured acquire times.
+    page.wait_for_function("document.querySelectorAll('#pool-bars .barlayer .point').length > 0", timeout=60_000)
+    row = page.locator("#pool-stats tbody tr").first
+    cells = [c.strip() for c in row.locator("td").all_inner_texts()]
+    assert page.locator("#pool-stats tbody tr").count() == 1
+    assert cells[0] == "python" and cells[1].endswith("/ 2"), cells
+    assert int(cells[5]) >= 1, cells  # created
+    p50, p99 = (float(ms) for ms in cells[7].split(" / "))  # numbers, not "—": acquires were timed
+    assert p99 > 0 and p50 <= p99, cells
+    assert page.inner_text("#gpu-absent").startswith("absent")
+    page.screenshot(path=str(ARTIFACTS / "monitor-dashboard.png"), full_page=True)
+    pools = off_loop(lambda: [e.data["pools"] for e in JobEvent.objects.filter(job_id=job_id, type="resources")])
+    assert pools and all(p["python"]["acquires"] >= 4 and p["python"]["created"] >= 1 for p in pools), pools
 
-        # Cancel from the page; the status badge changes live.
-        page.click("#cancel-button")
-        page.wait_for_function("document.getElementById('job-status').dataset.status === 'cancelled'",
-                               timeout=180_000)
-        page.screenshot(path=str(ARTIFACTS / "monitor-dashboard-cancelled.png"), full_page=True)
+    # Cancel from the page; the status badge changes live.
+    page.click("#cancel-button")
+    page.wait_for_function("document.getElementById('job-status').dataset.status === 'cancelled'",
+                           timeout=180_000)
+    page.screenshot(path=str(ARTIFACTS / "monitor-dashboard-cancelled.png"), full_page=True)
     assert not page.errors, page.errors
     job = off_loop(lambda: TrainingJob.objects.get(pk=job_id))
     assert job.status == Status.CANCELLED and job.step < 300

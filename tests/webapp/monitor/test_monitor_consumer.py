@@ -40,7 +40,7 @@ async def refused_with(comm: WebsocketCommunicator) -> tuple[int, str]:
 async def append(job_id: int, events: list[dict[str, Any]]) -> None:
     from webapp.monitor.events import append_events
 
-    await database_sync_to_async(append_events)(job_id, events)
+    await asyncio.wait_for(database_sync_to_async(append_events)(job_id, events), timeout=15)
 
 
 def metrics(step: int) -> dict[str, Any]:
@@ -181,7 +181,7 @@ async def test_an_announcement_that_was_never_heard_is_filled_in_from_the_databa
         finally:
             events.publish = original
 
-    await database_sync_to_async(store_silently)()
+    await asyncio.wait_for(database_sync_to_async(store_silently)(), timeout=15)
     assert await comm.receive_nothing(timeout=0.3)
     await append(alice_job.pk, [metrics(3)])
     received = await receive_events(comm, 3)
@@ -219,7 +219,7 @@ async def test_events_arrive_once_and_in_order_under_a_burst_from_concurrent_wri
         assert message["type"] == "events"
         seen.extend(e["seq"] for e in message["events"])
     for t in threads:
-        await asyncio.to_thread(t.join)
+        await asyncio.wait_for(asyncio.to_thread(t.join), timeout=60)
     assert seen == list(range(1, total + 1))
     assert await comm.receive_nothing(timeout=0.5)
     await comm.disconnect()

@@ -1,5 +1,7 @@
 """A team plugin module, registered by the tests from the AGENTFLY_PLUGIN_DIRS folder."""
 
+from typing import Any
+
 from agentfly.rewards import reward
 from agentfly.tools import tool
 
@@ -25,3 +27,12 @@ def shout(text: str) -> str:
 def length_penalty(final_answer: str | None) -> float:
     """1 for a short answer, 0 for a long or missing one."""
     return 1.0 if final_answer and len(final_answer) < 20 else 0.0
+
+
+@reward
+async def same_answer_in_a_sandbox(final_answer: str | None, answer: str, context: Any) -> float:
+    """1 when the final answer is the reference answer, compared in the rollout's "python" sandbox: a reward
+    that leases a pooled resource on every rollout, whatever the model writes."""
+    box = await context.resource("python")
+    printed = await box.run(f"print({(final_answer or '').strip()!r} == {str(answer).strip()!r})")
+    return 1.0 if printed.strip() == "True" else 0.0
