@@ -46,14 +46,14 @@ class EngineStats:
     def as_dict(self) -> dict[str, float]:
         tps = self.generated_tokens / self.busy_seconds if self.busy_seconds else 0.0
         return {
-            "batches": self.batches,
-            "sequences": self.sequences,
-            "prompt_tokens": self.prompt_tokens,
-            "prefill_tokens": self.prefill_tokens,
-            "generated_tokens": self.generated_tokens,
+            "batches": float(self.batches),
+            "sequences": float(self.sequences),
+            "prompt_tokens": float(self.prompt_tokens),
+            "prefill_tokens": float(self.prefill_tokens),
+            "generated_tokens": float(self.generated_tokens),
             "busy_seconds": round(self.busy_seconds, 4),
             "tokens_per_second": round(tps, 2),
-            "max_batch": self.max_batch,
+            "max_batch": float(self.max_batch),
         }
 
 
@@ -133,7 +133,7 @@ class HFEngine(Engine):
         self.max_model_len = int(max_model_len or getattr(model.config, "max_position_embeddings", 4096))
         self.max_batch_size = max_batch_size
         self.min_shared_prefix = min_shared_prefix
-        self.stats = EngineStats()
+        self.counters = EngineStats()
         self._pending: list[_Request] = []
         self._drainer: asyncio.Task[None] | None = None
         self._lock = threading.Lock()  # one decode at a time on the shared module
@@ -179,7 +179,7 @@ class HFEngine(Engine):
         with self._lock, torch.inference_mode():
             start = time.perf_counter()
             out = self._decode(prompts, samplings)
-            st = self.stats
+            st = self.counters
             st.batches += 1
             st.sequences += len(prompts)
             st.max_batch = max(st.max_batch, len(prompts))
@@ -282,7 +282,7 @@ class HFEngine(Engine):
         if shared >= self.min_shared_prefix:
             prefix = torch.tensor([first[:shared]], dtype=torch.long, device=self.device)
             cache = self.model(input_ids=prefix, use_cache=True, logits_to_keep=1).past_key_values
-            self.stats.prefill_tokens += shared
+            self.counters.prefill_tokens += shared
             if len(distinct) > 1:
                 cache.batch_repeat_interleave(len(distinct))
         else:
@@ -298,13 +298,16 @@ class HFEngine(Engine):
         outputs = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions,
                              past_key_values=cache, use_cache=True, logits_to_keep=1)
         cache = outputs.past_key_values
-        self.stats.prefill_tokens += sum(len(p) - shared for p in distinct)
+        self.counters.prefill_tokens += sum(len(p) - shared for p in distinct)
         logits = outputs.logits[:, -1, :].float()
         if len(distinct) < len(prompts):
             index = torch.tensor(row_to_unique, device=self.device)
             cache.batch_select_indices(index)
             logits, mask, positions = logits[index], mask[index], positions[index]
         return logits, cache, mask, positions[:, -1:]
+
+    def stats(self) -> dict[str, float]:
+        return self.counters.as_dict()
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
