@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -37,7 +37,13 @@ import torch
 from trainer import algorithms as algos
 from trainer.checkpoint import load_state, save_checkpoint, set_rng_state
 from trainer.config import Config, save_config
-from trainer.events import EventStream, JSONLSink, Sink, TensorBoardSink, resource_stats
+from trainer.events import EventStream, JSONLSink, RunState, Sink, TensorBoardSink
+
+if TYPE_CHECKING:
+    from agentfly.agents.agent import Agent
+    from agentfly.engines.base import Engine
+    from agentfly.resources import ResourceEngine
+    from agentfly.rollout.trajectory import Trajectory
 
 # ------------------------------------------------------------------------------------------ setup helpers
 
@@ -166,58 +172,36 @@ def _scienceworld(split: str, seed: int) -> list[dict[str, Any]]:
     return scienceworld_tasks(split, variations_per_task=5, seed=seed)
 
 
-BUILTIN_RESOURCES = {
-    "python": "trainer.loop:PYTHON_SANDBOX",
-    "wiki": "agentfly.retrieval.index:WIKI_MINI",
-    "scienceworld": "agentfly.envs.scienceworld:SCIENCEWORLD",
-}
-
-
-def _python_sandbox_spec() -> Any:
-    from agentfly.resources import PythonSandbox
-    from agentfly.resources.spec import Pool, ResourceSpec
-
-    return ResourceSpec(name="python", factory=PythonSandbox, kind="sandbox", pool=Pool(min=0, max=8),
-                        acquire_timeout=60)
-
-
-def __getattr__(name: str) -> Any:  # PYTHON_SANDBOX is built on first use (imports the resource layer)
-    if name == "PYTHON_SANDBOX":
-        return _python_sandbox_spec()
-    raise AttributeError(name)
-
-
-def build_resources(config: Config, tools: Sequence[Any]) -> Any:
+def build_resources(config: Config, tools: Sequence[Any]) -> ResourceEngine | None:
     """A ``ResourceEngine`` with a pool for every resource the tools declare or the config names (None if
-    there are none). Pool sizes and timeouts from ``config.resources`` override the specs' own."""
-    import dataclasses
-
+    there are none): ``resources.<name>.spec`` when the config gives one, else the built-in spec
+    (``agentfly.resources.builtin``). Pool sizes and timeouts from ``config.resources`` override the specs' own."""
     needed = dict.fromkeys([*config.resources, *(t.resource for t in tools if getattr(t, "resource", None))])
     if not needed:
         return None
-    from agentfly.resources import ResourceEngine
-    from agentfly.resources.spec import Pool
+    from agentfly.resources import ResourceEngine, UnknownResource
+    from agentfly.resources.builtin import builtin_spec, with_pool
 
     specs = []
     for name in needed:
         res = config.resources.get(name)
-        ref = (res.spec if res is not None else None) or BUILTIN_RESOURCES.get(name)
-        if ref is None:
-            raise ValueError(f"a tool needs resource {name!r}, which is not built in; add "
-                             f"resources.{name}.spec: 'module:attribute' (a ResourceSpec) to the config")
-        spec = import_object(ref, f"resources.{name}.spec")
-        changes: dict[str, Any] = {"name": name}
-        if res is not None:
-            if res.min is not None or res.max is not None:
-                changes["pool"] = Pool(min=res.min if res.min is not None else min(spec.pool.min, res.max or 0),
-                                       max=res.max if res.max is not None else spec.pool.max)
-            if res.acquire_timeout is not None:
-                changes["acquire_timeout"] = res.acquire_timeout
-        specs.append(dataclasses.replace(spec, **changes))
+        if res is not None and res.spec:
+            spec = import_object(res.spec, f"resources.{name}.spec")
+        else:
+            try:
+                spec = builtin_spec(name)
+            except UnknownResource:
+                raise ValueError(f"a tool needs resource {name!r}, which is not built in; add "
+                                 f"resources.{name}.spec: 'module:attribute' (a ResourceSpec) to the config") from None
+        if res is None:
+            specs.append(with_pool(spec, name=name))
+        else:
+            specs.append(with_pool(spec, name=name, pool_min=res.min, pool_max=res.max,
+                                   acquire_timeout=res.acquire_timeout))
     return ResourceEngine(specs)
 
 
-def build_agent(config: Config, engine: Any) -> Any:
+def build_agent(config: Config, engine: Engine) -> Agent:
     import agentfly as af
 
     r = config.rollout
@@ -227,7 +211,7 @@ def build_agent(config: Config, engine: Any) -> Any:
                     system_prompt=r.system_prompt, resources=build_resources(config, tools))
 
 
-def build_engine(config: Config, model: Any, tokenizer: Any) -> Any:
+def build_engine(config: Config, model: Any, tokenizer: Any) -> Engine:
     """HF shares the trainer's module (weight sync is free); vLLM gets its own copy of the weights."""
     if config.engine == "hf":
         from agentfly.engines.hf import HFEngine
@@ -320,7 +304,7 @@ class Batch:
                                                           self.rollout_logprobs, self.rewards, self.group_ids)))
 
 
-def collate(trajectories: Sequence[Any], rewards: Sequence[float], group_ids: Sequence[int], pad_id: int,
+def collate(trajectories: Sequence[Trajectory], rewards: Sequence[float], group_ids: Sequence[int], pad_id: int,
             device: torch.device) -> Batch:
     """Pad trajectories on the right into one batch; token ids and masks are taken as the rollout made them."""
     B = len(trajectories)
@@ -440,29 +424,7 @@ class StageTimer:
             self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - start
 
 
-def trajectory_sample(t: Any, tokenizer: Any) -> dict[str, Any]:
-    """A trajectory as the dashboard's rollout viewer wants it: text, tokens, mask spans, logprobs, calls."""
-    from agentfly.rollout import mask_segments
-
-    return {
-        "rollout_id": t.rollout_id, "group_id": t.group_id, "reward": t.reward,
-        "text": tokenizer.decode(t.token_ids, skip_special_tokens=False),
-        "token_ids": list(t.token_ids), "loss_mask": list(t.loss_mask),
-        "logprobs": [round(x, 5) for x in t.logprobs], "segments": mask_segments(t, tokenizer),
-        "tool_calls": [{"turn": c.turn, "name": c.name, "arguments": c.arguments, "observation": c.observation,
-                        "error": c.error, "latency": round(c.latency, 4)} for c in t.tool_calls],
-        # The conversation as the rollout saw it, so the viewer shows turns, calls and observations.
-        "messages": [{"role": m["role"], "content": m.get("content") or "", **({"name": m["name"]} if "name" in m else {})}
-                     for m in t.messages],
-        "turns": [{"index": u.index, "start": u.start, "end": u.end, "text": u.text, "finish_reason": u.finish_reason,
-                   "tool_calls": list(u.tool_calls), "parse_errors": list(u.parse_errors)} for u in t.turns],
-        "model": t.model,
-        "num_turns": t.num_turns, "finish_reason": t.finish_reason, "final_answer": t.final_answer,
-        "error": t.error,
-    }
-
-
-def rollout_metrics(trajectories: Sequence[Any], prefix: str = "") -> dict[str, float]:
+def rollout_metrics(trajectories: Sequence[Trajectory], prefix: str = "") -> dict[str, float]:
     """Reward and behaviour statistics of a set of trajectories."""
     rewards = np.array([t.reward for t in trajectories], dtype=np.float64)
     lengths = np.array([t.num_trained_tokens for t in trajectories], dtype=np.float64)
@@ -482,13 +444,13 @@ def rollout_metrics(trajectories: Sequence[Any], prefix: str = "") -> dict[str, 
     return out
 
 
-def evaluate(agent: Any, samples: Sequence[dict[str, Any]], max_new_tokens: int, batch_size: int = 500
-             ) -> tuple[dict[str, float], list[Any]]:
+def evaluate(agent: Agent, samples: Sequence[dict[str, Any]], max_new_tokens: int, batch_size: int = 500
+             ) -> tuple[dict[str, float], list[Trajectory]]:
     """Greedy decoding, one rollout per held-out sample; ``accuracy`` is the share with full reward."""
     import agentfly as af
 
     sampling = af.Sampling(temperature=0.0, max_new_tokens=max_new_tokens)
-    trajectories: list[Any] = []
+    trajectories: list[Trajectory] = []
     for start in range(0, len(samples), batch_size):
         trajectories += agent.run_sync(samples[start:start + batch_size], group_size=1, sampling=sampling)
     return rollout_metrics(trajectories, prefix="eval/"), trajectories
@@ -508,7 +470,7 @@ class Trainer:
             all_sinks.append(TensorBoardSink(self.out / "tensorboard"))
         self.events = EventStream(all_sinks, run=self.out.name)
         self.device = setup_torch(config)
-        self.events.status(0, "starting", f"loading {config.model.path}")
+        self.events.status(0, "running", f"loading {config.model.path}")
         self.model, self.tokenizer = load_policy(config, self.device)
         self.ref_model = None
         if config.algorithm.kl_coef > 0:
@@ -536,8 +498,8 @@ class Trainer:
             if is_main_process():
                 (self.out / "deepspeed.json").write_text(json.dumps(ds_config, indent=2) + "\n")
             self.ds_engine, self.optimizer = deepspeed_initialize(self.model, self.optimizer, ds_config)
-        self.engine = build_engine(config, self.model, self.tokenizer)
-        self.agent = build_agent(config, self.engine)
+        self.engine: Engine = build_engine(config, self.model, self.tokenizer)
+        self.agent: Agent = build_agent(config, self.engine)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
                           else self.tokenizer.eos_token_id)
         train, held_out = load_samples(config)
@@ -591,6 +553,7 @@ class Trainer:
         path = save_checkpoint(self.out, self.step, model=self.model, tokenizer=self.tokenizer, state=state,
                                extra_modules=extra, score=score, keep_last=self.config.keep_last)
         save_config(self.config, path / "config.yaml")
+        self.events.checkpoint(self.step, path, score)
         return path
 
     # -------------------------------------------------------------------------------------- stages
@@ -603,7 +566,7 @@ class Trainer:
         return af.Sampling(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                            max_new_tokens=r.max_new_tokens, seed=seed)
 
-    def _shaped_rewards(self, trajectories: Sequence[Any]) -> list[float]:
+    def _shaped_rewards(self, trajectories: Sequence[Trajectory]) -> list[float]:
         a = self.config.algorithm
         rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
         if a.overlong_buffer:
@@ -663,7 +626,7 @@ class Trainer:
         else:
             metrics["update/skipped"] = 1.0
         with timer("weight_sync"):
-            if self.engine is not None and cfg.engine != "hf":
+            if cfg.engine != "hf":
                 self.engine.update_weights(self.model.state_dict())
         self.step += 1
         metrics |= {"lr": self.scheduler.get_last_lr()[0], "step": float(self.step)}
@@ -673,17 +636,12 @@ class Trainer:
         metrics["time/step_cpu"] = time.process_time() - cpu_start
         self.events.metrics(self.step, metrics)
         if cfg.log_samples:
-            self.events.emit("samples", self.step, {"trajectories": [
-                trajectory_sample(t, self.tokenizer) for t in everything[: cfg.log_samples]]})
-        stats = resource_stats()
-        stats["engine"] = getattr(getattr(self.engine, "stats", None), "as_dict", dict)()
+            self.events.samples(self.step, [t.to_dict(self.tokenizer) for t in everything[: cfg.log_samples]])
         resources = self.agent.runner.resources
-        if resources is not None:
-            stats["pools"] = resources.stats()
-        self.events.emit("resources", self.step, stats)
+        self.events.resources(self.step, self.engine.stats(), resources.stats() if resources is not None else None)
         return metrics
 
-    def _update(self, trajectories: Sequence[Any], rewards: Sequence[float], groups: Sequence[int],
+    def _update(self, trajectories: Sequence[Trajectory], rewards: Sequence[float], groups: Sequence[int],
                 timer: StageTimer) -> dict[str, float]:
         cfg, a = self.config, self.config.algorithm
         temperature = cfg.rollout.temperature
@@ -834,7 +792,7 @@ class Trainer:
         progress = _Progress(cfg.steps, self.step, enabled=cfg.progress)
         last: dict[str, float] = {}
         eval_metrics: dict[str, float] = {}
-        state = "finished"
+        state: RunState = "succeeded"
         try:
             while self.step < cfg.steps:
                 if should_stop is not None and should_stop():

@@ -196,7 +196,8 @@ def run_sft(config: Config, sinks: Sequence[Sink] = ()) -> dict[str, Any]:
                               config.eval.max_new_tokens, config.eval.batch_size)
         metrics |= {"sft/train_seconds": train_seconds, "sft/demonstrations": float(len(trajectories))}
         events.metrics(step, metrics)
-        events.status(step, "finished", f"saved {out}")
+        events.checkpoint(step, out, metrics.get("eval/accuracy"))
+        events.status(step, "succeeded", f"saved {out}")
         return {"metrics": metrics, "path": str(out)}
     except BaseException as exc:
         events.status(0, "failed", f"{type(exc).__name__}: {exc}")

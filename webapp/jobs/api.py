@@ -15,7 +15,7 @@ from webapp.accounts.models import Team
 from webapp.jobs import actions
 from webapp.jobs.forms import ALGORITHMS, MODEL_SOURCES, TASKS, LaunchForm
 from webapp.jobs.models import Checkpoint, Queue, TrainingJob
-from webapp.monitor.events import events_after
+from webapp.monitor.events import events_after, requested_types
 from webapp.monitor.models import EventType
 
 
@@ -132,7 +132,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     @extend_schema(parameters=[
         OpenApiParameter("after", int, description="Only events with a larger sequence number."),
-        OpenApiParameter("type", str, many=True, enum=EventType.values),
+        OpenApiParameter("types", str, many=True, enum=EventType.values,
+                         description="Only these types (comma-separated or repeated; `type=` is a deprecated alias)."),
         OpenApiParameter("limit", int, description="At most this many (1-5000)."),
     ], responses={200: dict})
     @action(detail=True, methods=["get"])
@@ -154,10 +155,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         except ValueError:
             errors["limit"] = ["Give an integer from 1 to 5000."]
             limit = 1000
-        types = request.query_params.getlist("type")
+        types = requested_types(request.query_params)
         bad = [t for t in types if t not in EventType.values]
         if bad:
-            errors["type"] = [f"Unknown event type {t!r}; use one of {EventType.values}." for t in bad]
+            errors["types"] = [f"Unknown event type {t!r}; use one of {EventType.values}." for t in bad]
         if errors:
             return Response(errors, status=status.HTTP_400_BAD_REQUEST)
         return Response({"job": job.pk, "last_seq": job.last_seq,

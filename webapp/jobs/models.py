@@ -15,16 +15,22 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from trainer.events import RUN_STATES
 from webapp.accounts.models import Team
 from webapp.registry.models import Version
 
 
 class Status(models.TextChoices):
+    """A job's state: the trainer's run states (``trainer.events.RUN_STATES``), one vocabulary for both."""
+
     QUEUED = "queued", "Queued"
     RUNNING = "running", "Running"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
     CANCELLED = "cancelled", "Cancelled"
+
+
+assert tuple(Status.values) == RUN_STATES, "the job states and the trainer's run states must be one list"
 
 
 ACTIVE = (Status.QUEUED, Status.RUNNING)

@@ -17,7 +17,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 
 from webapp.jobs.models import TrainingJob
-from webapp.monitor.events import events_after
+from webapp.monitor.events import events_after, requested_types
 from webapp.monitor.models import EventType
 from webapp.monitor.tokens import job_model_path, with_token_texts
 
@@ -102,7 +102,7 @@ def events_json(request: HttpRequest, pk: int) -> JsonResponse:
     limit_raw = request.GET.get("limit", "1000") or "1000"
     if not limit_raw.isdigit() or not 1 <= int(limit_raw) <= MAX_EVENTS_PER_REQUEST:
         return _bad_request(f"limit={limit_raw!r} must be an integer from 1 to {MAX_EVENTS_PER_REQUEST}")
-    types = [t for t in request.GET.get("types", "").split(",") if t]
+    types = requested_types(request.GET)
     unknown = sorted(set(types) - set(EventType.values))
     if unknown:
         return _bad_request(f"unknown event types {unknown}; use some of {sorted(EventType.values)}")

@@ -34,7 +34,7 @@ def test_sft_lowers_the_loss_saves_a_loadable_model_and_evaluates_it(tiny_model_
     assert all(a > b for a, b in itertools.pairwise(lrs[2:])) and lrs[-1] < 0.0001
     final = read_events(out / "events.jsonl", "metrics")[-1]["data"]
     assert final["sft/demonstrations"] == 48 and 0.0 <= final["eval/accuracy"] <= 1.0
-    assert read_events(out / "events.jsonl", "status")[-1]["data"]["state"] == "finished"
+    assert read_events(out / "events.jsonl", "status")[-1]["data"]["state"] == "succeeded"
     # The saved model is an ordinary Hugging Face directory that `agentfly eval` can load.
     proc = agentfly("eval", str(out), "--n", "4", "--set", "eval.max_new_tokens=40", "--set", "threads=1")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -160,7 +160,7 @@ class PoolReporter:
     async def _run(self) -> None:
         from agentfly.resources import Pool, ResourceEngine, ResourceSpec
         from agentfly.resources.scratchpad import Scratchpad
-        from webapp.monitor.sampling import resource_snapshot
+        from trainer.events import host_stats
         from webapp.monitor.sink import DatabaseEventSink
 
         spec = ResourceSpec(name="scratchpad", factory=Scratchpad, kind="other", pool=Pool(min=1, max=4))
@@ -170,7 +170,8 @@ class PoolReporter:
                 tick = 0
                 while not self.stop.is_set():
                     leases = [await engine.acquire("scratchpad", owner=f"r{tick}-{i}") for i in range(1 + tick % 4)]
-                    sink.emit({"type": "resources", **resource_snapshot(engine.stats())})
+                    sink.emit({"type": "resources",
+                               "data": {"host": host_stats(), "engine": {}, "pools": engine.stats()}})
                     await asyncio.sleep(0.3)
                     for lease in leases:
                         await engine.release(lease)
