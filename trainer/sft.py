@@ -23,18 +23,12 @@ from typing import Any
 import torch
 
 from trainer import algorithms as algos
+from trainer.batch import collate, forward
+from trainer.builders import build_agent, load_policy, load_samples, setup_torch
 from trainer.config import Config, ConfigError, save_config
 from trainer.events import EventStream, JSONLSink, Sink
-from trainer.loop import (
-    build_agent,
-    collate,
-    evaluate,
-    forward,
-    load_policy,
-    load_samples,
-    lr_schedule,
-    setup_torch,
-)
+from trainer.loop import evaluate
+from trainer.optim import lr_schedule
 
 _USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
 
