@@ -72,7 +72,8 @@ def load_policy(config: Config, device: torch.device, path: str | None = None) -
         # A tiny build with other settings is rebuilt; one with the same settings is reused as it is.
         build_tiny(path, seed=config.model.tiny_seed, **dataclasses.asdict(config.model.tiny))
     dtype = getattr(torch, config.model.dtype)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    loaded: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model = loaded.to(device)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if config.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -95,7 +96,8 @@ def _load_lora_checkpoint(path: Path, config: Config, device: torch.device) -> t
     if not base or not Path(base).is_dir():
         raise FileNotFoundError(f"{path}/adapter_config.json names base model {base!r}, which is not a local "
                                 "directory; put the base model back there or edit base_model_name_or_path")
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, config.model.dtype)).to(device)
+    loaded: Any = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, config.model.dtype))
+    model = loaded.to(device)
     return PeftModel.from_pretrained(model, path, is_trainable=True), AutoTokenizer.from_pretrained(path)
 
 
@@ -191,7 +193,8 @@ def build_engine(config: Config, model: Any, tokenizer: Any) -> Engine:
 
         return HFEngine(model=model, tokenizer=tokenizer)
     if config.engine == "vllm":
-        from agentfly.engines import VLLMEngine  # imported only when asked for: vllm is an optional extra
+        # imported only when asked for: vllm is an optional extra
+        from agentfly.engines.vllm import VLLMEngine
 
         return VLLMEngine(config.model.path, seed=config.seed)
     raise ValueError(f"engine={config.engine!r}: use hf or vllm")
@@ -213,7 +216,7 @@ class DataCursor:
         return order
 
     def take(self, n: int) -> list[dict[str, Any]]:
-        out = []
+        out: list[dict[str, Any]] = []
         while len(out) < n:
             if self.position >= len(self._order):
                 self.epoch, self.position = self.epoch + 1, 0

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -43,6 +43,7 @@ from trainer.optim import make_scheduler, make_update
 if TYPE_CHECKING:
     from agentfly.agents.agent import Agent
     from agentfly.engines.base import Engine
+    from agentfly.resources import ResourceEngine
     from agentfly.rollout.trajectory import Trajectory
 
 # ------------------------------------------------------------------------------------------ the trainer
@@ -168,6 +169,8 @@ class Trainer:
         self.optimizer = self.update.optimizer
         self.engine: Engine = build_engine(config, self.model, self.tokenizer)
         self.agent: Agent = build_agent(config, self.engine)
+        # build_agent gives the agent build_resources' engine (or none): the trainer reports and closes it.
+        self.resources = cast("ResourceEngine | None", self.agent.runner.resources)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
                           else self.tokenizer.eos_token_id)
         train, held_out = load_samples(config)
@@ -189,7 +192,7 @@ class Trainer:
         if (ckpt / "adapter_model.safetensors").is_file():  # LoRA: the checkpoint holds the adapters only
             from peft import set_peft_model_state_dict
 
-            result = set_peft_model_state_dict(self.model, load_file(ckpt / "adapter_model.safetensors"))
+            result: Any = set_peft_model_state_dict(self.model, load_file(ckpt / "adapter_model.safetensors"))
             if result.unexpected_keys:
                 raise ValueError(f"checkpoint {ckpt}: adapters do not fit this model ({result.unexpected_keys[:3]})")
             missing, unexpected = [], []
@@ -217,7 +220,8 @@ class Trainer:
             self.best = score
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                  "data": self.cursor.state_dict(), "best": self.best}
-        extra = {"value_head": self.value_head} if self.value_head is not None else None
+        extra: dict[str, torch.nn.Module] | None = (
+            {"value_head": self.value_head} if self.value_head is not None else None)
         path = save_checkpoint(self.out, self.step, model=self.model, tokenizer=self.tokenizer, state=state,
                                extra_modules=extra, score=score, keep_last=self.config.keep_last)
         save_config(self.config, path / "config.yaml")
@@ -297,7 +301,7 @@ class Trainer:
             if cfg.engine != "hf":
                 self.engine.update_weights(self.model.state_dict())
         self.step += 1
-        metrics |= {"lr": self.scheduler.get_last_lr()[0], "step": float(self.step)}
+        metrics |= {"lr": float(self.scheduler.get_last_lr()[0]), "step": float(self.step)}
         metrics |= {f"time/{k}": v for k, v in timer.times.items()}
         metrics["time/step"] = time.perf_counter() - step_start
         # CPU seconds of this process: on a shared machine, wall time alone hides how much was ours.
@@ -305,8 +309,8 @@ class Trainer:
         self.events.metrics(self.step, metrics)
         if cfg.log_samples:
             self.events.samples(self.step, [t.to_dict(self.tokenizer) for t in everything[: cfg.log_samples]])
-        resources = self.agent.runner.resources
-        self.events.resources(self.step, self.engine.stats(), resources.stats() if resources is not None else None)
+        self.events.resources(self.step, self.engine.stats(),
+                              self.resources.stats() if self.resources is not None else None)
         return metrics
 
     def _update(self, trajectories: Sequence[Trajectory], rewards: Sequence[float], groups: Sequence[int],
@@ -496,9 +500,8 @@ class Trainer:
             self.events.status(self.step, "failed", f"{type(exc).__name__}: {exc}")
             raise
         finally:
-            resources = self.agent.runner.resources
-            if resources is not None:
-                resources.close()  # kills sandboxes and environments; the rollouts have all ended
+            if self.resources is not None:
+                self.resources.close()  # kills sandboxes and environments; the rollouts have all ended
             self.events.close()
 
 

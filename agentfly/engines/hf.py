@@ -118,19 +118,21 @@ class HFEngine(Engine):
             kwargs: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
             device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
             dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device)
+            loaded: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+            model = loaded.to(device)
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, **kwargs)
         elif tokenizer is None:
             raise ValueError("HFEngine(model=<module>) needs tokenizer=")
-        self.model = model
-        self.tokenizer = tokenizer
+        self.model: Any = model
+        self.tokenizer: Any = tokenizer
         self.device = next(model.parameters()).device
         self.stop_token_ids = _eos_ids(model, tokenizer)
         if not self.stop_token_ids:
             raise ValueError("the tokenizer and generation config name no EOS token; set tokenizer.eos_token")
-        pad = tokenizer.pad_token_id
-        self.pad_id = int(pad if pad is not None else self.stop_token_ids[0])
-        self.max_model_len = int(max_model_len or getattr(model.config, "max_position_embeddings", 4096))
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad) if pad is not None else self.stop_token_ids[0]
+        config_len: Any = getattr(self.model.config, "max_position_embeddings", 4096)
+        self.max_model_len = int(max_model_len or config_len)
         self.max_batch_size = max_batch_size
         self.min_shared_prefix = min_shared_prefix
         self.counters = EngineStats()
@@ -199,10 +201,7 @@ class HFEngine(Engine):
                 results[i] = Generation([], [], "length")
         if not rows:
             return [r for r in results if r is not None]
-        gens = [
-            torch.Generator(device="cpu").manual_seed(samplings[i].seed) if samplings[i].seed is not None else None
-            for i in range(n)
-        ]
+        gens = [None if s.seed is None else torch.Generator(device="cpu").manual_seed(s.seed) for s in samplings]
         logits, cache, mask, step_pos = self._prefill([prompts[i] for i in rows])
         out_tokens: list[list[int]] = [[] for _ in range(n)]
         out_logps: list[list[float]] = [[] for _ in range(n)]

@@ -295,13 +295,13 @@ class VLLMEngine(Engine):
                 for out in outputs:
                     if not out.finished:
                         continue
-                    r = self._inflight.pop(out.request_id, None)
-                    if r is None or r.future.done():
+                    done = self._inflight.pop(out.request_id, None)
+                    if done is None or done.future.done():
                         continue
                     try:
-                        r.future.set_result(self._to_generation(out))
+                        done.future.set_result(self._to_generation(out))
                     except Exception as exc:
-                        r.future.set_exception(exc)
+                        done.future.set_exception(exc)
         finally:
             # The loop went away (asyncio.run ended, or cancelled): vLLM must forget these requests.
             self._aborted.extend(self._inflight)
