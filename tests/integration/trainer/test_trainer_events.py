@@ -38,3 +38,16 @@ def test_every_save_is_a_checkpoint_event_and_every_step_reports_the_engine(tiny
     engine = resources[-1]["engine"]
     assert engine["sequences"] >= 4 and engine["generated_tokens"] > 0  # 2 steps x 2 prompts x 2 samples
     assert {"cpu_percent", "process_rss_mb", "gpus", "gpu_absent"} <= set(resources[-1]["host"])
+
+
+@pytest.mark.vllm
+def test_with_the_vllm_engine_the_resources_events_carry_its_stats(tiny_model_dir, tmp_path):
+    pytest.importorskip("vllm")
+    events: list[Event] = []
+    config = load_config(None, tiny_overrides(tiny_model_dir, tmp_path / "run", "steps=1", "engine=vllm",
+                                              "rollout.reward=rewards_for_tests:answer_length"))
+    Trainer(config, sinks=[CallbackSink(events.append)]).train()
+    (resources,) = [e["data"] for e in events if e["type"] == "resources"]
+    # Before Engine.stats(), the trainer read a dataclass's as_dict() and got {} from vLLM's plain dict.
+    assert resources["engine"]["sequences"] == 4 and resources["engine"]["generated_tokens"] > 0
+    assert resources["engine"]["steps"] >= 1
