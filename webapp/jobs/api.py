@@ -157,8 +157,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             limit = 1000
         types = requested_types(request.query_params)
         bad = [t for t in types if t not in EventType.values]
-        if bad:
-            errors["types"] = [f"Unknown event type {t!r}; use one of {EventType.values}." for t in bad]
+        if bad:  # named after the parameter the client used (`type=` is the deprecated spelling)
+            errors["types" if "types" in request.query_params else "type"] = [f"Unknown event type {t!r}; use one of {EventType.values}." for t in bad]
         if errors:
             return Response(errors, status=status.HTTP_400_BAD_REQUEST)
         return Response({"job": job.pk, "last_seq": job.last_seq,

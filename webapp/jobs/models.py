@@ -19,18 +19,8 @@ from trainer.events import RUN_STATES
 from webapp.accounts.models import Team
 from webapp.registry.models import Version
 
-
-class Status(models.TextChoices):
-    """A job's state: the trainer's run states (``trainer.events.RUN_STATES``), one vocabulary for both."""
-
-    QUEUED = "queued", "Queued"
-    RUNNING = "running", "Running"
-    SUCCEEDED = "succeeded", "Succeeded"
-    FAILED = "failed", "Failed"
-    CANCELLED = "cancelled", "Cancelled"
-
-
-assert tuple(Status.values) == RUN_STATES, "the job states and the trainer's run states must be one list"
+# A job's states are the trainer's run states (``trainer.events.RUN_STATES``): one vocabulary for both.
+Status = models.TextChoices("Status", [(state.upper(), state) for state in RUN_STATES])  # type: ignore[misc]
 
 
 ACTIVE = (Status.QUEUED, Status.RUNNING)
