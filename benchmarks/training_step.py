@@ -11,7 +11,7 @@ tiny model's logprobs by teacher forcing. Two updates of the same model run on i
 
 - **plain floor**: ``collate``, one forward over every position of every row, the logprob of every next
   token, a plain mean (no mask, no advantages, no metrics), backward, AdamW step.
-- **floor**: the same, but with the trainer's forward (``trainer.loop.forward``), which computes the prompt
+- **floor**: the same, but with the trainer's forward (``trainer.batch.forward``), which computes the prompt
   prefix every row shares once and broadcasts its KV cache: the least the trainer's update can cost.
 - **trainer update**: ``Trainer._update``, exactly what a training step runs: collate, advantages from the
   rewards, that forward at the sampling temperature with the entropy, the clipped surrogate over mask-1
@@ -87,7 +87,7 @@ def floor_update(trainer: Any, trajectories: list[Any], rewards: list[float], gr
                  shared_prefix: bool) -> None:
     """Forward, next-token logprobs, a plain mean over every position, backward, AdamW step."""
     from trainer.algorithms import token_logprobs
-    from trainer.loop import collate, forward
+    from trainer.batch import collate, forward
 
     batch = collate(trajectories, rewards, groups, trainer.pad_id, trainer.device)
     trainer.model.train()

@@ -113,4 +113,5 @@ def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     file = resolve(path) / STATE_FILE
     if not file.exists():
         raise FileNotFoundError(f"{file} is missing: this is a model directory, not a resumable training checkpoint")
-    return torch.load(file, map_location="cpu", weights_only=False)
+    state: dict[str, Any] = torch.load(file, map_location="cpu", weights_only=False)
+    return state

@@ -101,8 +101,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
     from agentfly.engines.hf import HFEngine
+    from trainer.builders import build_agent, load_policy, load_samples, setup_torch
     from trainer.checkpoint import resolve
-    from trainer.loop import build_agent, evaluate, load_policy, load_samples, setup_torch
+    from trainer.loop import evaluate
 
     path = resolve(args.checkpoint)
     overrides = [*args.overrides, f"data.eval_size={args.n}", "eval.size=null"] if args.n else args.overrides

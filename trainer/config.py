@@ -316,7 +316,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} (write it as [a, b] in YAML)")
         (item,) = typing.get_args(tp)
         return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
         return from_dict(tp, value, prefix=f"{key}.")
@@ -410,7 +410,8 @@ def load_config(
     for text in overrides or []:
         key, value = parse_override(text)
         _set_path(data, key, value)
-    return from_dict(Config, data).validate()
+    config: Config = from_dict(Config, data).validate()
+    return config
 
 
 def known_keys(data: dict[str, Any], cls: type = Config, prefix: str = "") -> tuple[dict[str, Any], list[str]]:
@@ -444,10 +445,11 @@ def describe(cls: type = Config, prefix: str = "") -> list[str]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             lines.append(f"{prefix}{f.name}: {f.metadata.get('help', '')}")
             lines.extend(describe(tp, f"{prefix}{f.name}."))
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        factory = f.default_factory
+        default = f.default if f.default is not dataclasses.MISSING else factory() if callable(factory) else None
         lines.append(f"  {prefix}{f.name} ({_type_name(tp)}, default {default!r}): {f.metadata.get('help', '')}")
     return lines

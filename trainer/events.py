@@ -1,21 +1,25 @@
-"""The event stream of a run: one ordered stream of dicts, fanned out to pluggable sinks.
+"""The event stream of a run: one ordered stream of typed events, fanned out to pluggable sinks.
 
-Every event is a JSON-serialisable dict::
+This module is the event contract between the trainer and whatever watches it (the JSONL file, TensorBoard,
+the web app's database sink and dashboard). Every event is an ``Event``::
 
-    {"type": "metrics" | "samples" | "resources" | "status" | "log",
-     "step": int,          # the training step it belongs to (0 before the first update)
-     "time": float,        # Unix time when it was emitted
-     "run": str,           # the run's output directory name
-     "data": {...}}        # the payload, by type:
-       metrics:   {"reward/mean": ..., "loss/policy": ..., "time/rollout": ..., ...}  (flat name -> number)
-       samples:   {"trajectories": [{"text", "token_ids", "loss_mask", "logprobs", "tool_calls", "reward",
-                                     "segments": [{"start", "end", "mask", "text"}], ...}]}
-       resources: {"cpu_percent", "rss_mb", "threads", "gpu": [...], "pools": {...}}
-       status:    {"state": "starting" | "running" | "finished" | "failed" | "cancelled", "message": str}
-       log:       {"message": str, "level": "info" | "warning" | "error"}
+    {"type": EventType, "step": int, "time": float, "run": str, "data": <the payload of its type>}
 
-A sink is anything with ``emit(event: dict) -> None`` and ``close() -> None`` (``Sink`` below). The web
-app passes its own (it writes to the database and to the job's channel group); ``CallbackSink`` wraps a
+``step`` is the training step it belongs to (0 before the first update), ``time`` Unix time, ``run`` the
+output directory's name. The payloads, one ``TypedDict`` each:
+
+    metrics     MetricsData     flat name -> number ("reward/mean", "loss/policy", "time/rollout", ...)
+    samples     SamplesData     {"trajectories": [Trajectory.to_dict(tokenizer), ...]}
+    resources   ResourcesData   {"host": HostStats, "engine": Engine.stats(), "pools": ResourceEngine.stats()}
+    status      StatusData      {"state": RunState, "message": str}
+    checkpoint  CheckpointData  {"path": str, "step": int, "score": float | None}  (on every save)
+    log         LogData         {"message": str, "level": "info" | "warning" | "error"}
+
+``RunState`` is the one status vocabulary of a run, shared with the web app's jobs
+(``queued -> running -> succeeded | failed | cancelled``).
+
+A sink is anything with ``emit(event) -> None`` and ``close() -> None`` (``Sink`` below). The web app
+passes its own (it writes to the database and to the job's channel group); ``CallbackSink`` wraps a
 plain function. A sink that raises is reported once on stderr and then skipped, so a broken dashboard never
 stops training; the JSONL file is always written.
 """
@@ -25,18 +29,87 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypedDict, get_args, runtime_checkable
 
-EVENT_TYPES = ("metrics", "samples", "resources", "status", "log")
+EventType = Literal["metrics", "samples", "resources", "status", "checkpoint", "log"]
+EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
+
+RunState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+RUN_STATES: tuple[RunState, ...] = get_args(RunState)
+FINAL_STATES: tuple[RunState, ...] = ("succeeded", "failed", "cancelled")
+
+LogLevel = Literal["info", "warning", "error"]
+
+MetricsData = dict[str, float]
+
+
+class SamplesData(TypedDict):
+    trajectories: list[dict[str, Any]]  # Trajectory.to_dict(tokenizer): the rollout layer's one serialisation
+
+
+class GPUStats(TypedDict):
+    index: int
+    name: str
+    util_percent: float
+    memory_used_mb: float
+    memory_total_mb: float
+    memory_percent: float
+
+
+class HostStats(TypedDict):
+    host: str
+    pid: int
+    cpu_count: int
+    cpu_percent: float
+    process_cpu_percent: float
+    process_rss_mb: float
+    threads: int
+    memory_used_mb: float
+    memory_total_mb: float
+    memory_percent: float
+    gpus: list[GPUStats]
+    gpu_absent: str | None  # why ``gpus`` is empty (no NVML, no driver, no device); None when GPUs were read
+
+
+class ResourcesData(TypedDict):
+    host: HostStats
+    engine: dict[str, float]  # Engine.stats() of the rollout engine
+    pools: dict[str, dict[str, Any]]  # ResourceEngine.stats(): name -> size, in_use, idle, waiting, ...
+
+
+class StatusData(TypedDict):
+    state: RunState
+    message: str
+
+
+class CheckpointData(TypedDict):
+    path: str
+    step: int
+    score: float | None  # the held-out accuracy it was saved with, when an evaluation preceded the save
+
+
+class LogData(TypedDict):
+    message: str
+    level: LogLevel
+
+
+class Event(TypedDict):
+    type: EventType
+    step: int
+    time: float
+    run: str
+    data: dict[str, Any]
 
 
 @runtime_checkable
 class Sink(Protocol):
-    def emit(self, event: dict[str, Any]) -> None: ...
+    def emit(self, event: Event) -> None: ...
 
     def close(self) -> None: ...
 
@@ -62,7 +135,7 @@ class JSONLSink:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = self.path.open("a", encoding="utf-8")
 
-    def emit(self, event: dict[str, Any]) -> None:
+    def emit(self, event: Event) -> None:
         self._fh.write(json.dumps(event, ensure_ascii=False) + "\n")
         self._fh.flush()
 
@@ -73,11 +146,11 @@ class JSONLSink:
 class CallbackSink:
     """Calls ``fn(event)`` for every event (the web app's sink, or a test's list.append)."""
 
-    def __init__(self, fn: Callable[[dict[str, Any]], Any], close: Callable[[], Any] | None = None) -> None:
+    def __init__(self, fn: Callable[[Event], Any], close: Callable[[], Any] | None = None) -> None:
         self.fn = fn
         self._close = close
 
-    def emit(self, event: dict[str, Any]) -> None:
+    def emit(self, event: Event) -> None:
         self.fn(event)
 
     def close(self) -> None:
@@ -95,7 +168,7 @@ class TensorBoardSink:
             raise RuntimeError("tensorboard=true needs the tensorboard package: pip install tensorboard") from exc
         self.writer = SummaryWriter(os.fspath(logdir))
 
-    def emit(self, event: dict[str, Any]) -> None:
+    def emit(self, event: Event) -> None:
         if event["type"] == "metrics":
             for name, value in event["data"].items():
                 if isinstance(value, (int, float)) and value is not None:
@@ -116,10 +189,11 @@ class EventStream:
         self.run = run
         self._failed: set[int] = set()
 
-    def emit(self, type: str, step: int, data: dict[str, Any]) -> dict[str, Any]:
+    def emit(self, type: EventType, step: int, data: Mapping[str, Any]) -> Event:
         if type not in EVENT_TYPES:
             raise ValueError(f"unknown event type {type!r}; use one of {EVENT_TYPES}")
-        event = {"type": type, "step": int(step), "time": time.time(), "run": self.run, "data": _jsonable(data)}
+        event: Event = {"type": type, "step": int(step), "time": time.time(), "run": self.run,
+                        "data": _jsonable(dict(data))}
         for i, sink in enumerate(self.sinks):
             if i in self._failed:
                 continue
@@ -130,14 +204,27 @@ class EventStream:
                 print(f"agentfly: event sink {sink!r} failed and is disabled: {exc!r}", file=sys.stderr)
         return event
 
-    def metrics(self, step: int, values: dict[str, Any]) -> dict[str, Any]:
+    def metrics(self, step: int, values: Mapping[str, float]) -> Event:
         return self.emit("metrics", step, values)
 
-    def status(self, step: int, state: str, message: str = "") -> dict[str, Any]:
-        return self.emit("status", step, {"state": state, "message": message})
+    def samples(self, step: int, trajectories: list[dict[str, Any]]) -> Event:
+        return self.emit("samples", step, SamplesData(trajectories=trajectories))
 
-    def log(self, step: int, message: str, level: str = "info") -> dict[str, Any]:
-        return self.emit("log", step, {"message": message, "level": level})
+    def resources(self, step: int, engine: Mapping[str, float], pools: Mapping[str, dict[str, Any]] | None = None
+                  ) -> Event:
+        return self.emit("resources", step, ResourcesData(host=host_stats(), engine=dict(engine),
+                                                          pools=dict(pools or {})))
+
+    def status(self, step: int, state: RunState, message: str = "") -> Event:
+        if state not in RUN_STATES:
+            raise ValueError(f"unknown run state {state!r}; use one of {RUN_STATES}")
+        return self.emit("status", step, StatusData(state=state, message=message))
+
+    def checkpoint(self, step: int, path: str | os.PathLike[str], score: float | None = None) -> Event:
+        return self.emit("checkpoint", step, CheckpointData(path=os.fspath(path), step=int(step), score=score))
+
+    def log(self, step: int, message: str, level: LogLevel = "info") -> Event:
+        return self.emit("log", step, LogData(message=message, level=level))
 
     def close(self) -> None:
         for sink in self.sinks:
@@ -147,9 +234,9 @@ class EventStream:
                 print(f"agentfly: closing event sink {sink!r} failed: {exc!r}", file=sys.stderr)
 
 
-def read_events(path: str | os.PathLike[str], type: str | None = None) -> list[dict[str, Any]]:
+def read_events(path: str | os.PathLike[str], type: EventType | None = None) -> list[Event]:
     """The events of a JSONL file (optionally of one type), e.g. to plot a finished run."""
-    events = []
+    events: list[Event] = []
     with Path(path).open(encoding="utf-8") as fh:
         for line in fh:
             if line.strip():
@@ -159,27 +246,78 @@ def read_events(path: str | os.PathLike[str], type: str | None = None) -> list[d
     return events
 
 
-def resource_stats() -> dict[str, Any]:
-    """CPU, memory and (when NVML is present) GPU utilisation of this process and machine."""
+_MB = 2**20
+
+# NVML is initialised once per process; nvmlInit is cheap to repeat but nvmlShutdown would race other users.
+_nvml_lock = threading.Lock()
+_nvml_state: dict[str, Any] = {"ready": False, "absent": None}
+
+
+def _nvml() -> Any:
+    """The ``pynvml`` module, initialised; raises ``RuntimeError`` saying why GPUs cannot be read."""
+    with _nvml_lock:
+        if _nvml_state["absent"] is not None:
+            raise RuntimeError(_nvml_state["absent"])
+        try:
+            import pynvml  # the `gpu` extra: pip install nvidia-ml-py
+        except ImportError:
+            _nvml_state["absent"] = "nvidia-ml-py is not installed on this machine (pip install 'agentfly[gpu]')"
+            raise RuntimeError(_nvml_state["absent"]) from None
+        if not _nvml_state["ready"]:
+            try:
+                pynvml.nvmlInit()
+            except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+                _nvml_state["absent"] = f"no NVIDIA driver or GPU on this machine ({exc})"
+                raise RuntimeError(_nvml_state["absent"]) from None
+            _nvml_state["ready"] = True
+        return pynvml
+
+
+def gpu_stats() -> tuple[list[GPUStats], str | None]:
+    """``(gpus, absent)``: one entry per visible GPU, or ``([], reason)`` when there is no GPU to read (so an
+    empty list is never mistaken for idle GPUs)."""
+    try:
+        nvml = _nvml()
+    except RuntimeError as exc:
+        return [], str(exc)
+    gpus: list[GPUStats] = []
+    try:
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            util = nvml.nvmlDeviceGetUtilizationRates(handle)
+            mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+            name = nvml.nvmlDeviceGetName(handle)
+            gpus.append(GPUStats(
+                index=index, name=name.decode() if isinstance(name, bytes) else str(name),
+                util_percent=float(util.gpu), memory_used_mb=round(mem.used / _MB, 1),
+                memory_total_mb=round(mem.total / _MB, 1),
+                memory_percent=round(100.0 * mem.used / mem.total, 1) if mem.total else 0.0))
+    except Exception as exc:  # a GPU fell off the bus mid-run: report it rather than crash the run
+        return gpus, f"reading NVML failed: {exc}"
+    if not gpus:
+        return [], "NVML found no GPU on this machine"
+    return gpus, None
+
+
+def host_stats() -> HostStats:
+    """CPU and memory of this machine and process, and its GPUs (or why there are none): the ``host`` of a
+    ``resources`` event, the one host-stats function of the trainer and the web app.
+
+    ``cpu_percent`` is the machine-wide utilisation since the previous call (psutil's non-blocking form), so
+    the first call of a process reads 0.0; a caller sampling once per step gets the step's average.
+    """
     import psutil
 
     proc = psutil.Process()
-    stats: dict[str, Any] = {
-        "cpu_percent": psutil.cpu_percent(interval=None),
-        "rss_mb": proc.memory_info().rss / 2**20,
-        "threads": proc.num_threads(),
-        "memory_percent": psutil.virtual_memory().percent,
-        "gpu": [],
-    }
-    try:
-        import pynvml  # from nvidia-ml-py, the `gpu` extra
-
-        pynvml.nvmlInit()
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            stats["gpu"].append({"index": i, "util_percent": pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
-                                 "memory_used_mb": mem.used / 2**20, "memory_total_mb": mem.total / 2**20})
-    except Exception:  # no NVML or no GPU: CPU-only stats
-        pass
-    return stats
+    with proc.oneshot():
+        rss = proc.memory_info().rss
+        threads = proc.num_threads()
+        proc_cpu = proc.cpu_percent(interval=None)
+    vm = psutil.virtual_memory()
+    gpus, absent = gpu_stats()
+    return HostStats(
+        host=socket.gethostname(), pid=os.getpid(), cpu_count=psutil.cpu_count() or 1,
+        cpu_percent=psutil.cpu_percent(interval=None), process_cpu_percent=proc_cpu,
+        process_rss_mb=round(rss / _MB, 1), threads=threads,
+        memory_used_mb=round((vm.total - vm.available) / _MB, 1), memory_total_mb=round(vm.total / _MB, 1),
+        memory_percent=vm.percent, gpus=gpus, gpu_absent=absent)

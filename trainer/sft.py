@@ -23,18 +23,12 @@ from typing import Any
 import torch
 
 from trainer import algorithms as algos
+from trainer.batch import collate, forward
+from trainer.builders import build_agent, load_policy, load_samples, setup_torch
 from trainer.config import Config, ConfigError, save_config
 from trainer.events import EventStream, JSONLSink, Sink
-from trainer.loop import (
-    build_agent,
-    collate,
-    evaluate,
-    forward,
-    load_policy,
-    load_samples,
-    lr_schedule,
-    setup_torch,
-)
+from trainer.loop import evaluate
+from trainer.optim import lr_schedule
 
 _USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
 
@@ -196,7 +190,8 @@ def run_sft(config: Config, sinks: Sequence[Sink] = ()) -> dict[str, Any]:
                               config.eval.max_new_tokens, config.eval.batch_size)
         metrics |= {"sft/train_seconds": train_seconds, "sft/demonstrations": float(len(trajectories))}
         events.metrics(step, metrics)
-        events.status(step, "finished", f"saved {out}")
+        events.checkpoint(step, out, metrics.get("eval/accuracy"))
+        events.status(step, "succeeded", f"saved {out}")
         return {"metrics": metrics, "path": str(out)}
     except BaseException as exc:
         events.status(0, "failed", f"{type(exc).__name__}: {exc}")

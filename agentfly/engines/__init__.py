@@ -6,7 +6,7 @@ from agentfly.engines.replay import ReplayEngine
 __all__ = ["Engine", "Generation", "HFEngine", "ReplayEngine", "Sampling", "VLLMEngine"]
 
 
-def __getattr__(name: str):  # heavy engines import torch/vllm only when asked for
+def __getattr__(name: str) -> type[Engine]:  # heavy engines import torch/vllm only when asked for
     if name == "HFEngine":
         from agentfly.engines.hf import HFEngine
 

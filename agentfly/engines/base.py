@@ -65,11 +65,17 @@ class Generation:
 
 
 class Engine(abc.ABC):
-    """A model that samples continuations. Subclasses: ``HFEngine``, ``VLLMEngine``."""
+    """A model that samples continuations: the contract between the rollout layer, the trainer and an engine.
+
+    Subclasses: ``HFEngine``, ``VLLMEngine``, ``ReplayEngine``. The rollout layer reads ``tokenizer``,
+    ``max_model_len`` and ``stop_token_ids`` and awaits ``generate``; the trainer calls ``update_weights``
+    after each update, reports ``stats()`` in every ``resources`` event, and calls ``close()`` at the end.
+    """
 
     tokenizer: Any
     max_model_len: int
     stop_token_ids: list[int]  # tokens that end a turn (the chat template's end-of-turn and EOS)
+    model_name: str | None = None  # recorded on each trajectory (which model sampled it)
 
     @abc.abstractmethod
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
@@ -78,6 +84,11 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Replace the model's weights (after a training step)."""
+
+    @abc.abstractmethod
+    def stats(self) -> dict[str, float]:
+        """Counters since the engine was built, by name (every engine reports ``sequences`` and
+        ``generated_tokens``; the rest are its own, e.g. ``busy_seconds``, ``max_batch``)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free what the engine holds."""

@@ -46,14 +46,14 @@ class EngineStats:
     def as_dict(self) -> dict[str, float]:
         tps = self.generated_tokens / self.busy_seconds if self.busy_seconds else 0.0
         return {
-            "batches": self.batches,
-            "sequences": self.sequences,
-            "prompt_tokens": self.prompt_tokens,
-            "prefill_tokens": self.prefill_tokens,
-            "generated_tokens": self.generated_tokens,
+            "batches": float(self.batches),
+            "sequences": float(self.sequences),
+            "prompt_tokens": float(self.prompt_tokens),
+            "prefill_tokens": float(self.prefill_tokens),
+            "generated_tokens": float(self.generated_tokens),
             "busy_seconds": round(self.busy_seconds, 4),
             "tokens_per_second": round(tps, 2),
-            "max_batch": self.max_batch,
+            "max_batch": float(self.max_batch),
         }
 
 
@@ -118,22 +118,24 @@ class HFEngine(Engine):
             kwargs: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
             device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
             dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device)
+            loaded: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+            model = loaded.to(device)
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, **kwargs)
         elif tokenizer is None:
             raise ValueError("HFEngine(model=<module>) needs tokenizer=")
-        self.model = model
-        self.tokenizer = tokenizer
+        self.model: Any = model
+        self.tokenizer: Any = tokenizer
         self.device = next(model.parameters()).device
         self.stop_token_ids = _eos_ids(model, tokenizer)
         if not self.stop_token_ids:
             raise ValueError("the tokenizer and generation config name no EOS token; set tokenizer.eos_token")
-        pad = tokenizer.pad_token_id
-        self.pad_id = int(pad if pad is not None else self.stop_token_ids[0])
-        self.max_model_len = int(max_model_len or getattr(model.config, "max_position_embeddings", 4096))
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad) if pad is not None else self.stop_token_ids[0]
+        config_len: Any = getattr(self.model.config, "max_position_embeddings", 4096)
+        self.max_model_len = int(max_model_len or config_len)
         self.max_batch_size = max_batch_size
         self.min_shared_prefix = min_shared_prefix
-        self.stats = EngineStats()
+        self.counters = EngineStats()
         self._pending: list[_Request] = []
         self._drainer: asyncio.Task[None] | None = None
         self._lock = threading.Lock()  # one decode at a time on the shared module
@@ -179,7 +181,7 @@ class HFEngine(Engine):
         with self._lock, torch.inference_mode():
             start = time.perf_counter()
             out = self._decode(prompts, samplings)
-            st = self.stats
+            st = self.counters
             st.batches += 1
             st.sequences += len(prompts)
             st.max_batch = max(st.max_batch, len(prompts))
@@ -199,10 +201,7 @@ class HFEngine(Engine):
                 results[i] = Generation([], [], "length")
         if not rows:
             return [r for r in results if r is not None]
-        gens = [
-            torch.Generator(device="cpu").manual_seed(samplings[i].seed) if samplings[i].seed is not None else None
-            for i in range(n)
-        ]
+        gens = [None if s.seed is None else torch.Generator(device="cpu").manual_seed(s.seed) for s in samplings]
         logits, cache, mask, step_pos = self._prefill([prompts[i] for i in rows])
         out_tokens: list[list[int]] = [[] for _ in range(n)]
         out_logps: list[list[float]] = [[] for _ in range(n)]
@@ -282,7 +281,7 @@ class HFEngine(Engine):
         if shared >= self.min_shared_prefix:
             prefix = torch.tensor([first[:shared]], dtype=torch.long, device=self.device)
             cache = self.model(input_ids=prefix, use_cache=True, logits_to_keep=1).past_key_values
-            self.stats.prefill_tokens += shared
+            self.counters.prefill_tokens += shared
             if len(distinct) > 1:
                 cache.batch_repeat_interleave(len(distinct))
         else:
@@ -298,13 +297,16 @@ class HFEngine(Engine):
         outputs = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions,
                              past_key_values=cache, use_cache=True, logits_to_keep=1)
         cache = outputs.past_key_values
-        self.stats.prefill_tokens += sum(len(p) - shared for p in distinct)
+        self.counters.prefill_tokens += sum(len(p) - shared for p in distinct)
         logits = outputs.logits[:, -1, :].float()
         if len(distinct) < len(prompts):
             index = torch.tensor(row_to_unique, device=self.device)
             cache.batch_select_indices(index)
             logits, mask, positions = logits[index], mask[index], positions[index]
         return logits, cache, mask, positions[:, -1:]
+
+    def stats(self) -> dict[str, float]:
+        return self.counters.as_dict()
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:

@@ -34,6 +34,7 @@ class ReplayEngine(Engine):
         self.stop_token_ids = [int(eos)]
         self.max_model_len = int(max_model_len or getattr(tokenizer, "model_max_length", 4096) or 4096)
         self.model_name = getattr(tokenizer, "name_or_path", None)
+        self.counters = {"sequences": 0.0, "generated_tokens": 0.0, "prompt_tokens": 0.0}
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
         text = self.script(self.tokenizer.decode(list(prompt_ids), skip_special_tokens=False))
@@ -46,7 +47,16 @@ class ReplayEngine(Engine):
             ids.append(self.stop_token_ids[0])
         # The teacher-forced forward runs in a worker thread so tools of other rollouts keep overlapping.
         logprobs = await asyncio.to_thread(self._logprobs, list(prompt_ids), ids, sampling)
+        self._count(prompt_ids, ids)
         return Generation(ids, logprobs, finish)  # type: ignore[arg-type]
+
+    def _count(self, prompt_ids: Sequence[int], ids: Sequence[int]) -> None:
+        self.counters["sequences"] += 1
+        self.counters["prompt_tokens"] += len(prompt_ids)
+        self.counters["generated_tokens"] += len(ids)
+
+    def stats(self) -> dict[str, float]:
+        return dict(self.counters)
 
     def _logprobs(self, prompt: list[int], ids: list[int], sampling: Sampling) -> list[float]:
         if self.model is None or not ids:

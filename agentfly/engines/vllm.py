@@ -210,7 +210,7 @@ class VLLMEngine(Engine):
         self.max_model_len = int(model_config.max_model_len)
         self.tie_word_embeddings = bool(getattr(model_config.hf_text_config, "tie_word_embeddings", False))
         self._shapes = _checkpoint_shapes(path)
-        self.stats: dict[str, float] = {"steps": 0, "sequences": 0, "prompt_tokens": 0, "generated_tokens": 0,
+        self.counters: dict[str, float] = {"steps": 0, "sequences": 0, "prompt_tokens": 0, "generated_tokens": 0,
                                         "busy_seconds": 0.0, "max_batch": 0, "weight_syncs": 0}
         self._ids = itertools.count()
         self._pending: list[_Request] = []
@@ -295,13 +295,13 @@ class VLLMEngine(Engine):
                 for out in outputs:
                     if not out.finished:
                         continue
-                    r = self._inflight.pop(out.request_id, None)
-                    if r is None or r.future.done():
+                    done = self._inflight.pop(out.request_id, None)
+                    if done is None or done.future.done():
                         continue
                     try:
-                        r.future.set_result(self._to_generation(out))
+                        done.future.set_result(self._to_generation(out))
                     except Exception as exc:
-                        r.future.set_exception(exc)
+                        done.future.set_exception(exc)
         finally:
             # The loop went away (asyncio.run ended, or cancelled): vLLM must forget these requests.
             self._aborted.extend(self._inflight)
@@ -320,7 +320,7 @@ class VLLMEngine(Engine):
             if not engine.has_unfinished_requests():
                 return []
             outputs = engine.step()
-            st = self.stats
+            st = self.counters
             st["steps"] += 1
             st["max_batch"] = max(st["max_batch"], len(self._inflight))
             st["busy_seconds"] += time.perf_counter() - started
@@ -337,7 +337,7 @@ class VLLMEngine(Engine):
         stop_reason = completion.stop_reason
         if completion.finish_reason == "stop" and stop_reason is None and ids:
             stop_reason = ids[-1]  # vLLM leaves stop_reason empty when the EOS token ended the turn
-        st = self.stats
+        st = self.counters
         st["sequences"] += 1
         st["prompt_tokens"] += len(out.prompt_token_ids or ())
         st["generated_tokens"] += len(ids)
@@ -392,7 +392,13 @@ class VLLMEngine(Engine):
                 f"update_weights: vLLM's model has no parameter {exc.args[0]!r} (got {len(names)} tensors, e.g. "
                 f"{names[:3]}); pass the trainer model's state_dict() with Hugging Face names"
             ) from None
-        self.stats["weight_syncs"] += 1
+        self.counters["weight_syncs"] += 1
+
+    def stats(self) -> dict[str, float]:
+        out = {name: float(value) for name, value in self.counters.items()}
+        busy = out["busy_seconds"]
+        out["tokens_per_second"] = round(out["generated_tokens"] / busy, 2) if busy else 0.0
+        return out
 
     def close(self) -> None:
         """Shut vLLM's engine core down and free the model and KV cache."""

@@ -106,16 +106,16 @@ class ScienceWorld:
         self.loaded = (task, int(variation))
         self.task_description = reply["task_description"]
         self.score, self.done, self.moves = float(reply.get("score", 0)), False, 0
-        return reply["observation"]
+        return str(reply["observation"])
 
     async def act(self, action: str) -> str:
         """Take one action; returns the observation and updates ``score``, ``done`` and ``moves``."""
         reply = await self._ask({"op": "step", "action": action})
         self.score, self.done, self.moves = float(reply["score"]), bool(reply["done"]), int(reply["moves"])
-        return reply["observation"]
+        return str(reply["observation"])
 
     async def look(self) -> str:
-        return (await self._ask({"op": "look"}))["observation"]
+        return str((await self._ask({"op": "look"}))["observation"])
 
     @property
     def reward(self) -> float:
@@ -164,7 +164,8 @@ SCIENCEWORLD = ResourceSpec(
 @cache
 def task_index() -> dict[str, Any]:
     """Task names with their train/dev/test variations and some task descriptions (shipped JSON)."""
-    return json.loads(INDEX_PATH.read_text())
+    index: dict[str, Any] = json.loads(INDEX_PATH.read_text())
+    return index
 
 
 def task_names() -> list[str]:

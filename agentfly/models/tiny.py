@@ -68,7 +68,7 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Any:
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
@@ -131,8 +131,9 @@ def build_tiny(
         pad_token_id=eot,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(eos_token_id=[im_end, eot], pad_token_id=eot)
+    model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
+        eos_token_id=[im_end, eot], pad_token_id=eot)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

@@ -89,7 +89,7 @@ def generate(seed: int = 0, n_provinces: int = 12, n_rivers: int = 40, n_towns: 
         ask(f"Into which sea does the {name} River flow?", sea, pid)
         rivers.append(name)
 
-    towns = []
+    towns: list[dict[str, Any]] = []
     for i in range(n_towns):
         name = world.name(2, rng.choice(TOWN_SUFFIX))
         province, river = rng.choice(provinces), rng.choice(rivers)
@@ -114,11 +114,11 @@ def generate(seed: int = 0, n_provinces: int = 12, n_rivers: int = 40, n_towns: 
         if i % 5 == 0:
             ask(f"In which month is the market of {name} held?", month, p2)
         towns.append({"name": name, "province": province, "river": river, "geo": p2})
-    for province, town in capitals.items():
-        ask(f"What is the capital of {province} province?", town,
-            next(p["id"] for p in passages if p["title"] == f"{town} (history)"))
+    for province, capital in capitals.items():
+        ask(f"What is the capital of {province} province?", capital,
+            next(p["id"] for p in passages if p["title"] == f"{capital} (history)"))
 
-    people = []
+    people: list[dict[str, Any]] = []
     for _ in range(n_people):
         name = world.name(2) + " " + world.name(2)
         town = rng.choice(towns)

@@ -93,7 +93,8 @@ class RolloutRunner:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         self.renderer = ChatRenderer(self.engine.tokenizer, [t.schema for t in self.tools.values()] or None)
         limit = self.engine.max_model_len
-        self.max_length = min(self.max_length or limit, limit)
+        self.token_limit: int = min(self.max_length or limit, limit)  # what the rollout may hold
+        self.max_length = self.token_limit
 
     # ------------------------------------------------------------------ one rollout
     async def run_one(
@@ -113,7 +114,7 @@ class RolloutRunner:
             traj.extend_prompt(self.renderer.prompt_ids(r.messages))
             traj.prompt_length = len(traj.token_ids)
             step = State.GENERATE
-            if traj.prompt_length >= self.max_length:
+            if traj.prompt_length >= self.token_limit:
                 traj.finish_reason = "length"
                 step = State.DONE
             while step is not State.DONE:
@@ -134,7 +135,7 @@ class RolloutRunner:
     # ------------------------------------------------------------------ state handlers
     async def _generate(self, r: _Rollout, sampling: Sampling) -> State:
         traj = r.traj
-        room = self.max_length - len(traj.token_ids)
+        room = self.token_limit - len(traj.token_ids)
         if room <= 0:
             traj.finish_reason = "length"
             return State.DONE
@@ -185,7 +186,7 @@ class RolloutRunner:
             new_messages.append({"role": "tool", "name": call.name, "content": result.observation})
         glue = self.renderer.glue_ids(r.messages, new_messages, r.last.token_ids, self.engine.stop_token_ids)
         r.messages.extend(new_messages)
-        if len(traj.token_ids) + len(glue) >= self.max_length:
+        if len(traj.token_ids) + len(glue) >= self.token_limit:
             traj.finish_reason = "length"
             return State.DONE
         traj.extend_observation(glue)

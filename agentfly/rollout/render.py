@@ -31,9 +31,10 @@ class ChatRenderer:
         self.turn_suffix = self._assistant_suffix()
 
     def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
+        text: str = self.tokenizer.apply_chat_template(
             list(messages), tools=self.tools, add_generation_prompt=add_generation_prompt, tokenize=False
         )
+        return text
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -53,7 +54,8 @@ class ChatRenderer:
         ids = list(token_ids)
         if ids and ids[-1] in stop_token_ids:
             ids = ids[:-1]
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        text: str = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return text
 
     def glue_ids(
         self,

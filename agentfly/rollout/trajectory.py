@@ -109,11 +109,22 @@ class Trajectory:
                 spans.append((i, i + 1, m))
         return spans
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, tokenizer: Any = None) -> dict[str, Any]:
+        """The trajectory as JSON-able data: its fields and derived counts (``from_dict`` reads it back).
+
+        With ``tokenizer`` it also carries the decoded views a viewer needs without a tokenizer of its own:
+        ``text`` (the whole sequence) and ``segments`` (``mask_segments``: runs of one mask value, decoded).
+        This is the one serialisation of a trajectory: the trainer's ``samples`` events carry it as it is.
+        """
         d = asdict(self)
         d["num_turns"] = self.num_turns
         d["tool_errors"] = self.tool_errors
         d["parse_errors"] = self.parse_errors
+        if tokenizer is not None:
+            from agentfly.rollout.mask import mask_segments
+
+            d["text"] = tokenizer.decode(self.token_ids, skip_special_tokens=False)
+            d["segments"] = mask_segments(self, tokenizer)
         return d
 
     @classmethod

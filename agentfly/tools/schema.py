@@ -92,8 +92,9 @@ def type_schema(hint: Any, where: str = "value") -> dict[str, Any]:
         values = [m.value for m in hint]
         return {**_enum_type(values), "enum": values}
     if isinstance(hint, type) and issubclass(hint, pydantic.BaseModel):
-        raw = hint.model_json_schema()
-        return _inline_refs(raw, raw.get("$defs", {}))
+        raw: dict[str, Any] = hint.model_json_schema()
+        inlined: dict[str, Any] = _inline_refs(raw, raw.get("$defs", {}))
+        return inlined
     origin = get_origin(hint)
     args = get_args(hint)
     if origin is Literal:
@@ -162,7 +163,7 @@ def signature_schema(fn: Callable[..., Any]) -> tuple[str, dict[str, Any], type[
             fields[name] = (Any if hint is inspect.Parameter.empty else hint, default)
         properties[name] = schema
     parameters: dict[str, Any] = {"type": "object", "properties": properties, "required": required}
-    validator = pydantic.create_model(  # type: ignore[call-overload]
+    validator = pydantic.create_model(
         f"{fn.__name__}_arguments",
         __config__=pydantic.ConfigDict(extra="forbid", arbitrary_types_allowed=True),
         **fields,

@@ -17,13 +17,10 @@
   const badge = document.getElementById("job-status");
   const cancelButton = document.getElementById("cancel-button");
 
-  // The job's state machine. The trainer also reports its own run states ("starting", "finished"); those
-  // go to the log, while the badge follows the job, whose status events the web app writes.
-  const JOB_STATES = new Set(["queued", "running", "succeeded", "failed", "cancelled"]);
+  // The job and its trainer share one status vocabulary (trainer/events.py RUN_STATES).
   let cancelRequested = cancelButton.textContent.trim().startsWith("Cancelling");
 
   function setStatus(status) {
-    if (!JOB_STATES.has(status)) return;
     badge.className = `badge big ${status}`;
     badge.dataset.status = status;
     badge.textContent = status.charAt(0).toUpperCase() + status.slice(1);
@@ -64,9 +61,9 @@
   const logList = document.getElementById("log-list");
   function appendLog(event) {
     const d = M.payload(event);
-    const text = event.type === "status"
-      ? `status → ${d.status || d.state}${d.error ? ": " + d.error : ""}${d.message ? " · " + d.message : ""}`
-      : d.message || JSON.stringify(d);
+    let text = d.message;
+    if (event.type === "status") text = `status → ${d.state}${d.message ? " · " + d.message : ""}`;
+    else if (event.type === "checkpoint") text = `checkpoint of step ${d.step} saved in ${d.path}${d.score === null ? "" : ` (score ${fmt(d.score, 3)})`}`;
     logList.append(el("li", { class: `lvl-${d.level || event.type}` }, el("span", { class: "muted", text: `#${event.seq} ` }), text));
     while (logList.children.length > MAX_LOG) logList.firstChild.remove();
   }
@@ -81,17 +78,11 @@
   const view = document.getElementById("rollout-view");
   const knownSteps = new Set();
 
-  function trajectoriesOf(data) {
-    return data.samples || data.trajectories || [];
-  }
-
-  function toolErrors(t) {
-    if (typeof t.tool_errors === "number") return t.tool_errors;
-    return (t.tool_calls || []).filter((c) => c.error).length;
-  }
+  // A samples payload is {"trajectories": [Trajectory.to_dict(tokenizer), ...]}.
+  function toolErrors(t) { return t.tool_errors; }
 
   function addSamples(event) {
-    trajectoriesOf(M.payload(event)).forEach((t, index) => {
+    M.payload(event).trajectories.forEach((t, index) => {
       trajectories.push({ key: `${event.seq}:${index}`, seq: event.seq, step: event.step, index, t });
     });
     while (trajectories.length > MAX_TRAJECTORIES) trajectories.shift();
@@ -139,7 +130,7 @@
       const errors = toolErrors(t);
       const li = el("li", { class: `rollout-item${item.key === selectedKey ? " selected" : ""}`, "data-key": item.key },
         el("span", { class: "reward " + (t.reward > 0 ? "pos" : "zero"), text: fmt(t.reward, 2) }),
-        el("span", { text: ` step ${item.step ?? "?"} · ${t.num_turns ?? (t.turns || []).length} turns · ${(t.tool_calls || []).length} calls` }),
+        el("span", { text: ` step ${item.step ?? "?"} · ${t.num_turns} turns · ${t.tool_calls.length} calls` }),
         errors ? el("span", { class: "badge failed", text: `${errors} failed` }) : null);
       li.addEventListener("click", () => { selectedKey = item.key; followNewest = false; rolloutsDirty = true; renderRollouts(); });
       list.append(li);
@@ -161,8 +152,8 @@
       el("span", { class: "badge big " + (t.reward > 0 ? "succeeded" : "neutral"), text: `reward ${fmt(t.reward, 3)}` }),
       el("span", { class: "muted", text: ` step ${item.step ?? "?"} · ${t.finish_reason || ""}${t.error ? " · error: " + t.error : ""}` }));
     const conversation = el("div", { class: "conversation" });
-    const calls = t.tool_calls || [];
-    const messages = t.messages || [];
+    const calls = t.tool_calls;
+    const messages = t.messages;
     if (messages.length) {
       for (const m of messages) {
         const body = el("div", { class: "msg-body" }, el("pre", { text: contentText(m.content) }));
@@ -241,9 +232,10 @@
   let resourcesDirty = false;
 
   function addResources(event) {
+    // A resources payload is {"host": HostStats, "engine": Engine.stats(), "pools": ResourceEngine.stats()}.
     const p = M.payload(event);
-    const worker = p.worker || p;
-    const pools = p.pools || {};
+    const worker = p.host;
+    const pools = p.pools;
     const t = new Date((event.time || Date.now() / 1000) * 1000);
     for (const [name, s] of Object.entries(pools)) {
       if (!poolHistory.has(name)) poolHistory.set(name, { t: [], in_use: [], waiting: [] });
@@ -253,14 +245,14 @@
     workerHistory.t.push(t);
     workerHistory.cpu.push(worker.cpu_percent ?? null);
     workerHistory.mem.push(worker.memory_percent ?? null);
-    (worker.gpus || worker.gpu || []).forEach((g, i) => {
-      const key = g.index ?? i;
+    worker.gpus.forEach((g) => {
+      const key = g.index;
       if (!workerHistory.gpus.has(key)) workerHistory.gpus.set(key, { t: [], util: [], mem: [] });
       const h = workerHistory.gpus.get(key);
       h.t.push(t); h.util.push(g.util_percent ?? null);
-      h.mem.push(g.memory_percent ?? (g.memory_total_mb ? (100 * g.memory_used_mb) / g.memory_total_mb : null));
+      h.mem.push(g.memory_percent);
     });
-    latestResources = { pools, worker, engine: p.engine || null };
+    latestResources = { pools, worker, engine: p.engine };
     resourcesDirty = true;
   }
 
@@ -294,25 +286,26 @@
       Plotly.react("pool-timeline", timeline, { height: 200, margin: { l: 40, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: -0.3 } },
         { displaylogo: false, responsive: true });
     }
-    const gpus = worker.gpus || worker.gpu || [];
+    const gpus = worker.gpus;
     const items = [
-      ["CPU", `${fmt(worker.cpu_percent, 1)} %` + (worker.cpu_count ? ` of ${worker.cpu_count} cores` : "")],
-      ["Memory", `${fmt(worker.memory_percent, 1)} %` + (worker.memory_total_mb ? ` (${fmt(worker.memory_used_mb / 1024, 1)} / ${fmt(worker.memory_total_mb / 1024, 1)} GiB)` : "")],
-      ["Process RSS", `${fmt(worker.process_rss_mb ?? worker.rss_mb, 0)} MiB`],
-      ["Host", worker.host ? `${worker.host}:${worker.pid}` : "—"],
+      ["CPU", `${fmt(worker.cpu_percent, 1)} % of ${worker.cpu_count} cores`],
+      ["Memory", `${fmt(worker.memory_percent, 1)} % (${fmt(worker.memory_used_mb / 1024, 1)} / ${fmt(worker.memory_total_mb / 1024, 1)} GiB)`],
+      ["Process RSS", `${fmt(worker.process_rss_mb, 0)} MiB`],
+      ["Host", `${worker.host}:${worker.pid}`],
     ];
-    if (engine && typeof engine === "object" && Object.keys(engine).length) {
-      // The rollout engine's batching (HF engine stats): how well concurrent rollouts share the model.
-      items.push(["Rollout engine", `${fmt(engine.sequences)} sequences in ${fmt(engine.batches)} batches · max batch ${fmt(engine.max_batch)}` +
+    if (Object.keys(engine).length) {
+      // The rollout engine's Engine.stats(): how well concurrent rollouts share the model.
+      items.push(["Rollout engine", `${fmt(engine.sequences)} sequences · ${fmt(engine.generated_tokens)} tokens` +
+        (engine.max_batch === undefined ? "" : ` · max batch ${fmt(engine.max_batch)}`) +
         (engine.tokens_per_second ? ` · ${fmt(engine.tokens_per_second, 1)} tok/s` : "")]);
     }
     const summary = el("dl", { class: "kv" });
     for (const [k, v] of items) summary.append(el("dt", { text: k }), el("dd", { text: v }));
     if (gpus.length) {
-      gpus.forEach((g, i) => summary.append(el("dt", { text: `GPU ${g.index ?? i}` }),
-        el("dd", { text: `${g.name ? g.name + " · " : ""}${fmt(g.util_percent, 0)} % util · ${fmt(g.memory_used_mb / 1024, 1)} / ${fmt(g.memory_total_mb / 1024, 1)} GiB` })));
+      gpus.forEach((g) => summary.append(el("dt", { text: `GPU ${g.index}` }),
+        el("dd", { text: `${g.name} · ${fmt(g.util_percent, 0)} % util · ${fmt(g.memory_used_mb / 1024, 1)} / ${fmt(g.memory_total_mb / 1024, 1)} GiB` })));
     } else {
-      summary.append(el("dt", { text: "GPU" }), el("dd", { class: "muted", id: "gpu-absent", text: `absent${worker.gpu_absent ? " — " + worker.gpu_absent : " on this worker"}` }));
+      summary.append(el("dt", { text: "GPU" }), el("dd", { class: "muted", id: "gpu-absent", text: `absent — ${worker.gpu_absent}` }));
     }
     document.getElementById("worker-summary").replaceChildren(summary);
     const traces = [
@@ -342,7 +335,8 @@
           break;
         case "samples": addSamples(event); break;
         case "resources": addResources(event); break;
-        case "status": setStatus(data.status || data.state); appendLog(event); break;
+        case "status": setStatus(data.state); appendLog(event); break;
+        case "checkpoint": appendLog(event); break;
         case "log": appendLog(event); break;
         default: break;
       }

@@ -83,20 +83,15 @@
   }
 
   /* ------------------------------------------------------------------------------ event payloads */
-  // The job body stores flat payloads ({"reward_mean": ...}); the trainer's EventStream nests them
-  // ({"run": ..., "data": {"reward/mean": ...}}). Both reach the page; this is the one place that knows.
-  function payload(event) {
-    const d = event.data || {};
-    if (d.data && typeof d.data === "object" && !Array.isArray(d.data)) return d.data;
-    return d;
-  }
+  // Every stored event's `data` is its typed payload as the trainer wrote it (trainer/events.py).
+  function payload(event) { return event.data || {}; }
 
   function normKey(key) { return String(key).toLowerCase().replace(/[^a-z0-9]+/g, "_").replace(/^_|_$/g, ""); }
 
   function numericMetrics(values, prefix, out) {
     out = out || {};
     for (const [k, v] of Object.entries(values)) {
-      if (k === "step" || k === "time" || k === "run" || k === "checkpoint") continue;
+      if (k === "step") continue;
       const key = prefix ? `${prefix}_${normKey(k)}` : normKey(k);
       if (typeof v === "number" && Number.isFinite(v)) out[key] = v;
       else if (v && typeof v === "object" && !Array.isArray(v)) numericMetrics(v, key, out);
@@ -105,20 +100,20 @@
   }
 
   /* ---------------------------------------------------------------------------------- the charts */
+  // One key per chart: the trainer's metric names (trainer/loop.py) as normKey writes them.
   const CHARTS = [
-    { id: "reward", title: "Reward", keys: ["reward_mean", "reward", "rewards_mean", "reward_avg"],
-      band: { std: "reward_std", min: "reward_min", max: "reward_max" } },
-    { id: "accuracy", title: "Accuracy", keys: ["accuracy", "reward_accuracy", "acc", "accuracy_mean"] },
-    { id: "loss", title: "Policy loss", keys: ["loss_policy", "policy_loss", "pg_loss", "actor_pg_loss", "loss"] },
-    { id: "kl", title: "KL", keys: ["kl", "loss_kl", "kl_ref", "actor_kl", "kl_mean"] },
-    { id: "entropy", title: "Entropy", keys: ["entropy", "actor_entropy", "entropy_mean", "loss_entropy"] },
-    { id: "clip", title: "Clip fraction", keys: ["clip_fraction", "clip_frac", "loss_clip_fraction", "clipfrac", "actor_pg_clipfrac"] },
-    { id: "length", title: "Response length (tokens)", keys: ["response_length", "response_length_mean", "length_mean"] },
-    { id: "tool_calls", title: "Tool calls per trajectory", keys: ["tool_calls_per_traj", "tool_calls_per_trajectory", "tools_calls_per_traj", "tool_calls_mean", "tool_calls"] },
-    { id: "tool_errors", title: "Tool error rate", keys: ["tool_error_rate", "tools_error_rate", "tool_errors_rate", "tool_errors_mean"] },
-    { id: "tokens_per_s", title: "Tokens / s", keys: ["tokens_per_s", "tokens_per_second", "throughput_tokens_per_s", "perf_tokens_per_s", "tokens_s"] },
-    { id: "step_time", title: "Step and stage time (s)", keys: ["step_time", "time_step", "time_total"], prefix: "time_" },
-    { id: "mismatch", title: "Rollout vs trainer logprob mismatch", keys: ["logprob_mismatch", "rollout_logprob_mismatch", "logprob_diff", "mismatch_logprob", "logprob_mismatch_mean", "rollout_trainer_logprob_diff"] },
+    { id: "reward", title: "Reward", keys: ["reward_mean"], band: { std: "reward_std", min: "reward_min", max: "reward_max" } },
+    { id: "accuracy", title: "Accuracy", keys: ["accuracy"] },
+    { id: "loss", title: "Policy loss", keys: ["loss_policy"] },
+    { id: "kl", title: "KL", keys: ["kl"] },
+    { id: "entropy", title: "Entropy", keys: ["entropy"] },
+    { id: "clip", title: "Clip fraction", keys: ["clip_fraction"] },
+    { id: "length", title: "Response length (tokens)", keys: ["response_length_mean"] },
+    { id: "tool_calls", title: "Tool calls per trajectory", keys: ["tool_calls_mean"] },
+    { id: "tool_errors", title: "Tool errors per trajectory", keys: ["tool_errors_mean"] },
+    { id: "tokens_per_s", title: "Tokens / s", keys: ["tokens_per_second"] },
+    { id: "step_time", title: "Step and stage time (s)", keys: ["time_step"], prefix: "time_" },
+    { id: "mismatch", title: "Rollout vs trainer logprob mismatch", keys: ["logprob_mismatch"] },
   ];
   const PALETTE = ["#4f46e5", "#d93025", "#0f9d58", "#b7791f", "#2563eb", "#9333ea", "#0891b2", "#be185d"];
 

@@ -164,13 +164,6 @@ def test_an_unknown_resource_name_is_refused_at_launch(alice_client: Any, alice_
     assert not TrainingJob.objects.exists()
 
 
-def test_the_launch_forms_built_in_resources_are_the_trainers() -> None:
-    from trainer.loop import BUILTIN_RESOURCES
-    from webapp.registry.sandboxes import KNOWN as FORM_RESOURCES
-
-    assert set(FORM_RESOURCES) == set(BUILTIN_RESOURCES)
-
-
 def test_the_gpu_queue_is_refused_when_no_gpu_worker_listens(alice_client: Any, alice_api: Any, team_a: Any,
                                                              entries: tuple[Any, Any], settings: Any) -> None:
     from webapp.jobs import queues

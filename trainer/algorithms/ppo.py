@@ -55,4 +55,5 @@ class ValueHead(nn.Module):
         nn.init.zeros_(self.proj.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.proj(hidden.to(self.proj.weight.dtype)).squeeze(-1)
+        values: torch.Tensor = self.proj(hidden.to(self.proj.weight.dtype)).squeeze(-1)
+        return values

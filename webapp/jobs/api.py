@@ -16,7 +16,7 @@ from webapp.inputs import PG_BIGINT_MAX, query_int
 from webapp.jobs import actions
 from webapp.jobs.forms import ALGORITHMS, MODEL_SOURCES, TASKS, LaunchForm
 from webapp.jobs.models import Checkpoint, Queue, TrainingJob
-from webapp.monitor.events import events_after
+from webapp.monitor.events import events_after, requested_types
 from webapp.monitor.models import EventType
 from webapp.schema import detail_response
 
@@ -166,7 +166,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @extend_schema(parameters=[
         OpenApiParameter("after", {"type": "integer", "format": "int64", "minimum": 0, "maximum": PG_BIGINT_MAX},
                          description="Only events with a larger sequence number."),
-        OpenApiParameter("type", str, many=True, enum=EventType.values),
+        OpenApiParameter("types", str, many=True, enum=EventType.values,
+                         description="Only these types (comma-separated or repeated; `type=` is a deprecated alias)."),
         OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 5000},
                          description="At most this many (1-5000)."),
     ], responses={200: EventPageSerializer})
@@ -185,10 +186,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         except ValueError:
             errors["limit"] = ["Give an integer from 1 to 5000."]
             limit = 1000
-        types = request.query_params.getlist("type")
+        types = requested_types(request.query_params)
         bad = [t for t in types if t not in EventType.values]
-        if bad:
-            errors["type"] = [f"Unknown event type {t!r}; use one of {EventType.values}." for t in bad]
+        if bad:  # named after the parameter the client used (`type=` is the deprecated spelling)
+            errors["types" if "types" in request.query_params else "type"] = [f"Unknown event type {t!r}; use one of {EventType.values}." for t in bad]
         if errors:
             return Response(errors, status=status.HTTP_400_BAD_REQUEST)
         return Response({"job": job.pk, "last_seq": job.last_seq,

@@ -14,12 +14,12 @@ from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
+from agentfly.resources.builtin import BUILTIN_SPECS  # names only: no spec is built here
 from webapp import inputs
 from webapp.accounts.models import Team
 from webapp.jobs import paths
 from webapp.jobs.models import Queue
 from webapp.registry.models import Entry
-from webapp.registry.sandboxes import KNOWN as BUILTIN_RESOURCES
 
 ALGORITHMS = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo")
 MODEL_SOURCES = (("tiny", "Tiny model built on the worker (CPU demo)"), ("path", "Local model directory"))
@@ -247,7 +247,7 @@ class LaunchForm(forms.Form):
         """A pool size only for a resource the trainer can build: a built-in one or one a chosen tool declares."""
         tools = data.get("tools") or []
         declared = {t.current_version.resource for t in tools if t.current_version and t.current_version.resource}
-        known = set(BUILTIN_RESOURCES) | declared  # the web app's specs (the trainer's built-ins, a test says)
+        known = set(BUILTIN_SPECS) | declared
         unknown = sorted(set(data.get("resources") or {}) - known)
         if unknown:
             self.add_error("resources", f"Unknown resource {', '.join(map(repr, unknown))}; name one of "

@@ -15,16 +15,12 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from trainer.events import RUN_STATES
 from webapp.accounts.models import Team
 from webapp.registry.models import Version
 
-
-class Status(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    RUNNING = "running", "Running"
-    SUCCEEDED = "succeeded", "Succeeded"
-    FAILED = "failed", "Failed"
-    CANCELLED = "cancelled", "Cancelled"
+# A job's states are the trainer's run states (``trainer.events.RUN_STATES``): one vocabulary for both.
+Status = models.TextChoices("Status", [(state.upper(), state) for state in RUN_STATES])  # type: ignore[misc]
 
 
 ACTIVE = (Status.QUEUED, Status.RUNNING)

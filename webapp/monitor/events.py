@@ -18,6 +18,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import F
+from django.http import QueryDict
 
 from webapp.monitor.models import EventType, JobEvent
 
@@ -116,6 +117,12 @@ def publish(job_id: int, messages: list[dict[str, Any]]) -> None:
     except Exception:
         log.warning("could not publish events %s..%s of job %s", messages[0]["seq"], messages[-1]["seq"], job_id,
                     exc_info=True)
+
+
+def requested_types(query: QueryDict) -> list[str]:
+    """The event types a request asks for: ``types=metrics,status`` (comma-separated or repeated). ``type=``
+    is the deprecated spelling of the same parameter and is still read."""
+    return [t for value in [*query.getlist("types"), *query.getlist("type")] for t in value.split(",") if t]
 
 
 def events_after(job_id: int, after_seq: int = 0, types: Iterable[str] | None = None,

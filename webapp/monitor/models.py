@@ -10,13 +10,10 @@ from typing import Any
 
 from django.db import models
 
+from trainer.events import EVENT_TYPES
 
-class EventType(models.TextChoices):
-    METRICS = "metrics", "Metrics"
-    SAMPLES = "samples", "Samples"
-    RESOURCES = "resources", "Resources"
-    STATUS = "status", "Status"
-    LOG = "log", "Log"
+# The trainer's event types are the one list (``trainer.events.EVENT_TYPES``); the stored column takes them.
+EventType = models.TextChoices("EventType", [(t.upper(), t) for t in EVENT_TYPES])  # type: ignore[misc]
 
 
 class JobEvent(models.Model):

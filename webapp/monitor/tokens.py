@@ -1,10 +1,9 @@
 """Per-token text for the dashboard's token view, decoded with the model's own tokenizer on the server.
 
-A ``samples`` event carries trajectories as ``Trajectory.to_dict()`` (``token_ids``, ``loss_mask``,
-``logprobs``, ``turns``, ``tool_calls``, ``reward``, ``model``). The job body usually adds ``tokens`` (one
-decoded string per token id) when it stores them; a trajectory stored without them (the trainer's own
-sink, an older run) gets them here, when it is served, so the browser can colour every token by its mask
-and show its logprob on hover. The browser never guesses token boundaries from text.
+A ``samples`` event carries trajectories as ``Trajectory.to_dict(tokenizer)`` (``token_ids``, ``loss_mask``,
+``logprobs``, ``turns``, ``tool_calls``, ``reward``, ``model``, ``text``, ``segments``). Each trajectory gets
+``tokens`` (one decoded string per token id) here, when it is served, so the browser can colour every token
+by its mask and show its logprob on hover. The browser never guesses token boundaries from text.
 
 Only the ``tokenizers`` package (Rust, no torch) is used, reading ``tokenizer.json`` from the model folder
 the trajectory names; a trajectory whose model is not a local folder with that file is served as it is, and
@@ -49,17 +48,9 @@ def token_texts(token_ids: list[int], model: str | None) -> list[str] | None:
 
 
 def trajectories_of(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """The trajectory dicts of a ``samples`` event, whichever sink stored it.
-
-    The job body stores ``{"samples": [...]}``; the trainer's ``EventStream`` nests its payload as
-    ``{"data": {"trajectories": [...]}}``.
-    """
-    inner = data.get("data") if isinstance(data.get("data"), dict) else data
-    for key in ("samples", "trajectories"):
-        value = inner.get(key)
-        if isinstance(value, list):
-            return [t for t in value if isinstance(t, dict)]
-    return []
+    """The trajectory dicts of a ``samples`` event's payload (``trainer.events.SamplesData``)."""
+    value = data.get("trajectories")
+    return [t for t in value if isinstance(t, dict)] if isinstance(value, list) else []
 
 
 def job_model_path(config: Any) -> str | None:

@@ -18,7 +18,7 @@ from django.urls import reverse
 
 from webapp.inputs import PG_BIGINT_MAX, query_int
 from webapp.jobs.models import TrainingJob
-from webapp.monitor.events import events_after
+from webapp.monitor.events import events_after, requested_types
 from webapp.monitor.models import EventType
 from webapp.monitor.tokens import job_model_path, with_token_texts
 
@@ -109,7 +109,7 @@ def events_json(request: HttpRequest, pk: int) -> JsonResponse:
         limit = query_int(request.GET, "limit", 1000, 1, MAX_EVENTS_PER_REQUEST)
     except ValueError:
         return _bad_request(f"limit={limit_raw[:40]!r} must be an integer from 1 to {MAX_EVENTS_PER_REQUEST}")
-    types = [t for t in request.GET.get("types", "").split(",") if t]
+    types = requested_types(request.GET)
     unknown = sorted(set(types) - set(EventType.values))
     if unknown:
         return _bad_request(f"unknown event types {unknown}; use some of {sorted(EventType.values)}")

@@ -262,7 +262,8 @@ class Channel:
                 return None
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line)
+        message: dict[str, Any] = json.loads(line)
+        return message
 
     def write(self, message: dict[str, Any]) -> None:
         data = json.dumps(message, ensure_ascii=False).encode() + b"\n"
@@ -298,7 +299,10 @@ def run_code(code: str, namespace: dict[str, Any]) -> str | None:
     """Execute ``code`` like a notebook cell: the value of a final expression is shown. Returns an error name."""
     try:
         tree = ast.parse(code, "<sandbox>", "exec")
-        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        final = tree.body[-1] if tree.body else None
+        last = final if isinstance(final, ast.Expr) else None
+        if last is not None:
+            tree.body.pop()
         exec(compile(tree, "<sandbox>", "exec"), namespace)
         if last is not None:
             value = eval(compile(ast.Expression(last.value), "<sandbox>", "eval"), namespace)

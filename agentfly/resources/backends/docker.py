@@ -119,7 +119,8 @@ class DockerWorker:
                     self._buffer += payload
             line, self._buffer = self._buffer.split(b"\n", 1)
         try:
-            return json.loads(line)
+            message: dict[str, Any] = json.loads(line)
+            return message
         except ValueError:
             self._dead = True  # code in the sandbox wrote into the protocol: restart rather than trust it
             raise ResourceError("the sandbox wrote garbage into its control channel and was stopped") from None
@@ -211,7 +212,8 @@ def build_image(tag: str = "agentfly-python:local") -> str:
 
     import docker
 
-    exe = os.path.realpath(sys.executable if sys.prefix == sys.base_prefix else sys._base_executable)
+    exe = os.path.realpath(sys.executable if sys.prefix == sys.base_prefix
+                           else getattr(sys, "_base_executable", sys.executable))
     stdlib = sysconfig.get_paths()["stdlib"]
     dynload = os.path.join(stdlib, "lib-dynload")
     binaries = [exe] + [os.path.join(dynload, f) for f in os.listdir(dynload) if f.endswith(".so")]

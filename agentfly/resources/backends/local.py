@@ -350,7 +350,8 @@ class LocalWorker:
             code = await self.proc.wait()
             raise ResourceError(f"sandbox process exited ({describe_exit(code)})")
         try:
-            return json.loads(line)
+            message: dict[str, Any] = json.loads(line)
+            return message
         except ValueError:
             # Code in the sandbox wrote into the protocol channel: nothing it says can be trusted any more.
             await self.kill_async()

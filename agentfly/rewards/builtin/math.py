@@ -32,7 +32,7 @@ def extract_answer(text: str | None) -> str | None:
         return None
     tagged = _ANSWER_TAG.findall(text)
     if tagged:
-        return tagged[-1].strip()
+        return str(tagged[-1]).strip()
     boxed = _last_boxed(text)
     if boxed is not None:
         return boxed.strip()

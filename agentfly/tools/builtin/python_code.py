@@ -1,19 +1,24 @@
 """``python_code``: run Python in the rollout's sandbox; variables persist across the rollout's turns.
 
-Declare the sandbox pool once per job and pass it to the agent::
+``PYTHON_SANDBOX`` is the sandbox pool this tool uses (the trainer and the web app take it from here;
+``agentfly.resources.builtin.with_pool`` resizes it)::
 
-    PY = af.ResourceSpec(name="python", factory=af.resources.PythonSandbox, kind="sandbox",
-                         pool=af.Pool(min=2, max=8), acquire_timeout=30)
-    agent = af.Agent(model, tools=[python_code], resources=af.ResourceEngine([PY]))
+    agent = af.Agent(model, tools=[python_code], resources=af.ResourceEngine([PYTHON_SANDBOX]))
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from agentfly.resources.sandbox import PythonSandbox
+from agentfly.resources.spec import Pool, ResourceSpec
 from agentfly.tools.tool import tool
 
 RESOURCE = "python"
+
+# Up to 8 sandboxes, created on demand; a rollout waits at most 60 s for one before its call fails.
+PYTHON_SANDBOX = ResourceSpec(name=RESOURCE, factory=PythonSandbox, kind="sandbox", pool=Pool(min=0, max=8),
+                              acquire_timeout=60)
 
 
 @tool(resource=RESOURCE, timeout=60)

@@ -154,14 +154,14 @@ async def test_it_batches_concurrent_requests_and_a_seed_samples_the_same_tokens
 ) -> None:
     sampling = af.Sampling(temperature=1.0, max_new_tokens=16)
     alone = await engine.generate(prompts[1], sampling.replace(seed=123))
-    steps_before = engine.stats["steps"]
+    steps_before = engine.stats()["steps"]
     crowd = await asyncio.gather(*(engine.generate(prompts[i % len(prompts)], sampling.replace(seed=1000 + i))
                                    for i in range(15)), engine.generate(prompts[1], sampling.replace(seed=123)))
     assert crowd[-1].token_ids == alone.token_ids
     assert crowd[-1].logprobs == pytest.approx(alone.logprobs, abs=1e-5)
-    assert engine.stats["max_batch"] >= 16
+    assert engine.stats()["max_batch"] >= 16
     # 16 requests of at most 16 tokens decoded together take about 16 engine steps, not 16 x 16.
-    assert engine.stats["steps"] - steps_before <= 20
+    assert engine.stats()["steps"] - steps_before <= 20
     assert len({tuple(g.token_ids) for g in crowd}) > 8  # different seeds, different samples
 
 
@@ -254,7 +254,7 @@ async def test_after_update_weights_vllm_and_the_trainer_forward_agree(
 
         engine.update_weights(trainer_model.state_dict())
         assert await mismatch() < 1e-4
-        assert engine.stats["weight_syncs"] >= 1
+        assert engine.stats()["weight_syncs"] >= 1
 
         # A state dict with only lm_head (the tied copy) reaches the shared embedding too.
         with torch.no_grad():

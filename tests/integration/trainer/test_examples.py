@@ -22,7 +22,7 @@ def test_every_example_config_loads_and_validates(path: Path) -> None:
 
 
 def test_the_built_in_tasks_keep_train_and_test_apart() -> None:
-    from trainer.loop import load_samples
+    from trainer.builders import load_samples
 
     for task in ("arithmetic", "wiki_qa", "scienceworld"):
         train, test = load_samples(load_config(None, [f"data.task={task}", "data.train_size=200"]))

@@ -34,7 +34,7 @@ def test_sft_lowers_the_loss_saves_a_loadable_model_and_evaluates_it(tiny_model_
     assert final["sft/demonstrations"] == 48 and final["eval/rollout_errors"] == 0.0
     # The accuracy is the share of full rewards, which math_equal (0 or 1) makes the mean reward.
     assert final["eval/accuracy"] == final["eval/reward/mean"]
-    assert read_events(out / "events.jsonl", "status")[-1]["data"]["state"] == "finished"
+    assert read_events(out / "events.jsonl", "status")[-1]["data"]["state"] == "succeeded"
     # The saved model is an ordinary Hugging Face directory that `agentfly eval` can load, and it is the model
     # the run evaluated: greedy decoding of the same 6 held-out problems reproduces the run's own eval.
     proc = agentfly("eval", str(out), "--n", "6", "--set", "eval.max_new_tokens=40", "--set", "threads=1")

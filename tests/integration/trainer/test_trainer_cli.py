@@ -33,7 +33,7 @@ def test_train_runs_two_steps_and_writes_events_and_a_checkpoint(tiny_model_dir,
     proc = agentfly("train", *[a for s in sets for a in ("--set", s)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["step"] == 2 and result["state"] == "finished"
+    assert result["step"] == 2 and result["state"] == "succeeded"
     metrics = [e for e in read_events(out / "events.jsonl", "metrics") if "time/rollout" in e["data"]]
     assert [e["step"] for e in metrics] == [1, 2]
     for stage in ("rollout", "reward", "update", "weight_sync"):

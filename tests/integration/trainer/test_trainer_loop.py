@@ -53,7 +53,7 @@ def test_lora_trains_only_the_adapters_and_its_checkpoint_resumes_and_loads(tiny
     pytest.importorskip("peft")
     import torch
 
-    from trainer.loop import load_policy
+    from trainer.builders import load_policy
 
     overrides = tiny_overrides(tiny_model_dir, tmp_path / "lora", REWARD, "model.lora.enabled=true",
                                "model.lora.r=4", "optim.lr=0.01", "steps=1")
@@ -107,7 +107,7 @@ def test_tools_that_declare_a_resource_get_a_pool_whose_stats_are_events(tiny_mo
 
 
 def test_an_unknown_resource_names_the_config_key_to_add(tiny_model_dir, tmp_path):
-    from trainer.loop import build_resources
+    from trainer.builders import build_resources
 
     config = load_config(None, ["resources={gpu_judge: {max: 1}}"])
     with pytest.raises(ValueError, match=r"resources\.gpu_judge\.spec"):

@@ -85,7 +85,7 @@ async def test_rollouts_on_the_hf_engine_share_batches_and_reproduce_with_a_seed
     assert len(first) == 12
     tokenizer = agent.tokenizer
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert agent.engine.stats.max_batch > 1
+    assert agent.engine.stats()["max_batch"] > 1
     for t in first:
         assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
         assert t.error is None and t.num_turns >= 1

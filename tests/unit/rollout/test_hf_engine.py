@@ -39,17 +39,17 @@ async def test_it_batches_concurrent_requests(engine: HFEngine, prompts: list[li
     sampling = af.Sampling(temperature=1.0, max_new_tokens=6)
     results = await asyncio.gather(*(engine.generate(p, sampling.replace(seed=i)) for i, p in enumerate(prompts)))
     assert all(isinstance(g, Generation) and len(g.token_ids) == len(g.logprobs) >= 1 for g in results)
-    assert engine.stats.max_batch == len(prompts)
-    assert engine.stats.batches == 1 and engine.stats.sequences == len(prompts)
-    assert engine.stats.prompt_tokens == sum(map(len, prompts))
-    assert engine.stats.generated_tokens == sum(len(g.token_ids) for g in results)
+    assert engine.stats()["max_batch"] == len(prompts)
+    assert engine.stats()["batches"] == 1 and engine.stats()["sequences"] == len(prompts)
+    assert engine.stats()["prompt_tokens"] == sum(map(len, prompts))
+    assert engine.stats()["generated_tokens"] == sum(len(g.token_ids) for g in results)
 
 
 async def test_it_batches_only_requests_with_the_same_sampling_settings(engine: HFEngine,
                                                                          prompts: list[list[int]]) -> None:
     cold, hot = af.Sampling(temperature=0.5, max_new_tokens=4), af.Sampling(temperature=1.0, max_new_tokens=4)
     await asyncio.gather(*(engine.generate(p, cold if i % 2 else hot) for i, p in enumerate(prompts)))
-    assert engine.stats.batches == 2 and engine.stats.max_batch == 2
+    assert engine.stats()["batches"] == 2 and engine.stats()["max_batch"] == 2
 
 
 async def test_it_samples_the_same_tokens_for_a_seed_whatever_shares_the_batch(
@@ -63,9 +63,9 @@ async def test_it_samples_the_same_tokens_for_a_seed_whatever_shares_the_batch(
 
     requests = [(p, seed) for p in prompts for seed in (1, 2, 3)]
     alone = [await engine.generate(p, sampling(seed)) for p, seed in requests]
-    assert engine.stats.max_batch == 1
+    assert engine.stats()["max_batch"] == 1
     together = await asyncio.gather(*(engine.generate(p, sampling(seed)) for p, seed in requests))
-    assert engine.stats.max_batch == len(requests)
+    assert engine.stats()["max_batch"] == len(requests)
     assert len({len(g.token_ids) for g in alone}) > 1, "the rows should finish at different steps"
     for a, b in zip(alone, together, strict=True):
         assert a.token_ids == b.token_ids
@@ -207,7 +207,7 @@ async def test_it_batches_requests_whose_only_difference_is_their_token_budget(e
     results = await asyncio.gather(*(
         engine.generate(p, af.Sampling(temperature=0, max_new_tokens=b)) for p, b in zip(prompts, budgets, strict=True)
     ))
-    assert engine.stats.batches == 1 and engine.stats.max_batch == len(prompts)
+    assert engine.stats()["batches"] == 1 and engine.stats()["max_batch"] == len(prompts)
     for p, b, gen in zip(prompts, budgets, results, strict=True):
         alone = await engine.generate(p, af.Sampling(temperature=0, max_new_tokens=b))
         assert gen.token_ids == alone.token_ids
@@ -220,7 +220,8 @@ async def test_it_splits_the_queue_into_batches_of_at_most_max_batch_size(tiny_m
     small = HFEngine(tiny_model, tiny_tokenizer, max_batch_size=3)
     greedy = af.Sampling(temperature=0, max_new_tokens=4)
     results = await asyncio.gather(*(small.generate(p, greedy) for p in prompts + prompts[:2]))
-    assert (small.stats.batches, small.stats.max_batch, small.stats.sequences) == (2, 3, 6)
+    stats = small.stats()
+    assert (stats["batches"], stats["max_batch"], stats["sequences"]) == (2, 3, 6)
     assert [g.token_ids for g in results[4:]] == [g.token_ids for g in results[:2]]
 
 
@@ -248,11 +249,11 @@ async def test_it_computes_a_shared_system_prompt_and_repeated_prompts_once(engi
     batch = [p for p in distinct for _ in range(3)]
     greedy = af.Sampling(temperature=0, max_new_tokens=8)
     results = await asyncio.gather(*(engine.generate(p, greedy) for p in batch))
-    assert engine.stats.batches == 1
+    assert engine.stats()["batches"] == 1
     shared = next(k for k in range(min(map(len, distinct))) if len({p[k] for p in distinct}) > 1)
     assert shared > 50  # the system prompt
-    assert engine.stats.prefill_tokens == shared + sum(len(p) - shared for p in distinct)
-    assert engine.stats.prompt_tokens == sum(map(len, batch))
+    assert engine.stats()["prefill_tokens"] == shared + sum(len(p) - shared for p in distinct)
+    assert engine.stats()["prompt_tokens"] == sum(map(len, batch))
     for p, gen in zip(batch, results, strict=True):
         expected = direct_logprobs(tiny_model, p, gen.token_ids)
         assert gen.logprobs == pytest.approx(expected.tolist(), abs=1e-4)

@@ -148,7 +148,7 @@ def test_the_tiny_model_settings_default_to_build_tinys_own_defaults():
 def test_learning_rate_schedules_warm_up_then_decay():
     import torch
 
-    from trainer.loop import lr_schedule
+    from trainer.optim import lr_schedule
 
     def factors(kind: str) -> list[float]:
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)

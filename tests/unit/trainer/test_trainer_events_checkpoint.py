@@ -82,3 +82,18 @@ def test_checkpoints_keep_the_last_n_plus_the_best_and_point_latest(tmp_path):
 def test_resolving_something_that_is_not_a_checkpoint_says_what_to_pass(tmp_path):
     with pytest.raises(FileNotFoundError, match="checkpoint-latest"):
         resolve(tmp_path)
+
+
+def test_a_status_outside_the_shared_run_vocabulary_is_rejected():
+    from trainer.events import RUN_STATES
+
+    assert RUN_STATES == ("queued", "running", "succeeded", "failed", "cancelled")
+    with pytest.raises(ValueError, match="unknown run state 'finished'"):
+        EventStream([]).status(1, "finished")  # type: ignore[arg-type]
+
+
+def test_a_checkpoint_event_names_its_path_step_and_score(tmp_path):
+    got: list[dict] = []
+    EventStream([CallbackSink(got.append)]).checkpoint(6, tmp_path / "checkpoint-000006", 0.75)
+    assert got[0]["type"] == "checkpoint" and got[0]["step"] == 6
+    assert got[0]["data"] == {"path": str(tmp_path / "checkpoint-000006"), "step": 6, "score": 0.75}

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from agentfly.rollout.trajectory import Trajectory
-from trainer.loop import DataCursor, collate, forward, shared_prefix_length
+from trainer.batch import collate, forward, shared_prefix_length
+from trainer.builders import DataCursor
 
 torch.set_num_threads(1)
 

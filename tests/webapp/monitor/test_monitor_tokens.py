@@ -25,8 +25,8 @@ def test_each_token_id_is_decoded_on_its_own_with_the_models_tokenizer(tiny_mode
 
 
 def test_a_trajectory_without_a_local_model_is_served_unchanged(tmp_path: Any) -> None:
-    message = {"type": "samples", "seq": 1, "data": {"samples": [{"token_ids": [1, 2, 3]}]}}
-    assert with_token_texts(message, str(tmp_path / "nowhere"))["data"]["samples"][0].get("tokens") is None
+    message = {"type": "samples", "seq": 1, "data": {"trajectories": [{"token_ids": [1, 2, 3]}]}}
+    assert with_token_texts(message, str(tmp_path / "nowhere"))["data"]["trajectories"][0].get("tokens") is None
 
 
 @pytest.mark.slow

@@ -90,3 +90,15 @@ def test_the_compare_page_explains_a_malformed_job_list(alice: Any, alice_job: A
     assert response.status_code == 200
     assert "&#x27;x7&#x27; is not a job id" in response.content.decode()
     assert response.context["monitor_config"] == {"jobs": []}
+
+
+@pytest.mark.parametrize("query", ["types=checkpoint,status", "types=checkpoint&types=status",
+                                   "type=checkpoint&type=status"])
+def test_both_event_endpoints_filter_by_types_and_read_the_deprecated_type_alias(
+        alice: Any, alice_api: Any, alice_job: Any, query: str) -> None:
+    append_events(alice_job.pk, [{"type": "metrics", "step": 1, "reward/mean": 0.5},
+                                 {"type": "checkpoint", "step": 1, "path": "/runs/x/checkpoint-000001", "score": None},
+                                 {"type": "status", "state": "succeeded"}])
+    page = signed_in(alice).get(f"/monitor/jobs/{alice_job.pk}/events.json?{query}").json()["events"]
+    api = alice_api.get(f"/api/jobs/{alice_job.pk}/events/?{query}").json()["events"]
+    assert [e["type"] for e in page] == [e["type"] for e in api] == ["checkpoint", "status"]

@@ -1,0 +1,47 @@
+"""The built-in resource specs, by the name a tool declares (``@tool(resource="python")``), and the one
+way to resize a spec's pool.
+
+Each spec lives next to the tool that uses it (``PYTHON_SANDBOX`` by ``python_code``, ``WIKI_MINI`` by the
+retrieval index, ``SCIENCEWORLD`` by the environment) and is imported on first use here, because building
+one can load an index or start a JVM. The trainer (``resources:`` in its config) and the web app (a job's
+pools, a "try it" call) both look built-ins up here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+from agentfly.resources.spec import Pool, ResourceSpec, UnknownResource
+
+BUILTIN_SPECS: dict[str, str] = {
+    "python": "agentfly.tools.builtin.python_code:PYTHON_SANDBOX",
+    "wiki": "agentfly.retrieval.index:WIKI_MINI",
+    "scienceworld": "agentfly.envs.scienceworld:SCIENCEWORLD",
+}
+
+
+def builtin_spec(name: str) -> ResourceSpec:
+    """The built-in spec named ``name``; ``UnknownResource`` names the built-ins when there is none."""
+    ref = BUILTIN_SPECS.get(name)
+    if ref is None:
+        raise UnknownResource(f"resource {name!r} is not built in; built-in resources: {', '.join(sorted(BUILTIN_SPECS))}")
+    module, _, attr = ref.partition(":")
+    spec = getattr(importlib.import_module(module), attr)
+    assert isinstance(spec, ResourceSpec), ref
+    return spec
+
+
+def with_pool(spec: ResourceSpec, *, name: str | None = None, pool_min: int | None = None,
+              pool_max: int | None = None, acquire_timeout: float | None = None) -> ResourceSpec:
+    """``spec`` renamed, resized and with another acquire timeout where those are given (None keeps the
+    spec's own). A ``pool_max`` below the spec's ``min`` lowers ``min`` to it, so a max alone always fits."""
+    changes: dict[str, object] = {}
+    if name is not None:
+        changes["name"] = name
+    if pool_min is not None or pool_max is not None:
+        high = pool_max if pool_max is not None else spec.pool.max
+        changes["pool"] = Pool(min=pool_min if pool_min is not None else min(spec.pool.min, high), max=high)
+    if acquire_timeout is not None:
+        changes["acquire_timeout"] = acquire_timeout
+    return dataclasses.replace(spec, **changes)  # type: ignore[arg-type]

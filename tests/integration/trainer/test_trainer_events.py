@@ -1,0 +1,53 @@
+"""The trainer's event contract on a real two-step run: a checkpoint event for every save, the shared status
+vocabulary, and resources events that carry the host, the rollout engine's stats and the pools."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer.config import load_config
+from trainer.events import RUN_STATES, CallbackSink, Event
+from trainer.loop import Trainer
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from trainer_runs import tiny_overrides  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_every_save_is_a_checkpoint_event_and_every_step_reports_the_engine(tiny_model_dir, tmp_path):
+    events: list[Event] = []
+    config = load_config(None, tiny_overrides(tiny_model_dir, tmp_path / "run", "save_every=1", "keep_last=5",
+                                              "rollout.reward=rewards_for_tests:answer_length"))
+    result = Trainer(config, sinks=[CallbackSink(events.append)]).train()
+
+    saves = [e["data"] for e in events if e["type"] == "checkpoint"]
+    assert [s["step"] for s in saves] == [1, 2]  # step 1 by save_every, step 2 the final save
+    assert all(Path(s["path"]).is_dir() for s in saves) and saves[-1]["path"] == result["checkpoint"]
+    assert saves[-1]["score"] is not None  # the final save follows the final evaluation
+
+    states = [e["data"]["state"] for e in events if e["type"] == "status"]
+    assert set(states) <= set(RUN_STATES) and states[-1] == result["state"] == "succeeded"
+
+    resources = [e["data"] for e in events if e["type"] == "resources"]
+    assert len(resources) == 2
+    engine = resources[-1]["engine"]
+    assert engine["sequences"] >= 4 and engine["generated_tokens"] > 0  # 2 steps x 2 prompts x 2 samples
+    assert {"cpu_percent", "process_rss_mb", "gpus", "gpu_absent"} <= set(resources[-1]["host"])
+
+
+@pytest.mark.vllm
+def test_with_the_vllm_engine_the_resources_events_carry_its_stats(tiny_model_dir, tmp_path):
+    pytest.importorskip("vllm")
+    events: list[Event] = []
+    config = load_config(None, tiny_overrides(tiny_model_dir, tmp_path / "run", "steps=1", "engine=vllm",
+                                              "rollout.reward=rewards_for_tests:answer_length"))
+    Trainer(config, sinks=[CallbackSink(events.append)]).train()
+    (resources,) = [e["data"] for e in events if e["type"] == "resources"]
+    # Before Engine.stats(), the trainer read a dataclass's as_dict() and got {} from vLLM's plain dict.
+    assert resources["engine"]["sequences"] == 4 and resources["engine"]["generated_tokens"] > 0
+    assert resources["engine"]["steps"] >= 1

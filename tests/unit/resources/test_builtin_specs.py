@@ -1,0 +1,28 @@
+"""The built-in resource specs live next to their tools, and one function resizes a spec's pool."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentfly.resources import Pool, UnknownResource
+from agentfly.resources.builtin import BUILTIN_SPECS, builtin_spec, with_pool
+from agentfly.tools.builtin.python_code import PYTHON_SANDBOX, python_code
+
+
+def test_the_python_sandbox_spec_is_the_one_next_to_the_python_tool() -> None:
+    assert builtin_spec(python_code.resource) is PYTHON_SANDBOX
+    assert (PYTHON_SANDBOX.pool, PYTHON_SANDBOX.acquire_timeout) == (Pool(min=0, max=8), 60)
+
+
+def test_an_unknown_resource_names_the_built_ins() -> None:
+    with pytest.raises(UnknownResource, match="built-in resources: python, scienceworld, wiki"):
+        builtin_spec("gpu_farm")
+    assert sorted(BUILTIN_SPECS) == ["python", "scienceworld", "wiki"]
+
+
+def test_a_pool_override_keeps_what_it_does_not_name_and_a_lone_max_fits() -> None:
+    warm = with_pool(PYTHON_SANDBOX, pool_min=3)
+    assert warm.pool == Pool(min=3, max=8) and warm.acquire_timeout == 60
+    assert with_pool(warm, pool_max=2).pool == Pool(min=2, max=2)  # min lowered to the new max
+    renamed = with_pool(PYTHON_SANDBOX, name="py", acquire_timeout=5)
+    assert (renamed.name, renamed.pool, renamed.acquire_timeout) == ("py", PYTHON_SANDBOX.pool, 5)

@@ -1,0 +1,233 @@
+"""What a run is built from: torch and seeds, the policy (with LoRA), the task samples and their order, the
+engine, the tools' resource pools and the agent. ``trainer.loop.Trainer`` calls these once, at start."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from trainer.config import Config
+
+if TYPE_CHECKING:
+    from agentfly.agents.agent import Agent
+    from agentfly.engines.base import Engine
+    from agentfly.resources import ResourceEngine
+
+
+def setup_torch(config: Config) -> torch.device:
+    """Seed everything and size the thread pool: all cores but one (the event loop, tool subprocesses and
+    reward functions need a core; on a shared 2-core box two spinning OpenMP threads ran 10x slower than one)."""
+    threads = config.threads or max(1, (os.cpu_count() or 2) - 1)
+    torch.set_num_threads(threads)
+    seed_everything(config.seed)
+    if config.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(config.device)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def import_object(spec: str, what: str) -> Any:
+    """``"package.module:attribute"`` -> the attribute; errors say which config key to fix."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not attr:
+        raise ValueError(f"{what} {spec!r} must be written 'module:attribute', e.g. "
+                         "'agentfly.tools.builtin.calculator:calculator'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"{what} {spec!r}: cannot import {module_name!r} ({exc})") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"{what} {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
+
+
+def load_policy(config: Config, device: torch.device, path: str | None = None) -> tuple[Any, Any]:
+    """The policy module and tokenizer from ``model.path`` (building the tiny model there if asked to)."""
+    import dataclasses
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentfly.models.tiny import STAMP, build_tiny
+
+    path = path or config.model.path
+    if (Path(path) / "adapter_config.json").is_file():
+        return _load_lora_checkpoint(Path(path), config, device)
+    if not Path(path).is_dir() and not config.model.build_tiny:
+        raise FileNotFoundError(f"model.path {path!r} does not exist; point it at a local model directory "
+                                "or set model.build_tiny=true to build the tiny CPU model there")
+    if config.model.build_tiny and (not Path(path).is_dir() or (Path(path) / STAMP).is_file()):
+        # A tiny build with other settings is rebuilt; one with the same settings is reused as it is.
+        build_tiny(path, seed=config.model.tiny_seed, **dataclasses.asdict(config.model.tiny))
+    dtype = getattr(torch, config.model.dtype)
+    loaded: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model = loaded.to(device)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if config.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if config.model.lora.enabled:
+        model = apply_lora(model, config)
+    return model, tokenizer
+
+
+def _load_lora_checkpoint(path: Path, config: Config, device: torch.device) -> tuple[Any, Any]:
+    """A LoRA checkpoint (adapter weights only) on top of the base model it names."""
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        from peft import PeftModel
+    except ImportError as exc:
+        raise RuntimeError(f"{path} holds LoRA adapters; loading them needs peft: pip install 'agentfly[lora]'") from exc
+    base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base or not Path(base).is_dir():
+        raise FileNotFoundError(f"{path}/adapter_config.json names base model {base!r}, which is not a local "
+                                "directory; put the base model back there or edit base_model_name_or_path")
+    loaded: Any = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, config.model.dtype))
+    model = loaded.to(device)
+    return PeftModel.from_pretrained(model, path, is_trainable=True), AutoTokenizer.from_pretrained(path)
+
+
+def apply_lora(model: Any, config: Config) -> Any:
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:
+        raise RuntimeError("model.lora.enabled=true needs peft: pip install 'agentfly[lora]'") from exc
+    lora = config.model.lora
+    return get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                            target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
+
+
+def load_samples(config: Config) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Training and held-out samples. The built-in tasks have disjoint train and test splits:
+    'arithmetic' (generated), 'wiki_qa' (the WIKI_MINI questions) and 'scienceworld' (its own variation splits)."""
+    from agentfly.tasks import arithmetic, wiki_qa
+    from agentfly.tasks.io import load_jsonl
+
+    data = config.data
+    builtin: dict[str, Any] = {
+        "arithmetic": lambda split, n: arithmetic.generate(n, seed=data.seed, split=split),
+        "wiki_qa": lambda split, n: wiki_qa.load(split),
+        "scienceworld": lambda split, n: _scienceworld(split, data.seed),
+    }
+    if data.task in builtin:
+        train = builtin[data.task]("train", data.train_size)
+    elif Path(data.task).is_file():
+        train = load_jsonl(data.task)
+    else:
+        raise FileNotFoundError(f"data.task={data.task!r} is neither a built-in task ({', '.join(builtin)}) nor an "
+                                "existing JSONL file")
+    if data.eval_path:
+        held_out = load_jsonl(data.eval_path)[: data.eval_size]
+    elif data.task in builtin:
+        held_out = builtin[data.task]("test", data.eval_size)[: data.eval_size]
+    else:
+        raise ValueError("data.eval_path is required when data.task is a JSONL file (held-out samples)")
+    if not train:
+        raise ValueError(f"data.task={data.task!r} has no samples")
+    return train, held_out
+
+
+def _scienceworld(split: str, seed: int) -> list[dict[str, Any]]:
+    from agentfly.envs.scienceworld import scienceworld_tasks
+
+    return scienceworld_tasks(split, variations_per_task=5, seed=seed)
+
+
+def build_resources(config: Config, tools: Sequence[Any]) -> ResourceEngine | None:
+    """A ``ResourceEngine`` with a pool for every resource the tools declare or the config names (None if
+    there are none): ``resources.<name>.spec`` when the config gives one, else the built-in spec
+    (``agentfly.resources.builtin``). Pool sizes and timeouts from ``config.resources`` override the specs' own."""
+    needed = dict.fromkeys([*config.resources, *(t.resource for t in tools if getattr(t, "resource", None))])
+    if not needed:
+        return None
+    from agentfly.resources import ResourceEngine, UnknownResource
+    from agentfly.resources.builtin import builtin_spec, with_pool
+
+    specs = []
+    for name in needed:
+        res = config.resources.get(name)
+        if res is not None and res.spec:
+            spec = import_object(res.spec, f"resources.{name}.spec")
+        else:
+            try:
+                spec = builtin_spec(name)
+            except UnknownResource:
+                raise ValueError(f"a tool needs resource {name!r}, which is not built in; add "
+                                 f"resources.{name}.spec: 'module:attribute' (a ResourceSpec) to the config") from None
+        if res is None:
+            specs.append(with_pool(spec, name=name))
+        else:
+            specs.append(with_pool(spec, name=name, pool_min=res.min, pool_max=res.max,
+                                   acquire_timeout=res.acquire_timeout))
+    return ResourceEngine(specs)
+
+
+def build_agent(config: Config, engine: Engine) -> Agent:
+    import agentfly as af
+
+    r = config.rollout
+    tools = [import_object(spec, "rollout.tools entry") for spec in r.tools]
+    reward = import_object(r.reward, "rollout.reward")
+    return af.Agent(engine, tools=tools, reward=reward, parser=r.parser, max_turns=r.max_turns,
+                    system_prompt=r.system_prompt, resources=build_resources(config, tools))
+
+
+def build_engine(config: Config, model: Any, tokenizer: Any) -> Engine:
+    """HF shares the trainer's module (weight sync is free); vLLM gets its own copy of the weights."""
+    if config.engine == "hf":
+        from agentfly.engines.hf import HFEngine
+
+        return HFEngine(model=model, tokenizer=tokenizer)
+    if config.engine == "vllm":
+        # imported only when asked for: vllm is an optional extra
+        from agentfly.engines.vllm import VLLMEngine
+
+        return VLLMEngine(config.model.path, seed=config.seed)
+    raise ValueError(f"engine={config.engine!r}: use hf or vllm")
+
+
+class DataCursor:
+    """Walks the training samples in a seeded order, epoch after epoch; its state is part of a checkpoint."""
+
+    def __init__(self, samples: Sequence[dict[str, Any]], seed: int, shuffle: bool = True) -> None:
+        self.samples = list(samples)
+        self.seed, self.shuffle = seed, shuffle
+        self.epoch, self.position = 0, 0
+        self._order = self._make_order()
+
+    def _make_order(self) -> list[int]:
+        order = list(range(len(self.samples)))
+        if self.shuffle:
+            random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
+        return order
+
+    def take(self, n: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        while len(out) < n:
+            if self.position >= len(self._order):
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._make_order()
+            out.append(self.samples[self._order[self.position]])
+            self.position += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = state["epoch"], state["position"]
+        self._order = self._make_order()
