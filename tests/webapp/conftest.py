@@ -118,6 +118,16 @@ def team_b(bob: Any) -> Any:
 
 
 @pytest.fixture
+def alice_for_the_server(alice: Any) -> Any:
+    """alice with her password hashed the way the server's (default) settings can check it."""
+    from django.contrib.auth.hashers import make_password
+
+    alice.password = make_password(PASSWORD, hasher="pbkdf2_sha256")
+    alice.save(update_fields=["password"])
+    return alice
+
+
+@pytest.fixture
 def alice_client(alice: Any) -> Any:
     from django.test import Client
 

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
-from tests.webapp.helpers import PASSWORD, ROOT
-from tests.webapp.test_e2e_browser import alice_for_the_server, page, web_server  # noqa: F401  (shared fixtures)
+from tests.webapp.helpers import PASSWORD, ROOT, Daphne
 from webapp.jobs.models import TrainingJob
 
 
@@ -46,7 +45,7 @@ def test_no_template_has_an_inline_script_or_event_handler() -> None:
 
 
 @pytest.fixture
-def watched_job(alice_for_the_server: Any, team_a: Any) -> TrainingJob:  # noqa: F811
+def watched_job(alice_for_the_server: Any, team_a: Any) -> TrainingJob:
     # Made before the browser starts: sync Playwright runs an event loop in this thread, where the ORM refuses.
     from webapp.monitor.events import append_events
 
@@ -58,8 +57,10 @@ def watched_job(alice_for_the_server: Any, team_a: Any) -> TrainingJob:  # noqa:
 
 @pytest.mark.e2e
 @pytest.mark.integration
-def test_pages_load_with_no_csp_violation(watched_job: TrainingJob, web_server: str, page: Any) -> None:  # noqa: F811
+def test_pages_load_with_no_csp_violation(watched_job: TrainingJob, daphne: Daphne, browser_page: Any) -> None:
     from playwright.sync_api import expect
+
+    page, web_server = browser_page, daphne.url
 
     job = watched_job
     violations: list[str] = []

@@ -18,16 +18,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 ARTIFACTS = ROOT / "test-artifacts"
 
 
-@pytest.fixture
-def alice_for_the_server(alice: Any) -> Any:
-    """alice with her password hashed the way the server's (default) settings can check it."""
-    from django.contrib.auth.hashers import make_password
-
-    alice.password = make_password(PASSWORD, hasher="pbkdf2_sha256")
-    alice.save(update_fields=["password"])
-    return alice
-
-
 def test_a_user_signs_in_registers_a_tool_launches_a_job_and_sees_it_succeed(
         alice_for_the_server: Any, builtins: dict[str, Any], daphne: Daphne, browser_page: Any) -> None:
     # The database rows come first: sync Playwright runs an event loop in this thread, where Django's ORM

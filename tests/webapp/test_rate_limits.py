@@ -12,8 +12,7 @@ from django.test import Client
 from django.urls import reverse
 
 from tests.webapp.factories import launch_data, ready_entry
-from tests.webapp.helpers import PASSWORD, ROOT
-from tests.webapp.test_e2e_browser import web_server  # noqa: F401  (the Daphne fixture)
+from tests.webapp.helpers import PASSWORD, ROOT, Daphne
 from webapp.registry.models import Entry, EntryStatus, Kind
 
 
@@ -150,7 +149,8 @@ def test_a_forwarded_for_header_does_not_buy_a_fresh_budget(alice: Any, rate_lim
     assert api.post("/api/token/", {}, HTTP_X_FORWARDED_FOR="10.0.0.2").status_code == 429
 
 
-def test_daphne_serves_the_lockout_page_too(web_server: str, alice: Any) -> None:  # noqa: F811 (the fixture)
+def test_daphne_serves_the_lockout_page_too(daphne: Daphne, alice: Any) -> None:
+    web_server = daphne.url
     """Production runs the ASGI stack, where django-axes' middleware takes its async path."""
     import http.cookiejar
     import re

@@ -20,8 +20,7 @@ import pytest
 from django.urls import reverse
 
 from tests.webapp.factories import builtin_entries, launch_data
-from tests.webapp.helpers import ROOT
-from tests.webapp.test_e2e_browser import web_server  # noqa: F401  (the Daphne fixture, shared)
+from tests.webapp.helpers import ROOT, Daphne
 from webapp.jobs.models import TrainingJob
 from webapp.registry.models import Entry
 
@@ -220,8 +219,9 @@ def schemathesis_command(base: str, token: str, report: Path, config: Path) -> l
 
 @pytest.mark.slow
 def test_schemathesis_finds_no_server_error_or_schema_mismatch(unconsumed_broker: str, alice: Any, team_a: Any,
-                                                               entries: tuple[Any, Any], web_server: str,  # noqa: F811
+                                                               entries: tuple[Any, Any], daphne: Daphne,
                                                                tmp_path: Path) -> None:
+    web_server = daphne.url
     from rest_framework.authtoken.models import Token
 
     token = Token.objects.create(user=alice).key

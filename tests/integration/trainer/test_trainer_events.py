@@ -3,7 +3,6 @@ vocabulary, and resources events that carry the host, the rollout engine's stats
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,14 +11,10 @@ from trainer.config import load_config
 from trainer.events import RUN_STATES, CallbackSink, Event
 from trainer.loop import Trainer
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-from trainer_runs import tiny_overrides  # noqa: E402
-
 pytestmark = pytest.mark.slow
 
 
-def test_every_save_is_a_checkpoint_event_and_every_step_reports_the_engine(tiny_model_dir, tmp_path):
+def test_every_save_is_a_checkpoint_event_and_every_step_reports_the_engine(tiny_model_dir, tiny_overrides, tmp_path):
     events: list[Event] = []
     config = load_config(None, tiny_overrides(tiny_model_dir, tmp_path / "run", "save_every=1", "keep_last=5",
                                               "rollout.reward=rewards_for_tests:answer_length"))
@@ -41,7 +36,7 @@ def test_every_save_is_a_checkpoint_event_and_every_step_reports_the_engine(tiny
 
 
 @pytest.mark.vllm
-def test_with_the_vllm_engine_the_resources_events_carry_its_stats(tiny_model_dir, tmp_path):
+def test_with_the_vllm_engine_the_resources_events_carry_its_stats(tiny_model_dir, tiny_overrides, tmp_path):
     pytest.importorskip("vllm")
     events: list[Event] = []
     config = load_config(None, tiny_overrides(tiny_model_dir, tmp_path / "run", "steps=1", "engine=vllm",
