@@ -127,3 +127,21 @@ def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.2) -
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def wait_for_js(page: Any, expression: str, timeout: float, interval: float = 0.2) -> Any:
+    """Poll a JavaScript expression (or ``() => ...`` function) in ``page`` until it is truthy.
+
+    Playwright's ``wait_for_function`` evaluates its predicate with ``eval`` inside the page, which the app's
+    Content-Security-Policy (no ``'unsafe-eval'``) rightly forbids; ``page.evaluate`` goes through the
+    DevTools protocol instead, so the page keeps its real policy while the test waits. ``timeout`` is in
+    milliseconds, as Playwright's own waits take it.
+    """
+    deadline = time.monotonic() + timeout / 1000
+    while True:
+        value = page.evaluate(expression)
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout / 1000:.0f} s waiting for {expression!r}")
+        page.wait_for_timeout(interval * 1000)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.webapp.helpers import ROOT, Daphne, wait_for
+from tests.webapp.helpers import ROOT, Daphne, wait_for, wait_for_js
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
@@ -84,12 +84,11 @@ def test_the_dashboard_grows_live_shows_rollouts_and_pools_and_cancels_the_job(
     ARTIFACTS.mkdir(exist_ok=True)
 
     page.goto(f"{daphne.url}/monitor/jobs/{job_id}/")
-    page.wait_for_function("document.getElementById('connection').dataset.state === 'live'", timeout=30_000)
+    wait_for_js(page, "document.getElementById('connection').dataset.state === 'live'", timeout=30_000)
     at_load = int(page.get_attribute("#chart-reward", "data-points") or 0)
 
     # At least ten reward points arrive live, without a reload.
-    page.wait_for_function(
-        f"Number(document.getElementById('chart-reward').dataset.points) >= {at_load + 10}", timeout=300_000)
+    wait_for_js(page, f"Number(document.getElementById('chart-reward').dataset.points) >= {at_load + 10}", timeout=300_000)
     assert page.url.endswith(f"/monitor/jobs/{job_id}/")
 
     # The plotted numbers are the stored numbers, in step order.
@@ -113,7 +112,7 @@ def test_the_dashboard_grows_live_shows_rollouts_and_pools_and_cancels_the_job(
 
     # Pool bars and the pool table show the worker's own python pool: two sandboxes at most, made and leased
     # by the rollouts (each step's four rewards lease one), with measured acquire times.
-    page.wait_for_function("document.querySelectorAll('#pool-bars .barlayer .point').length > 0", timeout=60_000)
+    wait_for_js(page, "document.querySelectorAll('#pool-bars .barlayer .point').length > 0", timeout=60_000)
     row = page.locator("#pool-stats tbody tr").first
     cells = [c.strip() for c in row.locator("td").all_inner_texts()]
     assert page.locator("#pool-stats tbody tr").count() == 1
@@ -128,7 +127,7 @@ def test_the_dashboard_grows_live_shows_rollouts_and_pools_and_cancels_the_job(
 
     # Cancel from the page; the status badge changes live.
     page.click("#cancel-button")
-    page.wait_for_function("document.getElementById('job-status').dataset.status === 'cancelled'",
+    wait_for_js(page, "document.getElementById('job-status').dataset.status === 'cancelled'",
                            timeout=180_000)
     page.screenshot(path=str(ARTIFACTS / "monitor-dashboard-cancelled.png"), full_page=True)
     assert not page.errors, page.errors
@@ -148,16 +147,16 @@ def test_a_page_whose_server_restarts_reconnects_and_resumes_without_gap_or_dupl
     sign_in(page, alice, daphne.url)
     metrics(range(1, 6))
     page.goto(f"{daphne.url}/monitor/jobs/{alice_job.pk}/")
-    page.wait_for_function("document.getElementById('chart-reward').dataset.points === '5'", timeout=30_000)
+    wait_for_js(page, "document.getElementById('chart-reward').dataset.points === '5'", timeout=30_000)
 
     daphne.stop()
-    page.wait_for_function("document.getElementById('connection').dataset.state === 'reconnecting'",
+    wait_for_js(page, "document.getElementById('connection').dataset.state === 'reconnecting'",
                            timeout=30_000)
     metrics(range(6, 9))  # stored while the page cannot hear anything
     daphne.start()
-    page.wait_for_function("document.getElementById('connection').dataset.state === 'live'", timeout=60_000)
+    wait_for_js(page, "document.getElementById('connection').dataset.state === 'live'", timeout=60_000)
     metrics(range(9, 11))  # live again
-    page.wait_for_function("document.getElementById('chart-reward').dataset.points === '10'", timeout=30_000)
+    wait_for_js(page, "document.getElementById('chart-reward').dataset.points === '10'", timeout=30_000)
     plotted = page.evaluate("""() => {
         const raw = document.getElementById('chart-reward').data.find((t) => t.mode === 'lines+markers');
         return {x: Array.from(raw.x), y: Array.from(raw.y)};
@@ -181,7 +180,7 @@ def test_the_compare_page_overlays_several_jobs_and_the_toggles_change_only_the_
     page = browser_page
     sign_in(page, alice, daphne.url)
     page.goto(f"{daphne.url}/monitor/compare/?jobs={alice_job.pk},{other.pk}")
-    page.wait_for_function("""() => {
+    wait_for_js(page, """() => {
         const div = document.getElementById('chart-reward');
         return div.data && div.data.filter((t) => t.mode === 'lines+markers' && t.x.length === 7).length === 2;
     }""", timeout=30_000)
@@ -192,7 +191,7 @@ def test_the_compare_page_overlays_several_jobs_and_the_toggles_change_only_the_
     page.check("#log-toggle")
     assert page.evaluate("document.getElementById('chart-kl').layout.yaxis.type") == "log"
     page.check("#smooth-toggle")
-    page.wait_for_function("""() => document.getElementById('chart-reward').data
+    wait_for_js(page, """() => document.getElementById('chart-reward').data
         .some((t) => t.name.endsWith('(smoothed)') && t.visible === true)""", timeout=5_000)
     raw = page.evaluate("""() => document.getElementById('chart-reward').data
         .filter((t) => t.mode === 'lines+markers').map((t) => Array.from(t.y))""")
