@@ -328,3 +328,27 @@ def test_a_job_nobody_takes_says_which_queue_needs_a_worker(alice_client: Any, t
     TrainingJob.objects.filter(pk=job.pk).update(created_at=timezone.now() - timedelta(minutes=2))
     page = alice_client.get(reverse("jobs:detail", args=[job.pk])).content.decode()
     assert 'id="job-waiting"' in page and "celery -A webapp worker -Q gpu" in page
+
+
+# ------------------------------------------------------------------------------------------ the trainer's rules
+def test_the_launch_form_offers_exactly_the_trainers_algorithms(alice: Any) -> None:
+    from trainer.config import ALGORITHMS
+    from webapp.jobs.forms import LaunchForm
+
+    assert [value for value, _ in LaunchForm(user=alice).fields["algorithm"].choices] == list(ALGORITHMS)
+
+
+def test_each_trainer_key_the_form_maps_is_one_it_fills_from_that_field(alice: Any, team_a: Any,
+                                                                        entries: tuple[Any, Any]) -> None:
+    from webapp.jobs.forms import FIELD_OF_KEY, LaunchForm, field_of
+
+    form = LaunchForm(launch_data(team_a, *entries, queue="gpu"), user=alice)
+    assert form.is_valid(), form.errors
+    config = form.trainer_config()
+    for key, field in FIELD_OF_KEY.items():
+        section, _, name = key.rpartition(".")
+        assert name in (config[section] if section else config), key
+        assert field in form.fields, key
+    assert field_of("rollout.group_size") == "group_size"
+    assert field_of("resources.python.max") == "resources"
+    assert field_of("algorithm.minibatches") is None  # no field sets it: a form-wide error
