@@ -137,7 +137,7 @@ def test_team_b_cannot_register_from_team_a_folder(alice_api: Any, bob_api: Any,
 
 def test_two_teams_same_named_modules_import_apart_on_a_worker_and_in_the_trainer(
         alice_api: Any, team_a: Any, team_b: Any, worker: Worker, transactional_db: None) -> None:
-    from trainer.loop import import_object
+    from trainer.builders import import_object
     from webapp.registry.introspect import add_plugin_dirs
 
     tool = "from agentfly.tools import tool\n\n@tool\ndef motto() -> str:\n    \"\"\"The team's motto.\"\"\"\n    return {!r}\n"

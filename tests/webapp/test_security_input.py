@@ -21,7 +21,6 @@ from django.urls import reverse
 
 from tests.webapp.factories import builtin_entries, launch_data
 from tests.webapp.helpers import ROOT
-from tests.webapp.test_e2e_browser import web_server  # noqa: F401  (the Daphne fixture, shared)
 from webapp.jobs.models import TrainingJob
 from webapp.registry.models import Entry
 
@@ -220,7 +219,7 @@ def schemathesis_command(base: str, token: str, report: Path, config: Path) -> l
 
 @pytest.mark.slow
 def test_schemathesis_finds_no_server_error_or_schema_mismatch(unconsumed_broker: str, alice: Any, team_a: Any,
-                                                               entries: tuple[Any, Any], web_server: str,  # noqa: F811
+                                                               entries: tuple[Any, Any], daphne: Any,
                                                                tmp_path: Path) -> None:
     from rest_framework.authtoken.models import Token
 
@@ -232,7 +231,7 @@ def test_schemathesis_finds_no_server_error_or_schema_mismatch(unconsumed_broker
                       f'[[operations]]\ninclude-path-regex = "^/api/registry/"\n'
                       f'parameters = {{ "path.id" = {entries[0].pk} }}\n')
     report = tmp_path / "schemathesis.json"
-    result = subprocess.run(schemathesis_command(web_server, token, report, config), cwd=tmp_path, capture_output=True,
+    result = subprocess.run(schemathesis_command(daphne.url, token, report, config), cwd=tmp_path, capture_output=True,
                             text=True, timeout=300, env={**os.environ, "NO_COLOR": "1"})
     (tmp_path / "schemathesis.txt").write_text(result.stdout + result.stderr)
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
