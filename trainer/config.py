@@ -26,7 +26,15 @@ LossAggName = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
 
 
 class ConfigError(ValueError):
-    """A configuration that cannot be used; the message names the key and how to fix it."""
+    """A configuration that cannot be used; the message names the key and how to fix it.
+
+    ``key`` is the dotted config key at fault (``rollout.group_size``, ``resources.python.max``), or None when
+    no one key is (a missing file): the web app's launch form puts the message on the field of that key.
+    """
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -232,39 +240,43 @@ class Config:
         a, r = self.algorithm, self.rollout
         if r.group_size < 2 and a.name in ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp_baseline"):
             raise ConfigError(f"rollout.group_size={r.group_size}: {a.name} compares responses to the same prompt, "
-                              "so it needs rollout.group_size >= 2 (or use algorithm.name=ppo / reinforce_pp)")
+                              "so it needs rollout.group_size >= 2 (or use algorithm.name=ppo / reinforce_pp)",
+                              key="rollout.group_size")
         if r.prompts_per_step * r.group_size % a.minibatches:
             raise ConfigError(f"algorithm.minibatches={a.minibatches} must divide rollout.prompts_per_step * "
-                              f"rollout.group_size = {r.prompts_per_step * r.group_size}")
+                              f"rollout.group_size = {r.prompts_per_step * r.group_size}", key="algorithm.minibatches")
         if a.kl_in_reward and a.kl_coef == 0:
-            raise ConfigError("algorithm.kl_in_reward=true does nothing with algorithm.kl_coef=0; set kl_coef > 0")
+            raise ConfigError("algorithm.kl_in_reward=true does nothing with algorithm.kl_coef=0; set kl_coef > 0",
+                              key="algorithm.kl_in_reward")
         if a.overlong_buffer and a.overlong_buffer > a.overlong_max_tokens:
             raise ConfigError(f"algorithm.overlong_buffer={a.overlong_buffer} must be <= "
-                              f"algorithm.overlong_max_tokens={a.overlong_max_tokens}")
+                              f"algorithm.overlong_max_tokens={a.overlong_max_tokens}", key="algorithm.overlong_buffer")
         if a.dual_clip is not None and a.dual_clip <= 1:
-            raise ConfigError(f"algorithm.dual_clip={a.dual_clip} must be > 1 (or null to turn it off)")
+            raise ConfigError(f"algorithm.dual_clip={a.dual_clip} must be > 1 (or null to turn it off)",
+                              key="algorithm.dual_clip")
         for name, res in self.resources.items():
             if res.min is not None and res.max is not None and res.min > res.max:
-                raise ConfigError(f"resources.{name}: min={res.min} is above max={res.max}")
+                raise ConfigError(f"resources.{name}: min={res.min} is above max={res.max}", key=f"resources.{name}.min")
             if res.max is not None and res.max < 1:
-                raise ConfigError(f"resources.{name}.max={res.max} must be >= 1")
+                raise ConfigError(f"resources.{name}.max={res.max} must be >= 1", key=f"resources.{name}.max")
         for key in ("wrong_fraction", "habit_fraction"):
             if not 0 <= getattr(self.sft, key) <= 1:
-                raise ConfigError(f"sft.{key}={getattr(self.sft, key)} must be between 0 and 1")
+                raise ConfigError(f"sft.{key}={getattr(self.sft, key)} must be between 0 and 1", key=f"sft.{key}")
         for key, value in [("steps", self.steps), ("rollout.group_size", r.group_size),
                            ("rollout.prompts_per_step", r.prompts_per_step), ("rollout.max_turns", r.max_turns),
                            ("rollout.max_new_tokens", r.max_new_tokens), ("algorithm.epochs", a.epochs),
                            ("algorithm.minibatches", a.minibatches), ("data.eval_size", self.data.eval_size),
                            ("micro_batch_size", self.micro_batch_size)]:
             if value < 1:
-                raise ConfigError(f"{key}={value} must be >= 1")
+                raise ConfigError(f"{key}={value} must be >= 1", key=key)
         if self.optim.lr <= 0:
-            raise ConfigError(f"optim.lr={self.optim.lr} must be > 0")
+            raise ConfigError(f"optim.lr={self.optim.lr} must be > 0", key="optim.lr")
         if r.temperature <= 0:
             raise ConfigError("rollout.temperature must be > 0 for RL (greedy rollouts have no exploration); "
-                              "evaluation is greedy anyway")
+                              "evaluation is greedy anyway", key="rollout.temperature")
         if self.deepspeed is not None and not Path(self.deepspeed).is_file():
-            raise ConfigError(f"deepspeed={self.deepspeed!r}: no such file; pass the path of a DeepSpeed JSON config")
+            raise ConfigError(f"deepspeed={self.deepspeed!r}: no such file; pass the path of a DeepSpeed JSON config",
+                              key="deepspeed")
         return self
 
 
@@ -298,38 +310,38 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, arg, key)
             except ConfigError as exc:
                 errors.append(exc)
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}", key=key)
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:
             near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}{hint}")
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}{hint}", key=key)
         return value
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}", key=key)
         _, item = typing.get_args(tp)
         return {str(k): _coerce({} if v is None else v, item, f"{key}.{k}") for k, v in value.items()}
     if origin is list:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} (write it as [a, b] in YAML)")
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} (write it as [a, b] in YAML)", key=key)
         (item,) = typing.get_args(tp)
         return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}", key=key)
         return from_dict(tp, value, prefix=f"{key}.")
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        raise ConfigError(f"{key}: expected true or false, got {value!r}", key=key)
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        raise ConfigError(f"{key}: expected an integer, got {value!r}", key=key)
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -338,13 +350,13 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+        raise ConfigError(f"{key}: expected a number, got {value!r}", key=key)
     if tp is str:
         if isinstance(value, str):
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
+        raise ConfigError(f"{key}: expected a string, got {value!r}", key=key)
     raise ConfigError(f"{key}: unsupported field type {tp!r}")  # pragma: no cover - a bug in this file
 
 
@@ -357,7 +369,7 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
         if key not in names:
             near = difflib.get_close_matches(str(key), names, n=1)
             hint = f"did you mean '{prefix}{near[0]}'?" if near else f"valid keys: {', '.join(names)}"
-            raise ConfigError(f"unknown config key '{prefix}{key}'; {hint}")
+            raise ConfigError(f"unknown config key '{prefix}{key}'; {hint}", key=f"{prefix}{key}")
         kwargs[key] = _coerce(value, hints[key], f"{prefix}{key}")
     return cls(**kwargs)
 

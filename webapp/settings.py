@@ -137,7 +137,14 @@ DATABASES = {
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # The demo runs the web server and a worker against one SQLite file: wait for the write lock instead of
     # failing with "database is locked" while the worker writes a batch of events.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 30
+    DATABASES["default"].setdefault("OPTIONS", {}).update({
+        "timeout": 30,
+        # WAL lets the pages read while the worker writes (no "database is locked" for readers), and an
+        # IMMEDIATE transaction takes the write lock when it begins, so a writer waits its busy timeout
+        # instead of failing when it upgrades a read to a write.
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+    })
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -57,6 +57,19 @@ def test_the_demo_default_is_sqlite_and_bad_values_name_the_variable() -> None:
     assert bad.returncode != 0 and "JOB_HEARTBEAT_TIMEOUT='soon' is not a number" in bad.stderr
 
 
+def test_the_demos_sqlite_runs_in_wal_mode_and_waits_for_the_write_lock(tmp_path: Path) -> None:
+    # Pages read while the worker writes, and a writer waits its busy timeout instead of "database is locked".
+    code = ("import django, json; django.setup(); from django.db import connection; c = connection.cursor(); "
+            "print(json.dumps([c.execute(f'PRAGMA {p}').fetchone()[0] for p in ('journal_mode', 'busy_timeout')]"
+            " + [connection.transaction_mode]))")
+    clean = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY", "DATABASE_URL"}}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env={**clean, "DEBUG": "1", "DJANGO_SETTINGS_MODULE": "webapp.settings",
+                                 "DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}"})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == ["wal", 30000, "IMMEDIATE"]
+
+
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="needs Debian's docker-compose package")
 def test_the_compose_file_is_valid_for_a_real_compose_parser() -> None:
     env = {**os.environ, "SECRET_KEY": "k" * 50}

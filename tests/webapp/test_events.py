@@ -13,7 +13,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import connection
 
-from webapp.jobs import actions
+from webapp.jobs import actions, worker
 from webapp.jobs.models import Checkpoint, Status, TrainingJob
 from webapp.monitor.events import EventError, append_events, normalise
 from webapp.monitor.models import JobEvent
@@ -139,28 +139,28 @@ def test_a_job_whose_heartbeat_stopped_is_failed_and_points_at_its_checkpoint(jo
     Checkpoint.objects.create(job=job, step=4, path="/runs/job/checkpoint-000004")
     alive = TrainingJob.objects.create(team=team_a, created_by=alice, name="alive", config={}, status=Status.RUNNING,
                                        heartbeat_at=timezone.now())
-    assert actions.fail_stale_jobs() == [job.pk]
+    assert worker.sweep_stale_jobs() == [job.pk]
     job.refresh_from_db()
     alive.refresh_from_db()
     assert job.status == Status.FAILED and alive.status == Status.RUNNING
     assert "gpu-7:123 stopped sending heartbeats" in job.error and "last checkpoint is step 4" in job.error
-    assert actions.fail_stale_jobs() == []  # a second sweep changes nothing
+    assert worker.sweep_stale_jobs() == []  # a second sweep changes nothing
     # A late finish from the "dead" worker does not overwrite the verdict.
-    assert actions.finish_job(job.pk, Status.SUCCEEDED) is False
+    assert worker.finish_job(job.pk, Status.SUCCEEDED) is None
 
 
 def test_a_redelivered_or_cancelled_job_is_not_claimed_twice(job: TrainingJob, alice: Any, team_a: Any) -> None:
     queued = TrainingJob.objects.create(team=team_a, created_by=alice, name="q", config={})
-    assert actions.claim_job(queued.pk) is True
-    assert actions.claim_job(queued.pk) is False
+    assert worker.claim_job(queued.pk) is True
+    assert worker.claim_job(queued.pk) is False
     cancelled = TrainingJob.objects.create(team=team_a, created_by=alice, name="c", config={})
     actions.do_cancel_job(cancelled)
-    assert actions.claim_job(cancelled.pk) is False
+    assert worker.claim_job(cancelled.pk) is False
 
 
 def test_the_heartbeat_tells_the_worker_to_stop_when_cancelled_or_no_longer_running(job: TrainingJob) -> None:
-    assert actions.beat(job.pk) is False
+    assert worker.beat(job.pk) is False
     TrainingJob.objects.filter(pk=job.pk).update(cancel_requested=True)
-    assert actions.beat(job.pk) is True
+    assert worker.beat(job.pk) is True
     TrainingJob.objects.filter(pk=job.pk).update(cancel_requested=False, status=Status.FAILED)
-    assert actions.beat(job.pk) is True
+    assert worker.beat(job.pk) is True

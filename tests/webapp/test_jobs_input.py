@@ -37,7 +37,7 @@ BAD_FORM_INPUT = [
     ("steps", "100001", "less than or equal to 100000"),
     ("steps", "1.5", "Enter a whole number."),
     ("prompts_per_step", "0", "greater than or equal to 1"),
-    ("group_size", "1", "use a group size of 2 or more"),
+    ("group_size", "1", "grpo compares responses to the same prompt, so it needs rollout.group_size >= 2"),
     ("group_size", "65", "less than or equal to 64"),
     ("max_turns", "0", "greater than or equal to 1"),
     ("max_new_tokens", "0", "greater than or equal to 1"),
@@ -51,8 +51,8 @@ BAD_FORM_INPUT = [
     ("resources", "{python: 4}", "Not valid JSON"),
     ("resources", "[1]", "Write an object of resource names"),
     ("resources", '{"python": 4}', "write its pool as an object"),
-    ("resources", '{"python": {"max": 0}}', '"max" must be at least 1'),
-    ("resources", '{"python": {"min": 3, "max": 2}}', 'is larger than "max"'),
+    ("resources", '{"python": {"max": 0}}', "resources.python.max=0 must be >= 1"),
+    ("resources", '{"python": {"min": 3, "max": 2}}', "resources.python: min=3 is above max=2"),
     ("resources", '{"python": {"size": 2}}', "unknown keys"),
     ("resources", '{"python": {"max": "4"}}', "must be an integer from 0 to 1024"),
     ("queue", "tpu", "Select a valid choice"),
@@ -328,3 +328,27 @@ def test_a_job_nobody_takes_says_which_queue_needs_a_worker(alice_client: Any, t
     TrainingJob.objects.filter(pk=job.pk).update(created_at=timezone.now() - timedelta(minutes=2))
     page = alice_client.get(reverse("jobs:detail", args=[job.pk])).content.decode()
     assert 'id="job-waiting"' in page and "celery -A webapp worker -Q gpu" in page
+
+
+# ------------------------------------------------------------------------------------------ the trainer's rules
+def test_the_launch_form_offers_exactly_the_trainers_algorithms(alice: Any) -> None:
+    from trainer.config import ALGORITHMS
+    from webapp.jobs.forms import LaunchForm
+
+    assert [value for value, _ in LaunchForm(user=alice).fields["algorithm"].choices] == list(ALGORITHMS)
+
+
+def test_each_trainer_key_the_form_maps_is_one_it_fills_from_that_field(alice: Any, team_a: Any,
+                                                                        entries: tuple[Any, Any]) -> None:
+    from webapp.jobs.forms import FIELD_OF_KEY, LaunchForm, field_of
+
+    form = LaunchForm(launch_data(team_a, *entries, queue="gpu"), user=alice)
+    assert form.is_valid(), form.errors
+    config = form.trainer_config()
+    for key, field in FIELD_OF_KEY.items():
+        section, _, name = key.rpartition(".")
+        assert name in (config[section] if section else config), key
+        assert field in form.fields, key
+    assert field_of("rollout.group_size") == "group_size"
+    assert field_of("resources.python.max") == "resources"
+    assert field_of("algorithm.minibatches") is None  # no field sets it: a form-wide error

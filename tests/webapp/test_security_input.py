@@ -221,7 +221,6 @@ def schemathesis_command(base: str, token: str, report: Path, config: Path) -> l
 def test_schemathesis_finds_no_server_error_or_schema_mismatch(unconsumed_broker: str, alice: Any, team_a: Any,
                                                                entries: tuple[Any, Any], daphne: Daphne,
                                                                tmp_path: Path) -> None:
-    web_server = daphne.url
     from rest_framework.authtoken.models import Token
 
     token = Token.objects.create(user=alice).key
@@ -232,7 +231,7 @@ def test_schemathesis_finds_no_server_error_or_schema_mismatch(unconsumed_broker
                       f'[[operations]]\ninclude-path-regex = "^/api/registry/"\n'
                       f'parameters = {{ "path.id" = {entries[0].pk} }}\n')
     report = tmp_path / "schemathesis.json"
-    result = subprocess.run(schemathesis_command(web_server, token, report, config), cwd=tmp_path, capture_output=True,
+    result = subprocess.run(schemathesis_command(daphne.url, token, report, config), cwd=tmp_path, capture_output=True,
                             text=True, timeout=300, env={**os.environ, "NO_COLOR": "1"})
     (tmp_path / "schemathesis.txt").write_text(result.stdout + result.stderr)
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]

@@ -11,10 +11,11 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from trainer.config import ALGORITHMS
 from webapp.accounts.models import Team
 from webapp.inputs import PG_BIGINT_MAX, query_int
 from webapp.jobs import actions
-from webapp.jobs.forms import ALGORITHMS, MODEL_SOURCES, TASKS, LaunchForm
+from webapp.jobs.forms import MODEL_SOURCES, TASKS, LaunchForm
 from webapp.jobs.models import Checkpoint, Queue, TrainingJob
 from webapp.monitor.events import events_after, requested_types
 from webapp.monitor.models import EventType
@@ -34,6 +35,7 @@ class JobSerializer(serializers.ModelSerializer):
     tool_versions = serializers.SlugRelatedField(slug_field="source_hash", many=True, read_only=True)
     reward_version = serializers.SlugRelatedField(slug_field="source_hash", read_only=True, allow_null=True)
     resumed_from = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True)
+    total_steps = serializers.IntegerField(read_only=True, help_text="The step the job trains to (config steps).")
 
     class Meta:
         model = TrainingJob
@@ -129,7 +131,6 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):  # drf-spectacular building the schema
             return TrainingJob.objects.none()
-        actions.fail_stale_jobs()
         return TrainingJob.objects.visible_to(self.request.user).select_related("team", "created_by")
 
     @extend_schema(request=LaunchSerializer, responses={201: JobSerializer, 200: JobSerializer})

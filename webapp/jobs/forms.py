@@ -15,30 +15,41 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from agentfly.resources.builtin import BUILTIN_SPECS  # names only: no spec is built here
+from trainer.config import ALGORITHMS, Config, ConfigError, from_dict
 from webapp import inputs
 from webapp.accounts.models import Team
 from webapp.jobs import paths
 from webapp.jobs.models import Queue
 from webapp.registry.models import Entry
 
-ALGORITHMS = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo")
 MODEL_SOURCES = (("tiny", "Tiny model built on the worker (CPU demo)"), ("path", "Local model directory"))
 TASKS = (("arithmetic", "Arithmetic with a calculator (generated)"), ("jsonl", "JSONL file of samples"))
+
+# The form field that fills each trainer config key (``LaunchForm.trainer_config``), so a ``ConfigError`` lands
+# on the field the user can change. A key under one of these (``resources.python.max``) belongs to it too.
+FIELD_OF_KEY = {
+    "steps": "steps", "save_every": "save_every", "seed": "seed", "model.path": "model_path",
+    "data.task": "task_path", "data.eval_path": "eval_path", "data.train_size": "task_size",
+    "data.eval_size": "eval_size", "eval.size": "eval_size", "eval.max_new_tokens": "max_new_tokens",
+    "rollout.tools": "tools", "rollout.reward": "reward", "rollout.max_turns": "max_turns",
+    "rollout.prompts_per_step": "prompts_per_step", "rollout.group_size": "group_size",
+    "rollout.temperature": "temperature", "rollout.max_new_tokens": "max_new_tokens",
+    "algorithm.name": "algorithm", "optim.lr": "learning_rate", "resources": "resources",
+}
+
+
+def field_of(key: str | None) -> str | None:
+    """The launch form field of trainer config ``key`` (``rollout.group_size`` -> ``group_size``); None (a
+    form-wide error) for a key no field sets."""
+    while key:
+        if key in FIELD_OF_KEY:
+            return FIELD_OF_KEY[key]
+        key = key.rpartition(".")[0]
+    return None
 
 
 def tiny_model_path(seed: int, team: Team) -> str:
     return str(paths.tiny_model_dir(team, seed))
-
-
-def trainer_takes_resources() -> bool:
-    """Whether the installed trainer's config has a ``resources`` section (pools for sandboxed tools)."""
-    import dataclasses
-
-    try:
-        from trainer.config import Config
-    except ImportError:
-        return False
-    return any(f.name == "resources" for f in dataclasses.fields(Config))
 
 
 def allowed_path(raw: str, team: Team | None = None) -> str:
@@ -140,11 +151,7 @@ class LaunchForm(forms.Form):
                 v = pool.get(key)
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1024):
                     raise ValidationError(f'Resource "{name}": "{key}" must be an integer from 0 to 1024.')
-            if pool.get("max") is not None and pool.get("min", 0) > pool["max"]:
-                raise ValidationError(f'Resource "{name}": "min" ({pool["min"]}) is larger than "max" ({pool["max"]}).')
-            if pool.get("max") == 0:
-                raise ValidationError(f'Resource "{name}": "max" must be at least 1.')
-        return value
+        return value  # min <= max and max >= 1 are the trainer's rules (Config.validate, see validate_with_trainer)
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -167,15 +174,7 @@ class LaunchForm(forms.Form):
             self.check_eval_path(data.get("eval_path", ""))
         self.check_resource_names(data)
         self.check_queue_has_worker(data.get("queue"))
-        algorithm = data.get("algorithm")
-        group = data.get("group_size")
-        if algorithm in ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp_baseline") and group is not None and group < 2:
-            self.add_error("group_size", f"{algorithm} compares responses to the same prompt; use a group size of 2 or more.")
         tools = data.get("tools") or []
-        sandboxed = sorted({t.current_version.resource for t in tools if t.current_version and t.current_version.resource})
-        if sandboxed and not trainer_takes_resources():
-            self.add_error("tools", f"These tools need the {', '.join(sandboxed)} resource, which the trainer on this "
-                                    "server cannot give to tools yet; pick tools without a sandbox.")
         self.check_registrable_code(data)
         names = [t.name for t in tools]
         duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -229,6 +228,7 @@ class LaunchForm(forms.Form):
             },
             "algorithm": {"name": d["algorithm"]},
             "optim": {"lr": d["learning_rate"]},
+            "resources": d.get("resources") or {},
         }
 
     def check_eval_path(self, path: str) -> None:
@@ -263,12 +263,9 @@ class LaunchForm(forms.Form):
                                     "queue, or start one on a GPU host: celery -A webapp worker -Q gpu.")
 
     def validate_with_trainer(self) -> None:
-        """Let the trainer's own config check the combination, where the trainer is installed."""
-        try:
-            from trainer.config import Config, ConfigError, from_dict
-        except ImportError:
-            return
+        """The trainer's own rules (``Config.validate``: group sizes, pool sizes, ...), its message on the field
+        of the key it names, so the form never keeps a second copy of them."""
         try:
             from_dict(Config, self.trainer_config()).validate()
         except ConfigError as exc:
-            self.add_error(None, f"The trainer refuses this configuration: {exc}")
+            self.add_error(field_of(exc.key), str(exc))

@@ -52,11 +52,9 @@ class TrainingJob(models.Model):
                                   help_text="Client-chosen key that makes a repeated launch return the same job.")
     resumed_from = models.ForeignKey("Checkpoint", null=True, blank=True, on_delete=models.SET_NULL,
                                      related_name="resumed_by")
-    celery_task_id = models.CharField(max_length=64, blank=True)
     worker = models.CharField(max_length=200, blank=True, help_text="hostname:pid of the worker running it.")
     cancel_requested = models.BooleanField(default=False)
     step = models.PositiveIntegerField(default=0)
-    total_steps = models.PositiveIntegerField(default=0)
     final_metrics = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
     last_seq = models.PositiveBigIntegerField(default=0, help_text="Sequence number of the newest stored event.")
@@ -80,10 +78,24 @@ class TrainingJob(models.Model):
     def get_absolute_url(self) -> str:
         return reverse("jobs:detail", args=[self.pk])
 
+    # Derived, never stored: a stored copy could disagree with what it is derived from.
     @property
-    def group_name(self) -> str:
-        """The Channels group that hears this job's events."""
-        return f"job-{self.pk}"
+    def celery_task_id(self) -> str:
+        """The Celery task id of the job's run: known before it is sent, so cancel can always revoke it."""
+        return f"agentfly-job-{self.pk}"
+
+    @property
+    def total_steps(self) -> int:
+        """The step the job trains to: its config's ``steps``."""
+        return int(self.config.get("steps", 0)) if isinstance(self.config, dict) else 0
+
+    @property
+    def is_stale(self) -> bool:
+        """Running, but its worker has not beaten for ``JOB_HEARTBEAT_TIMEOUT``: the beat task's sweep will end
+        it (pages show this; reading a job never changes it)."""
+        if self.status != Status.RUNNING or self.heartbeat_at is None:
+            return False
+        return (timezone.now() - self.heartbeat_at).total_seconds() > settings.JOB_HEARTBEAT_TIMEOUT
 
     @property
     def is_active(self) -> bool:

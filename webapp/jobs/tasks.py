@@ -18,7 +18,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import connection
 
-from webapp.jobs import actions, paths
+from webapp.jobs import paths, worker
 from webapp.jobs.models import Status, TrainingJob
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class Heartbeat:
         try:
             while not self._stop.is_set():
                 try:
-                    if actions.beat(self.job_id):
+                    if worker.beat(self.job_id):
                         self.cancelled.set()
                 except Exception:  # a database blip must not end the job; the next beat retries
                     log.warning("heartbeat of job %d failed", self.job_id, exc_info=True)
@@ -88,7 +88,7 @@ def describe_components(config: dict[str, Any]) -> list[tuple[str, str, Any]]:
 
 
 def on_checkpoint(job_id: int, sink: Any, step: int, path: str, metrics: dict[str, Any]) -> None:
-    off_loop(actions.record_checkpoint, job_id, step, path, metrics)
+    off_loop(worker.record_checkpoint, job_id, step, path, metrics)
     # Through the sink, so the log line keeps its place among the trainer's events.
     sink.emit({"type": "log", "step": step, "level": "info", "checkpoint": path,
                "message": f"checkpoint saved at step {step}: {path}"})
@@ -103,40 +103,47 @@ def run_job(job_id: int) -> str:
     job = TrainingJob.objects.filter(pk=job_id).first()
     if job is None:
         return "gone"
-    if not actions.claim_job(job_id):
+    if not worker.claim_job(job_id):
         return "skipped"
     output_dir = paths.job_dir(job)  # inside the team's folder: AGENTFLY_RUNS_DIR/<team-slug>/job-<id>
     output_dir.mkdir(parents=True, exist_ok=True)
+    # The heartbeat runs until the job's row is final (through the final evaluation and checkpoint, and the
+    # finish below), so the sweep never mistakes a finishing worker for a dead one.
     heartbeat = Heartbeat(job_id, settings.JOB_HEARTBEAT_SECONDS).start()
+    # This task owns the sink and closes it after its last event; the trainer only borrows it (body.Lent).
     sink = DatabaseEventSink(job_id)
     status, error, outcome = Status.FAILED, "", body.Outcome()
     try:
-        from webapp.registry.rules import check_job_config
+        try:
+            from webapp.registry.rules import check_job_config
 
-        check_job_config(job.config, job.team.slug)  # before anything is imported: rows made behind the API too
-        paths.check_config(job.config, job.team)  # again here: the config may have been written behind the API
-        for warning in actions.record_versions_used(job_id, describe_components(job.config)):
-            sink.emit({"type": "log", "level": "warning", "message": warning})
-        outcome = body.run(
-            job.config, output_dir=output_dir, sinks=[sink], should_stop=heartbeat.cancelled.is_set,
-            on_checkpoint=lambda step, path, metrics: on_checkpoint(job_id, sink, step, path, metrics),
-            on_step=lambda step: off_loop(actions.record_progress, job_id, step),
-        )
-        status = Status.CANCELLED if outcome.cancelled else Status.SUCCEEDED
-    except SoftTimeLimitExceeded:
-        error = f"the job ran past its time limit of {settings.JOB_SOFT_TIME_LIMIT} s; resume it from its checkpoint"
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        sink.emit({"type": "log", "level": "error", "message": error, "traceback": traceback.format_exc()})
-        log.exception("job %d failed", job_id)
+            check_job_config(job.config, job.team.slug)  # before anything is imported: rows made behind the API too
+            paths.check_config(job.config, job.team)  # again here: the config may have been written behind the API
+            for warning in worker.record_versions_used(job_id, describe_components(job.config)):
+                sink.emit({"type": "log", "level": "warning", "message": warning})
+            outcome = body.run(
+                job.config, output_dir=output_dir, sinks=[sink], should_stop=heartbeat.cancelled.is_set,
+                on_checkpoint=lambda step, path, metrics: on_checkpoint(job_id, sink, step, path, metrics),
+                on_step=lambda step: off_loop(worker.record_progress, job_id, step),
+            )
+            status = Status.CANCELLED if outcome.cancelled else Status.SUCCEEDED
+        except SoftTimeLimitExceeded:
+            error = f"the job ran past its time limit of {settings.JOB_SOFT_TIME_LIMIT} s; resume it from its checkpoint"
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            sink.emit({"type": "log", "level": "error", "message": error, "traceback": traceback.format_exc()})
+            log.exception("job %d failed", job_id)
+        finally:
+            sink.close()
+        ended = worker.finish_job(job_id, status, error=error, final_metrics=outcome.final_metrics,
+                                  step=outcome.last_step)
     finally:
-        sink.close()
         heartbeat.stop()
-    actions.finish_job(job_id, status, error=error, final_metrics=outcome.final_metrics)
-    return status
+    return ended or status
 
 
 @shared_task(name="webapp.jobs.tasks.fail_stale_jobs", ignore_result=True)
 def fail_stale_jobs() -> list[int]:
-    """Beat runs this every few seconds: running jobs whose worker stopped beating become failed."""
-    return actions.fail_stale_jobs()
+    """Beat runs this every few seconds: running jobs whose worker stopped beating end (failed, or cancelled
+    when a cancel was pending). Only this task sweeps: reading a job never writes it."""
+    return worker.sweep_stale_jobs()

@@ -16,8 +16,6 @@ from webapp.monitor.models import JobEvent
 
 
 def visible_jobs(request: HttpRequest):  # type: ignore[no-untyped-def]
-    # Reading the list is also when a dead worker's job is noticed, even if no beat scheduler runs.
-    actions.fail_stale_jobs()
     return TrainingJob.objects.visible_to(request.user).select_related("team__group", "created_by")
 
 

@@ -24,7 +24,7 @@ def register_builtins(sender: Any = None, **kwargs: Any) -> None:
 
 @worker_ready.connect
 def fail_unregistrable(sender: Any = None, **kwargs: Any) -> None:
-    from webapp.registry.actions import fail_unregistrable_entries
+    from webapp.registry.worker import fail_unregistrable_entries
 
     try:
         refused = fail_unregistrable_entries()

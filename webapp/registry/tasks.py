@@ -15,7 +15,7 @@ from typing import Any
 
 from celery import shared_task
 
-from webapp.registry import actions
+from webapp.registry import worker
 from webapp.registry.child import describe_in_child, try_in_child
 from webapp.registry.introspect import IntrospectionError, builtin_paths, describe
 from webapp.registry.models import Entry, Kind
@@ -41,9 +41,9 @@ def inspect_entry(entry_id: int) -> str:
         source = check_registrable(entry.kind, entry.import_path, team_slug(entry))
         description = describe_in_child(entry.kind, entry.import_path, source)
     except (NotRegistrable, IntrospectionError) as exc:
-        actions.record_failure(entry_id, str(exc))
+        worker.record_failure(entry_id, str(exc))
         return "failed"
-    actions.record_description(entry_id, description)
+    worker.record_description(entry_id, description)
     return "ready"
 
 
@@ -56,12 +56,12 @@ def sync_builtins() -> int:
     """
     count = 0
     for kind, path in builtin_paths():
-        entry = actions.ensure_builtin(kind, path)
+        entry = worker.ensure_builtin(kind, path)
         try:
-            actions.record_description(entry.pk, describe(kind, path, check_registrable(kind, path, None)))
+            worker.record_description(entry.pk, describe(kind, path, check_registrable(kind, path, None)))
             count += 1
         except (NotRegistrable, IntrospectionError) as exc:
-            actions.record_failure(entry.pk, str(exc))
+            worker.record_failure(entry.pk, str(exc))
     return count
 
 

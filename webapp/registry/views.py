@@ -7,7 +7,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods
 
 from webapp.accounts.throttling import throttle
-from webapp.registry import actions
+from webapp.registry import actions, worker
 from webapp.registry.forms import RegisterForm, TryForm
 from webapp.registry.models import Entry, Kind
 from webapp.registry.rules import NotRegistrable
@@ -54,7 +54,7 @@ def reinspect(request: HttpRequest, pk: int) -> HttpResponse:
     try:
         actions.do_register_entry(user=request.user, team=entry.team, kind=entry.kind, import_path=entry.import_path)
     except NotRegistrable as exc:  # stored before the rule, or the plugin folder changed since
-        actions.record_failure(entry.pk, str(exc))
+        worker.record_failure(entry.pk, str(exc))
         messages.error(request, str(exc))
     return redirect("registry:detail", pk=entry.pk)
 

@@ -52,6 +52,21 @@ def test_group_algorithms_need_groups_of_two_or_more():
     assert load_config(None, ["rollout.group_size=1", "algorithm.name=ppo"]).rollout.group_size == 1
 
 
+@pytest.mark.parametrize(("overrides", "key"), [
+    (["rollout.group_size=1"], "rollout.group_size"),
+    (["rollout.group_size=eight"], "rollout.group_size"),
+    (["algorithm.clip_lo=0.1"], "algorithm.clip_lo"),
+    (["resources={python: {min: 3, max: 2}}"], "resources.python.min"),
+    (["resources={python: {max: 0}}"], "resources.python.max"),
+    (["optim.lr=0"], "optim.lr"),
+])
+def test_a_config_error_names_its_key_for_callers_that_place_the_message(overrides, key):
+    # The web app's launch form puts the message on the field of this key.
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, overrides)
+    assert caught.value.key == key and key.rpartition(".")[0] in str(caught.value)
+
+
 def test_minibatches_must_divide_the_batch():
     with pytest.raises(ConfigError, match=r"algorithm.minibatches=3 must divide"):
         load_config(None, ["algorithm.minibatches=3"])

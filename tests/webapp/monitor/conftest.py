@@ -47,7 +47,7 @@ def alice_job(alice: Any) -> Any:
 
     team = Team.objects.of(alice).get()
     return TrainingJob.objects.create(team=team, created_by=alice, name="tiny arithmetic", status=Status.RUNNING,
-                                      config={"steps": 10}, total_steps=10)
+                                      config={"steps": 10})
 
 
 def _session_cookie(user: Any) -> tuple[bytes, bytes]:

@@ -1,0 +1,164 @@
+"""The worker's side of a job: claim, beat, record progress and checkpoints, finish; and the stale-job sweep.
+
+``webapp.jobs.tasks`` calls these from the worker (and from beat); ``webapp.jobs.actions`` holds what users
+do (launch, cancel, resume). Each transition is a conditional UPDATE on the job row (see ``models``) that
+writes a ``status`` event (stored, then announced to ``job-<id>`` on commit). Nothing here imports the tasks
+or the user-side actions, so the two sides never import each other.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models.functions import Greatest
+from django.utils import timezone
+
+from webapp.jobs.models import Checkpoint, Status, TrainingJob
+from webapp.monitor.events import append_events
+from webapp.registry.models import Entry, Version
+from webapp.registry.worker import record_description
+
+log = logging.getLogger(__name__)
+
+
+def status_event(job: TrainingJob | int, status: str, **extra: Any) -> None:
+    """Store a job's ``status`` event (the user-side actions write theirs through this too)."""
+    job_id = job if isinstance(job, int) else job.pk
+    append_events(job_id, [{"type": "status", "state": status, **extra}])
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def claim_job(job_id: int) -> bool:
+    """Move a queued job to running for this worker. False when someone else has it, or it was cancelled:
+    a redelivered message or a revoked-too-late task then returns without doing anything."""
+    now = timezone.now()
+    with transaction.atomic():
+        claimed = TrainingJob.objects.filter(pk=job_id, status=Status.QUEUED, cancel_requested=False).update(
+            status=Status.RUNNING, started_at=now, heartbeat_at=now, worker=worker_name()
+        )
+        if claimed:
+            status_event(job_id, Status.RUNNING, message=f"claimed by worker {worker_name()}")
+    return bool(claimed)
+
+
+def beat(job_id: int) -> bool:
+    """Stamp the job as alive; return whether the worker should stop after this step: a cancel was
+    requested, or the job is no longer running (it was deleted, or swept during a long stall), in which
+    case training on would only write checkpoints nobody records."""
+    alive = TrainingJob.objects.filter(pk=job_id, status=Status.RUNNING).update(heartbeat_at=timezone.now())
+    return not alive or TrainingJob.objects.filter(pk=job_id, cancel_requested=True).exists()
+
+
+def record_progress(job_id: int, step: int) -> None:
+    TrainingJob.objects.filter(pk=job_id, status=Status.RUNNING).update(step=step, heartbeat_at=timezone.now())
+
+
+def record_checkpoint(job_id: int, step: int, path: str, metrics: dict[str, Any] | None = None) -> Checkpoint:
+    """Record a checkpoint the worker wrote, and forget the ones the trainer has since pruned (it keeps the
+    last few), so every row points at files that exist and resume never picks a deleted one."""
+    checkpoint, _ = Checkpoint.objects.update_or_create(
+        job_id=job_id, step=step, defaults={"path": path, "metrics": metrics or {}}
+    )
+    gone = [c.pk for c in Checkpoint.objects.filter(job_id=job_id).exclude(pk=checkpoint.pk)
+            if not Path(c.path).exists()]
+    Checkpoint.objects.filter(pk__in=gone).delete()
+    return checkpoint
+
+
+def finish_job(job_id: int, status: str, *, error: str = "", final_metrics: dict[str, Any] | None = None,
+               step: int = 0) -> str | None:
+    """End a running job; return the status it ended with, or None if it was no longer running.
+
+    A run that completed while a cancel was pending (the cancel landed during the final evaluation or
+    checkpoint, after the trainer's last look at the flag) ends ``cancelled``: the user asked for it, and
+    every cancel must end the same way. The row is locked first, so a cancel that arrives after this
+    decision finds the job finished and changes nothing.
+    """
+    if status not in (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED):
+        raise ValueError(f"Unknown final status: {status!r}")
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().filter(pk=job_id, status=Status.RUNNING).first()
+        if job is None:
+            return None
+        if status == Status.SUCCEEDED and job.cancel_requested:
+            status = Status.CANCELLED
+        TrainingJob.objects.filter(pk=job_id).update(
+            status=status, error=error, final_metrics=final_metrics or {}, finished_at=timezone.now(),
+            step=Greatest("step", step),
+        )
+        status_event(job_id, status, **({"message": error, "level": "error"} if error else {}))
+    return status
+
+
+def record_versions_used(job_id: int, found: list[tuple[str, str, Any]]) -> list[str]:
+    """Record the exact versions the worker imported: ``found`` is ``(kind, import_path, Description)``.
+
+    Returns a warning per tool or reward whose source differs from the version chosen at launch.
+    """
+    job = TrainingJob.objects.select_related("team").get(pk=job_id)
+    warnings: list[str] = []
+    tool_versions: list[Version] = []
+    launched = {v.entry_id: v for v in job.tool_versions.all()}
+    if job.reward_version_id:
+        launched[job.reward_version.entry_id] = job.reward_version  # type: ignore[union-attr]
+    for kind, path, description in found:
+        entry = (Entry.objects.filter(kind=kind, import_path=path, team=job.team).first()
+                 or Entry.objects.filter(kind=kind, import_path=path, team__isnull=True).first())
+        if entry is None:
+            continue
+        before = launched.get(entry.pk)
+        version = record_description(entry.pk, description)
+        if version is None:
+            continue
+        if before is not None and before.source_hash != version.source_hash:
+            warnings.append(f"{kind} {path} changed since launch ({before.short_hash} -> {version.short_hash}); "
+                            "the job runs and records the new version")
+        if kind == "tool":
+            tool_versions.append(version)
+        else:
+            TrainingJob.objects.filter(pk=job_id).update(reward_version=version)
+    if tool_versions:
+        job.tool_versions.set(tool_versions)
+    return warnings
+
+
+def sweep_stale_jobs(now: datetime | None = None) -> list[int]:
+    """End running jobs whose worker stopped beating for longer than ``JOB_HEARTBEAT_TIMEOUT``; return their ids.
+
+    A job nobody asked to stop becomes ``failed`` (its worker probably died). A job with a pending cancel
+    becomes ``cancelled``, never failed: the user asked it to stop and it has stopped; its worker may have
+    died while finishing (the final evaluation and checkpoint come after the cancel is seen). The update
+    repeats the staleness condition, so a worker that beats again between our read and our write keeps its
+    job. The job keeps its checkpoints; ``resume`` continues from the last one.
+    """
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.JOB_HEARTBEAT_TIMEOUT)
+    ended = []
+    for job in TrainingJob.objects.filter(status=Status.RUNNING, heartbeat_at__lt=cutoff):
+        checkpoint = job.last_checkpoint
+        silent = (f"the worker {job.worker or '?'} stopped sending heartbeats (last at "
+                  f"{job.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC)")
+        resume = (f"The last checkpoint is step {checkpoint.step}; resume the job to continue from it."
+                  if checkpoint else "No checkpoint was written; launch the job again.")
+        if job.cancel_requested:
+            status, error, event = Status.CANCELLED, "", {"message": f"cancelled; {silent} after the cancel. {resume}"}
+        else:
+            error = f"{silent}; it probably died. {resume}"
+            status, event = Status.FAILED, {"message": error, "level": "error"}
+        with transaction.atomic():
+            if TrainingJob.objects.filter(pk=job.pk, status=Status.RUNNING, heartbeat_at__lt=cutoff).update(
+                status=status, error=error, finished_at=now
+            ):
+                status_event(job.pk, status, **event)
+                ended.append(job.pk)
+    return ended
