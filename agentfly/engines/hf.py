@@ -329,23 +329,10 @@ class HFEngine(Engine):
         run = self._running
         assert run is not None
         sampling = run.key
-        logits = run.logits
         self.counters.decode_steps += 1
-        if sampling.temperature == 0:
-            logp_all = torch.log_softmax(logits, dim=-1)
-            next_tokens = logits.argmax(-1)
-        else:
-            logp_all = torch.log_softmax(logits / sampling.temperature, dim=-1)
-            probs = filter_probs(logp_all.exp(), sampling.top_p, sampling.top_k)
-            cdf = probs.cumsum(-1)
-            # One uniform per row from the row's own generator: a seeded row samples the same tokens
-            # whatever else shares (or joins, or leaves) the batch.
-            u = torch.stack([
-                torch.rand((), generator=r.generator) if r.generator is not None else torch.rand(())
-                for r in run.rows
-            ]).to(self.device)
-            next_tokens = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
-            next_tokens = next_tokens.clamp(max=logits.shape[-1] - 1)
+        logits = run.logits if sampling.temperature == 0 else run.logits / sampling.temperature
+        logp_all = torch.log_softmax(logits, dim=-1)
+        next_tokens = self._sample(run, logp_all)
         token_logps = logp_all.gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1)
         is_stop = torch.isin(next_tokens, torch.tensor(self.stop_token_ids, device=self.device)).tolist()
         toks, lps = next_tokens.tolist(), token_logps.tolist()
@@ -393,6 +380,21 @@ class HFEngine(Engine):
         run.cache = outputs.past_key_values
         run.logits = outputs.logits[:, -1, :].float()
         return finished
+
+    def _sample(self, run: _Running, logp_all: torch.Tensor) -> torch.Tensor:
+        """The next token of every row [R] from its logprobs [R, V] under the sampling distribution."""
+        sampling = run.key
+        if sampling.temperature == 0:
+            return logp_all.argmax(-1)
+        probs = filter_probs(logp_all.exp(), sampling.top_p, sampling.top_k)
+        cdf = probs.cumsum(-1)
+        # One uniform per row from the row's own generator: a seeded row samples the same tokens whatever
+        # else shares (or joins, or leaves) the batch.
+        u = torch.stack([
+            torch.rand((), generator=r.generator) if r.generator is not None else torch.rand(()) for r in run.rows
+        ]).to(self.device)
+        next_tokens = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
+        return next_tokens.clamp(max=logp_all.shape[-1] - 1)
 
     def _merge(self, parts: Sequence[_Running]) -> _Running:
         """One batch from several: each part's cache and mask left-padded to the longest, then stacked."""
