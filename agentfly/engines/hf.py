@@ -208,7 +208,7 @@ class HFEngine(Engine):
         self._pending: list[_Request] = []
         self._running: _Running | None = None
         self._drainer: asyncio.Task[None] | None = None
-        self._lock = threading.Lock()  # one decode at a time on the shared module
+        self._lock = threading.RLock()  # one decode step at a time on the shared module
         # Finished turns' KV by the token ids it covers (prompt + sampled tokens but the last, never fed).
         self._prefix: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
         self._prefix_size = 0
@@ -265,9 +265,13 @@ class HFEngine(Engine):
     def generate_batch(self, prompts: Sequence[Sequence[int]], samplings: Sequence[Sampling]) -> list[Generation]:
         """Decode a batch synchronously. All ``samplings`` must agree except for ``seed`` and ``max_new_tokens``."""
         requests = [_Request(list(p), s, None) for p, s in zip(prompts, samplings, strict=True)]
-        rows = self._advance(requests)
-        while self._running is not None:
-            rows += self._advance([])
+        with self._lock:  # re-entrant: the whole batch runs before an async drain may step again
+            if self._running is not None:
+                raise RuntimeError("generate_batch was called while awaited generate() calls are decoding on this "
+                                   "engine; await them first (or use a second engine)")
+            rows = self._advance(requests)
+            while self._running is not None:
+                rows += self._advance([])
         by_request = {id(r.request): r.result for r in rows}
         return [g for g in (by_request[id(r)] for r in requests) if g is not None]
 
