@@ -343,3 +343,20 @@ async def test_kept_turns_are_dropped_when_the_weights_change(tiny_model_dir: Pa
     again = await own.generate(third, greedy)
     assert own.stats()["prefix_cache_hits"] == 1
     assert again.logprobs == pytest.approx(direct_logprobs(own.model, third, again.token_ids).tolist(), abs=1e-4)
+
+
+async def test_a_synchronous_batch_is_refused_while_awaited_calls_decode_and_they_still_finish(
+    engine: HFEngine, prompts: list[list[int]]
+) -> None:
+    long = af.Sampling(temperature=1.0, max_new_tokens=40, seed=11)  # samples all 40 tokens (see above)
+    pending = asyncio.ensure_future(engine.generate(prompts[1], long))
+
+    async def decoding() -> None:
+        while engine.stats()["decode_steps"] < 2:
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(decoding(), timeout=30)
+    with pytest.raises(RuntimeError, match="await them first"):
+        engine.generate_batch([prompts[0]], [long])
+    assert len((await asyncio.wait_for(pending, timeout=30)).token_ids) == 40
+    assert [len(g.token_ids) for g in engine.generate_batch([prompts[1]], [long])] == [40]
