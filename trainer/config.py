@@ -147,6 +147,13 @@ class AlgorithmConfig:
     overlong_buffer: int = _f(0, "Overlong shaping buffer in tokens (DAPO: 4096 of 20480); 0 is off.")
     overlong_max_tokens: int = _f(256, "Overlong shaping: response length that gets the full penalty.")
     overlong_penalty: float = _f(1.0, "Overlong shaping: the largest penalty.")
+    off_policy_correction: Literal["none", "tis", "mis"] = _f(
+        "none", "Importance weights between the trainer's policy and the engine's behaviour logprobs (the vLLM "
+        "logprob mismatch; \"Your efficient RL framework secretly brings you off-policy RL training\", Yao et "
+        "al. 2025; verl's rollout_is): tis truncates each token's ratio at tis_cap, mis masks out tokens whose "
+        "ratio leaves mis_band; none trains as if on-policy.")
+    tis_cap: float = _f(2.0, "TIS: the largest importance weight (the note and verl use 2).")
+    mis_band: list[float] = _f([0.5, 2.0], "MIS: [low, high]; tokens whose ratio leaves it get weight 0.")
 
     @property
     def resolved_clip_high(self) -> float:
@@ -251,6 +258,11 @@ class Config:
         if a.overlong_buffer and a.overlong_buffer > a.overlong_max_tokens:
             raise ConfigError(f"algorithm.overlong_buffer={a.overlong_buffer} must be <= "
                               f"algorithm.overlong_max_tokens={a.overlong_max_tokens}", key="algorithm.overlong_buffer")
+        if a.tis_cap <= 0:
+            raise ConfigError(f"algorithm.tis_cap={a.tis_cap} must be > 0 (the note uses 2)", key="algorithm.tis_cap")
+        if len(a.mis_band) != 2 or not 0 <= a.mis_band[0] <= 1 <= a.mis_band[1]:
+            raise ConfigError(f"algorithm.mis_band={a.mis_band} must be [low, high] with low <= 1 <= high, "
+                              "e.g. [0.5, 2.0]", key="algorithm.mis_band")
         if a.dual_clip is not None and a.dual_clip <= 1:
             raise ConfigError(f"algorithm.dual_clip={a.dual_clip} must be > 1 (or null to turn it off)",
                               key="algorithm.dual_clip")

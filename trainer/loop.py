@@ -365,6 +365,7 @@ class Trainer:
         self.model.train()
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
+        maxima: dict[str, float] = {}
         gen = torch.Generator().manual_seed(self.config.seed * 7_919 + self.step)
         lengths = batch.attention_mask.sum(-1).cpu()
         first = True
@@ -395,16 +396,18 @@ class Trainer:
                         measure_mismatch=first)
                     loss, terms = self.micro_step(micro)
                     self.update.backward(loss)
-                    for k, v in terms.items():
-                        parts[k] = parts.get(k, 0.0) + v
+                    for k, v in terms.items():  # "_max" terms are maxima, the rest weighted sums
+                        parts[k] = max(parts.get(k, v), v) if k.endswith("_max") else parts.get(k, 0.0) + v
                 first = False
                 parts["grad_norm"] = self.update.step()
                 for k, v in parts.items():
+                    if k.endswith("_max"):
+                        maxima[k] = max(maxima.get(k, v), v)
                     sums[k] = sums.get(k, 0.0) + v
                     counts[k] = counts.get(k, 0) + 1
         self.scheduler.step()
         self.model.eval()
-        return {k: sums[k] / counts[k] for k in sums}
+        return {k: maxima[k] if k in maxima else sums[k] / counts[k] for k in sums}
 
     def micro_step(self, micro: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """The weighted loss of one micro-batch (policy, KL, entropy, value terms) and its weighted metrics;
@@ -421,11 +424,15 @@ class Trainer:
             gap = (logp.detach() - mb.rollout_logprobs).abs()
             terms["logprob_mismatch"] = w_tok * float(algos.masked_mean(gap, mask))
         old = logp.detach() if micro.old_logp is None else micro.old_logp
+        # The engine's logprobs are the behaviour policy's; weigh each token by pi_old / pi_behaviour.
+        is_w, im = algos.off_policy_weights(a.off_policy_correction, old, mb.rollout_logprobs, mask,
+                                            cap=a.tis_cap, band=(a.mis_band[0], a.mis_band[1]))
         loss, pm = algos.clipped_policy_loss(
             logp, old, micro.advantages, mask, clip_low=a.clip_low, clip_high=a.resolved_clip_high,
-            dual_clip=a.dual_clip, agg=agg, norm_length=norm_length)  # type: ignore[arg-type]
+            dual_clip=a.dual_clip, agg=agg, norm_length=norm_length, is_weights=is_w)  # type: ignore[arg-type]
         total = w * loss
         terms |= {"loss/policy": w * loss.item(), **{k: w_tok * v.item() for k, v in pm.items()}}
+        terms |= {k: v.item() if k.endswith("_max") else w_tok * v.item() for k, v in im.items()}
         if micro.ref_logp is not None:
             kl = algos.kl_estimate(logp, micro.ref_logp, a.kl_estimator)
             terms["kl"] = w_tok * algos.masked_mean(kl.detach(), mask).item()

@@ -1,12 +1,20 @@
-"""``HFEngine``: batched sampling with a KV cache from a Hugging Face ``transformers`` causal LM.
+"""``HFEngine``: continuously batched sampling with a KV cache from a Hugging Face ``transformers`` causal LM.
 
-Concurrent ``generate`` calls from many rollouts are collected into one batch: each call queues a request,
-and one drain task per event loop takes everything queued (after letting every runnable rollout submit),
-runs a left-padded batched decode in a worker thread, and resolves each caller's future. Rows that finish
-are dropped from the batch (and from the KV cache) so a long tail does not pay for finished rows.
+Concurrent ``generate`` calls from many rollouts share one decoding batch. Each call queues a request; one
+drain task per event loop runs the batch one decode step at a time in a worker thread, and before every step
+it admits the requests queued meanwhile (prefilled together, then merged into the batch's KV cache), so a
+rollout back from a tool call joins at the next step instead of waiting for the batch to drain. Rows leave
+the batch (and the KV cache) as they finish, so a long tail does not pay for finished rows.
+
+Prefill work is shared: the prefix common to the requests admitted together (system prompt, tool schemas)
+and identical prompts (a GRPO group) are computed once. Across turns, a finished turn's KV (its prompt and
+sampled tokens) is kept in a bounded cache keyed by those token ids; the conversation's next prompt starts
+with them (the rollout layer never re-encodes text), so only the new tokens (the observation and the template
+glue) are prefilled. ``stats()`` counts the tokens saved (``prefill_tokens_saved``). The kept KV is dropped
+when the weights change.
 
 Sampling draws one uniform number per row from that row's own generator when ``Sampling.seed`` is set,
-so a seeded rollout samples the same tokens whatever else shares its batch.
+so a seeded rollout samples the same tokens whatever else shares, joins or leaves its batch.
 
 Run ``python -m agentfly.engines.hf MODEL_DIR "prompt"`` to sample from a local model.
 """
@@ -17,8 +25,9 @@ import asyncio
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,15 +39,44 @@ from agentfly.engines.base import Engine, Generation, Sampling
 class _Request:
     prompt: list[int]
     sampling: Sampling
-    future: asyncio.Future[Generation]
+    future: asyncio.Future[Generation] | None  # None for the synchronous ``generate_batch``
+
+
+@dataclass
+class _Row:
+    """One sequence being decoded: its request, its own sampler and what it has produced so far."""
+
+    request: _Request
+    budget: int
+    generator: torch.Generator | None
+    tokens: list[int] = field(default_factory=list)
+    logps: list[float] = field(default_factory=list)
+    result: Generation | None = None
+
+
+@dataclass
+class _Running:
+    """The decoding batch: KV cache laid out ``[left padding | row's tokens]`` per row, its attention mask
+    [R, L], each row's last position [R, 1] and its next-token logits [R, V]."""
+
+    rows: list[_Row]
+    cache: Any
+    mask: torch.Tensor
+    positions: torch.Tensor
+    logits: torch.Tensor
+    key: Sampling
 
 
 @dataclass
 class EngineStats:
-    batches: int = 0
+    batches: int = 0  # prefill passes: each admits the requests waiting at that decode step
     sequences: int = 0
     prompt_tokens: int = 0
     prefill_tokens: int = 0  # prompt tokens actually run through the model (shared prefixes count once)
+    prefill_tokens_saved: int = 0  # prompt tokens whose KV came from an earlier turn of the same conversation
+    prefix_cache_hits: int = 0
+    joined_mid_batch: int = 0  # requests admitted while other rows were decoding (continuous batching)
+    decode_steps: int = 0
     generated_tokens: int = 0
     busy_seconds: float = 0.0
     max_batch: int = 0
@@ -50,11 +88,38 @@ class EngineStats:
             "sequences": float(self.sequences),
             "prompt_tokens": float(self.prompt_tokens),
             "prefill_tokens": float(self.prefill_tokens),
+            "prefill_tokens_saved": float(self.prefill_tokens_saved),
+            "prefix_cache_hits": float(self.prefix_cache_hits),
+            "joined_mid_batch": float(self.joined_mid_batch),
+            "decode_steps": float(self.decode_steps),
             "generated_tokens": float(self.generated_tokens),
             "busy_seconds": round(self.busy_seconds, 4),
             "tokens_per_second": round(tps, 2),
             "max_batch": float(self.max_batch),
         }
+
+
+def _kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _cache_of(kv: Sequence[tuple[torch.Tensor, torch.Tensor]], config: Any) -> Any:
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=config)
+    for i, (k, v) in enumerate(kv):
+        cache.update(k, v, i)
+    return cache
+
+
+def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """Pad ``x`` with zeros on the left of ``dim`` to ``width``."""
+    missing = width - x.shape[dim]
+    if missing <= 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([torch.zeros(shape, dtype=x.dtype, device=x.device), x], dim=dim)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -86,15 +151,17 @@ def _batch_key(sampling: Sampling) -> Sampling:
 
 
 class HFEngine(Engine):
-    """Generation from a ``transformers`` causal LM, batching concurrent requests.
+    """Generation from a ``transformers`` causal LM, batching concurrent requests continuously.
 
     model: a local directory (loaded with ``from_pretrained``) or an already-built ``PreTrainedModel`` (the
         trainer passes its own module, so weight sync is in place).
     tokenizer: defaults to ``AutoTokenizer.from_pretrained(model)``.
     max_batch_size: the most sequences decoded together.
     gguf_file: load a GGUF checkpoint inside ``model`` (needs the ``gguf`` package).
-    min_shared_prefix: the shortest prefix common to a whole batch that is computed once and broadcast
-        (identical prompts are always computed once).
+    min_shared_prefix: the shortest prefix common to the requests admitted together that is computed once
+        and broadcast (identical prompts are always computed once).
+    prefix_cache_tokens: the most tokens of KV cache kept from finished turns for the conversation's next
+        turn (least recently used first out); 0 turns reuse across turns off.
     """
 
     def __init__(
@@ -108,6 +175,7 @@ class HFEngine(Engine):
         max_model_len: int | None = None,
         gguf_file: str | None = None,
         min_shared_prefix: int = 16,
+        prefix_cache_tokens: int = 65_536,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -135,10 +203,16 @@ class HFEngine(Engine):
         self.max_model_len = int(max_model_len or config_len)
         self.max_batch_size = max_batch_size
         self.min_shared_prefix = min_shared_prefix
+        self.prefix_cache_tokens = prefix_cache_tokens
         self.counters = EngineStats()
         self._pending: list[_Request] = []
+        self._running: _Running | None = None
         self._drainer: asyncio.Task[None] | None = None
-        self._lock = threading.Lock()  # one decode at a time on the shared module
+        self._lock = threading.RLock()  # one decode step at a time on the shared module
+        # Finished turns' KV by the token ids it covers (prompt + sampled tokens but the last, never fed).
+        self._prefix: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+        self._prefix_size = 0
+        self._weights_seen = self._weights_version()
 
     # ------------------------------------------------------------------ async API
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
@@ -150,115 +224,279 @@ class HFEngine(Engine):
         return await future
 
     async def _drain(self) -> None:
-        while self._pending:
-            # Yield a few times so every rollout that is ready to generate joins this batch.
-            for _ in range(3):
-                await asyncio.sleep(0)
-            # Rows may differ in seed and token budget (the rollout loop caps each budget by the context
-            # left), so those are per row; everything else must match to share one decode.
-            key = _batch_key(self._pending[0].sampling)
-            batch = [r for r in self._pending if _batch_key(r.sampling) == key and not r.future.done()]
-            batch = batch[: self.max_batch_size]
-            taken = {id(r) for r in batch}
-            self._pending = [r for r in self._pending if id(r) not in taken and not r.future.done()]
-            if not batch:
-                continue
+        """Continuous batching: before every decode step, the waiting requests that fit (same sampling
+        settings as the running rows, room under ``max_batch_size``) are prefilled and join the batch; rows
+        leave the batch as they finish. A rollout back from its tool call joins at the next step instead
+        of waiting for the batch to drain (Orca, Yu et al. OSDI 2022: iteration-level scheduling)."""
+        while self._pending or self._running is not None:
+            if self._running is None:
+                # Idle: yield a few times so every rollout that is ready to generate joins the first step.
+                for _ in range(3):
+                    await asyncio.sleep(0)
+            admit = self._take_pending()
             try:
-                results = await asyncio.to_thread(self.generate_batch, [r.prompt for r in batch],
-                                                  [r.sampling for r in batch])
+                finished = await asyncio.to_thread(self._advance, admit)
             except Exception as exc:
-                for r in batch:
-                    if not r.future.done():
-                        r.future.set_exception(exc)
+                failed = [*admit, *(r.request for r in self._running.rows)] if self._running else admit
+                self._running = None
+                for req in failed:
+                    if req.future is not None and not req.future.done():
+                        req.future.set_exception(exc)
                 continue
-            for r, res in zip(batch, results, strict=True):
-                if not r.future.done():
-                    r.future.set_result(res)
+            for row in finished:
+                future = row.request.future
+                if future is not None and not future.done() and row.result is not None:
+                    future.set_result(row.result)
+
+    def _take_pending(self) -> list[_Request]:
+        self._pending = [r for r in self._pending if r.future is None or not r.future.done()]
+        if not self._pending:
+            return []
+        # Rows may differ in seed and token budget (the rollout loop caps each budget by the context left),
+        # so those are per row; everything else must match to share one decode.
+        key = self._running.key if self._running is not None else _batch_key(self._pending[0].sampling)
+        room = self.max_batch_size - (len(self._running.rows) if self._running is not None else 0)
+        taken = [r for r in self._pending if _batch_key(r.sampling) == key][: max(room, 0)]
+        ids = {id(r) for r in taken}
+        self._pending = [r for r in self._pending if id(r) not in ids]
+        return taken
 
     # ------------------------------------------------------------------ batched decode
     def generate_batch(self, prompts: Sequence[Sequence[int]], samplings: Sequence[Sampling]) -> list[Generation]:
         """Decode a batch synchronously. All ``samplings`` must agree except for ``seed`` and ``max_new_tokens``."""
+        requests = [_Request(list(p), s, None) for p, s in zip(prompts, samplings, strict=True)]
+        with self._lock:  # re-entrant: the whole batch runs before an async drain may step again
+            if self._running is not None:
+                raise RuntimeError("generate_batch was called while awaited generate() calls are decoding on this "
+                                   "engine; await them first (or use a second engine)")
+            rows = self._advance(requests)
+            while self._running is not None:
+                rows += self._advance([])
+        by_request = {id(r.request): r.result for r in rows}
+        return [g for g in (by_request[id(r)] for r in requests) if g is not None]
+
+    def _advance(self, admit: Sequence[_Request]) -> list[_Row]:
+        """Admit ``admit`` into the running batch, then sample one token for every row; returns the rows
+        that finished (each with its ``result``). Runs in a worker thread, one call at a time."""
         with self._lock, torch.inference_mode():
             start = time.perf_counter()
-            out = self._decode(prompts, samplings)
+            finished = self._admit(admit)
+            if self._running is not None:
+                finished += self._decode_step()
             st = self.counters
-            st.batches += 1
-            st.sequences += len(prompts)
-            st.max_batch = max(st.max_batch, len(prompts))
-            st.prompt_tokens += sum(len(p) for p in prompts)
-            st.generated_tokens += sum(len(g.token_ids) for g in out)
+            st.generated_tokens += sum(len(r.tokens) for r in finished)
             st.busy_seconds += time.perf_counter() - start
-            return out
+            return finished
 
-    def _decode(self, prompts: Sequence[Sequence[int]], samplings: Sequence[Sampling]) -> list[Generation]:
-        sampling = samplings[0]
-        n = len(prompts)
-        results: list[Generation | None] = [None] * n
-        budgets = [min(s.max_new_tokens, self.max_model_len - len(p)) for p, s in zip(prompts, samplings, strict=True)]
-        rows = [i for i in range(n) if budgets[i] > 0 and len(prompts[i]) > 0]
-        for i in range(n):
-            if i not in rows:
-                results[i] = Generation([], [], "length")
-        if not rows:
-            return [r for r in results if r is not None]
-        gens = [None if s.seed is None else torch.Generator(device="cpu").manual_seed(s.seed) for s in samplings]
-        logits, cache, mask, step_pos = self._prefill([prompts[i] for i in rows])
-        out_tokens: list[list[int]] = [[] for _ in range(n)]
-        out_logps: list[list[float]] = [[] for _ in range(n)]
-        stop_ids = torch.tensor(self.stop_token_ids, device=self.device)
-        stop_strings = sampling.stop
-        active = list(rows)  # original indices of rows still decoding, in batch order
-        while active:
-            if sampling.temperature == 0:
-                logp_all = torch.log_softmax(logits, dim=-1)
-                next_tokens = logits.argmax(-1)
+    def _admit(self, admit: Sequence[_Request]) -> list[_Row]:
+        """Prefill the admitted requests and merge them into the running batch; requests with no room to
+        generate come back at once, finished with ``length``."""
+        if not admit:
+            return []
+        st = self.counters
+        st.sequences += len(admit)
+        st.prompt_tokens += sum(len(r.prompt) for r in admit)
+        done: list[_Row] = []
+        rows: list[_Row] = []
+        for req in admit:
+            row = _Row(req, min(req.sampling.max_new_tokens, self.max_model_len - len(req.prompt)),
+                       None if req.sampling.seed is None else torch.Generator(device="cpu").manual_seed(req.sampling.seed))
+            if row.budget <= 0 or not req.prompt:
+                row.result = Generation([], [], "length")
+                done.append(row)
             else:
-                logp_all = torch.log_softmax(logits / sampling.temperature, dim=-1)
-                probs = filter_probs(logp_all.exp(), sampling.top_p, sampling.top_k)
-                cdf = probs.cumsum(-1)
-                u = torch.stack([
-                    torch.rand((), generator=gens[i]) if gens[i] is not None else torch.rand(())
-                    for i in active
-                ]).to(self.device)
-                next_tokens = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
-                next_tokens = next_tokens.clamp(max=logits.shape[-1] - 1)
-            token_logps = logp_all.gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1)
-            is_stop = torch.isin(next_tokens, stop_ids).tolist()
-            toks, lps = next_tokens.tolist(), token_logps.tolist()
-            keep: list[int] = []
-            for r, i in enumerate(active):
-                out_tokens[i].append(toks[r])
-                out_logps[i].append(lps[r])
-                reason: tuple[str, Any] | None = None
-                if is_stop[r]:
-                    reason = ("stop", toks[r])
-                elif stop_strings:
-                    tail = self.tokenizer.decode(out_tokens[i][-16:], skip_special_tokens=False)
-                    hit = next((s for s in stop_strings if s in tail), None)
-                    if hit is not None:
-                        reason = ("stop", hit)
-                if reason is None and len(out_tokens[i]) >= budgets[i]:
-                    reason = ("length", None)
-                if reason is None:
-                    keep.append(r)
-                else:
-                    results[i] = Generation(out_tokens[i], out_logps[i], reason[0], reason[1])  # type: ignore[arg-type]
-            if not keep:
-                break
-            if len(keep) < len(active):
-                index = torch.tensor(keep, device=self.device)
-                cache.batch_select_indices(index)
-                mask = mask.index_select(0, index)
-                step_pos = step_pos.index_select(0, index)
-                next_tokens = next_tokens.index_select(0, index)
-                active = [active[r] for r in keep]
-            mask = torch.cat([mask, torch.ones((len(active), 1), dtype=mask.dtype, device=self.device)], dim=1)
-            step_pos = step_pos + 1
-            outputs = self.model(input_ids=next_tokens.unsqueeze(-1), attention_mask=mask, position_ids=step_pos,
-                                 past_key_values=cache, use_cache=True, logits_to_keep=1)
-            cache = outputs.past_key_values
-            logits = outputs.logits[:, -1, :].float()
-        return [r for r in results if r is not None]
+                rows.append(row)
+        if not rows:
+            return done
+        if self._running is not None:
+            st.joined_mid_batch += len(rows)
+        version = self._weights_version()
+        if version != self._weights_seen:  # the trainer stepped the shared module: old KV is stale
+            self.clear_prefix_cache()
+            self._weights_seen = version
+        hits = [(row, self._lookup(row.request.prompt)) for row in rows]
+        reuse = [(row, kv, n) for row, (kv, n) in hits if n > 0]
+        fresh = [row for row, (_, n) in hits if n == 0]
+        parts: list[_Running] = [] if self._running is None else [self._running]
+        key = _batch_key(rows[0].request.sampling)
+        if fresh:
+            logits, cache, mask, pos = self._prefill([r.request.prompt for r in fresh])
+            parts.append(_Running(fresh, cache, mask, pos, logits, key))
+        if reuse:
+            parts.append(self._prefill_reusing(reuse, key))
+        st.batches += 1
+        self._running = parts[0] if len(parts) == 1 else self._merge(parts)
+        st.max_batch = max(st.max_batch, len(self._running.rows))
+        return done
+
+    def _decode_step(self) -> list[_Row]:
+        run = self._running
+        assert run is not None
+        sampling = run.key
+        self.counters.decode_steps += 1
+        logits = run.logits if sampling.temperature == 0 else run.logits / sampling.temperature
+        logp_all = torch.log_softmax(logits, dim=-1)
+        next_tokens = self._sample(run, logp_all)
+        token_logps = logp_all.gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1)
+        is_stop = torch.isin(next_tokens, torch.tensor(self.stop_token_ids, device=self.device)).tolist()
+        toks, lps = next_tokens.tolist(), token_logps.tolist()
+        keep: list[int] = []
+        finished: list[_Row] = []
+        for i, row in enumerate(run.rows):
+            row.tokens.append(toks[i])
+            row.logps.append(lps[i])
+            reason: tuple[str, Any] | None = None
+            if is_stop[i]:
+                reason = ("stop", toks[i])
+            elif sampling.stop:
+                tail = self.tokenizer.decode(row.tokens[-16:], skip_special_tokens=False)
+                hit = next((s for s in sampling.stop if s in tail), None)
+                if hit is not None:
+                    reason = ("stop", hit)
+            if reason is None and len(row.tokens) >= row.budget:
+                reason = ("length", None)
+            if reason is None:
+                keep.append(i)
+            else:
+                row.result = Generation(row.tokens, row.logps, reason[0], reason[1])  # type: ignore[arg-type]
+                finished.append(row)
+                self._remember(run, i)
+        if not keep:
+            self._running = None
+            return finished
+        if len(keep) < len(run.rows):
+            index = torch.tensor(keep, device=self.device)
+            run.cache.batch_select_indices(index)
+            run.mask = run.mask.index_select(0, index)
+            run.positions = run.positions.index_select(0, index)
+            next_tokens = next_tokens.index_select(0, index)
+            run.rows = [run.rows[i] for i in keep]
+            # Columns that were padding for every row left (the finished rows were the longest): drop them.
+            first = int(run.mask.any(0).nonzero()[0])
+            if first:
+                run.mask = run.mask[:, first:]
+                for layer in run.cache.layers:
+                    layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+        run.mask = torch.cat([run.mask, torch.ones((len(run.rows), 1), dtype=run.mask.dtype, device=self.device)], 1)
+        run.positions = run.positions + 1
+        outputs = self.model(input_ids=next_tokens.unsqueeze(-1), attention_mask=run.mask, position_ids=run.positions,
+                             past_key_values=run.cache, use_cache=True, logits_to_keep=1)
+        run.cache = outputs.past_key_values
+        run.logits = outputs.logits[:, -1, :].float()
+        return finished
+
+    def _sample(self, run: _Running, logp_all: torch.Tensor) -> torch.Tensor:
+        """The next token of every row [R] from its logprobs [R, V] under the sampling distribution."""
+        sampling = run.key
+        if sampling.temperature == 0:
+            return logp_all.argmax(-1)
+        probs = filter_probs(logp_all.exp(), sampling.top_p, sampling.top_k)
+        cdf = probs.cumsum(-1)
+        # One uniform per row from the row's own generator: a seeded row samples the same tokens whatever
+        # else shares (or joins, or leaves) the batch.
+        u = torch.stack([
+            torch.rand((), generator=r.generator) if r.generator is not None else torch.rand(()) for r in run.rows
+        ]).to(self.device)
+        next_tokens = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
+        return next_tokens.clamp(max=logp_all.shape[-1] - 1)
+
+    def _merge(self, parts: Sequence[_Running]) -> _Running:
+        """One batch from several: each part's cache and mask left-padded to the longest, then stacked."""
+        width = max(p.mask.shape[1] for p in parts)
+        kvs = [_kv(p.cache) for p in parts]
+        merged = [
+            (torch.cat([_left_pad(kv[layer][0], width, 2) for kv in kvs]),
+             torch.cat([_left_pad(kv[layer][1], width, 2) for kv in kvs]))
+            for layer in range(len(kvs[0]))
+        ]
+        return _Running(
+            rows=[r for p in parts for r in p.rows],
+            cache=_cache_of(merged, self.model.config),
+            mask=torch.cat([_left_pad(p.mask, width, 1) for p in parts]),
+            positions=torch.cat([p.positions for p in parts]),
+            logits=torch.cat([p.logits for p in parts]),
+            key=parts[0].key,
+        )
+
+    # ------------------------------------------------------------------ KV reuse across turns
+    def _lookup(self, prompt: list[int]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+        """The stored KV of the longest earlier turn whose tokens start ``prompt``, and how many of its
+        tokens to reuse (at least one prompt token is always run, for the next-token logits); ``([], 0)``
+        when none. The entry is taken out: the row's longer KV replaces it when the turn ends."""
+        n = len(prompt)
+        best: tuple[int, ...] | None = None
+        for key in self._prefix:
+            k = len(key)
+            # Cheap checks on two tokens first: most entries are other conversations.
+            if (k <= n and (best is None or k > len(best)) and key[-1] == prompt[k - 1]
+                    and key[k // 2] == prompt[k // 2] and tuple(prompt[:k]) == key):
+                best = key
+        if best is None:
+            return [], 0
+        kv = self._prefix.pop(best)
+        self._prefix_size -= len(best)
+        use = min(len(best), n - 1)
+        if use <= 0:
+            return [], 0
+        return [(k[:, :, :use], v[:, :, :use]) for k, v in kv], use
+
+    def _remember(self, run: _Running, i: int) -> None:
+        """Keep the KV of finished row ``i`` (its real columns only) for the conversation's next turn."""
+        row = run.rows[i]
+        length = len(row.request.prompt) + len(row.tokens) - 1
+        if self.prefix_cache_tokens <= 0 or length > self.prefix_cache_tokens or length <= 0:
+            return
+        cols = run.mask[i].nonzero().squeeze(-1)
+        kv = [(k[i: i + 1].index_select(2, cols), v[i: i + 1].index_select(2, cols)) for k, v in _kv(run.cache)]
+        key = tuple(row.request.prompt + row.tokens[:-1])
+        assert kv[0][0].shape[2] == len(key), "a row's real KV columns must be its prompt and fed tokens"
+        if key in self._prefix:
+            self._prefix_size -= len(key)
+        self._prefix[key] = kv
+        self._prefix.move_to_end(key)
+        self._prefix_size += len(key)
+        while self._prefix_size > self.prefix_cache_tokens:
+            old, _ = self._prefix.popitem(last=False)
+            self._prefix_size -= len(old)
+
+    def _prefill_reusing(self, reuse: Sequence[tuple[_Row, list[tuple[torch.Tensor, torch.Tensor]], int]],
+                         key: Sampling) -> _Running:
+        """Prefill rows whose conversation's earlier turn left its KV: only the new tokens (the last sampled
+        token, the observation, the template glue) run through the model. Layout per row:
+        ``[padding | its cached KV | padding | its new tokens]``, positions counted over real tokens only."""
+        past_width = max(n for _, _, n in reuse)
+        layers = len(reuse[0][1])
+        past = [(torch.cat([_left_pad(kv[layer][0], past_width, 2) for _, kv, _ in reuse]),
+                 torch.cat([_left_pad(kv[layer][1], past_width, 2) for _, kv, _ in reuse]))
+                for layer in range(layers)]
+        new = [row.request.prompt[n:] for row, _, n in reuse]
+        width = max(map(len, new))
+        ids = torch.full((len(reuse), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(reuse), past_width + width), dtype=torch.long)
+        for r, ((_, _, n), tokens) in enumerate(zip(reuse, new, strict=True)):
+            ids[r, width - len(tokens):] = torch.tensor(tokens, dtype=torch.long)
+            mask[r, past_width - n: past_width] = 1
+            mask[r, past_width + width - len(tokens):] = 1
+        mask = mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past_width:]
+        outputs = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions,
+                             past_key_values=_cache_of(past, self.model.config), use_cache=True, logits_to_keep=1)
+        st = self.counters
+        st.prefill_tokens += sum(map(len, new))
+        st.prefill_tokens_saved += sum(n for _, _, n in reuse)
+        st.prefix_cache_hits += len(reuse)
+        return _Running([row for row, _, _ in reuse], outputs.past_key_values, mask, positions[:, -1:],
+                        outputs.logits[:, -1, :].float(), key)
+
+    def clear_prefix_cache(self) -> None:
+        """Forget the KV kept from earlier turns (it belongs to the weights that computed it)."""
+        self._prefix.clear()
+        self._prefix_size = 0
+
+    def _weights_version(self) -> int:
+        # Every in-place write to a parameter (an optimizer step on the trainer's shared module, a copy in
+        # ``update_weights``) bumps its version counter, so the sum changes whenever the weights may have.
+        return sum(p._version for p in self.model.parameters())
 
     def _prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
         """Run the prompts through the model once; returns the next-token logits [R, V], the KV cache, the
@@ -319,6 +557,7 @@ class HFEngine(Engine):
                     raise KeyError(f"update_weights: the engine's model has no parameter {name!r}")
                 if target.data_ptr() != value.data_ptr():
                     target.copy_(value.to(target.device, target.dtype))
+        self.clear_prefix_cache()
 
 
 def _main() -> None:  # pragma: no cover - manual tool

@@ -22,6 +22,11 @@ from trainer.algorithms.core import (
 from trainer.algorithms.dapo import informative_groups, overlong_penalty
 from trainer.algorithms.dr_grpo import dr_grpo_advantages
 from trainer.algorithms.grpo import grpo_advantages
+from trainer.algorithms.off_policy import (
+    masked_importance_weights,
+    off_policy_weights,
+    truncated_importance_weights,
+)
 from trainer.algorithms.ppo import ValueHead, gae_advantages
 from trainer.algorithms.reinforce_pp import reinforce_pp_advantages
 from trainer.algorithms.rloo import rloo_advantages
@@ -29,8 +34,9 @@ from trainer.algorithms.rloo import rloo_advantages
 __all__ = [
     "ValueHead", "aggregate_loss", "clipped_policy_loss", "clipped_value_loss", "compute_advantages",
     "dr_grpo_advantages", "entropy_from_logits", "gae_advantages", "grpo_advantages", "informative_groups",
-    "kl_estimate", "masked_mean", "masked_whiten", "outcome_token_rewards", "overlong_penalty",
-    "reinforce_pp_advantages", "rloo_advantages", "token_logprobs",
+    "kl_estimate", "masked_importance_weights", "masked_mean", "masked_whiten", "off_policy_weights",
+    "outcome_token_rewards", "overlong_penalty", "reinforce_pp_advantages", "rloo_advantages", "token_logprobs",
+    "truncated_importance_weights",
 ]
 
 

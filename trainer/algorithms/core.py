@@ -126,6 +126,7 @@ def clipped_policy_loss(
     dual_clip: float | None = None,
     agg: LossAgg = "token-mean",
     norm_length: int | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO clipped surrogate, negated to a loss, over mask-1 tokens.
 
@@ -136,6 +137,8 @@ def clipped_policy_loss(
     ``dual_clip`` (Ye et al. 2020, "dual-clip PPO") caps the loss of negative-advantage tokens at
     ``-dual_clip * A`` so a huge ratio cannot blow up the update. Metrics: ``clip_fraction`` (share of
     mask-1 tokens whose gradient the clip removed), ``approx_kl`` (k3 between old and new policy), ``ratio``.
+    ``is_weights`` [B, T]: off-policy importance weights (``trainer.algorithms.off_policy``), constants that
+    multiply each token's term (Yao et al. 2025, eq. 3: TIS applied to the clipped surrogate).
     """
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
@@ -147,6 +150,8 @@ def clipped_policy_loss(
             raise ValueError(f"dual_clip must be > 1 (it bounds the loss at -dual_clip * A), got {dual_clip}")
         capped = torch.minimum(per_token, -advantages * dual_clip)
         per_token = torch.where(advantages < 0, capped, per_token)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach()
     loss = aggregate_loss(per_token, mask, agg, norm_length)
     with torch.no_grad():
         metrics = {

@@ -260,3 +260,103 @@ async def test_it_computes_a_shared_system_prompt_and_repeated_prompts_once(engi
         with torch.inference_mode():
             logits = tiny_model(input_ids=torch.tensor([p + gen.token_ids])).logits[0, len(p) - 1: -1]
         assert gen.token_ids == logits.argmax(-1).tolist()
+
+
+def greedy_tokens(model: Any, prompt: list[int], tokens: list[int]) -> list[int]:
+    """The argmax at each position of ``tokens`` after ``prompt``: what greedy decoding must have produced."""
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1: -1]
+    return logits.argmax(-1).tolist()
+
+
+async def test_a_request_that_arrives_while_a_batch_decodes_joins_it_and_keeps_its_tokens_and_logprobs(
+    engine: HFEngine, tiny_model: Any, prompts: list[list[int]]
+) -> None:
+    # The first row (seed 11) samples 40 tokens without a stop, so it is still decoding when the two other
+    # requests arrive: they must join its batch at the next step, not wait for it to drain, and each must
+    # sample what it samples alone, with logprobs equal to a plain forward pass over its own tokens.
+    def sampling(seed: int, budget: int = 10) -> af.Sampling:
+        return af.Sampling(temperature=1.0, max_new_tokens=budget, seed=seed)
+
+    first = asyncio.ensure_future(engine.generate(prompts[1], sampling(11, 40)))
+
+    async def decoding() -> None:
+        while engine.stats()["decode_steps"] < 3:
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(decoding(), timeout=30)
+    joined = await asyncio.gather(engine.generate(prompts[3], sampling(7)), engine.generate(prompts[0], sampling(8)))
+    head = await first
+    stats = engine.stats()
+    assert stats["joined_mid_batch"] == 2 and stats["max_batch"] == 3 and stats["batches"] == 2
+    assert len(head.token_ids) == 40
+    alone = HFEngine(engine.model, engine.tokenizer)
+    for prompt, gen, s in [(prompts[1], head, sampling(11, 40)), (prompts[3], joined[0], sampling(7)),
+                           (prompts[0], joined[1], sampling(8))]:
+        assert gen.logprobs == pytest.approx(direct_logprobs(tiny_model, prompt, gen.token_ids).tolist(), abs=1e-4)
+        assert (await alone.generate(prompt, s)).token_ids == gen.token_ids
+
+
+def next_turn(tokenizer: Any, prompt: list[int], gen: Generation, observation: str) -> list[int]:
+    """The conversation's next prompt as the rollout layer builds it: the earlier tokens as they are, then the
+    observation and the template glue (``tokenizer`` renders them)."""
+    glue = f"\n<|im_start|>user\n{observation}<|im_end|>\n<|im_start|>assistant\n"
+    return prompt + gen.token_ids + tokenizer(glue, add_special_tokens=False)["input_ids"]
+
+
+async def test_a_new_turn_prefills_only_its_new_tokens_and_keeps_exact_logprobs(
+    engine: HFEngine, tiny_model: Any, tiny_tokenizer: Any, prompts: list[list[int]]
+) -> None:
+    sampling = af.Sampling(temperature=1.0, max_new_tokens=6, seed=3)
+    firsts = await asyncio.gather(*(engine.generate(p, sampling) for p in prompts[:3]))
+    seconds = [next_turn(tiny_tokenizer, p, g, f"result {i}") for i, (p, g) in enumerate(zip(prompts[:3], firsts, strict=True))]
+    before = engine.stats()
+    # Three second turns (cached histories of different lengths) and one fresh prompt share one admission.
+    turns = await asyncio.gather(*(engine.generate(p, sampling) for p in [*seconds, prompts[3]]))
+    after = engine.stats()
+    reused = [len(p) + len(g.token_ids) - 1 for p, g in zip(prompts[:3], firsts, strict=True)]  # the last sampled token was never fed
+    assert after["prefix_cache_hits"] - before["prefix_cache_hits"] == 3
+    assert after["prefill_tokens_saved"] - before["prefill_tokens_saved"] == sum(reused)
+    assert after["prefill_tokens"] - before["prefill_tokens"] == (
+        sum(len(p) - n for p, n in zip(seconds, reused, strict=True)) + len(prompts[3]))
+    assert after["batches"] - before["batches"] == 1
+    for prompt, gen in zip([*seconds, prompts[3]], turns, strict=True):
+        assert gen.logprobs == pytest.approx(direct_logprobs(tiny_model, prompt, gen.token_ids).tolist(), abs=1e-4)
+    cold = HFEngine(tiny_model, tiny_tokenizer, prefix_cache_tokens=0)
+    for prompt, gen in zip(seconds, turns[:3], strict=True):
+        assert (await cold.generate(prompt, sampling)).token_ids == gen.token_ids
+    assert cold.stats()["prefill_tokens_saved"] == 0  # 0 turns reuse off
+
+
+async def test_kept_turns_are_dropped_when_the_weights_change(tiny_model_dir: Path, prompts: list[list[int]]) -> None:
+    own = HFEngine(tiny_model_dir)
+    greedy = af.Sampling(temperature=0, max_new_tokens=5)
+    first = await own.generate(prompts[0], greedy)
+    second = next_turn(own.tokenizer, prompts[0], first, "42")
+    # The trainer steps the module the engine shares without calling update_weights: in-place writes.
+    with torch.no_grad():
+        own.model.model.norm.weight.mul_(-1.0)
+    gen = await own.generate(second, greedy)
+    assert own.stats()["prefix_cache_hits"] == 0
+    assert gen.token_ids == greedy_tokens(own.model, second, gen.token_ids)
+    third = next_turn(own.tokenizer, second, gen, "43")
+    again = await own.generate(third, greedy)
+    assert own.stats()["prefix_cache_hits"] == 1
+    assert again.logprobs == pytest.approx(direct_logprobs(own.model, third, again.token_ids).tolist(), abs=1e-4)
+
+
+async def test_a_synchronous_batch_is_refused_while_awaited_calls_decode_and_they_still_finish(
+    engine: HFEngine, prompts: list[list[int]]
+) -> None:
+    long = af.Sampling(temperature=1.0, max_new_tokens=40, seed=11)  # samples all 40 tokens (see above)
+    pending = asyncio.ensure_future(engine.generate(prompts[1], long))
+
+    async def decoding() -> None:
+        while engine.stats()["decode_steps"] < 2:
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(decoding(), timeout=30)
+    with pytest.raises(RuntimeError, match="await them first"):
+        engine.generate_batch([prompts[0]], [long])
+    assert len((await asyncio.wait_for(pending, timeout=30)).token_ids) == 40
+    assert [len(g.token_ids) for g in engine.generate_batch([prompts[1]], [long])] == [40]
