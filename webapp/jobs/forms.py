@@ -24,6 +24,7 @@ from webapp.registry.models import Entry
 ALGORITHMS = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo")
 MODEL_SOURCES = (("tiny", "Tiny model built on the worker (CPU demo)"), ("path", "Local model directory"))
 TASKS = (("arithmetic", "Arithmetic with a calculator (generated)"), ("jsonl", "JSONL file of samples"))
+TRACKERS = (("tensorboard", "TensorBoard"), ("wandb", "Weights & Biases"), ("mlflow", "MLflow"))
 
 
 def tiny_model_path(seed: int, team: Team) -> str:
@@ -93,6 +94,10 @@ class LaunchForm(forms.Form):
     resources = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
                                 help_text='Pool sizes per resource as JSON, e.g. {"python": {"max": 4}}.')
     queue = forms.ChoiceField(choices=Queue.choices, initial=Queue.CPU)
+    trackers = forms.MultipleChoiceField(
+        choices=TRACKERS, required=False, widget=forms.CheckboxSelectMultiple,
+        help_text="Also log the run's metrics to these trackers; the workers need their package and settings "
+                  "(WANDB_API_KEY or WANDB_MODE, MLFLOW_TRACKING_URI): see the deployment guide.")
     launch_key = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
@@ -229,6 +234,7 @@ class LaunchForm(forms.Form):
             },
             "algorithm": {"name": d["algorithm"]},
             "optim": {"lr": d["learning_rate"]},
+            "trackers": list(d.get("trackers") or []),
         }
 
     def check_eval_path(self, path: str) -> None:
