@@ -53,7 +53,9 @@ def checkout_like(folder: Path) -> None:
 def test_the_guides_commands_run(page: Path, tmp_path: Path) -> None:
     checkout_like(tmp_path)
     bin_dir = Path(sys.executable).parent
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1",
+    # A reader's shell: no test database (the web app's demo then uses its own SQLite file).
+    clean = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env = dict(clean, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1",
                PYTHONPATH=str(tmp_path), WANDB_SILENT="true", NO_MKDOCS_2_WARNING="1")
     for kind, name, text in blocks(page):
         if kind == "file":

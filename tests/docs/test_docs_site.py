@@ -37,7 +37,8 @@ def test_the_site_builds_in_strict_mode_with_the_api_and_config_references(tmp_p
     assert "WARNING" not in done.stderr, done.stderr[-3000:]
     api = (site / "reference" / "agentfly.html").read_text()
     # mkdocstrings rendered the docstrings themselves, not just the headings
-    assert 'id="agentfly.tools.tool"' in api and "A parameter named" in api
+    assert 'id="agentfly.tools.tool.tool"' in api and "A parameter named" in api
+    assert 'id="agentfly.rewards.reward.reward"' in api and 'id="agentfly.resources.ResourceSpec"' in api
     trainer_api = (site / "reference" / "trainer.html").read_text()
     assert 'id="trainer.trackers.MLflowSink"' in trainer_api and 'id="trainer.events.EventStream"' in trainer_api
     config = (site / "reference" / "config.html").read_text()
@@ -99,7 +100,7 @@ def test_a_field_without_help_stops_the_build_naming_it(monkeypatch: pytest.Monk
 
     field = OptimConfig.__dataclass_fields__["eps"]
     monkeypatch.setattr(field, "metadata", {})
-    with pytest.raises(ValueError, match="fields without help text: optim.eps"):
+    with pytest.raises(ValueError, match=r"fields without help text: optim\.eps"):
         docs_hooks().render()
 
 
