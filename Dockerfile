@@ -14,7 +14,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends build-essential
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 COPY pyproject.toml README.md ./
 RUN pip install --index-url ${TORCH_INDEX} torch==2.13.0 && mkdir -p agentfly trainer webapp \
-    && touch agentfly/__init__.py trainer/__init__.py webapp/__init__.py && pip install . && pip uninstall -y agentfly
+    && touch agentfly/__init__.py trainer/__init__.py webapp/__init__.py && pip install ".[trackers]" && pip uninstall -y agentfly
 
 COPY . .
 RUN pip install --no-deps . \

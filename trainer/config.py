@@ -23,6 +23,8 @@ import yaml
 AlgorithmName = Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo"]
 ALGORITHMS: tuple[str, ...] = typing.get_args(AlgorithmName)
 LossAggName = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+TrackerName = Literal["tensorboard", "wandb", "mlflow"]
+TRACKERS: tuple[str, ...] = typing.get_args(TrackerName)
 
 
 class ConfigError(ValueError):
@@ -214,6 +216,43 @@ class SFTConfig:
 
 
 @dataclass
+class TensorBoardOptions:
+    logdir: str | None = _f(None, "Directory of the event files; None = <output_dir>/tensorboard. View it with "
+                                  "`tensorboard --logdir <dir>`.")
+
+
+@dataclass
+class WandbOptions:
+    project: str = _f("agentfly", "Weights & Biases project the run is logged to.")
+    entity: str | None = _f(None, "W&B team or user; None = the default entity of the API key.")
+    name: str | None = _f(None, "Run name; None = the output directory's name.")
+    group: str | None = _f(None, "Group of runs (e.g. the seeds of one experiment); None = no group.")
+    tags: list[str] = _f([], "Tags on the run.")
+    mode: Literal["online", "offline", "disabled"] | None = _f(
+        None, "'online' uploads as it goes (needs WANDB_API_KEY or `wandb login`); 'offline' writes "
+        "<dir>/wandb/offline-run-* for a later `wandb sync`; None = the WANDB_MODE environment variable, else online.")
+    dir: str | None = _f(None, "Where W&B writes its run folder (a `wandb/` inside it); None = output_dir.")
+
+
+@dataclass
+class MLflowOptions:
+    tracking_uri: str | None = _f(None, "A tracking server (http://host:5000) or a local store (file:/path/mlruns); "
+                                        "None = the MLFLOW_TRACKING_URI environment variable, else "
+                                        "file:<output_dir>/mlruns.")
+    experiment: str = _f("agentfly", "Experiment name; created when it does not exist.")
+    run_name: str | None = _f(None, "Run name; None = the output directory's name.")
+    log_checkpoint: bool = _f(True, "Upload the final checkpoint directory as the run's `checkpoint` artefact (the "
+                                    "full weights: turn it off for a large model on a remote server).")
+
+
+@dataclass
+class TrackerOptions:
+    tensorboard: TensorBoardOptions = _f(TensorBoardOptions(), "TensorBoard (package `tensorboard`).")
+    wandb: WandbOptions = _f(WandbOptions(), "Weights & Biases (package `wandb`).")
+    mlflow: MLflowOptions = _f(MLflowOptions(), "MLflow (package `mlflow-skinny` or `mlflow`).")
+
+
+@dataclass
 class Config:
     output_dir: str = _f("runs/calculator", "Run directory: events.jsonl, checkpoints, config.yaml.")
     seed: int = _f(0, "Seed of everything random: data order, sampling, initialisation of new heads.")
@@ -230,7 +269,11 @@ class Config:
     save_every: int = _f(0, "Save a checkpoint every N steps (and at the end); 0 = only at the end.")
     keep_last: int = _f(2, "Checkpoints kept besides the best one.")
     log_samples: int = _f(2, "Sample trajectories sent to the event stream each step.")
-    tensorboard: bool = _f(False, "Also write TensorBoard scalars (needs the tensorboard package).")
+    tensorboard: bool = _f(False, "Same as listing tensorboard in `trackers` (kept for older configs).")
+    trackers: list[TrackerName] = _f([], "Experiment trackers that get every metric under the names of "
+                                         "events.jsonl, e.g. [tensorboard, wandb, mlflow]; each needs its package "
+                                         "(pip install 'agentfly[trackers]'). Options in `tracker_options`.")
+    tracker_options: TrackerOptions = _f(TrackerOptions(), "Settings of each tracker named in `trackers`.")
     progress: bool = _f(True, "Print a progress bar and a per-step table to the terminal.")
     resources: dict[str, ResourceConfig] = _f({}, "Resource pools by name, e.g. {python: {max: 4}}; tools that "
                                                "declare a built-in resource get its default pool without this.")
@@ -286,10 +329,32 @@ class Config:
         if r.temperature <= 0:
             raise ConfigError("rollout.temperature must be > 0 for RL (greedy rollouts have no exploration); "
                               "evaluation is greedy anyway", key="rollout.temperature")
+        self._validate_trackers()
         if self.deepspeed is not None and not Path(self.deepspeed).is_file():
             raise ConfigError(f"deepspeed={self.deepspeed!r}: no such file; pass the path of a DeepSpeed JSON config",
                               key="deepspeed")
         return self
+
+    def _validate_trackers(self) -> None:
+        seen = [t for i, t in enumerate(self.trackers) if t in self.trackers[:i]]
+        if seen:
+            raise ConfigError(f"trackers lists {', '.join(sorted(set(seen)))} twice; name each tracker once",
+                              key="trackers")
+        # Options set for a tracker that is off are a forgotten `trackers` entry, not something to ignore.
+        for name in TRACKERS:
+            options = getattr(self.tracker_options, name)
+            on = name in self.trackers or (name == "tensorboard" and self.tensorboard)
+            if not on and options != type(options)():
+                raise ConfigError(f"tracker_options.{name} is set but {name} is not in trackers; add it "
+                                  f"(trackers: [{', '.join([*self.trackers, name])}]) or drop tracker_options.{name}",
+                                  key=f"tracker_options.{name}")
+
+    @property
+    def resolved_trackers(self) -> list[str]:
+        """``trackers``, with tensorboard added when the older ``tensorboard: true`` asks for it."""
+        if self.tensorboard and "tensorboard" not in self.trackers:
+            return ["tensorboard", *self.trackers]
+        return list(self.trackers)
 
 
 # ---------------------------------------------------------------------------------------------- loading

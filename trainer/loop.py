@@ -37,8 +37,9 @@ from trainer.batch import Batch, agg_denominator, collate, forward, trim
 from trainer.builders import DataCursor, build_agent, build_engine, load_policy, load_samples, setup_torch
 from trainer.checkpoint import load_state, save_checkpoint, set_rng_state
 from trainer.config import Config, save_config
-from trainer.events import EventStream, JSONLSink, RunState, Sink, TensorBoardSink
+from trainer.events import EventStream, JSONLSink, RunState, Sink
 from trainer.optim import make_scheduler, make_update
+from trainer.trackers import tracker_sinks
 
 if TYPE_CHECKING:
     from agentfly.agents.agent import Agent
@@ -144,9 +145,7 @@ class Trainer:
         self.out = Path(config.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         save_config(config, self.out / "config.yaml")
-        all_sinks: list[Sink] = [JSONLSink(self.out / "events.jsonl"), *sinks]
-        if config.tensorboard:
-            all_sinks.append(TensorBoardSink(self.out / "tensorboard"))
+        all_sinks: list[Sink] = [JSONLSink(self.out / "events.jsonl"), *sinks, *tracker_sinks(config, self.out)]
         self.events = EventStream(all_sinks, run=self.out.name)
         self.device = setup_torch(config)
         self.events.status(0, "running", f"loading {config.model.path}")

@@ -29,6 +29,7 @@ from trainer.config import Config, ConfigError, save_config
 from trainer.events import EventStream, JSONLSink, Sink
 from trainer.loop import evaluate
 from trainer.optim import lr_schedule
+from trainer.trackers import tracker_sinks
 
 _USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
 
@@ -150,7 +151,7 @@ def run_sft(config: Config, sinks: Sequence[Sink] = ()) -> dict[str, Any]:
     out = Path(s.output_dir or Path(config.output_dir) / "sft")
     out.mkdir(parents=True, exist_ok=True)
     save_config(config, out / "config.yaml")
-    events = EventStream([JSONLSink(out / "events.jsonl"), *sinks], run=out.name)
+    events = EventStream([JSONLSink(out / "events.jsonl"), *sinks, *tracker_sinks(config, out)], run=out.name)
     try:
         device = setup_torch(config)
         events.status(0, "running", f"SFT on {s.num_demos} demonstrations")

@@ -15,7 +15,7 @@ from trainer.config import ALGORITHMS
 from webapp.accounts.models import Team
 from webapp.inputs import PG_BIGINT_MAX, query_int
 from webapp.jobs import actions
-from webapp.jobs.forms import MODEL_SOURCES, TASKS, LaunchForm
+from webapp.jobs.forms import MODEL_SOURCES, TASKS, TRACKERS, LaunchForm
 from webapp.jobs.models import Checkpoint, Queue, TrainingJob
 from webapp.monitor.events import events_after, requested_types
 from webapp.monitor.models import EventType
@@ -92,6 +92,8 @@ class LaunchSerializer(serializers.Serializer):
     resources = serializers.DictField(default=dict)
     queue = serializers.ChoiceField(choices=Queue.choices, default=Queue.CPU)
     launch_key = serializers.CharField(required=False, allow_blank=True, max_length=64)
+    trackers = serializers.ListField(child=serializers.ChoiceField(choices=TRACKERS), default=list,
+                                     help_text="Experiment trackers that also get the metrics.")
 
 
 def launch_form(request: Request) -> LaunchForm:

@@ -24,6 +24,7 @@ from webapp.registry.models import Entry
 
 MODEL_SOURCES = (("tiny", "Tiny model built on the worker (CPU demo)"), ("path", "Local model directory"))
 TASKS = (("arithmetic", "Arithmetic with a calculator (generated)"), ("jsonl", "JSONL file of samples"))
+TRACKERS = (("tensorboard", "TensorBoard"), ("wandb", "Weights & Biases"), ("mlflow", "MLflow"))
 
 # The form field that fills each trainer config key (``LaunchForm.trainer_config``), so a ``ConfigError`` lands
 # on the field the user can change. A key under one of these (``resources.python.max``) belongs to it too.
@@ -34,7 +35,7 @@ FIELD_OF_KEY = {
     "rollout.tools": "tools", "rollout.reward": "reward", "rollout.max_turns": "max_turns",
     "rollout.prompts_per_step": "prompts_per_step", "rollout.group_size": "group_size",
     "rollout.temperature": "temperature", "rollout.max_new_tokens": "max_new_tokens",
-    "algorithm.name": "algorithm", "optim.lr": "learning_rate", "resources": "resources",
+    "algorithm.name": "algorithm", "optim.lr": "learning_rate", "resources": "resources", "trackers": "trackers",
 }
 
 
@@ -104,6 +105,10 @@ class LaunchForm(forms.Form):
     resources = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
                                 help_text='Pool sizes per resource as JSON, e.g. {"python": {"max": 4}}.')
     queue = forms.ChoiceField(choices=Queue.choices, initial=Queue.CPU)
+    trackers = forms.MultipleChoiceField(
+        choices=TRACKERS, required=False, widget=forms.CheckboxSelectMultiple,
+        help_text="Also log the run's metrics to these trackers; the workers need their package and settings "
+                  "(WANDB_API_KEY or WANDB_MODE, MLFLOW_TRACKING_URI): see the deployment guide.")
     launch_key = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
@@ -229,6 +234,7 @@ class LaunchForm(forms.Form):
             "algorithm": {"name": d["algorithm"]},
             "optim": {"lr": d["learning_rate"]},
             "resources": d.get("resources") or {},
+            "trackers": list(d.get("trackers") or []),
         }
 
     def check_eval_path(self, path: str) -> None:
