@@ -201,3 +201,18 @@ def test_cancel_on_the_job_page_asks_first_and_a_dismissed_question_cancels_noth
     assert len(asked) == 2
     assert "Cancel" in page.inner_text(".messages")
     assert problems == []
+
+
+def test_the_demo_job_from_a_warm_start_passes_the_launch_form_with_grpo_yamls_recipe(
+        alice: Any, tmp_path: Any) -> None:
+    from webapp.demo import launch_demo_job
+
+    builtin_entries()
+    warm = tmp_path / "warm_start"
+    warm.mkdir()
+    (warm / "config.json").write_text("{}")
+    team = alice.groups.get().team
+    job = launch_demo_job(alice, team, 60, warm)
+    cfg = job.config
+    assert cfg["model"]["path"] == str(warm) and cfg["steps"] == 60
+    assert cfg["optim"]["lr"] == 1e-4 and cfg["rollout"]["temperature"] == 0.7 and cfg["rollout"]["max_turns"] == 3
