@@ -2,19 +2,22 @@
 
     python -m webapp.demo                # web server on :8000, a worker, Redis, SQLite; Ctrl-C stops all
     python -m webapp.demo --port 8080 --steps 40
-    python -m webapp.demo --model runs/calculator/sft   # start from the SFT warm start (agentfly sft ...)
+    python -m webapp.demo --model runs/calculator/sft   # start from your own SFT warm start (agentfly sft ...)
+    python -m webapp.demo --model tiny --steps 2        # the untrained tiny model: quick, learns nothing
     python -m webapp.demo --exit-when-done   # for CI: exit 0 once the job succeeded, 1 if it did not
 
 What it does: uses Redis at ``REDIS_URL`` if one answers, otherwise starts ``redis-server`` on a free port
 (no persistence); applies migrations to a SQLite file under ``runs/demo/`` (or ``DATABASE_URL``); creates
 the user ``demo`` in team "Demo team"; starts ``daphne`` and a Celery worker (with the beat schedule that
-sweeps for dead workers); waits until the worker has registered the built-in tools; launches a job
-through the same form the browser uses; and prints the URL where it can be watched.
+sweeps for dead workers); waits until the worker has registered the built-in tools; finds the calculator
+warm start (shipped, or made by a short SFT); launches a GRPO job from it through the same form the browser
+uses; and prints the URL where it can be watched. SIGINT or SIGTERM stops every process it started.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -66,15 +69,36 @@ class Services:
                 tail = (self.logs / f"{name}.log").read_text(errors="replace")[-3000:]
                 raise SystemExit(f"{name} exited with code {proc.returncode}; its log ends with:\n{tail}")
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM each service's whole process group (a Celery worker's pool children are in its group), then
+        SIGKILL whatever is left after ``grace`` seconds: a worker's warm shutdown would otherwise wait for the
+        training job to end. Each service was started in its own session, so its pgid is its pid."""
         for _, proc in reversed(self.procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
+            signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
         for _, proc in reversed(self.procs):
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            # The leader may be gone while children it forked (pool processes) still hold the group.
+            signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+        self.procs.clear()
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the whole group has exited already
+        os.killpg(pgid, sig)
+
+
+def stop_on_signals() -> None:
+    """Turn SIGTERM and SIGINT into KeyboardInterrupt, so ``main``'s ``finally`` stops the services. Set both
+    explicitly: a background job of a non-interactive shell starts with SIGINT ignored, and Python's default
+    SIGTERM ends the process without running ``finally`` (leaving Daphne on the port)."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
 
 
 def wait(what: str, predicate: Any, services: Services, timeout: float) -> None:
@@ -138,7 +162,82 @@ def demo_user() -> Any:
     return user, team
 
 
-def launch_demo_job(user: Any, team: Any, steps: int, model: str | None = None) -> Any:
+# The calculator warm start that ships with the repository: the tiny model after
+# `agentfly sft examples/calculator/sft.yaml` (~57% held-out accuracy; see docs/benchmarks.md).
+SHIPPED_WARM_START = ROOT / "examples" / "calculator" / "warm_start"
+# A short SFT the demo runs itself when nothing is shipped: about a minute on 2 cores (125 optimizer steps of
+# 16), enough to learn the tool-call format so GRPO has rewards to work with; the full recipe is sft.yaml.
+QUICK_SFT_OVERRIDES = ["sft.num_demos=2000", "sft.warmup_steps=10", "data.eval_size=32", "threads=1"]
+QUICK_SFT_TIMEOUT_S = 300
+
+# The demo job: the GRPO recipe of examples/calculator/grpo.yaml (lr 1e-4 from the warm start, temperature 0.7,
+# 3 turns of 48 tokens), with smaller groups so a step takes ~3.5 s on a laptop's CPU and the reward curve
+# climbs over the first minutes instead of finishing before the page is open. 60 steps last at least 3 minutes.
+DEMO_JOB = {
+    "task_size": 20000, "algorithm": "grpo", "prompts_per_step": 8, "group_size": 4, "max_turns": 3,
+    "max_new_tokens": 48, "learning_rate": 1e-4, "temperature": 0.7, "seed": 0, "eval_size": 64, "save_every": 10,
+}
+# The untrained tiny model learns nothing in minutes; it only shows the moving parts.
+TINY_JOB = {**DEMO_JOB, "task_size": 200, "prompts_per_step": 2, "max_turns": 2, "max_new_tokens": 24,
+            "learning_rate": 3e-4, "temperature": 1.0, "eval_size": 8, "save_every": 5}
+
+
+def valid_model_dir(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def quick_sft(out: Path, logs: Path) -> Path | None:
+    """Make a calculator warm start in ``out`` with a short SFT run; None (and why, printed) if it fails."""
+    print(f"no calculator warm start ships in {SHIPPED_WARM_START}: making one with a short SFT "
+          f"(about a minute; log in {logs / 'sft.log'})", flush=True)
+    argv = [sys.executable, "-m", "trainer.cli", "sft", str(ROOT / "examples" / "calculator" / "sft.yaml"),
+            "--set", f"output_dir={out.parent}", "--set", f"model.path={out.parent / 'base'}",
+            "--set", f"sft.output_dir={out}"]
+    for override in QUICK_SFT_OVERRIDES:
+        argv += ["--set", override]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
+    with (logs / "sft.log").open("wb") as log:
+        try:
+            # Its own process, so Ctrl-C during the SFT stops it with the demo (the finally below).
+            proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                proc.wait(QUICK_SFT_TIMEOUT_S)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        except OSError as exc:
+            print(f"could not start the SFT run ({exc})")
+            return None
+    if proc.returncode == 0 and valid_model_dir(out):
+        return out
+    print(f"the short SFT run did not produce a model (exit code {proc.returncode}); see {logs / 'sft.log'}")
+    return None
+
+
+def resolve_model(choice: str, demo_dir: Path, logs: Path) -> Path | None:
+    """The model directory the demo job trains, or None for the untrained tiny model.
+
+    ``warm`` (the default): the shipped warm start, else one this demo made before under ``--dir``, else a
+    short SFT now, else the tiny model with a message saying why the curves will stay flat. ``tiny``: the
+    untrained tiny model (quick, learns nothing). Anything else: a saved model directory."""
+    if choice == "tiny":
+        return None
+    if choice != "warm":
+        return Path(choice).resolve()
+    made = demo_dir / "warm_start" / "sft"
+    for candidate in (SHIPPED_WARM_START, made):
+        if valid_model_dir(candidate):
+            return candidate
+    if (built := quick_sft(made, logs)) is not None:
+        return built
+    print("falling back to the untrained tiny model: the demo will run, but its reward and accuracy stay near 0. "
+          f"Make the warm start with `agentfly sft examples/calculator/sft.yaml` and pass --model runs/calculator/sft, "
+          f"or put it in {SHIPPED_WARM_START}.", flush=True)
+    return None
+
+
+def launch_demo_job(user: Any, team: Any, steps: int, model: Path | str | None = None) -> Any:
     """Launch through ``LaunchForm``, the same validation the launch page applies."""
     from webapp.jobs import actions
     from webapp.jobs.forms import LaunchForm
@@ -148,11 +247,11 @@ def launch_demo_job(user: Any, team: Any, steps: int, model: str | None = None) 
     calculator = visible.get(team__isnull=True, kind="tool", name="calculator")
     math_equal = visible.get(team__isnull=True, kind="reward", name="math_equal")
     form = LaunchForm({
-        "name": "demo: tiny agent with a calculator", "team": team.pk, "model_source": "path" if model else "tiny",
+        **(DEMO_JOB if model else TINY_JOB),
+        "name": "demo: calculator agent learning with GRPO" if model else "demo: tiny untrained agent with a calculator",
+        "team": team.pk, "model_source": "path" if model else "tiny",
         "model_path": str(Path(model).resolve()) if model else "", "task": "arithmetic",
-        "task_size": 200, "tools": [calculator.pk], "reward": math_equal.pk, "algorithm": "grpo", "steps": steps,
-        "prompts_per_step": 2, "group_size": 4, "max_turns": 2, "max_new_tokens": 24, "learning_rate": 3e-4,
-        "temperature": 1.0, "seed": 0, "eval_size": 8, "save_every": 5, "queue": "cpu",
+        "tools": [calculator.pk], "reward": math_equal.pk, "steps": steps, "queue": "cpu",
     }, user=user)
     if not form.is_valid():
         raise SystemExit(f"the demo job's configuration is invalid: {form.errors.as_text()}")
@@ -167,10 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Run the AgentFly web app, a worker and a tiny training job.")
     ap.add_argument("--port", type=int, default=8000, help="web server port (default 8000; 0 picks a free one)")
     ap.add_argument("--host", default="127.0.0.1", help="web server address (default 127.0.0.1)")
-    ap.add_argument("--steps", type=int, default=30, help="training steps of the demo job (default 30)")
-    ap.add_argument("--model", default=None,
-                    help="a saved model directory to train (e.g. runs/calculator/sft from `agentfly sft`); "
-                         "default: a tiny untrained model built on the worker")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="training steps of the demo job (default 60 from a warm start, at least 3 minutes; 30 "
+                         "for the tiny model)")
+    ap.add_argument("--model", default="warm",
+                    help="'warm' (default): the calculator warm start shipped in examples/calculator/warm_start, "
+                         "else one made by a short SFT in the first minute; 'tiny': the untrained tiny model "
+                         "(quick, learns nothing); or a saved model directory (e.g. runs/calculator/sft)")
     ap.add_argument("--dir", default=str(ROOT / "runs" / "demo"), help="SQLite file, checkpoints and logs")
     ap.add_argument("--exit-when-done", action="store_true", help="stop once the job finishes (exit 0 if it succeeded)")
     args = ap.parse_args(argv)
@@ -180,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     logs = Path(args.dir).resolve() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     services = Services(logs)
+    stop_on_signals()
     try:
         env = configure_environment(args, services)
         import django
@@ -202,7 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         wait("the worker to register the built-in tools",
              lambda: Entry.objects.filter(team__isnull=True, name__in=["calculator", "math_equal"]).ready().count() == 2,
              services, 120)
-        job = launch_demo_job(user, team, args.steps, args.model)
+        model = resolve_model(args.model, Path(args.dir).resolve(), logs)
+        steps = args.steps if args.steps is not None else (60 if model else 30)
+        job = launch_demo_job(user, team, steps, model)
         print(f"\nAgentFly is running ({settings.DATABASES['default']['NAME']}, Redis {settings.REDIS_URL}).")
         print(f"  sign in at   {base}/login/   as {DEMO_USER} / {DEMO_PASSWORD}")
         print(f"  watch job    {base}{job.get_absolute_url()}")
@@ -216,8 +321,12 @@ def main(argv: list[str] | None = None) -> int:
                 return 0 if job.status == "succeeded" else 1
             time.sleep(1)
     except KeyboardInterrupt:
+        print("stopping the demo's services", flush=True)
         return 0
     finally:
+        # A second signal while stopping must not cut the cleanup short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         services.stop()
 
 

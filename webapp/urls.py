@@ -3,10 +3,10 @@ from django.contrib.auth import views as auth_views
 from django.http import HttpRequest, JsonResponse
 from django.urls import include, path, re_path
 from django.views.decorators.csrf import csrf_exempt
-from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
+from webapp import pages
 from webapp.accounts.api import InvitationViewSet, obtain_token
 from webapp.jobs.api import JobViewSet
 from webapp.registry.api import EntryViewSet
@@ -23,7 +23,9 @@ router.register("jobs", JobViewSet, basename="job")
 router.register("invitations", InvitationViewSet, basename="invitation")
 
 urlpatterns = [
-    path("", RedirectView.as_view(pattern_name="jobs:list", permanent=False)),
+    path("", pages.landing, name="landing"),
+    # Browsers ask for /favicon.ico whatever the page links: answer with the SVG rather than a 404.
+    path("favicon.ico", pages.favicon),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("accounts/", include("webapp.accounts.urls")),

@@ -49,7 +49,7 @@ def test_a_user_signs_in_registers_a_tool_launches_a_job_and_sees_it_succeed(
 
     # A bad number is refused in place; the corrected form launches.
     page.goto(f"{web_server}/jobs/launch/")
-    page.select_option("#id_tools", label="calculator (built-in)")
+    page.get_by_label("calculator (built-in)").check()  # a checkbox, pre-checked by the defaults
     page.select_option("#id_reward", label="math_equal (built-in)")
     page.fill("#id_steps", "0")
     page.click("#launch-button")

@@ -87,7 +87,8 @@ class LaunchForm(forms.Form):
                                 help_text="JSONL of held-out samples; required for a JSONL task.")
     task_size = forms.IntegerField(min_value=1, max_value=1_000_000, initial=200,
                                    help_text="Problems generated for the arithmetic task.")
-    tools = EntryMultipleChoiceField(queryset=Entry.objects.none(), required=False)
+    tools = EntryMultipleChoiceField(queryset=Entry.objects.none(), required=False,
+                                     widget=forms.CheckboxSelectMultiple)
     reward = EntryChoiceField(queryset=Entry.objects.none())
     algorithm = forms.ChoiceField(choices=[(a, a) for a in ALGORITHMS], initial="grpo")
     steps = forms.IntegerField(min_value=1, max_value=100_000, initial=5)
@@ -118,6 +119,18 @@ class LaunchForm(forms.Form):
         visible = Entry.objects.visible_to(user).ready().select_related("team", "current_version")
         self.fields["tools"].queryset = visible.tools()
         self.fields["reward"].queryset = visible.rewards()
+        self.preselect_calculator_recipe(visible)
+
+    def preselect_calculator_recipe(self, visible: Any) -> None:
+        """The defaults launch: the arithmetic task with the built-in calculator and ``math_equal``, when the
+        registry has them (an unbound form only: initial values never override what the user posted)."""
+        builtin = visible.filter(team__isnull=True)
+        calculator = builtin.filter(kind="tool", name="calculator").first()
+        math_equal = builtin.filter(kind="reward", name="math_equal").first()
+        if calculator is not None:
+            self.fields["tools"].initial = [calculator.pk]
+        if math_equal is not None:
+            self.fields["reward"].initial = math_equal.pk
 
     def clean_name(self) -> str:
         name = self.cleaned_data["name"].strip()
