@@ -28,15 +28,21 @@ COPY deploy/local/wheels/ /wheels/
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 # torch first and alone: an unpinned torch, pulled in by a dependency, would be a multi-GB CUDA build.
 RUN pip install --find-links /wheels ${TORCH_INDEX:+--index-url ${TORCH_INDEX}} torch==2.13.0
-# The dependencies from pyproject.toml, without the project (it runs from /app, see PYTHONPATH below),
-# so editing code does not reinstall them.
+
+# The dependencies from pyproject.toml, without the project (it runs from /app, see PYTHONPATH below). They
+# are listed in a stage of their own, so that a pyproject edit that changes no dependency (a test marker, a
+# lint rule) leaves the requirements file, and so the install layer below, as it was.
+FROM build AS requirements
 ARG EXTRAS=docker
 COPY pyproject.toml /tmp/pyproject.toml
 RUN python3 -c "import tomllib, sys; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; \
 extras = [e for e in sys.argv[1].split(',') if e]; \
 print('\n'.join(p['dependencies'] + [d for e in extras for d in p['optional-dependencies'][e]]))" "${EXTRAS}" \
-        > /tmp/requirements.txt \
-    && pip install --find-links /wheels -r /tmp/requirements.txt
+        > /tmp/requirements.txt
+
+FROM build AS dependencies
+COPY --from=requirements /tmp/requirements.txt /tmp/requirements.txt
+RUN pip install --find-links /wheels -r /tmp/requirements.txt
 # pip and setuptools are build tools: the runtime installs nothing.
 RUN pip uninstall -y -q pip setuptools wheel || true
 
@@ -46,7 +52,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 ca-cert
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 1000 --user-group agentfly \
     && mkdir -p /data/runs /data/plugins /data/models /data/datasets && chown -R agentfly:agentfly /data
-COPY --from=build /opt/venv /opt/venv
+COPY --from=dependencies /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH PYTHONPATH=/app PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     DJANGO_SETTINGS_MODULE=webapp.settings STATIC_ROOT=/app/staticfiles AGENTFLY_RUNS_DIR=/data/runs
 WORKDIR /app

@@ -80,7 +80,12 @@ class DockerEngine:
             cert = (self.tls_client_cert, self.tls_client_key) if self.tls_client_cert else None
             tls = docker.tls.TLSConfig(client_cert=cert, ca_cert=self.tls_ca_cert, verify=self.tls_ca_cert or False)
         base_url = self.base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-        return docker.DockerClient(base_url=base_url, tls=tls, timeout=int(self.timeout))
+        client = docker.DockerClient(base_url=base_url, tls=tls, timeout=int(self.timeout))
+        if self.tls_ca_cert:
+            # requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override a session's own CA, and hosts that set
+            # them for their egress would then refuse the engine's certificate: trust this CA alone.
+            client.api.trust_env = False
+        return client
 
 
 class DockerEngines:
@@ -214,7 +219,8 @@ class DockerWorker:
             stdin_open=True,
             tty=False,
             user="65534:65534",
-            working_dir=self.workdir,
+            # No working_dir: with one, docker (20.10) mounts the tmpfs without its mode, root-owned 0755, and
+            # nobody cannot write its own working directory. The worker changes into it itself.
             network_mode="none",
             read_only=True,
             tmpfs={self.workdir: f"size={self.tmpfs_size},mode=1777"},
