@@ -122,6 +122,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         print(s.run("logs", "--no-color", "--tail", "80", check=False))
         raise
     finally:
+        # Every service's log, for reading after a failure (test-artifacts/ is kept by CI, ignored by git).
+        artifacts = ROOT / "test-artifacts"
+        artifacts.mkdir(exist_ok=True)
+        (artifacts / "stack-compose.log").write_text(s.run("logs", "--no-color", check=False))
         s.run("down", "-v", "--remove-orphans", check=False)
         left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={PROJECT}"],
                               capture_output=True, text=True).stdout.split()
@@ -196,7 +200,8 @@ def test_a_cpu_job_launched_through_the_rest_api_succeeds_with_its_events_stored
     assert done["status"] == "succeeded", done["error"]
     events = api.get(f"{stack.url}/api/jobs/{job_id}/events/", params={"limit": 5000}, timeout=10).json()["events"]
     assert [e["seq"] for e in events] == list(range(1, done["last_seq"] + 1))
-    assert {"metrics", "samples", "status"} <= {e["type"] for e in events}
+    assert {"metrics", "samples", "status"} <= {e["type"] for e in events}, (
+        events, stack.run("logs", "--no-color", "--tail", "60", "worker-cpu", check=False))
     assert [e["data"]["state"] for e in events if e["type"] == "status"][-1] == "succeeded"
 
     # The dashboard's socket, from a real client on the host: signed in by session, from an allowed origin.

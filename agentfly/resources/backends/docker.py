@@ -80,11 +80,14 @@ class DockerEngine:
             cert = (self.tls_client_cert, self.tls_client_key) if self.tls_client_cert else None
             tls = docker.tls.TLSConfig(client_cert=cert, ca_cert=self.tls_ca_cert, verify=self.tls_ca_cert or False)
         base_url = self.base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-        client = docker.DockerClient(base_url=base_url, tls=tls, timeout=int(self.timeout))
-        if self.tls_ca_cert:
-            # requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override a session's own CA, and hosts that set
-            # them for their egress would then refuse the engine's certificate: trust this CA alone.
-            client.api.trust_env = False
+        # requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override a session's own CA, and hosts that set them
+        # for their egress would then refuse the engine's certificate: the session must trust this CA alone,
+        # from its first request on. So the client is made without asking the engine's API version (its first
+        # request), and asks once trust_env is off.
+        client = docker.DockerClient(base_url=base_url, tls=tls, timeout=int(self.timeout),
+                                     version=docker.constants.MINIMUM_DOCKER_API_VERSION)
+        client.api.trust_env = False
+        client.api._version = client.api._retrieve_server_version()
         return client
 
 
