@@ -5,7 +5,7 @@ set -eu
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
     pwfile=$(mktemp)
     printf '%s\n' "$POSTGRES_PASSWORD" > "$pwfile"
-    initdb -D "$PGDATA" -U "$POSTGRES_USER" --pwfile="$pwfile" --auth-local=trust --auth-host=scram-sha-256 >/dev/null
+    initdb -D "$PGDATA" -U "$POSTGRES_USER" --encoding=UTF8 --locale=C.UTF-8 --pwfile="$pwfile" --auth-local=trust --auth-host=scram-sha-256 >/dev/null
     rm -f "$pwfile"
     echo "host all all all scram-sha-256" >> "$PGDATA/pg_hba.conf"
     pg_ctl -D "$PGDATA" -o "-c listen_addresses=''" -w start >/dev/null

@@ -177,6 +177,7 @@ class DockerWorker:
         self.ready_timeout = ready_timeout
         self.container: Any = None
         self.socket: Any = None
+        self.raw: Any = None
         self.report: dict[str, Any] = {}
         self.pid: int | None = None
         self.uid: int | None = None
@@ -238,10 +239,13 @@ class DockerWorker:
         )
         # Attach before starting so the worker's first line (its ready message) cannot be missed.
         self.socket = self.container.attach_socket(params={"stdin": 1, "stdout": 1, "stream": 1})
+        # Over a unix socket or plain TCP the SDK wraps the socket (SocketIO, the real one in ``_sock``); over
+        # TLS it hands back the SSLSocket itself.
+        self.raw = getattr(self.socket, "_sock", self.socket)
         self.container.start()
 
     def _recv_exact(self, n: int) -> bytes:
-        raw = self.socket._sock
+        raw = self.raw
         data = b""
         while len(data) < n:
             chunk = raw.recv(n - len(data))
@@ -298,7 +302,7 @@ class DockerWorker:
                 raise ResourceError("sandbox container is not running")
             data = json.dumps(message).encode() + b"\n"
             try:
-                await asyncio.to_thread(self.socket._sock.sendall, data)
+                await asyncio.to_thread(self.raw.sendall, data)
                 return await asyncio.wait_for(asyncio.to_thread(self._read_line), timeout)
             except (TimeoutError, asyncio.CancelledError):
                 await self.kill_async()
