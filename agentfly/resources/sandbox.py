@@ -55,6 +55,10 @@ class PythonSandbox:
         timeout: the default per-call timeout in seconds.
         max_output: characters of stdout and of stderr returned per call before the truncation marker.
         image: the docker image (docker backend only).
+        engines: where containers run (docker backend only): a ``DockerEngines`` shared by the pool, or a list
+            of ``DockerEngine`` / their dicts (each with its own ``max``). Without it, ``base_url`` and
+            ``tls_ca_cert`` / ``tls_client_cert`` / ``tls_client_key`` in the options name one engine, else
+            ``DOCKER_HOST`` does.
     """
 
     kind = "sandbox"
@@ -70,8 +74,15 @@ class PythonSandbox:
         timeout: float = 10.0,
         max_output: int = DEFAULT_MAX_OUTPUT,
         image: str | None = None,
+        engines: Any = None,
     ) -> None:
         options = dict(getattr(spec, "options", None) or {})
+        # The spec's own dict, not the copy: the docker engines' counts are shared by the whole pool.
+        spec_options = getattr(spec, "options", None)
+        self.docker_options: dict[str, Any] = (
+            {"engines": engines} if engines is not None
+            else spec_options if isinstance(spec_options, dict) else options
+        )
         self.backend = backend or options.pop("backend", None) or getattr(spec, "backend", None) or "local"
         if self.backend not in ("local", "docker"):
             raise ValueError(
@@ -89,9 +100,9 @@ class PythonSandbox:
 
     def _new_worker(self) -> Any:
         if self.backend == "docker":
-            from agentfly.resources.backends.docker import DockerWorker
+            from agentfly.resources.backends.docker import DockerWorker, engines_of
 
-            return DockerWorker(limits=self.limits, image=self.image)
+            return DockerWorker(limits=self.limits, image=self.image, engines=engines_of(self.docker_options))
         return LocalWorker(limits=self.limits, isolation=self.isolation_config)
 
     async def start(self) -> None:

@@ -7,6 +7,14 @@ release: a fresh container per rollout). The protocol runs over the container's 
 
 The SDK's calls block, so they run in worker threads; a reply that does not come in time gets the
 container killed, which also unblocks the reading thread.
+
+Sandboxes need not run where the trainer runs. A pool names the engine (``DockerEngine(base_url=
+"tcp://sandbox-host-3:2376", tls_ca_cert=..., tls_client_cert=..., tls_client_key=...)``; by default
+``DOCKER_HOST``, else the local socket), or spreads over several with a limit each (``DockerEngines``):
+
+    ENGINES = DockerEngines([DockerEngine("tcp://sandbox-a:2376", max=16, **tls), DockerEngine(max=4)])
+    PY = ResourceSpec(name="python", factory=PythonSandbox, backend="docker", pool=Pool(0, 20),
+                      options={"engines": ENGINES})
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ import json
 import os
 import struct
 import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from agentfly.resources.backends.local import WORKER, Limits
@@ -25,18 +35,149 @@ from agentfly.resources.spec import ResourceError
 DEFAULT_IMAGE = os.environ.get("AGENTFLY_SANDBOX_IMAGE", "python:3.11-slim")
 
 
+@dataclass(frozen=True)
+class DockerEngine:
+    """One docker engine sandboxes may run on.
+
+    Attributes:
+        base_url: ``tcp://host:2376``, ``ssh://user@host`` or ``unix:///var/run/docker.sock``; None takes
+            ``DOCKER_HOST`` (and ``DOCKER_TLS_VERIFY`` / ``DOCKER_CERT_PATH``) as the docker CLI does, else the
+            local socket.
+        tls_ca_cert: the CA that signed the engine's certificate (PEM path); with it the engine is verified.
+        tls_client_cert, tls_client_key: this client's certificate and key (PEM paths), for an engine started
+            with ``--tlsverify`` (it accepts only clients its CA signed).
+        max: at most this many sandboxes at once on this engine (None: only the pool's ``max`` bounds it).
+        timeout: seconds for one API call to the engine.
+    """
+
+    base_url: str | None = None
+    tls_ca_cert: str | None = None
+    tls_client_cert: str | None = None
+    tls_client_key: str | None = None
+    max: int | None = None
+    timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        if (self.tls_client_cert is None) != (self.tls_client_key is None):
+            raise ValueError(f"DockerEngine({self.name}): give tls_client_cert and tls_client_key together")
+        if self.max is not None and self.max < 1:
+            raise ValueError(f"DockerEngine({self.name}): max={self.max}; give at least 1, or None for no limit")
+        for path in (self.tls_ca_cert, self.tls_client_cert, self.tls_client_key):
+            if path is not None and not os.path.isfile(path):
+                raise ValueError(f"DockerEngine({self.name}): TLS file {path!r} does not exist")
+
+    @property
+    def name(self) -> str:
+        return self.base_url or os.environ.get("DOCKER_HOST") or "local socket"
+
+    def client(self) -> Any:
+        import docker
+
+        if self.base_url is None and self.tls_ca_cert is None and self.tls_client_cert is None:
+            return docker.from_env(timeout=int(self.timeout))
+        tls: Any = False
+        if self.tls_ca_cert or self.tls_client_cert:
+            cert = (self.tls_client_cert, self.tls_client_key) if self.tls_client_cert else None
+            tls = docker.tls.TLSConfig(client_cert=cert, ca_cert=self.tls_ca_cert, verify=self.tls_ca_cert or False)
+        base_url = self.base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        # requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override a session's own CA, and hosts that set them
+        # for their egress would then refuse the engine's certificate: the session must trust this CA alone,
+        # from its first request on. So the client is made without asking the engine's API version (its first
+        # request), and asks once trust_env is off.
+        client = docker.DockerClient(base_url=base_url, tls=tls, timeout=int(self.timeout),
+                                     version=docker.constants.MINIMUM_DOCKER_API_VERSION)
+        client.api.trust_env = False
+        client.api._version = client.api._retrieve_server_version()
+        return client
+
+
+class DockerEngines:
+    """The engines one pool spreads its sandboxes over: each new container goes to the engine with the most
+    room left (never past its ``max``), and its place is given back when the container is removed.
+
+    One object is shared by every sandbox of a pool (pass it in ``ResourceSpec.options["engines"]``); it is
+    thread-safe, since containers are created and removed in worker threads.
+    """
+
+    def __init__(self, engines: Iterable[DockerEngine | dict[str, Any] | str] | None = None) -> None:
+        self.engines: list[DockerEngine] = [
+            e if isinstance(e, DockerEngine) else DockerEngine(**e) if isinstance(e, dict) else DockerEngine(e)
+            for e in (engines if engines is not None else [DockerEngine()])
+        ]
+        if not self.engines:
+            raise ValueError("DockerEngines([]): name at least one engine (DockerEngine() is DOCKER_HOST)")
+        self.in_use = [0] * len(self.engines)
+        self._clients: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def place(self) -> tuple[int, Any]:
+        """Reserve room on the engine with the most left; returns (index, client). Raises when all are full."""
+        with self._lock:
+            def room(i: int) -> float:
+                limit = self.engines[i].max
+                return float("inf") if limit is None else limit - self.in_use[i]
+
+            best = max(range(len(self.engines)), key=lambda i: (room(i), -self.in_use[i]))
+            if room(best) <= 0:
+                usage = ", ".join(f"{e.name} {n}/{e.max}" for e, n in zip(self.engines, self.in_use, strict=True))
+                raise ResourceError(
+                    f"every docker engine of this pool is at its limit ({usage}); lower the pool's max to the sum "
+                    "of the engines' max, or add an engine"
+                )
+            self.in_use[best] += 1
+            if best not in self._clients:
+                try:
+                    self._clients[best] = self.engines[best].client()
+                except Exception:
+                    self.in_use[best] -= 1
+                    raise
+            return best, self._clients[best]
+
+    def release(self, index: int) -> None:
+        with self._lock:
+            self.in_use[index] = max(0, self.in_use[index] - 1)
+
+    def stats(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [{"engine": e.name, "in_use": n, "max": e.max}
+                    for e, n in zip(self.engines, self.in_use, strict=True)]
+
+
+def engines_of(options: dict[str, Any]) -> DockerEngines:
+    """The pool's ``DockerEngines`` from its options: ``engines`` (a ``DockerEngines``, or a list of engines or
+    their dicts), else one engine from ``base_url`` / ``tls_*``, else ``DOCKER_HOST``.
+
+    A list is turned into one ``DockerEngines`` and stored back into ``options``, so that every sandbox of the
+    pool (each built from the same spec) counts against the same per-engine limits.
+    """
+    engines = options.get("engines")
+    if isinstance(engines, DockerEngines):
+        return engines
+    if engines is None:
+        single = {k: options[k] for k in ("base_url", "tls_ca_cert", "tls_client_cert", "tls_client_key")
+                  if options.get(k) is not None}
+        engines = [DockerEngine(**single)]
+    placed = DockerEngines(engines)
+    options["engines"] = placed
+    return placed
+
+
 class DockerWorker:
     """One container speaking the worker protocol; the same interface as ``LocalWorker``."""
 
     def __init__(self, limits: Limits | None = None, image: str | None = None, cpus: float = 1.0,
-                 tmpfs_size: str = "64m", ready_timeout: float = 120.0) -> None:
+                 tmpfs_size: str = "64m", ready_timeout: float = 120.0,
+                 engines: DockerEngines | None = None) -> None:
         self.limits = limits or Limits()
+        self.engines = engines or DockerEngines()
+        self.engine_index: int | None = None  # where this container runs, while it holds a place there
         self.image = image or DEFAULT_IMAGE
         self.cpus = cpus
         self.tmpfs_size = tmpfs_size
         self.ready_timeout = ready_timeout
         self.container: Any = None
         self.socket: Any = None
+        self.raw: Any = None
         self.report: dict[str, Any] = {}
         self.pid: int | None = None
         self.uid: int | None = None
@@ -55,7 +196,8 @@ class DockerWorker:
     def _create(self) -> None:
         import docker
 
-        client = docker.from_env()
+        with self._kill_lock:
+            self.engine_index, client = self.engines.place()
         config = {
             "workdir": self.workdir,
             # The container does the isolating; inside, only the per-process limits the worker can set.
@@ -71,8 +213,8 @@ class DockerWorker:
             client.images.get(self.image)
         except docker.errors.ImageNotFound as exc:
             raise ResourceError(
-                f"docker image {self.image!r} is not present; run `docker pull {self.image}` first (the sandbox "
-                "has no network to pull it at run time)"
+                f"docker image {self.image!r} is not present on {self.engines.engines[self.engine_index or 0].name}; "
+                f"run `docker pull {self.image}` there first (the sandbox has no network to pull it at run time)"
             ) from exc
         self.container = client.containers.create(
             self.image,
@@ -81,7 +223,8 @@ class DockerWorker:
             stdin_open=True,
             tty=False,
             user="65534:65534",
-            working_dir=self.workdir,
+            # No working_dir: with one, docker (20.10) mounts the tmpfs without its mode, root-owned 0755, and
+            # nobody cannot write its own working directory. The worker changes into it itself.
             network_mode="none",
             read_only=True,
             tmpfs={self.workdir: f"size={self.tmpfs_size},mode=1777"},
@@ -96,10 +239,13 @@ class DockerWorker:
         )
         # Attach before starting so the worker's first line (its ready message) cannot be missed.
         self.socket = self.container.attach_socket(params={"stdin": 1, "stdout": 1, "stream": 1})
+        # Over a unix socket or plain TCP the SDK wraps the socket (SocketIO, the real one in ``_sock``); over
+        # TLS it hands back the SSLSocket itself.
+        self.raw = getattr(self.socket, "_sock", self.socket)
         self.container.start()
 
     def _recv_exact(self, n: int) -> bytes:
-        raw = self.socket._sock
+        raw = self.raw
         data = b""
         while len(data) < n:
             chunk = raw.recv(n - len(data))
@@ -143,7 +289,12 @@ class DockerWorker:
             raise
         self.report = {**hello.get("isolation", {}), "network": "none (container)",
                        "filesystem": "container (read-only root, tmpfs workdir)", "user": "65534 (nobody)",
-                       "image": self.image}
+                       "image": self.image, "engine": self.engine_name}
+
+    @property
+    def engine_name(self) -> str | None:
+        index = self.engine_index
+        return None if index is None else self.engines.engines[index].name
 
     async def request(self, message: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         async with self.lock:
@@ -151,7 +302,7 @@ class DockerWorker:
                 raise ResourceError("sandbox container is not running")
             data = json.dumps(message).encode() + b"\n"
             try:
-                await asyncio.to_thread(self.socket._sock.sendall, data)
+                await asyncio.to_thread(self.raw.sendall, data)
                 return await asyncio.wait_for(asyncio.to_thread(self._read_line), timeout)
             except (TimeoutError, asyncio.CancelledError):
                 await self.kill_async()
@@ -172,6 +323,9 @@ class DockerWorker:
                 with contextlib.suppress(Exception):
                     self.container.remove(force=True)
                 self.container = None
+            if self.engine_index is not None:  # the container is gone (or was never made): free its place
+                self.engines.release(self.engine_index)
+                self.engine_index = None
 
     async def kill_async(self) -> None:
         await asyncio.to_thread(self.kill)

@@ -1,13 +1,23 @@
 """PythonSandbox on the docker backend. Runs where a docker engine answers (``DOCKER_HOST``) and has the
-image (``AGENTFLY_SANDBOX_IMAGE``, default python:3.11-slim); skipped elsewhere with the reason."""
+image (``AGENTFLY_SANDBOX_IMAGE``, default python:3.11-slim); skipped elsewhere with the reason. CI's stack
+step (scripts/stack_test.sh) starts an engine, builds the image from Debian's packages and runs them; it also
+exposes the same engine over TLS on 127.0.0.1:2376 as a second "host" (``AGENTFLY_TEST_DOCKER_TCP``)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import random
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from agentfly.resources import Pool, PythonSandbox, ResourceEngine, ResourceSpec
-from agentfly.resources.backends.docker import DEFAULT_IMAGE
+from agentfly.context import RolloutContext
+from agentfly.resources import Limits, Pool, PythonSandbox, ResourceEngine, ResourceError, ResourceSpec
+from agentfly.resources.backends.docker import DEFAULT_IMAGE, DockerEngine, DockerEngines
 from agentfly.resources.sandbox import docker_available
+from agentfly.tools import tool
 
 
 def _skip_reason() -> str | None:
@@ -24,7 +34,7 @@ def _skip_reason() -> str | None:
 
 
 REASON = _skip_reason()
-pytestmark = [pytest.mark.integration, pytest.mark.skipif(REASON is not None, reason=str(REASON))]
+pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.skipif(REASON is not None, reason=str(REASON))]
 
 
 def sandbox_containers() -> list:
@@ -67,3 +77,129 @@ async def test_a_docker_sandbox_turns_memory_and_fork_attacks_into_observations(
         assert "stopped after" in await box.run(bomb, timeout=20)
         assert await box.run("'still alive'") == "'still alive'\n"
     assert sandbox_containers() == []
+
+
+def inspect(box: PythonSandbox) -> dict[str, Any]:
+    box.worker.container.reload()
+    return dict(box.worker.container.attrs["HostConfig"])
+
+
+async def test_a_docker_sandbox_gets_its_memory_cpu_and_process_limits_no_network_and_a_read_only_root() -> None:
+    limits = Limits(memory_bytes=256 << 20, processes=32)
+    async with PythonSandbox(backend="docker", limits=limits) as box:
+        host = inspect(box)
+        assert host["Memory"] == 512 << 20 and host["MemorySwap"] == 512 << 20  # twice the rlimit: headroom
+        assert host["NanoCpus"] == 1_000_000_000 and host["PidsLimit"] == 32
+        assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True
+        assert host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
+        assert await box.run("import os; os.getuid()") == "65534\n"
+        assert "lo" in await box.run("import socket; [n for _, n in socket.if_nameindex()]")
+        assert "eth0" not in await box.run("import socket; [n for _, n in socket.if_nameindex()]")
+        assert await box.run("open('/work/ok', 'w').write('x')") == "1\n"  # the tmpfs workdir is writable
+
+
+@pytest.mark.slow
+async def test_a_hundred_chaotic_rollouts_on_docker_leave_no_container_behind() -> None:
+    rng = random.Random(11)
+    codes = ["x = 1", "print(x)", "1/0", "import time; time.sleep(5)", "import os; os._exit(3)"]
+
+    @tool(resource="python", timeout=8)
+    async def py(code: str, context: Any) -> str:
+        """Run code."""
+        box = await context.resource("python")
+        return await box.run(code, timeout=1)
+
+    spec = ResourceSpec(name="python", factory=PythonSandbox, backend="docker", kind="sandbox",
+                        pool=Pool(min=1, max=4), acquire_timeout=2)
+    engine = ResourceEngine([spec])
+    await engine.start()
+    observations: list[str] = []
+
+    async def rollout(i: int) -> None:
+        ctx = RolloutContext(sample={}, rollout_id=f"r{i}", group_id="g", resources=engine)
+        try:
+            for _ in range(rng.randint(1, 2)):
+                observations.append((await py.invoke({"code": rng.choice(codes)}, context=ctx)).observation)
+                if rng.random() < 0.1:
+                    ctx.mark_unhealthy("python")
+        finally:
+            await asyncio.shield(ctx.aclose())
+
+    tasks = [asyncio.create_task(rollout(i)) for i in range(100)]
+    for i in rng.sample(range(100), 15):
+        asyncio.get_running_loop().call_later(rng.random() * 3, tasks[i].cancel)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(r is None or isinstance(r, asyncio.CancelledError) for r in results), results
+    assert any("ZeroDivisionError" in o for o in observations)  # real sandboxes ran code amid the chaos
+    await engine.settle(120)
+    stats = engine.stats()["python"]
+    assert stats["in_use"] == 0 and stats["size"] <= 4 and stats["created"] == stats["size"] + stats["destroyed"]
+    assert len(sandbox_containers()) == stats["size"]
+    await engine.aclose()
+    assert sandbox_containers() == []
+
+
+# ------------------------------------------------------------------ sandboxes on more than one engine
+TCP = os.environ.get("AGENTFLY_TEST_DOCKER_TCP")
+CERTS = Path(os.environ.get("AGENTFLY_TEST_DOCKER_CERTS", "/nonexistent"))
+needs_tcp = pytest.mark.skipif(
+    TCP is None or not (CERTS / "ca.pem").is_file(),
+    reason="no second engine: the local engine over TLS on 127.0.0.1:2376 exists when scripts/stack_test.sh "
+    "started dockerd itself (AGENTFLY_TEST_DOCKER_TCP, AGENTFLY_TEST_DOCKER_CERTS); a dockerd that was already "
+    "running has no such listener",
+)
+
+
+def remote(max: int | None = None) -> DockerEngine:
+    return DockerEngine(TCP, tls_ca_cert=str(CERTS / "ca.pem"), tls_client_cert=str(CERTS / "cert.pem"),
+                        tls_client_key=str(CERTS / "key.pem"), max=max)
+
+
+@needs_tcp
+async def test_a_pool_runs_its_sandboxes_on_the_engine_it_names_over_tls() -> None:
+    spec = ResourceSpec(name="python", factory=PythonSandbox, backend="docker", pool=Pool(0, 1),
+                        options={"base_url": TCP, "tls_ca_cert": str(CERTS / "ca.pem"),
+                                 "tls_client_cert": str(CERTS / "cert.pem"), "tls_client_key": str(CERTS / "key.pem")})
+    async with ResourceEngine([spec]) as engine:
+        lease = await engine.acquire("python")
+        assert await lease.instance.run("6 * 7") == "42\n"
+        assert engine.stats()["python"]["isolation"]["engine"] == TCP
+        await engine.release(lease)
+    assert sandbox_containers() == []
+
+
+@needs_tcp
+async def test_an_engine_that_asks_for_a_client_certificate_refuses_a_client_without_one() -> None:
+    box = PythonSandbox(backend="docker", engines=DockerEngines([DockerEngine(TCP, tls_ca_cert=str(CERTS / "ca.pem"))]))
+    with pytest.raises(Exception, match=r"(?i)certificate|ssl|tls|connection"):
+        await box.start()
+    await box.close()
+    assert sandbox_containers() == []
+
+
+@needs_tcp
+async def test_one_job_spreads_its_sandboxes_over_two_engines_within_each_engines_limit() -> None:
+    engines = DockerEngines([DockerEngine(max=2), remote(max=3)])
+    spec = ResourceSpec(name="python", factory=PythonSandbox, backend="docker", pool=Pool(0, 5),
+                        options={"engines": engines})
+    async with ResourceEngine([spec]) as engine:
+        leases = await asyncio.gather(*(engine.acquire("python") for _ in range(5)))
+        names = [lease.instance.worker.engine_name for lease in leases]
+        assert sorted(names, key=str) == sorted([TCP, TCP, TCP, DockerEngine().name, DockerEngine().name], key=str)
+        assert [e["in_use"] for e in engines.stats()] == [2, 3]
+        assert all(await asyncio.gather(*(lease.instance.run("1") for lease in leases)))
+        for lease in leases:
+            await engine.release(lease)
+        await engine.settle(60)
+    assert [e["in_use"] for e in engines.stats()] == [0, 0] and sandbox_containers() == []
+
+
+async def test_a_pool_larger_than_its_engines_limits_says_how_to_fix_it() -> None:
+    engines = DockerEngines([DockerEngine(max=1)])
+    first = PythonSandbox(backend="docker", engines=engines)
+    second = PythonSandbox(backend="docker", engines=engines)
+    async with first:
+        with pytest.raises(ResourceError, match=r"at its limit \(.* 1/1\); lower the pool's max"):
+            await second.start()
+        await second.close()
+    assert engines.stats()[0]["in_use"] == 0 and sandbox_containers() == []
