@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# The default test suite (what CI runs): lint, types, then pytest in two processes, because vLLM changes
-# process-wide state (torch's thread count, its multiprocessing switch) for every test after it.
-# Extra arguments go to both pytest runs, e.g. `bash scripts/test.sh -x`.
+# The tests (what CI runs): lint, types, then pytest in three timed steps:
+#   1. the default suite: everything not marked slow or vllm (kept under 15 minutes on 2 cores);
+#   2. the vLLM tests, in a process of their own, because vLLM changes process-wide state (torch's thread
+#      count, its multiprocessing switch) for every test after it;
+#   3. the slow tests (whole demo and CLI runs, the docs guides, schemathesis, cancel stress, browsers).
+# Extra arguments go to every pytest run, e.g. `bash scripts/test.sh -x`. `AGENTFLY_TEST_STEPS=default`
+# runs only the first step (a quick check before a commit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -11,9 +15,15 @@ export PYTHONUNBUFFERED=1
 .venv/bin/python -m mypy agentfly trainer
 
 run() {  # pytest exits 5 when a selection is empty (e.g. vLLM not installed): that is not a failure
-    local rc=0
+    local name=$1 rc=0 start
+    shift
+    start=$(date +%s)
+    echo "test.sh: step '$name'"
     .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || rc=$?
+    echo "test.sh: step '$name' took $(( $(date +%s) - start )) s"
     [ "$rc" = 0 ] || [ "$rc" = 5 ] || return "$rc"
 }
-run -m "not vllm" "$@"
-run -m "vllm" "$@"
+run default -m "not vllm and not slow" "$@"
+[ "${AGENTFLY_TEST_STEPS:-all}" = default ] && exit 0
+run vllm -m "vllm" "$@"
+run slow -m "slow and not vllm" "$@"
