@@ -405,17 +405,20 @@
   }
 
   const connection = document.getElementById("connection");
-  const state = { socket: null, charts, drawnAt: null, historyEvents: 0 };
+  const state = { socket: null, charts, drawnAt: null, historyEvents: 0, timings: { start: performance.now() } };
   window.agentflyDashboard = state;
 
   async function start() {
     connection.dataset.state = "loading"; connection.textContent = "loading history";
     const history = await M.getJSON(config.series_url);
+    state.timings.fetched = performance.now();
     totalSteps = history.job.total_steps;
     setStatus(history.job.status);
     setStep(history.job.step);
     charts.load(config.id, history.metrics);
+    state.timings.loaded = performance.now();
     charts.flush(); // draw now, not on the next tick: the page is judged by when its charts appear
+    state.timings.charts = performance.now();
     loadResources(history.resources, history.latest_resources);
     renderResources();
     for (const event of history.log) appendLog(event);

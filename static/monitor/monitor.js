@@ -19,7 +19,7 @@
 
   const FLUSH_MS = 250;
   const LIVE_KEPT = 5000; // live metrics events kept for replay after a zoom
-  const MAX_MARKERS = 300;
+  const MAX_MARKERS = 200;
   const FATAL_CLOSE = {
     4400: "The page asked for a bad sequence number; reload it.",
     4401: "You are signed out; sign in again to keep watching.",
@@ -153,6 +153,7 @@
       this.timer = null;
       this.live = [];
       this._only = null;
+      this.extras.addEventListener("extras-opened", () => this.flush());
       for (const def of CHARTS) this._chart(def.id, def);
     }
 
@@ -291,6 +292,14 @@
       if (this.timer === null) this.timer = setTimeout(() => { this.timer = null; this.flush(); }, FLUSH_MS);
     }
 
+    extrasClosed() { const details = this.extras.closest("details"); return Boolean(details && !details.open); }
+
+    _announceExtra(chart) {
+      if (chart.announced) return;
+      chart.announced = true;
+      this.extras.dispatchEvent(new CustomEvent("chart-added", { bubbles: true }));
+    }
+
     setSmoothing(on, weight) { this.smoothing = on; this.weight = weight; this._redrawAll(); }
     setBandKind(kind) { this.bandKind = kind; this._redrawAll(); }
     setLogScale(on) {
@@ -328,9 +337,9 @@
       }
       line.emaAcc = 0; line.emaN = 0;
       const smooth = line.y.map((v) => this._ema(line, v));
-      traces.push({ x: line.x.slice(), y: line.y.slice(), mode: "lines+markers", name: line.name,
-        // Markers on short lines only: thousands of SVG markers per chart are what makes a long job slow.
-        marker: { size: 4, color: line.color, maxdisplayed: MAX_MARKERS }, line: { color: line.color, width: 1.5 },
+      // Markers on short lines only: hundreds of SVG markers per chart are what makes a long job slow to draw.
+      traces.push({ x: line.x.slice(), y: line.y.slice(), mode: line.x.length > MAX_MARKERS ? "lines" : "lines+markers",
+        meta: "raw", name: line.name, marker: { size: 4, color: line.color }, line: { color: line.color, width: 1.5 },
         opacity: this.smoothing ? 0.3 : 1 });
       traces.push({ x: line.x.slice(), y: smooth, mode: "lines", name: `${line.name} (smoothed)`,
         line: { color: line.color, width: 2 }, visible: this.smoothing, showlegend: false });
@@ -340,6 +349,9 @@
     flush() {
       for (const [id, chart] of this.charts) {
         if (!chart.lines.length) continue;
+        // Charts in the closed "More metrics" section are drawn when it opens (off screen, Plotly cannot
+        // size them, and drawing them first would delay the charts the user is looking at).
+        if (chart.def.extra && this.extrasClosed()) { chart.box.hidden = false; chart.full = true; this._announceExtra(chart); continue; }
         const pending = chart.lines.some((l) => l.pending > 0);
         if (!chart.full && !pending) continue;
         if (chart.full || !chart.drawn) {
@@ -379,7 +391,7 @@
         }
         chart.div.dataset.points = String(chart.lines[0].x.length);
         document.getElementById("charts-empty")?.remove();
-        if (chart.def.extra) this.extras.dispatchEvent(new CustomEvent("chart-added", { bubbles: true }));
+        if (chart.def.extra) this._announceExtra(chart);
         if (this.options.onDraw) this.options.onDraw(id, chart.div);
       }
     }
@@ -408,7 +420,9 @@
       document.getElementById("more-count").textContent = `(${box.children.length})`;
     });
     details.addEventListener("toggle", () => {
-      if (details.open) for (const plot of box.querySelectorAll(".plot")) Plotly.Plots.resize(plot);
+      if (!details.open) return;
+      box.dispatchEvent(new CustomEvent("extras-opened"));
+      for (const plot of box.querySelectorAll(".plot")) if (plot.data) Plotly.Plots.resize(plot);
     });
     return box;
   }

@@ -22,7 +22,7 @@ import numpy as np
 from webapp.monitor.events import wire_message
 from webapp.monitor.models import JobEvent
 
-DEFAULT_POINTS = 800
+DEFAULT_POINTS = 600  # per column: two per pixel of a chart about 300 px wide, min and max
 MAX_POINTS = 20_000
 LOG_TAIL = 300  # status, checkpoint and log events the page's log list starts with
 # A spread drawn around a mean (the reward band) is sampled where its mean is, so the band follows the line.
@@ -84,50 +84,6 @@ def downsampled(arrays: Arrays, points: int) -> dict[str, dict[str, list[Any]]]:
     return out
 
 
-# PostgreSQL takes the numbers out of the payloads itself: parsing 20,000 payloads of 30 numbers in Python
-# costs seconds, aggregating them there a fraction of one. (Other databases, the demo's SQLite, take the
-# Python path.) Each query gives (key, [x...], [y...]) in seq order.
-_METRICS_SQL = """
-SELECT kv.key, json_agg(COALESCE(e.step, e.seq) ORDER BY e.seq), json_agg((kv.value)::float8 ORDER BY e.seq)
-FROM {table} e CROSS JOIN LATERAL jsonb_each(e.data) kv
-WHERE e.job_id = %s AND e.type = 'metrics' AND e.seq <= %s AND jsonb_typeof(kv.value) = 'number' {where}
-GROUP BY kv.key
-"""
-_RESOURCES_SQL = """
-SELECT c.key, json_agg(e.time ORDER BY e.seq), json_agg(c.value ORDER BY e.seq)
-FROM {table} e CROSS JOIN LATERAL (
-    SELECT 'host/' || k AS key, (e.data->'host'->>k)::float8 AS value
-    FROM unnest(ARRAY['cpu_percent', 'memory_percent']) k WHERE jsonb_typeof(e.data->'host'->k) = 'number'
-    UNION ALL
-    SELECT 'gpu/' || (g->>'index') || '/' || k, (g->>k)::float8
-    FROM jsonb_array_elements(CASE WHEN jsonb_typeof(e.data->'host'->'gpus') = 'array'
-                                   THEN e.data->'host'->'gpus' ELSE '[]'::jsonb END) g,
-         unnest(ARRAY['util_percent', 'memory_percent']) k WHERE jsonb_typeof(g->k) = 'number'
-    UNION ALL
-    SELECT 'pool/' || p.key || '/' || k, (p.value->>k)::float8
-    FROM jsonb_each(CASE WHEN jsonb_typeof(e.data->'pools') = 'object' THEN e.data->'pools' ELSE '{{}}'::jsonb END) p,
-         unnest(ARRAY['in_use', 'waiting']) k WHERE jsonb_typeof(p.value->k) = 'number'
-) c
-WHERE e.job_id = %s AND e.type = 'resources' AND e.seq <= %s
-GROUP BY c.key
-"""
-
-
-def _pg_arrays(sql: str, params: list[Any]) -> Arrays:
-    import json
-
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    out: Arrays = {}
-    for key, x, y in rows:
-        x, y = (json.loads(v) if isinstance(v, str) else v for v in (x, y))
-        out[key] = (np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
-    return out
-
-
 def norm_key(key: str) -> str:
     """A metric's name as the dashboard's charts spell it (``normKey`` in monitor.js): ``reward/mean`` is
     ``reward_mean``. A zoom names the chart's metrics this way."""
@@ -177,15 +133,12 @@ def _resource_row(host: Any, gpus: Any, pools: Any) -> dict[str, float]:
 
 
 def _metric_arrays(job_id: int, last_seq: int, first_step: int | None, last_step: int | None) -> Arrays:
-    from django.db import connection
+    """Each metric's (steps, values) in seq order. The payloads come as text and orjson parses them: the
+    ORM's json.loads per row, or aggregating in SQL (jsonb_each, GROUP BY), costs seconds on 20,000 rows."""
+    import orjson
+    from django.db.models import TextField
+    from django.db.models.functions import Cast
 
-    if connection.vendor == "postgresql":
-        where, params = "", [job_id, last_seq]
-        if first_step is not None:
-            where, params = where + " AND e.step >= %s", [*params, first_step]
-        if last_step is not None:
-            where, params = where + " AND e.step <= %s", [*params, last_step]
-        return _pg_arrays(_METRICS_SQL.format(table=JobEvent._meta.db_table, where=where), params)
     events = JobEvent.objects.filter(job_id=job_id, seq__lte=last_seq, type="metrics")
     if first_step is not None:
         events = events.filter(step__gte=first_step)
@@ -193,28 +146,30 @@ def _metric_arrays(job_id: int, last_seq: int, first_step: int | None, last_step
         events = events.filter(step__lte=last_step)
     xs: dict[str, list[float]] = {}
     ys: dict[str, list[float]] = {}
-    for seq, step, data in events.order_by("seq").values_list("seq", "step", "data"):
+    for seq, step, text in (events.order_by("seq").annotate(text=Cast("data", TextField()))
+                            .values_list("seq", "step", "text")):
+        data = orjson.loads(text)
+        at = step if step is not None else seq
         for k, v in (flat_numbers(data) if isinstance(data, dict) else {}).items():
             if math.isfinite(v):
-                xs.setdefault(k, []).append(step if step is not None else seq)
-                ys.setdefault(k, []).append(float(v))
+                xs.setdefault(k, []).append(at)
+                ys.setdefault(k, []).append(v)
     return {k: (np.asarray(xs[k], dtype=np.float64), np.asarray(ys[k], dtype=np.float64)) for k in xs}
 
 
 def _resource_arrays(job_id: int, last_seq: int) -> Arrays:
-    from django.db import connection
+    import orjson
+    from django.db.models import TextField
+    from django.db.models.functions import Cast
 
-    if connection.vendor == "postgresql":
-        return _pg_arrays(_RESOURCES_SQL.format(table=JobEvent._meta.db_table), [job_id, last_seq])
-    times: list[float] = []
-    rows: list[dict[str, float]] = []
-    for at, host, pools in (JobEvent.objects.filter(job_id=job_id, seq__lte=last_seq, type="resources")
-                            .order_by("seq").values_list("time", "data__host", "data__pools")):
-        times.append(at)
-        rows.append(_resource_row(host, host.get("gpus") if isinstance(host, dict) else None, pools))
     xs: dict[str, list[float]] = {}
     ys: dict[str, list[float]] = {}
-    for at, row in zip(times, rows, strict=True):
+    for at, text in (JobEvent.objects.filter(job_id=job_id, seq__lte=last_seq, type="resources").order_by("seq")
+                     .annotate(text=Cast("data", TextField())).values_list("time", "text")):
+        data = orjson.loads(text)
+        host = data.get("host") if isinstance(data, dict) else None
+        row = _resource_row(host, host.get("gpus") if isinstance(host, dict) else None,
+                            data.get("pools") if isinstance(data, dict) else None)
         for k, v in row.items():
             xs.setdefault(k, []).append(at)
             ys.setdefault(k, []).append(float(v))

@@ -112,3 +112,34 @@ def test_series_json_refuses_bad_parameters_naming_them(alice: Any, alice_job: A
     client = signed_in(alice)
     assert "points must be an integer" in client.get(f"/monitor/jobs/{alice_job.pk}/series.json?points=1").json()["error"]
     assert "from= and to=" in client.get(f"/monitor/jobs/{alice_job.pk}/series.json?from=x").json()["error"]
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+async def test_a_history_of_large_events_reaches_the_socket_in_pages_under_the_byte_budget(
+        alice_job: Any, alice_cookie: Any) -> None:
+    from tests.webapp.monitor.test_monitor_consumer import append, communicator
+
+    trajectory = {"token_ids": list(range(3000)), "text": "t" * 20_000}
+    await append(alice_job.pk, [{"type": "log", "message": "m" * 50_000} for _ in range(12)]
+                 + [{"type": "samples", "step": s, "trajectories": [trajectory] * 4} for s in range(6)]
+                 + [{"type": "log", "message": "huge " * 30_000}])
+    comm = communicator(alice_job.pk, [alice_cookie])
+    assert (await comm.connect())[0]
+    assert (await comm.receive_json_from())["type"] == "hello"
+    seqs: list[int] = []
+    while True:
+        raw = await comm.receive_output(timeout=10)
+        text = raw["text"]
+        assert len(text.encode()) <= MESSAGE_BUDGET_BYTES, len(text)
+        message = json.loads(text)
+        if message["type"] == "live":
+            break
+        seqs.extend(e["seq"] for e in message["events"])
+        for e in message["events"]:
+            if e["type"] == "samples" or e["seq"] == 19:
+                assert e["stub"] is True and e["data"] is None
+            else:
+                assert e["data"]["message"].startswith("m")
+    assert seqs == list(range(1, 20))
+    await comm.disconnect()
