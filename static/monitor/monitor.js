@@ -164,6 +164,7 @@
     load(series, columns) {
       const byStep = new Map();
       for (const [key, col] of Object.entries(columns)) {
+        if (key === "step") continue; // the x axis itself, skipped by numericMetrics too
         const k = normKey(key);
         for (let i = 0; i < col.x.length; i++) {
           if (col.y[i] === null) continue;

@@ -144,17 +144,36 @@ def _metric_arrays(job_id: int, last_seq: int, first_step: int | None, last_step
         events = events.filter(step__gte=first_step)
     if last_step is not None:
         events = events.filter(step__lte=last_step)
-    xs: dict[str, list[float]] = {}
-    ys: dict[str, list[float]] = {}
-    for seq, step, text in (events.order_by("seq").annotate(text=Cast("data", TextField()))
-                            .values_list("seq", "step", "text")):
-        data = orjson.loads(text)
-        at = step if step is not None else seq
-        for k, v in (flat_numbers(data) if isinstance(data, dict) else {}).items():
-            if math.isfinite(v):
-                xs.setdefault(k, []).append(at)
-                ys.setdefault(k, []).append(v)
-    return {k: (np.asarray(xs[k], dtype=np.float64), np.asarray(ys[k], dtype=np.float64)) for k in xs}
+    rows = list(events.order_by("seq").annotate(text=Cast("data", TextField())).values_list("seq", "step", "text"))
+    payloads = [orjson.loads(text) for _, _, text in rows]
+    steps = np.asarray([step if step is not None else seq for seq, step, _ in rows], dtype=np.float64)
+    # Rows with the same keys (nearly all of a run's) become one 2-D array in one C-level conversion; a
+    # per-value Python loop costs seconds on 20,000 rows of 30 numbers. None becomes NaN (a gap).
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for i, data in enumerate(payloads):
+        groups.setdefault(tuple(data) if isinstance(data, dict) else (), []).append(i)
+    parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for keys, members in groups.items():
+        idx = np.asarray(members, dtype=np.int64)
+        try:
+            block = np.array([list(payloads[i].values()) for i in members], dtype=np.float64).reshape(len(members), -1)
+        except (TypeError, ValueError):  # a string, a list or a nested dict among the values: one row at a time
+            for i in members:
+                for k, v in flat_numbers(payloads[i]).items():
+                    parts.setdefault(k, []).append((np.asarray([i]), np.asarray([v], dtype=np.float64)))
+            continue
+        for j, key in enumerate(keys):
+            parts.setdefault(key, []).append((idx, block[:, j]))
+    out: Arrays = {}
+    for key, pieces in parts.items():
+        where = np.concatenate([p[0] for p in pieces])
+        values = np.concatenate([p[1] for p in pieces])
+        order = np.argsort(where, kind="stable")
+        where, values = where[order], values[order]
+        keep = np.isfinite(values)
+        if keep.any():
+            out[key] = (steps[where[keep]], values[keep])
+    return out
 
 
 def _resource_arrays(job_id: int, last_seq: int) -> Arrays:
