@@ -84,12 +84,12 @@ def test_the_dashboard_grows_live_shows_rollouts_and_pools_and_cancels_the_job(
     ARTIFACTS.mkdir(exist_ok=True)
 
     page.goto(f"{daphne.url}/monitor/jobs/{job_id}/")
-    page.wait_for_function("document.getElementById('connection').dataset.state === 'live'", timeout=30_000)
+    page.wait_for_function("() => document.getElementById('connection').dataset.state === 'live'", timeout=30_000)
     at_load = int(page.get_attribute("#chart-reward", "data-points") or 0)
 
     # At least ten reward points arrive live, without a reload.
     page.wait_for_function(
-        f"Number(document.getElementById('chart-reward').dataset.points) >= {at_load + 10}", timeout=300_000)
+        f"() => Number(document.getElementById('chart-reward').dataset.points) >= {at_load + 10}", timeout=300_000)
     assert page.url.endswith(f"/monitor/jobs/{job_id}/")
 
     # The plotted numbers are the stored numbers, in step order.
@@ -113,7 +113,7 @@ def test_the_dashboard_grows_live_shows_rollouts_and_pools_and_cancels_the_job(
 
     # Pool bars and the pool table show the worker's own python pool: two sandboxes at most, made and leased
     # by the rollouts (each step's four rewards lease one), with measured acquire times.
-    page.wait_for_function("document.querySelectorAll('#pool-bars .barlayer .point').length > 0", timeout=60_000)
+    page.wait_for_function("() => document.querySelectorAll('#pool-bars .barlayer .point').length > 0", timeout=60_000)
     row = page.locator("#pool-stats tbody tr").first
     cells = [c.strip() for c in row.locator("td").all_inner_texts()]
     assert page.locator("#pool-stats tbody tr").count() == 1
@@ -128,7 +128,7 @@ def test_the_dashboard_grows_live_shows_rollouts_and_pools_and_cancels_the_job(
 
     # Cancel from the page; the status badge changes live.
     page.click("#cancel-button")
-    page.wait_for_function("document.getElementById('job-status').dataset.status === 'cancelled'",
+    page.wait_for_function("() => document.getElementById('job-status').dataset.status === 'cancelled'",
                            timeout=180_000)
     page.screenshot(path=str(ARTIFACTS / "monitor-dashboard-cancelled.png"), full_page=True)
     assert not page.errors, page.errors
@@ -148,16 +148,16 @@ def test_a_page_whose_server_restarts_reconnects_and_resumes_without_gap_or_dupl
     sign_in(page, alice, daphne.url)
     metrics(range(1, 6))
     page.goto(f"{daphne.url}/monitor/jobs/{alice_job.pk}/")
-    page.wait_for_function("document.getElementById('chart-reward').dataset.points === '5'", timeout=30_000)
+    page.wait_for_function("() => document.getElementById('chart-reward').dataset.points === '5'", timeout=30_000)
 
     daphne.stop()
-    page.wait_for_function("document.getElementById('connection').dataset.state === 'reconnecting'",
+    page.wait_for_function("() => document.getElementById('connection').dataset.state === 'reconnecting'",
                            timeout=30_000)
     metrics(range(6, 9))  # stored while the page cannot hear anything
     daphne.start()
-    page.wait_for_function("document.getElementById('connection').dataset.state === 'live'", timeout=60_000)
+    page.wait_for_function("() => document.getElementById('connection').dataset.state === 'live'", timeout=60_000)
     metrics(range(9, 11))  # live again
-    page.wait_for_function("document.getElementById('chart-reward').dataset.points === '10'", timeout=30_000)
+    page.wait_for_function("() => document.getElementById('chart-reward').dataset.points === '10'", timeout=30_000)
     plotted = page.evaluate("""() => {
         const raw = document.getElementById('chart-reward').data.find((t) => t.mode === 'lines+markers');
         return {x: Array.from(raw.x), y: Array.from(raw.y)};
