@@ -6,7 +6,6 @@
   const { el, fmt } = M;
   const config = JSON.parse(document.getElementById("monitor-config").textContent);
   const ACTIVE = new Set(["queued", "running"]);
-  const MAX_TRAJECTORIES = 200;
   const MAX_TOKENS_SHOWN = 6000;
   const MAX_LOG = 300;
 
@@ -69,46 +68,65 @@
   }
 
   /* ------------------------------------------------------------------------------------- rollouts */
-  const trajectories = []; // {key, seq, step, index, t}
+  // Sample events are listed by step (`sampleIndex`, from series.json, then live stubs) and fetched one at
+  // a time, when shown: a long job's trajectories would be hundreds of megabytes.
+  const sampleIndex = []; // [step, seq] in seq order
+  let trajectories = []; // the shown step's: {key, seq, step, index, t}
   let selectedKey = null;
   let followNewest = true;
-  const stepSelect = document.getElementById("sample-step");
+  let shownSeq = null, loadingSeq = null, wantedSeq = null;
+  const stepInput = document.getElementById("sample-step");
+  const followBox = document.getElementById("sample-follow");
   const orderSelect = document.getElementById("sample-order");
   const list = document.getElementById("rollout-list");
   const view = document.getElementById("rollout-view");
-  const knownSteps = new Set();
 
   // A samples payload is {"trajectories": [Trajectory.to_dict(tokenizer), ...]}.
   function toolErrors(t) { return t.tool_errors; }
 
-  function addSamples(event) {
-    M.payload(event).trajectories.forEach((t, index) => {
-      trajectories.push({ key: `${event.seq}:${index}`, seq: event.seq, step: event.step, index, t });
-    });
-    while (trajectories.length > MAX_TRAJECTORIES) trajectories.shift();
-    if (event.step !== null && event.step !== undefined && !knownSteps.has(event.step)) {
-      knownSteps.add(event.step);
-      stepSelect.append(el("option", { value: String(event.step), text: `step ${event.step}` }));
+  function indexSamples(step, seq, follow) {
+    sampleIndex.push([step, seq]);
+    stepInput.max = String(step);
+    if (sampleIndex.length === 1) stepInput.min = String(step);
+    if (follow !== false && followBox.checked) showSeq(seq);
+  }
+
+  /* The sample event of `step` (the newest at or before it), or the first after it. */
+  function seqOfStep(step) {
+    let best = null;
+    for (const [s, seq] of sampleIndex) { if (s <= step) best = seq; else { if (best === null) best = seq; break; } }
+    return best;
+  }
+
+  async function showSeq(seq) {
+    wantedSeq = seq;
+    if (loadingSeq !== null || seq === shownSeq) return; // one fetch at a time; the newest wish wins
+    loadingSeq = seq;
+    try {
+      const event = await M.getJSON(`${config.event_url}${seq}.json`);
+      trajectories = M.payload(event).trajectories.map((t, index) => ({ key: `${event.seq}:${index}`, seq: event.seq, step: event.step, index, t }));
+      shownSeq = seq;
+      if (followBox.checked) stepInput.value = String(event.step);
+      list.dataset.seq = String(seq);
+      rolloutsDirty = true;
+      renderRollouts();
+    } catch (err) {
+      list.replaceChildren(el("li", { class: "empty", text: `could not load the samples of #${seq}: ${err.message}` }));
+    } finally {
+      loadingSeq = null;
+      if (wantedSeq !== shownSeq && wantedSeq !== seq) showSeq(wantedSeq);
     }
-    rolloutsDirty = true;
   }
 
   function visibleTrajectories() {
     let items = trajectories.slice();
-    const step = stepSelect.value;
-    if (step === "latest") {
-      const latest = Math.max(...items.map((i) => i.step ?? -Infinity));
-      items = items.filter((i) => i.step === latest);
-    } else if (step !== "all") {
-      items = items.filter((i) => String(i.step) === step);
-    }
     const reward = (i) => (typeof i.t.reward === "number" ? i.t.reward : -Infinity);
-    const newest = (a, b) => b.seq - a.seq || a.index - b.index;
+    const order = (a, b) => a.index - b.index;
     switch (orderSelect.value) {
-      case "best": items.sort((a, b) => reward(b) - reward(a) || newest(a, b)); break;
-      case "worst": items.sort((a, b) => reward(a) - reward(b) || newest(a, b)); break;
-      case "failed": items = items.filter((i) => toolErrors(i.t) > 0 || i.t.error).sort(newest); break;
-      default: items.sort(newest);
+      case "best": items.sort((a, b) => reward(b) - reward(a) || order(a, b)); break;
+      case "worst": items.sort((a, b) => reward(a) - reward(b) || order(a, b)); break;
+      case "failed": items = items.filter((i) => toolErrors(i.t) > 0 || i.t.error).sort(order); break;
+      default: items.sort(order);
     }
     return items;
   }
@@ -118,7 +136,7 @@
     if (!rolloutsDirty) return;
     rolloutsDirty = false;
     const items = visibleTrajectories();
-    document.getElementById("sample-count").textContent = `${items.length} of ${trajectories.length} kept`;
+    document.getElementById("sample-count").textContent = `${items.length} of ${trajectories.length} at this step · ${sampleIndex.length} steps with samples`;
     list.replaceChildren();
     if (!items.length) {
       list.append(el("li", { class: "empty", text: trajectories.length ? "No trajectory matches this filter." : "No sample trajectories yet." }));
@@ -222,39 +240,71 @@
     return el("div", {}, legend, box);
   }
 
-  stepSelect.addEventListener("change", () => { followNewest = true; rolloutsDirty = true; renderRollouts(); });
+  stepInput.addEventListener("change", () => {
+    followBox.checked = false; followNewest = true;
+    const seq = seqOfStep(Number(stepInput.value));
+    if (seq !== null) showSeq(seq);
+  });
+  followBox.addEventListener("change", () => {
+    if (followBox.checked && sampleIndex.length) showSeq(sampleIndex[sampleIndex.length - 1][1]);
+  });
   orderSelect.addEventListener("change", () => { followNewest = true; rolloutsDirty = true; renderRollouts(); });
 
   /* ------------------------------------------------------------------------------------ resources */
-  const poolHistory = new Map(); // name -> {t: [], in_use: [], waiting: []}
-  const workerHistory = { t: [], cpu: [], mem: [], gpus: new Map() };
+  // Each timeline line is its own {t, y}: the history's columns are downsampled one by one.
+  const poolHistory = new Map(); // name -> {in_use: {t, y}, waiting: {t, y}}
+  const workerHistory = { cpu: { t: [], y: [] }, mem: { t: [], y: [] }, gpus: new Map() }; // gpu -> {util, mem}
   let latestResources = null;
   let resourcesDirty = false;
+
+  function line(map, key, ...fields) {
+    if (!map.has(key)) map.set(key, Object.fromEntries(fields.map((f) => [f, { t: [], y: [] }])));
+    return map.get(key);
+  }
+
+  function push(series, t, value) { series.t.push(t); series.y.push(value ?? null); }
+
+  /* series.json's resource columns: host/cpu_percent, gpu/<i>/util_percent, pool/<name>/in_use, ... */
+  function loadResources(columns, latest) {
+    for (const [key, col] of Object.entries(columns)) {
+      const t = col.x.map((s) => new Date(s * 1000));
+      const parts = key.split("/");
+      let target = null;
+      if (key === "host/cpu_percent") target = workerHistory.cpu;
+      else if (key === "host/memory_percent") target = workerHistory.mem;
+      else if (parts[0] === "gpu") target = line(workerHistory.gpus, parts[1], "util", "mem")[parts[2] === "util_percent" ? "util" : "mem"];
+      else if (parts[0] === "pool") target = line(poolHistory, parts.slice(1, -1).join("/"), "in_use", "waiting")[parts[parts.length - 1]];
+      if (target) { target.t = t; target.y = col.y.slice(); }
+    }
+    if (latest) setLatestResources(latest);
+  }
+
+  function setLatestResources(event) {
+    const p = M.payload(event);
+    latestResources = { pools: p.pools, worker: p.host, engine: p.engine };
+    resourcesDirty = true;
+  }
 
   function addResources(event) {
     // A resources payload is {"host": HostStats, "engine": Engine.stats(), "pools": ResourceEngine.stats()}.
     const p = M.payload(event);
-    const worker = p.host;
-    const pools = p.pools;
     const t = new Date((event.time || Date.now() / 1000) * 1000);
-    for (const [name, s] of Object.entries(pools)) {
-      if (!poolHistory.has(name)) poolHistory.set(name, { t: [], in_use: [], waiting: [] });
-      const h = poolHistory.get(name);
-      h.t.push(t); h.in_use.push(s.in_use ?? null); h.waiting.push(s.waiting ?? null);
+    for (const [name, s] of Object.entries(p.pools)) {
+      const h = line(poolHistory, name, "in_use", "waiting");
+      push(h.in_use, t, s.in_use); push(h.waiting, t, s.waiting);
     }
-    workerHistory.t.push(t);
-    workerHistory.cpu.push(worker.cpu_percent ?? null);
-    workerHistory.mem.push(worker.memory_percent ?? null);
-    worker.gpus.forEach((g) => {
-      const key = g.index;
-      if (!workerHistory.gpus.has(key)) workerHistory.gpus.set(key, { t: [], util: [], mem: [] });
-      const h = workerHistory.gpus.get(key);
-      h.t.push(t); h.util.push(g.util_percent ?? null);
-      h.mem.push(g.memory_percent);
+    push(workerHistory.cpu, t, p.host.cpu_percent);
+    push(workerHistory.mem, t, p.host.memory_percent);
+    p.host.gpus.forEach((g) => {
+      const h = line(workerHistory.gpus, String(g.index), "util", "mem");
+      push(h.util, t, g.util_percent); push(h.mem, t, g.memory_percent);
     });
-    latestResources = { pools, worker, engine: p.engine };
-    resourcesDirty = true;
+    setLatestResources(event);
   }
+
+  // Plotly.react compares data arrays by identity: a trace handed the same (grown) array again is not
+  // redrawn, which froze the timelines on their first sample. Each render passes fresh copies.
+  function trace(series, extra) { return { x: series.t.slice(), y: series.y.slice(), mode: "lines", ...extra }; }
 
   function renderResources() {
     if (!resourcesDirty || !latestResources) return;
@@ -280,8 +330,8 @@
         el("tbody", {}, ...rows)));
       const timeline = [];
       for (const [name, h] of poolHistory) {
-        timeline.push({ x: h.t, y: h.in_use, mode: "lines", name: `${name} in use` });
-        timeline.push({ x: h.t, y: h.waiting, mode: "lines", name: `${name} waiting`, line: { dash: "dot" } });
+        timeline.push(trace(h.in_use, { name: `${name} in use` }));
+        timeline.push(trace(h.waiting, { name: `${name} waiting`, line: { dash: "dot" } }));
       }
       Plotly.react("pool-timeline", timeline, { height: 200, margin: { l: 40, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: -0.3 } },
         { displaylogo: false, responsive: true });
@@ -308,21 +358,21 @@
       summary.append(el("dt", { text: "GPU" }), el("dd", { class: "muted", id: "gpu-absent", text: `absent — ${worker.gpu_absent}` }));
     }
     document.getElementById("worker-summary").replaceChildren(summary);
-    const traces = [
-      { x: workerHistory.t, y: workerHistory.cpu, mode: "lines", name: "CPU %" },
-      { x: workerHistory.t, y: workerHistory.mem, mode: "lines", name: "memory %" },
-    ];
+    const traces = [trace(workerHistory.cpu, { name: "CPU %" }), trace(workerHistory.mem, { name: "memory %" })];
     for (const [key, h] of workerHistory.gpus) {
-      traces.push({ x: h.t, y: h.util, mode: "lines", name: `GPU ${key} util %` });
-      traces.push({ x: h.t, y: h.mem, mode: "lines", name: `GPU ${key} memory %`, line: { dash: "dot" } });
+      traces.push(trace(h.util, { name: `GPU ${key} util %` }));
+      traces.push(trace(h.mem, { name: `GPU ${key} memory %`, line: { dash: "dot" } }));
     }
     Plotly.react("worker-timeline", traces, { height: 200, margin: { l: 40, r: 10, t: 10, b: 30 }, yaxis: { range: [0, 100] },
       legend: { orientation: "h", y: -0.3 } }, { displaylogo: false, responsive: true });
   }
 
   /* ------------------------------------------------------------------------------------- wiring */
-  const charts = new M.MetricCharts(document.getElementById("charts"), { band: true, extras: M.moreMetrics() });
+  const fetchRange = M.rangeFetcher(config.series_url);
+  const charts = new M.MetricCharts(document.getElementById("charts"), {
+    band: true, extras: M.moreMetrics(), fetchRange: (series, keys, range) => fetchRange(keys, range) });
   M.bindChartControls(charts);
+  let lastSeq = 0;
 
   function onEvents(events) {
     for (const event of events) {
@@ -330,20 +380,23 @@
       const data = M.payload(event);
       switch (event.type) {
         case "metrics":
-          charts.add(config.id, event.step ?? eventCount, M.numericMetrics(data));
+          charts.addLive(config.id, event.seq, event.step ?? event.seq, M.numericMetrics(data));
           setStep(event.step);
           break;
-        case "samples": addSamples(event); break;
-        case "resources": addResources(event); break;
+        case "samples": indexSamples(event.step, event.seq); break;
+        case "resources": if (event.stub) break; addResources(event); break;
         case "status": setStatus(data.state); appendLog(event); break;
         case "checkpoint": appendLog(event); break;
         case "log": appendLog(event); break;
         default: break;
       }
     }
-    document.getElementById("event-count").textContent = `${eventCount} events · last #${events[events.length - 1].seq}`;
+    lastSeq = events[events.length - 1].seq;
+    showCount();
     scheduleRender();
   }
+
+  function showCount() { document.getElementById("event-count").textContent = `${eventCount} events · last #${lastSeq}`; }
 
   let renderTimer = null;
   function scheduleRender() {
@@ -352,11 +405,37 @@
   }
 
   const connection = document.getElementById("connection");
-  const socket = new M.EventSocket(config.ws_path, {
-    onEvents,
-    onHello: (job) => { totalSteps = job.total_steps; setStatus(job.status); },
-    onState: (state, detail) => { connection.dataset.state = state; connection.textContent = detail || state; },
+  const state = { socket: null, charts, drawnAt: null, historyEvents: 0, timings: { start: performance.now() } };
+  window.agentflyDashboard = state;
+
+  async function start() {
+    connection.dataset.state = "loading"; connection.textContent = "loading history";
+    const history = await M.getJSON(config.series_url);
+    state.timings.fetched = performance.now();
+    totalSteps = history.job.total_steps;
+    setStatus(history.job.status);
+    setStep(history.job.step);
+    charts.load(config.id, history.metrics);
+    state.timings.loaded = performance.now();
+    charts.flush(); // draw now, not on the next tick: the page is judged by when its charts appear
+    state.timings.charts = performance.now();
+    loadResources(history.resources, history.latest_resources);
+    renderResources();
+    for (const event of history.log) appendLog(event);
+    for (const [step, seq] of history.samples) indexSamples(step, seq, false);
+    if (sampleIndex.length && followBox.checked) showSeq(sampleIndex[sampleIndex.length - 1][1]);
+    lastSeq = history.last_seq; eventCount = history.last_seq; showCount();
+    state.historyEvents = history.last_seq;
+    state.drawnAt = performance.now();
+    document.body.dataset.history = "drawn";
+    state.socket = new M.EventSocket(config.ws_path, {
+      onEvents,
+      onHello: (job) => { totalSteps = job.total_steps; setStatus(job.status); },
+      onState: (s, detail) => { connection.dataset.state = s; connection.textContent = detail || s; },
+    }, history.last_seq);
+    state.socket.start();
+  }
+  start().catch((err) => {
+    connection.dataset.state = "refused"; connection.textContent = `could not load the history: ${err.message}`;
   });
-  window.agentflyDashboard = { socket, charts };
-  socket.start();
 })();

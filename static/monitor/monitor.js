@@ -1,17 +1,25 @@
 /* AgentFly live monitoring, shared by the dashboard and the compare page.
  *
- * EventSocket: one websocket per job. The server sends the stored history, then live events, each with the
- * job's sequence number; the socket drops what it already has, and on a gap or a lost connection it
- * reconnects with back-off asking for `?after=<last seq>`, so the page never shows a hole or a duplicate.
+ * EventSocket: one websocket per job. The page first loads the job's history from `series.json`
+ * (downsampled, as of seq N), then opens the socket with `?after=N`: the server sends what was stored after
+ * N, then live events, each with the job's sequence number; the socket drops what it already has, and on a
+ * gap or a lost connection it reconnects with back-off asking for `?after=<last seq>`, so the page never
+ * shows a hole or a duplicate. Sample events (and any event too big to inline) arrive as stubs
+ * (`stub: true`, no data) and are fetched by seq when shown (`fetchEvent`).
  *
  * MetricCharts: Plotly charts that grow with `Plotly.extendTraces`, batched: points are queued as events
  * arrive and drawn at most every FLUSH_MS, one call per chart. Smoothing (debiased EMA, as TensorBoard
  * draws it) and the log scale are display-only: the raw stored values are always kept and drawn.
+ * `load` draws a downsampled history (min/max per bucket, so extremes survive); zooming a chart (Plotly's
+ * `plotly_relayout`) asks the server for the visible step range at full resolution and redraws that chart
+ * from it, plus the live points heard since the answer's `last_seq`.
  */
 (function () {
   "use strict";
 
   const FLUSH_MS = 250;
+  const LIVE_KEPT = 5000; // live metrics events kept for replay after a zoom
+  const MAX_MARKERS = 200;
   const FATAL_CLOSE = {
     4400: "The page asked for a bad sequence number; reload it.",
     4401: "You are signed out; sign in again to keep watching.",
@@ -20,10 +28,10 @@
 
   /* ------------------------------------------------------------------------------------ the socket */
   class EventSocket {
-    constructor(path, handlers) {
+    constructor(path, handlers, after) {
       this.path = path;
       this.handlers = handlers;
-      this.lastSeq = 0;
+      this.lastSeq = after || 0;
       this.attempt = 0;
       this.ws = null;
       this.stopped = false;
@@ -143,10 +151,75 @@
       this.charts = new Map(); // id -> {def, div, lines: [Line], dirty: bool}
       this.seriesNames = new Map();
       this.timer = null;
+      this.live = [];
+      this._only = null;
+      this.extras.addEventListener("extras-opened", () => this.flush());
       for (const def of CHARTS) this._chart(def.id, def);
     }
 
     setSeriesName(series, name) { this.seriesNames.set(String(series), name); }
+
+    /* Draw a history: `columns` is series.json's {metric: {x: [steps], y: [values]}}, each column already
+     * downsampled on its own; points at the same step are one "event" for `add`. */
+    load(series, columns) {
+      const byStep = new Map();
+      for (const [key, col] of Object.entries(columns)) {
+        if (key === "step") continue; // the x axis itself, skipped by numericMetrics too
+        const k = normKey(key);
+        for (let i = 0; i < col.x.length; i++) {
+          if (col.y[i] === null) continue;
+          let values = byStep.get(col.x[i]);
+          if (!values) { values = {}; byStep.set(col.x[i], values); }
+          values[k] = col.y[i];
+        }
+      }
+      for (const step of [...byStep.keys()].sort((a, b) => a - b)) this.add(series, step, byStep.get(step));
+    }
+
+    /* A live metrics event (kept a while, so a zoomed chart redrawn from an older answer can replay it). */
+    addLive(series, seq, step, values) {
+      this.live.push({ series, seq, step, values });
+      if (this.live.length > LIVE_KEPT) this.live.splice(0, this.live.length - LIVE_KEPT);
+      this.add(series, step, values);
+    }
+
+    _chartKeys(chart) {
+      const keys = new Set(chart.lines.map((l) => l.metric));
+      if (chart.def.band) for (const k of Object.values(chart.def.band)) keys.add(k);
+      return keys;
+    }
+
+    /* Plotly's relayout after a zoom (x range) or a reset (autorange): reload that chart's lines. */
+    async _zoomed(chart, event) {
+      if (!this.options.fetchRange) return;
+      let range = null;
+      if (event["xaxis.range[0]"] !== undefined) range = [event["xaxis.range[0]"], event["xaxis.range[1]"]];
+      else if (Array.isArray(event["xaxis.range"])) range = event["xaxis.range"];
+      else if (!event["xaxis.autorange"]) return; // a y-axis or log-scale change: nothing to load
+      const keys = this._chartKeys(chart);
+      const request = (chart.zoomRequest || 0) + 1;
+      chart.zoomRequest = request;
+      const seriesIds = [...new Set(chart.lines.map((l) => l.series))];
+      const answers = await Promise.all(seriesIds.map((series) => this.options.fetchRange(series, [...keys],
+        range && [Math.floor(range[0]), Math.ceil(range[1])])));
+      if (chart.zoomRequest !== request) return; // a newer zoom overtook this one
+      seriesIds.forEach((series, i) => {
+        const answer = answers[i];
+        for (const line of chart.lines) {
+          if (String(line.series) !== String(series)) continue;
+          line.x = []; line.y = []; line.std = []; line.min = []; line.max = [];
+        }
+        const only = {};
+        for (const [key, col] of Object.entries(answer.metrics)) if (keys.has(normKey(key))) only[key] = col;
+        this._only = keys;
+        this.load(series, only);
+        for (const e of this.live) if (String(e.series) === String(series) && e.seq > answer.last_seq) this.add(series, e.step, e.values);
+        this._only = null;
+      });
+      chart.zoomed = range !== null;
+      chart.full = true;
+      this.flush();
+    }
 
     _chart(id, def) {
       let chart = this.charts.get(id);
@@ -177,6 +250,7 @@
 
     /* Queue one metrics event's numbers for `series` at x = step. */
     add(series, step, values) {
+      if (this._only) values = Object.fromEntries(Object.entries(values).filter(([k]) => this._only.has(k)));
       const claimed = new Set();
       for (const def of CHARTS) {
         const chart = this.charts.get(def.id);
@@ -219,6 +293,14 @@
       if (this.timer === null) this.timer = setTimeout(() => { this.timer = null; this.flush(); }, FLUSH_MS);
     }
 
+    extrasClosed() { const details = this.extras.closest("details"); return Boolean(details && !details.open); }
+
+    _announceExtra(chart) {
+      if (chart.announced) return;
+      chart.announced = true;
+      this.extras.dispatchEvent(new CustomEvent("chart-added", { bubbles: true }));
+    }
+
     setSmoothing(on, weight) { this.smoothing = on; this.weight = weight; this._redrawAll(); }
     setBandKind(kind) { this.bandKind = kind; this._redrawAll(); }
     setLogScale(on) {
@@ -256,8 +338,9 @@
       }
       line.emaAcc = 0; line.emaN = 0;
       const smooth = line.y.map((v) => this._ema(line, v));
-      traces.push({ x: line.x.slice(), y: line.y.slice(), mode: "lines+markers", name: line.name,
-        marker: { size: 4, color: line.color }, line: { color: line.color, width: 1.5 },
+      // Markers on short lines only: hundreds of SVG markers per chart are what makes a long job slow to draw.
+      traces.push({ x: line.x.slice(), y: line.y.slice(), mode: line.x.length > MAX_MARKERS ? "lines" : "lines+markers",
+        meta: "raw", name: line.name, marker: { size: 4, color: line.color }, line: { color: line.color, width: 1.5 },
         opacity: this.smoothing ? 0.3 : 1 });
       traces.push({ x: line.x.slice(), y: smooth, mode: "lines", name: `${line.name} (smoothed)`,
         line: { color: line.color, width: 2 }, visible: this.smoothing, showlegend: false });
@@ -267,6 +350,9 @@
     flush() {
       for (const [id, chart] of this.charts) {
         if (!chart.lines.length) continue;
+        // Charts in the closed "More metrics" section are drawn when it opens (off screen, Plotly cannot
+        // size them, and drawing them first would delay the charts the user is looking at).
+        if (chart.def.extra && this.extrasClosed()) { chart.box.hidden = false; chart.full = true; this._announceExtra(chart); continue; }
         const pending = chart.lines.some((l) => l.pending > 0);
         if (!chart.full && !pending) continue;
         if (chart.full || !chart.drawn) {
@@ -281,6 +367,7 @@
             legend: { orientation: "h", x: 0, y: -0.18, yanchor: "top", font: { size: 10 } }, uirevision: id,
           };
           Plotly.react(chart.div, traces, layout, { displaylogo: false, responsive: true });
+          if (!chart.drawn) chart.div.on("plotly_relayout", (event) => { this._zoomed(chart, event); });
           chart.drawn = true; chart.full = false;
           for (const l of chart.lines) l.pending = 0;
         } else {
@@ -305,7 +392,7 @@
         }
         chart.div.dataset.points = String(chart.lines[0].x.length);
         document.getElementById("charts-empty")?.remove();
-        if (chart.def.extra) this.extras.dispatchEvent(new CustomEvent("chart-added", { bubbles: true }));
+        if (chart.def.extra) this._announceExtra(chart);
         if (this.options.onDraw) this.options.onDraw(id, chart.div);
       }
     }
@@ -334,9 +421,28 @@
       document.getElementById("more-count").textContent = `(${box.children.length})`;
     });
     details.addEventListener("toggle", () => {
-      if (details.open) for (const plot of box.querySelectorAll(".plot")) Plotly.Plots.resize(plot);
+      if (!details.open) return;
+      box.dispatchEvent(new CustomEvent("extras-opened"));
+      for (const plot of box.querySelectorAll(".plot")) if (plot.data) Plotly.Plots.resize(plot);
     });
     return box;
+  }
+
+  /* JSON of a same-origin URL; throws with the server's error message. */
+  async function getJSON(url) {
+    const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    const body = await response.json();
+    if (!response.ok) throw new Error(body.error || `HTTP ${response.status}`);
+    return body;
+  }
+
+  /* A zoom's request: the chart's metrics (normalised names) in the step range, at full resolution. */
+  function rangeFetcher(seriesUrl) {
+    return (keys, range) => {
+      const q = new URLSearchParams({ keys: keys.join(","), points: "4000" });
+      if (range) { q.set("from", String(range[0])); q.set("to", String(range[1])); }
+      return getJSON(`${seriesUrl}?${q}`);
+    };
   }
 
   function el(tag, attrs, ...children) {
@@ -355,5 +461,5 @@
     return Number.isInteger(value) ? String(value) : value.toFixed(digits ?? 3);
   }
 
-  window.AgentFlyMonitor = { EventSocket, MetricCharts, payload, numericMetrics, normKey, bindChartControls, moreMetrics, el, fmt, PALETTE };
+  window.AgentFlyMonitor = { EventSocket, MetricCharts, payload, numericMetrics, normKey, bindChartControls, moreMetrics, el, fmt, PALETTE, getJSON, rangeFetcher };
 })();

@@ -132,9 +132,10 @@ def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.2) -
 def wait_for_js(page: Any, expression: str, timeout: float, interval: float = 0.2) -> Any:
     """Poll a JavaScript expression (or ``() => ...`` function) in ``page`` until it is truthy.
 
-    Playwright's ``wait_for_function`` evaluates its predicate with ``eval`` inside the page, which the app's
-    Content-Security-Policy (no ``'unsafe-eval'``) rightly forbids; ``page.evaluate`` goes through the
-    DevTools protocol instead, so the page keeps its real policy while the test waits. ``timeout`` is in
+    Playwright's ``wait_for_function`` given a bare expression evaluates it with ``eval`` inside the page once
+    its first check fails, which the app's Content-Security-Policy (no ``'unsafe-eval'``) rightly forbids (a
+    ``() => ...`` function works there too); ``page.evaluate`` goes through the DevTools protocol, so the page
+    keeps its real policy while the test waits. ``timeout`` is in
     milliseconds, as Playwright's own waits take it.
     """
     deadline = time.monotonic() + timeout / 1000

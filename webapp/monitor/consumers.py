@@ -4,8 +4,13 @@ The consumer authenticates (session, through ``AuthMiddlewareStack``), authorise
 of the user's teams), joins the job's group and forwards stored events, in ``seq`` order, exactly once:
 
 1. It joins ``job-<id>`` *before* reading history, so an event committed after the read is still heard.
-2. It sends the stored events with ``seq > after`` from the database, in pages (``{"type": "events"}``),
-   then ``{"type": "live", "last_seq": n}``.
+2. It sends the stored events with ``seq > after`` from the database, in pages (``{"type": "events"}``) of
+   at most ``MESSAGE_BUDGET_BYTES`` each (sized in bytes, not counted: Daphne drops a connection whose
+   message passes 1 MiB), then ``{"type": "live", "last_seq": n}``. Sample events and any event over
+   ``MAX_INLINE_EVENT_BYTES`` travel as stubs (``"stub": true``, no ``data``); the page fetches one by seq
+   from ``events/<seq>.json`` when it shows it. A dashboard reads its history from ``series.json``
+   (downsampled, with the ``last_seq`` it covers) and connects with ``?after=`` that seq, so the socket only
+   carries what came later.
 3. A group message announces a committed range ``first_seq..last_seq``. Events at or below the last sent
    ``seq`` are dropped (heard during the history read); a range that starts past ``last_seq + 1`` means
    an announcement was missed or overtaken (two writers publish independently), so the consumer reads the
@@ -20,15 +25,13 @@ for both, so a socket cannot probe which job ids exist).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from webapp.monitor.events import events_after, group_name
-from webapp.monitor.tokens import job_model_path, with_token_texts
+from webapp.monitor.events import group_name, pages_by_size, wire_events_after
 
 CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHENTICATED = 4401
@@ -44,12 +47,12 @@ def _visible_job_summary(user: Any, job_id: int) -> dict[str, Any] | None:
     job = TrainingJob.objects.visible_to(user).filter(pk=job_id).first()
     if job is None:
         return None
-    return {**job.summary(), "name": job.name, "last_seq": job.last_seq, "model": job_model_path(job.config)}
+    return {**job.summary(), "name": job.name, "last_seq": job.last_seq}
 
 
 @database_sync_to_async
-def _stored_after(job_id: int, after_seq: int, limit: int, model: str | None) -> list[dict[str, Any]]:
-    return [with_token_texts(m, model) for m in events_after(job_id, after_seq, limit=limit)]
+def _stored_after(job_id: int, after_seq: int, limit: int) -> list[dict[str, Any]]:
+    return wire_events_after(job_id, after_seq, limit=limit)
 
 
 def parse_after(query_string: bytes | str) -> int:
@@ -70,7 +73,6 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
     job_id: int
     group: str
     last_seq: int
-    model: str | None
 
     async def connect(self) -> None:
         self.group = ""
@@ -89,7 +91,6 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
             await self._refuse(CLOSE_FORBIDDEN, f"job #{self.job_id} is not a job of your teams")
             return
         self.last_seq = after
-        self.model = job.pop("model")
         self.group = group_name(self.job_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
@@ -113,17 +114,18 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
                               "message": "this socket only sends; use the page's buttons to act on the job"})
 
     async def _catch_up(self) -> None:
-        """Send every stored event after ``last_seq``, page by page."""
+        """Send every stored event after ``last_seq``: read ``HISTORY_PAGE`` rows at a time, sent by size."""
         while True:
-            page = await _stored_after(self.job_id, self.last_seq, HISTORY_PAGE, self.model)
-            if page:
-                await self._send_events(page)
-            if len(page) < HISTORY_PAGE:
+            rows = await _stored_after(self.job_id, self.last_seq, HISTORY_PAGE)
+            if rows:
+                await self._send_events(rows)
+            if len(rows) < HISTORY_PAGE:
                 return
 
-    async def _send_events(self, events: list[dict[str, Any]]) -> None:
-        self.last_seq = events[-1]["seq"]
-        await self.send_json({"type": "events", "events": events})
+    async def _send_events(self, events: list[dict[str, Any]], sizes: list[int] | None = None) -> None:
+        for page in pages_by_size(events, sizes=sizes):
+            self.last_seq = page[-1]["seq"]
+            await self.send_json({"type": "events", "events": page})
 
     async def job_events(self, message: dict[str, Any]) -> None:
         """A ``job.events`` group message: the range ``first_seq..last_seq`` is committed."""
@@ -135,9 +137,8 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
         if first > self.last_seq + 1 or not isinstance(events, list):
             await self._catch_up()  # a gap, or an announcement without payload: the database has it all
             return
-        fresh = [e for e in events if e["seq"] > self.last_seq]
-        if any(e["type"] == "samples" for e in fresh):
-            # Decoding needs the tokenizer (a file read, then cached): off the event loop.
-            fresh = await asyncio.to_thread(lambda: [with_token_texts(e, self.model) for e in fresh])
-        if fresh:
-            await self._send_events(fresh)
+        sizes = message.get("sizes")
+        keep = [i for i, e in enumerate(events) if e["seq"] > self.last_seq]
+        if keep:
+            fresh = [events[i] for i in keep]
+            await self._send_events(fresh, [sizes[i] for i in keep] if isinstance(sizes, list) else None)

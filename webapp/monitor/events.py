@@ -10,10 +10,11 @@ database always finds the rows it was told about.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from django.db import transaction
@@ -25,6 +26,15 @@ from webapp.monitor.models import EventType, JobEvent
 log = logging.getLogger(__name__)
 
 EVENT_TYPES = frozenset(EventType.values)
+
+# Daphne refuses websocket messages over 1 MiB (its ``websocket_max_message_size`` default, autobahn's
+# ``PayloadExceededError``). A page of events stays a quarter of that, so framing, a slower client's
+# deflate or a bigger-than-measured key never brings it near the limit.
+MESSAGE_BUDGET_BYTES = 256 * 1024
+# An event bigger than this travels as a stub (its fields without ``data``, ``"stub": true``) and the page
+# fetches it by seq when it shows it (``events/<seq>.json``). Sample events always do: their trajectories
+# and token texts are large and only one step's are ever on screen.
+MAX_INLINE_EVENT_BYTES = 64 * 1024
 
 
 class EventError(ValueError):
@@ -90,9 +100,52 @@ def append_events(job_id: int, events: Iterable[Mapping[str, Any]]) -> list[JobE
         stored = JobEvent.objects.bulk_create(
             [JobEvent(job_id=job_id, seq=first + i, **row) for i, row in enumerate(rows)]
         )
-        messages = [e.as_message() for e in stored]
+        messages = [wire_message(e.as_message()) for e in stored]
         transaction.on_commit(lambda: publish(job_id, messages))
     return stored
+
+
+def encoded_size(message: Mapping[str, Any]) -> int:
+    """Bytes of ``message`` as ``send_json`` writes it (``json.dumps`` escapes non-ASCII, so chars = bytes)."""
+    return len(json.dumps(message))
+
+
+def stub(message: Mapping[str, Any], size: int) -> dict[str, Any]:
+    """The event without its payload: enough to list it (seq, type, step, time) and fetch it later."""
+    return {"seq": message["seq"], "type": message["type"], "step": message["step"], "time": message["time"],
+            "data": None, "stub": True, "bytes": size}
+
+
+def wire_message(message: dict[str, Any]) -> dict[str, Any]:
+    """The event as a live page gets it: inline when small, a stub when it is a sample or too big."""
+    if message["type"] == "samples":
+        return stub(message, encoded_size(message))
+    size = encoded_size(message)
+    return message if size <= MAX_INLINE_EVENT_BYTES else stub(message, size)
+
+
+def pages_by_size(messages: Iterable[dict[str, Any]], budget: int = MESSAGE_BUDGET_BYTES,
+                  sizes: Iterable[int] | None = None) -> Iterator[list[dict[str, Any]]]:
+    """Split ``messages`` (in order) into lists whose ``{"type": "events", "events": [...]}`` envelope encodes
+    to at most ``budget`` bytes. Every message lands in exactly one page; a message that alone exceeds the
+    budget is an error of the caller (``wire_message`` stubs those first). ``sizes``, when given, are the
+    messages' ``encoded_size`` already measured (the publisher measures once for every listening socket)."""
+    envelope = encoded_size({"type": "events", "events": []})
+    page: list[dict[str, Any]] = []
+    used = envelope
+    known = iter(sizes) if sizes is not None else None
+    for message in messages:
+        size = (next(known) if known is not None else encoded_size(message)) + 2  # ", " between items
+        if envelope + size > budget:
+            raise ValueError(f"event #{message.get('seq')} alone is {size} bytes, over the page budget of "
+                             f"{budget}; send it through wire_message() so it travels as a stub")
+        if page and used + size > budget:
+            yield page
+            page, used = [], envelope
+        page.append(message)
+        used += size
+    if page:
+        yield page
 
 
 def group_name(job_id: int) -> str:
@@ -112,7 +165,7 @@ def publish(job_id: int, messages: list[dict[str, Any]]) -> None:
         async_to_sync(layer.group_send)(
             group_name(job_id),
             {"type": "job.events", "job_id": job_id, "first_seq": messages[0]["seq"],
-             "last_seq": messages[-1]["seq"], "events": messages},
+             "last_seq": messages[-1]["seq"], "events": messages, "sizes": [encoded_size(m) for m in messages]},
         )
     except Exception:
         log.warning("could not publish events %s..%s of job %s", messages[0]["seq"], messages[-1]["seq"], job_id,
@@ -132,3 +185,24 @@ def events_after(job_id: int, after_seq: int = 0, types: Iterable[str] | None = 
     if types:
         qs = qs.filter(type__in=list(types))
     return [e.as_message() for e in qs.order_by("seq")[:limit]]
+
+
+def wire_events_after(job_id: int, after_seq: int, limit: int = 500) -> list[dict[str, Any]]:
+    """``events_after`` as a socket sends it (``wire_message``), without reading the payloads that travel as
+    stubs: a job's sample events can hold hundreds of megabytes the socket never sends."""
+    from django.db.models import TextField
+    from django.db.models.functions import Cast, Length
+
+    rows = list(JobEvent.objects.filter(job_id=job_id, seq__gt=after_seq).order_by("seq")
+                .annotate(size=Length(Cast("data", TextField())))
+                .values("pk", "seq", "type", "step", "time", "size")[:limit])
+    inline = [r["pk"] for r in rows if r["type"] != "samples" and r["size"] <= MAX_INLINE_EVENT_BYTES]
+    payloads = dict(JobEvent.objects.filter(pk__in=inline).values_list("pk", "data")) if inline else {}
+    out = []
+    for r in rows:
+        message = {"seq": r["seq"], "type": r["type"], "step": r["step"], "time": r["time"]}
+        if r["pk"] in payloads:
+            out.append(wire_message({**message, "data": payloads[r["pk"]]}))
+        else:
+            out.append(stub(message, int(r["size"] or 0) + 60))
+    return out

@@ -1,13 +1,17 @@
 """``DatabaseEventSink``: the trainer's event sink that stores a job's events in the database in batches.
 
 ``emit`` only appends to an in-memory queue and returns, so the training loop (which may be inside an
-asyncio event loop, where the ORM refuses to run) never waits on the database. A writer thread drains the
-queue every ``flush_interval`` seconds, or sooner when ``max_batch`` events are waiting, and stores each
+asyncio event loop, where the ORM refuses to run) never waits on the database. A writer thread stores each
 batch in one transaction with ``append_events``. ``close`` stores what is left and stops the thread.
 
-Backpressure: every batch is one group message to the job's dashboards, and batches go out at most
-``max_messages_per_second`` times a second, so a fast job sends bigger batches, not more messages, and never
-floods Redis or a slow browser. Within a batch only the newest ``keep_samples`` sample events are kept.
+Low latency when quiet, bounded when busy: every batch is one group message to the job's dashboards, and two
+batches are at least ``1 / max_messages_per_second`` apart. An event that finds the sink idle (nothing sent
+for that long) goes out at once, alone; events that arrive within the gap after a send wait for its end and
+go out together. So a quiet job's events reach a page in milliseconds, and a fast job sends bigger
+batches, not more messages, and never floods Redis or a slow browser. ``flush_interval`` (default 0) makes
+the first event of a batch wait that long for company, the old fixed window, for callers that prefer
+fewer, larger transactions over latency. Within a batch only the newest ``keep_samples`` sample events
+are kept.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ _STOP = object()
 
 
 class DatabaseEventSink:
-    def __init__(self, job_id: int, *, flush_interval: float = 0.5, max_batch: int = 200,
-                 max_messages_per_second: float = 4.0, keep_samples: int = 4) -> None:
+    def __init__(self, job_id: int, *, flush_interval: float = 0.0, max_batch: int = 200,
+                 max_messages_per_second: float = 20.0, keep_samples: int = 4) -> None:
         if max_messages_per_second <= 0:
             raise ValueError(f"max_messages_per_second must be > 0, got {max_messages_per_second}")
         if keep_samples < 1:
@@ -82,29 +86,27 @@ class DatabaseEventSink:
         try:
             stopping = False
             while not stopping:
-                batch: list[dict[str, Any]] = []
-                deadline = time.monotonic() + self.flush_interval
+                item = self._queue.get()  # idle: block until there is something to send
+                if item is _STOP:
+                    break
+                batch: list[dict[str, Any]] = [item]
+                # Send at once if the previous send is min_gap old (a quiet job); else wait out the gap (a
+                # busy one), collecting what arrives meanwhile. A full batch still waits for the gap.
+                linger_until = time.monotonic() + self.flush_interval
                 while len(batch) < hard_cap:
-                    # A full batch goes early, but never sooner than min_gap after the previous flush.
                     earliest = last_flush + min_gap
-                    until = earliest if len(batch) >= self.max_batch else max(deadline, earliest)
+                    until = earliest if len(batch) >= self.max_batch else max(linger_until, earliest)
                     wait = until - time.monotonic()
-                    if wait <= 0 and batch:
-                        break
                     try:
-                        item = self._queue.get(timeout=max(0.0, wait))
+                        item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
                     except queue.Empty:
-                        if batch:
-                            break
-                        deadline = time.monotonic() + self.flush_interval
-                        continue
+                        break
                     if item is _STOP:
                         stopping = True
                         break
                     batch.append(item)
-                if batch:
-                    last_flush = time.monotonic()
-                    self._store(self._thin_samples(batch))
+                last_flush = time.monotonic()
+                self._store(self._thin_samples(batch))
         finally:
             connection.close()  # this thread's own connection
 

@@ -6,5 +6,7 @@ app_name = "monitor"
 urlpatterns = [
     path("jobs/<int:pk>/", views.dashboard, name="dashboard"),
     path("jobs/<int:pk>/events.json", views.events_json, name="events"),
+    path("jobs/<int:pk>/series.json", views.series_json, name="series"),
+    path("jobs/<int:pk>/events/<int:seq>.json", views.event_json, name="event"),
     path("compare/", views.compare, name="compare"),
 ]

@@ -19,7 +19,8 @@ from django.urls import reverse
 from webapp.inputs import PG_BIGINT_MAX, query_int
 from webapp.jobs.models import TrainingJob
 from webapp.monitor.events import events_after, requested_types
-from webapp.monitor.models import EventType
+from webapp.monitor.models import EventType, JobEvent
+from webapp.monitor.series import DEFAULT_POINTS, MAX_POINTS, job_series
 from webapp.monitor.tokens import job_model_path, with_token_texts
 
 MAX_EVENTS_PER_REQUEST = 5000
@@ -36,6 +37,8 @@ def _job_context(job: TrainingJob) -> dict[str, Any]:
         "total_steps": job.total_steps,
         "ws_path": f"/ws/jobs/{job.pk}/",
         "events_url": reverse("monitor:events", args=[job.pk]),
+        "series_url": reverse("monitor:series", args=[job.pk]),
+        "event_url": reverse("monitor:event", args=[job.pk, 0]).removesuffix("0.json"),
         "cancel_url": reverse("jobs:cancel", args=[job.pk]),
         "detail_url": job.get_absolute_url(),
         "dashboard_url": reverse("monitor:dashboard", args=[job.pk]),
@@ -123,3 +126,43 @@ def events_json(request: HttpRequest, pk: int) -> JsonResponse:
         "last_seq": events[-1]["seq"] if events else after,
         "more": more,
     })
+
+
+def _step_param(request: HttpRequest, name: str) -> int | None:
+    if not request.GET.get(name):
+        return None
+    return query_int(request.GET, name, 0, -(2**31), 2**31 - 1)
+
+
+@login_required
+def series_json(request: HttpRequest, pk: int) -> JsonResponse:
+    """``GET .../series.json?from=<step>&to=<step>&points=<n>&keys=a,b``: the job's history, downsampled.
+
+    Without ``from``/``to``: every metric and resource column (min/max per bucket down to ``points``), the
+    sample steps, the newest resources event and the log tail, all as of ``last_seq`` (connect the socket with
+    ``?after=last_seq``). With a range (a zoom): only the metric columns in it (``keys`` to name some).
+    """
+    job = get_object_or_404(TrainingJob.objects.visible_to(request.user), pk=pk)
+    try:
+        first, last = _step_param(request, "from"), _step_param(request, "to")
+    except ValueError:
+        return _bad_request("from= and to= must be step numbers (integers)")
+    try:
+        points = query_int(request.GET, "points", DEFAULT_POINTS, 2, MAX_POINTS)
+    except ValueError:
+        return _bad_request(f"points must be an integer from 2 to {MAX_POINTS}")
+    keys = [k for value in request.GET.getlist("keys") for k in value.split(",") if k] or None
+    # A zoom (a range or named keys) and the compare page (only=metrics) need the metric columns alone.
+    zoom = first is not None or last is not None or keys is not None or request.GET.get("only") == "metrics"
+    series = job_series(job.pk, job.last_seq, first_step=first, last_step=last, points=points, keys=keys,
+                        full=not zoom)
+    return JsonResponse({"job": {**job.summary(), "name": job.name}, **series})
+
+
+@login_required
+def event_json(request: HttpRequest, pk: int, seq: int) -> JsonResponse:
+    """``GET .../events/<seq>.json``: one stored event in full (a sample step's trajectories, with the token
+    texts decoded for the token view), the one a page shows of those the socket sent as stubs."""
+    job = get_object_or_404(TrainingJob.objects.visible_to(request.user), pk=pk)
+    event = get_object_or_404(JobEvent, job_id=job.pk, seq=seq)
+    return JsonResponse(with_token_texts(event.as_message(), job_model_path(job.config)))

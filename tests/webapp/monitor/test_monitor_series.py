@@ -1,0 +1,148 @@
+"""A long job's history as the dashboard loads it: downsampled columns that keep each bucket's extremes,
+pages sized in bytes, sample events served one at a time."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from django.test import Client
+
+from webapp.monitor.events import MESSAGE_BUDGET_BYTES, append_events, pages_by_size, wire_message
+from webapp.monitor.series import columns, minmax_indices
+from webapp.monitor.synthetic import seed_long_job
+
+
+def test_below_the_point_budget_a_column_is_exact() -> None:
+    y = np.array([3.0, -1.0, 7.5, 0.0])
+    assert minmax_indices(y, 4).tolist() == [0, 1, 2, 3]
+    out = columns([10, 11, 12, 13], [{"loss": v} for v in y.tolist()], points=100)
+    assert out == {"loss": {"x": [10, 11, 12, 13], "y": [3.0, -1.0, 7.5, 0.0]}}
+
+
+def test_the_downsampler_keeps_the_min_and_the_max_of_every_bucket() -> None:
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=10_000)
+    y[1234], y[8765] = 50.0, -50.0  # one spike and one collapse a mean would flatten
+    points = 200
+    idx = minmax_indices(y, points)
+    assert len(idx) <= points and list(idx) == sorted(set(idx.tolist()))
+    kept = set(idx.tolist())
+    assert {1234, 8765} <= kept
+    # No extreme is lost anywhere: each stretch of one bucket's width has its max and min among the kept
+    # points within a bucket of it (the library's buckets need not line up with these).
+    kept_idx = np.asarray(sorted(kept))
+    for bucket in np.array_split(np.arange(len(y)), points // 2):
+        width = len(bucket)
+        near = kept_idx[(kept_idx >= bucket[0] - width) & (kept_idx <= bucket[-1] + width)]
+        assert y[bucket].max() <= y[near].max() and y[bucket].min() >= y[near].min()
+
+
+def test_a_spread_is_sampled_where_its_mean_is_so_the_band_follows_the_line() -> None:
+    rows = [{"reward/mean": float(i % 17), "reward/std": 0.1 * i} for i in range(5000)]
+    out = columns(list(range(5000)), rows, points=100)
+    assert out["reward/std"]["x"] == out["reward/mean"]["x"] and len(out["reward/mean"]["x"]) <= 100
+
+
+def _event(seq: int, size: int) -> dict[str, Any]:
+    return {"seq": seq, "type": "log", "step": seq, "time": 1.0, "data": {"message": "x" * size}}
+
+
+def test_pages_never_exceed_the_byte_budget_and_carry_every_event_once_in_order() -> None:
+    rng = np.random.default_rng(1)
+    events = [_event(i + 1, int(rng.integers(10, 40_000))) for i in range(600)]
+    budget = 100_000
+    pages = list(pages_by_size(events, budget))
+    assert [e["seq"] for page in pages for e in page] == list(range(1, 601))
+    sizes = [len(json.dumps({"type": "events", "events": page})) for page in pages]
+    assert max(sizes) <= budget
+    assert len(pages) < 600 / 2, "pages are filled, not one event each"
+
+
+def test_an_event_over_the_inline_limit_travels_as_a_stub_and_a_sample_always_does() -> None:
+    big = wire_message(_event(1, 200_000))
+    assert big["stub"] is True and big["data"] is None and big["bytes"] > 200_000
+    sample = wire_message({"seq": 2, "type": "samples", "step": 1, "time": 1.0, "data": {"trajectories": [{}]}})
+    assert sample["stub"] is True and sample["step"] == 1
+    small = _event(3, 10)
+    assert wire_message(small) is small
+    assert len(json.dumps({"type": "events", "events": [big, sample]})) < MESSAGE_BUDGET_BYTES
+
+
+def signed_in(user: Any) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.mark.django_db
+def test_series_json_of_a_long_job_is_downsampled_and_names_the_seq_it_covers(alice: Any, alice_job: Any) -> None:
+    last = seed_long_job(alice_job, 3000)
+    client = signed_in(alice)
+    started = time.perf_counter()
+    answer = client.get(f"/monitor/jobs/{alice_job.pk}/series.json?points=200").json()
+    elapsed = time.perf_counter() - started
+    assert answer["last_seq"] == last == 9000
+    reward = answer["metrics"]["reward/mean"]
+    assert 100 < len(reward["x"]) <= 200 and reward["x"] == sorted(reward["x"])
+    assert len(answer["metrics"]) >= 30
+    assert len(answer["resources"]["host/cpu_percent"]["x"]) <= 200
+    assert answer["samples"][:2] == [[1, 2], [2, 5]] and len(answer["samples"]) == 3000
+    assert answer["latest_resources"]["seq"] == 9000
+    assert elapsed < 5, elapsed
+    # A zoom: the chart's own metrics in the visible range, at full resolution.
+    zoom = client.get(f"/monitor/jobs/{alice_job.pk}/series.json?from=100&to=199&keys=reward_mean,reward_std").json()
+    assert set(zoom["metrics"]) == {"reward/mean", "reward/std"}
+    assert zoom["metrics"]["reward/mean"]["x"] == list(range(100, 200))
+    assert "samples" not in zoom
+
+
+@pytest.mark.django_db
+def test_one_sample_event_is_fetched_in_full_by_seq_and_only_by_its_team(alice: Any, bob: Any,
+                                                                         alice_job: Any) -> None:
+    append_events(alice_job.pk, [{"type": "samples", "step": 4, "trajectories": [{"reward": 1.0, "token_ids": [1]}]}])
+    answer = signed_in(alice).get(f"/monitor/jobs/{alice_job.pk}/events/1.json").json()
+    assert answer["step"] == 4 and answer["data"]["trajectories"][0]["reward"] == 1.0
+    assert signed_in(bob).get(f"/monitor/jobs/{alice_job.pk}/events/1.json").status_code == 404
+    assert signed_in(alice).get(f"/monitor/jobs/{alice_job.pk}/events/2.json").status_code == 404
+
+
+@pytest.mark.django_db
+def test_series_json_refuses_bad_parameters_naming_them(alice: Any, alice_job: Any) -> None:
+    client = signed_in(alice)
+    assert "points must be an integer" in client.get(f"/monitor/jobs/{alice_job.pk}/series.json?points=1").json()["error"]
+    assert "from= and to=" in client.get(f"/monitor/jobs/{alice_job.pk}/series.json?from=x").json()["error"]
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+async def test_a_history_of_large_events_reaches_the_socket_in_pages_under_the_byte_budget(
+        alice_job: Any, alice_cookie: Any) -> None:
+    from tests.webapp.monitor.test_monitor_consumer import append, communicator
+
+    trajectory = {"token_ids": list(range(3000)), "text": "t" * 20_000}
+    await append(alice_job.pk, [{"type": "log", "message": "m" * 50_000} for _ in range(12)]
+                 + [{"type": "samples", "step": s, "trajectories": [trajectory] * 4} for s in range(6)]
+                 + [{"type": "log", "message": "huge " * 30_000}])
+    comm = communicator(alice_job.pk, [alice_cookie])
+    assert (await comm.connect())[0]
+    assert (await comm.receive_json_from())["type"] == "hello"
+    seqs: list[int] = []
+    while True:
+        raw = await comm.receive_output(timeout=10)
+        text = raw["text"]
+        assert len(text.encode()) <= MESSAGE_BUDGET_BYTES, len(text)
+        message = json.loads(text)
+        if message["type"] == "live":
+            break
+        seqs.extend(e["seq"] for e in message["events"])
+        for e in message["events"]:
+            if e["type"] == "samples" or e["seq"] == 19:
+                assert e["stub"] is True and e["data"] is None
+            else:
+                assert e["data"]["message"].startswith("m")
+    assert seqs == list(range(1, 20))
+    await comm.disconnect()
