@@ -215,7 +215,8 @@ class Trainer:
         # The value head is inside the same module, so DDP averages and DeepSpeed shards and saves it too.
         self.update = make_update(config, Actor(self.model, self.value_head), self.optimizer, self.out, self.world)
         self.optimizer = self.update.optimizer
-        self.zero3 = bool(config.deepspeed) and dist.zero_stage(dist.read_deepspeed_config(config.deepspeed)) == 3
+        self.zero3 = (config.deepspeed is not None
+                      and dist.zero_stage(dist.read_deepspeed_config(config.deepspeed)) == 3)
         # ZeRO-3 gathers parameters in every forward, a collective: all ranks must make the same number of
         # forward calls, so the shared-prefix trick (one more call when a batch's rows share a long prompt) is off.
         self.share_prefix = not self.zero3
@@ -623,10 +624,15 @@ class Trainer:
         state: RunState = "succeeded"
         try:
             while self.step < cfg.steps:
-                if should_stop is not None and should_stop():
+                # Decided together: a rank that stopped alone would leave the others waiting in a collective.
+                stop, over = dist.all_reduce_max(torch.tensor([
+                    float(should_stop is not None and should_stop()),
+                    float(cfg.max_minutes is not None and time.perf_counter() - start > cfg.max_minutes * 60)],
+                    dtype=torch.float64)).tolist()
+                if stop:
                     state = "cancelled"
                     break
-                if cfg.max_minutes is not None and time.perf_counter() - start > cfg.max_minutes * 60:
+                if over:
                     self.events.log(self.step, f"time budget of {cfg.max_minutes} minutes reached")
                     break
                 last = self.train_step()
@@ -702,5 +708,10 @@ class _Progress:
 
 def train(config: Config, sinks: Sequence[Sink] = (), resume: str | os.PathLike[str] | None = None,
           should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
-    """Train with ``config``, streaming events to ``sinks`` (plus ``<output_dir>/events.jsonl``)."""
-    return Trainer(config, sinks=sinks, resume=resume).train(should_stop=should_stop)
+    """Train with ``config``, streaming events to ``sinks`` (plus ``<output_dir>/events.jsonl``); under a
+    launcher this is one rank of the run, and the process group is left when it ends."""
+    try:
+        return Trainer(config, sinks=sinks, resume=resume).train(should_stop=should_stop)
+    finally:
+        if dist.world_size() > 1:
+            dist.destroy_process_group()
