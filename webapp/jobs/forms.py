@@ -93,6 +93,9 @@ class LaunchForm(forms.Form):
     resources = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
                                 help_text='Pool sizes per resource as JSON, e.g. {"python": {"max": 4}}.')
     queue = forms.ChoiceField(choices=Queue.choices, initial=Queue.CPU)
+    gpus = forms.IntegerField(min_value=1, max_value=64, initial=1, label="Ranks (GPUs)",
+                              help_text="Data-parallel ranks of the job, one process each: GPUs on the gpu queue, "
+                                        "CPU processes on the cpu queue. They must divide the prompts per step.")
     launch_key = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
@@ -167,6 +170,7 @@ class LaunchForm(forms.Form):
             self.check_eval_path(data.get("eval_path", ""))
         self.check_resource_names(data)
         self.check_queue_has_worker(data.get("queue"))
+        self.check_ranks(data)
         algorithm = data.get("algorithm")
         group = data.get("group_size")
         if algorithm in ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp_baseline") and group is not None and group < 2:
@@ -229,6 +233,8 @@ class LaunchForm(forms.Form):
             },
             "algorithm": {"name": d["algorithm"]},
             "optim": {"lr": d["learning_rate"]},
+            # Not a trainer key: the worker turns it into a torchrun process group (webapp.jobs.body).
+            **({"ranks": d["gpus"]} if d.get("gpus", 1) > 1 else {}),
         }
 
     def check_eval_path(self, path: str) -> None:
@@ -262,6 +268,29 @@ class LaunchForm(forms.Form):
             self.add_error("queue", "No GPU worker is running, so this job would wait forever; choose the cpu "
                                     "queue, or start one on a GPU host: celery -A webapp worker -Q gpu.")
 
+    def check_ranks(self, data: dict[str, Any]) -> None:
+        """Each rank rolls out ``prompts_per_step / gpus`` prompts, and the queue's workers must have the
+        devices: asked of them (``webapp.jobs.queues.most_ranks``), so a job never waits for a host that
+        does not exist."""
+        ranks, prompts, queue = data.get("gpus"), data.get("prompts_per_step"), data.get("queue")
+        if ranks is None or ranks == 1:
+            return
+        if prompts is not None and prompts % ranks:
+            self.add_error("gpus", f"{ranks} ranks cannot share {prompts} prompts per step evenly (a group of "
+                                   f"rollouts never straddles ranks); use a number of ranks that divides {prompts}, "
+                                   f"or make the prompts per step a multiple of {ranks}.")
+            return
+        if queue is None:
+            return
+        from webapp.jobs.queues import most_ranks
+
+        have = most_ranks(queue)
+        what = "GPUs" if queue == Queue.GPU else "CPU cores"
+        if have < ranks:
+            self.add_error("gpus", f"The workers of the {queue} queue report at most {have} {what} on one host; ask "
+                                   f"for {max(have, 1)} ranks or fewer, or start a worker on a host with {ranks} "
+                                   f"{what}: celery -A webapp worker -Q {queue}.")
+
     def validate_with_trainer(self) -> None:
         """Let the trainer's own config check the combination, where the trainer is installed."""
         try:
@@ -269,6 +298,6 @@ class LaunchForm(forms.Form):
         except ImportError:
             return
         try:
-            from_dict(Config, self.trainer_config()).validate()
+            from_dict(Config, {k: v for k, v in self.trainer_config().items() if k != "ranks"}).validate()
         except ConfigError as exc:
             self.add_error(None, f"The trainer refuses this configuration: {exc}")

@@ -15,6 +15,7 @@ from typing import Any
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.worker.control import inspect_command
 from django.conf import settings
 from django.db import connection
 
@@ -134,6 +135,14 @@ def run_job(job_id: int) -> str:
         heartbeat.stop()
     actions.finish_job(job_id, status, error=error, final_metrics=outcome.final_metrics)
     return status
+
+
+@inspect_command()
+def agentfly_devices(state: Any) -> dict[str, int]:
+    """Answers ``webapp.jobs.queues.most_ranks``: this worker's GPUs and CPU cores (a job's ranks)."""
+    from webapp.jobs.queues import local_devices
+
+    return local_devices()
 
 
 @shared_task(name="webapp.jobs.tasks.fail_stale_jobs", ignore_result=True)
