@@ -63,7 +63,7 @@ def local_devices() -> dict[str, int]:
     return {"gpus": gpus, "cpus": os.cpu_count() or 1}
 
 
-def most_ranks(queue: str, timeout: float = 1.0) -> int:
+def most_ranks(queue: str, timeout: float = 3.0) -> int:
     """The most ranks one job on ``queue`` can get, as the workers consuming it report (``agentfly_devices``):
     GPUs on the ``gpu`` queue, CPU cores elsewhere; 0 when no worker answers. Cached like ``queue_has_worker``."""
     now = time.monotonic()
@@ -73,8 +73,11 @@ def most_ranks(queue: str, timeout: float = 1.0) -> int:
     from webapp.celery import app
 
     try:
-        consumers = app.control.inspect(timeout=timeout).active_queues() or {}
-        replies = app.control.broadcast("agentfly_devices", reply=True, timeout=timeout) or []
+        inspect = app.control.inspect(timeout=timeout)
+        consumers = inspect.active_queues() or {}
+        # The custom inspect command of webapp.jobs.tasks, asked the way Inspect asks its own (a bare
+        # control.broadcast got no replies from the test workers).
+        replies = [inspect._request("agentfly_devices") or {}]
     except Exception:
         log.warning("could not ask the workers what devices they have", exc_info=True)
         return 0
