@@ -70,6 +70,20 @@ def test_a_2_rank_cpu_job_trains_on_the_worker_with_rank_0s_events_stored_once(
     assert {p.name for p in latest.glob("rank-*.pt")} == {"rank-00000.pt", "rank-00001.pt"}
 
 
+def test_the_launch_form_asks_for_ranks_and_a_form_without_them_launches_one_rank(
+        alice_client: Any, team_a: Any) -> None:
+    from django.urls import reverse
+
+    from tests.webapp.factories import builtin_entries, launch_data
+
+    page = alice_client.get(reverse("jobs:launch")).content.decode()
+    assert 'name="gpus"' in page
+    tool, reward = builtin_entries()
+    response = alice_client.post(reverse("jobs:launch"), launch_data(team_a, tool, reward))
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert "ranks" not in TrainingJob.objects.get().config
+
+
 def test_ranks_that_do_not_divide_the_prompts_are_refused_on_the_field(
         alice_api: Any, builtins: dict[str, Any]) -> None:
     errors = launch(alice_api, builtins, expect=400, gpus=3, prompts_per_step=4)

@@ -93,7 +93,7 @@ class LaunchForm(forms.Form):
     resources = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
                                 help_text='Pool sizes per resource as JSON, e.g. {"python": {"max": 4}}.')
     queue = forms.ChoiceField(choices=Queue.choices, initial=Queue.CPU)
-    gpus = forms.IntegerField(min_value=1, max_value=64, initial=1, label="Ranks (GPUs)",
+    gpus = forms.IntegerField(min_value=1, max_value=64, initial=1, required=False, label="Ranks (GPUs)",
                               help_text="Data-parallel ranks of the job, one process each: GPUs on the gpu queue, "
                                         "CPU processes on the cpu queue. They must divide the prompts per step.")
     launch_key = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
@@ -120,6 +120,9 @@ class LaunchForm(forms.Form):
 
     def clean_eval_path(self) -> str:
         return allowed_path(self.cleaned_data.get("eval_path", ""))
+
+    def clean_gpus(self) -> int:
+        return self.cleaned_data.get("gpus") or 1  # left empty: one rank, as before the field existed
 
     def clean_resources(self) -> dict[str, Any]:
         text = self.cleaned_data.get("resources", "").strip()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Any
 
 from django.conf import settings
 
@@ -72,18 +73,18 @@ def most_ranks(queue: str, timeout: float = 3.0) -> int:
         return hit[1]
     from webapp.celery import app
 
-    try:
-        inspect = app.control.inspect(timeout=timeout)
-        consumers = inspect.active_queues() or {}
-        # The custom inspect command of webapp.jobs.tasks, asked the way Inspect asks its own (a bare
-        # control.broadcast got no replies from the test workers).
-        replies = [inspect._request("agentfly_devices") or {}]
-    except Exception:
-        log.warning("could not ask the workers what devices they have", exc_info=True)
-        return 0
-    reported = {name: devices for reply in replies for name, devices in reply.items() if isinstance(devices, dict)}
+    replies: dict[str, Any] = {}
+    for _ in range(2):  # a loaded worker may miss one short window; a second ask costs only on refusal
+        try:
+            # The custom inspect command of webapp.jobs.tasks, asked the way Inspect asks its own commands.
+            replies = app.control.inspect(timeout=timeout)._request("agentfly_devices") or {}
+        except Exception:
+            log.warning("could not ask the workers what devices they have", exc_info=True)
+        if replies:
+            break
     key = "gpus" if queue == "gpu" else "cpus"
-    best = max((int(reported.get(name, {}).get(key, 0)) for name, queues in consumers.items()
-                if any(q["name"] == queue for q in queues or [])), default=0)
-    _devices[queue] = (now, best)
+    best = max((int(r.get(key, 0)) for r in replies.values() if isinstance(r, dict) and queue in r.get("queues", [])),
+               default=0)
+    if best:  # no answer is not cached: a worker that was busy answers the next launch
+        _devices[queue] = (now, best)
     return best

@@ -138,11 +138,13 @@ def run_job(job_id: int) -> str:
 
 
 @inspect_command()
-def agentfly_devices(state: Any) -> dict[str, int]:
-    """Answers ``webapp.jobs.queues.most_ranks``: this worker's GPUs and CPU cores (a job's ranks)."""
+def agentfly_devices(state: Any) -> dict[str, Any]:
+    """Answers ``webapp.jobs.queues.most_ranks``: the queues this worker consumes, and its GPUs and CPU
+    cores (what one job's ranks can have here)."""
     from webapp.jobs.queues import local_devices
 
-    return local_devices()
+    queues = [q.name for q in state.consumer.task_consumer.queues]
+    return {"queues": queues, **local_devices()}
 
 
 @shared_task(name="webapp.jobs.tasks.fail_stale_jobs", ignore_result=True)
