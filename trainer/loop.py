@@ -37,7 +37,15 @@ import torch
 from trainer import algorithms as algos
 from trainer import distributed as dist
 from trainer.batch import Batch, agg_denominator, collate, forward, trim
-from trainer.builders import DataCursor, build_agent, build_engine, load_policy, load_samples, setup_torch
+from trainer.builders import (
+    DataCursor,
+    build_agent,
+    build_engine,
+    ensure_tiny,
+    load_policy,
+    load_samples,
+    setup_torch,
+)
 from trainer.checkpoint import load_state, partial_path, rng_state, save_checkpoint, set_rng_state
 from trainer.config import Config, ConfigError, save_config
 from trainer.events import EventStream, JSONLSink, RunState, Sink, TensorBoardSink
@@ -197,6 +205,10 @@ class Trainer:
         if self.device.type == "cuda" and self.world > 1:
             self.device = torch.device("cuda", dist.local_rank())
         self.events.status(0, "running", f"loading {config.model.path}")
+        if self.world > 1 and config.model.build_tiny:
+            if self.main:
+                ensure_tiny(config)
+            dist.barrier()  # the other ranks load what rank 0 built (and reuse it: same settings)
         self.model, self.tokenizer = load_policy(config, self.device)
         self.ref_model = None
         if config.algorithm.kl_coef > 0:

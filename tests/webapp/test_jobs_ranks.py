@@ -115,8 +115,8 @@ def test_cancel_reaches_every_rank_and_a_dead_rank_fails_the_job_which_resumes_f
 
     # A rank killed mid-run: torchrun stops the other, the job fails within the heartbeat window.
     resumed = alice_api.post(f"/api/jobs/{job['id']}/resume/").json()
-    wait_for(lambda: alice_api.get(f"/api/jobs/{resumed['id']}/").json()["step"] > done["step"], 240,
-             "the resumed job's first step", 0.5)
+    wait_for(lambda: TrainingJob.objects.get(pk=resumed["id"]).checkpoints.filter(step__gt=done["step"]).exists(),
+             240, "the resumed job's first checkpoint", 0.3)
     second_dir = paths.job_dir(TrainingJob.objects.get(pk=resumed["id"]))
     pids = wait_for(lambda: rank_pids(second_dir), 30, "the ranks")
     os.kill(pids[-1], signal.SIGKILL)

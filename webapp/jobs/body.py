@@ -10,6 +10,7 @@ process never calls it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,10 +161,15 @@ def run_ranks(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink]
         out_file.close()
     out = result_file.read_text(errors="replace")
     if proc.returncode != 0:
-        tail = (output_dir / "ranks.log").read_text(errors="replace")[-1500:]
+        text = (output_dir / "ranks.log").read_text(errors="replace")
+        # The rank's own error, not torchrun's summary of it (which names only the exit code).
+        errors = [line.strip() for line in text.splitlines()
+                  if re.match(r"^\s*(\[rank\d+\]:)?\s*[\w.]+(Error|Exception|Interrupt): ", line)
+                  and "ChildFailedError" not in line]
+        cause = errors[-1] if errors else f"...{text[-800:]}"
         raise RuntimeError(f"a rank of the {ranks}-rank run failed (torchrun exit {proc.returncode}), so torchrun "
                            f"stopped the others; the last checkpoint is kept, resume the job to continue. "
-                           f"Output: ...{tail}")
+                           f"Cause: {cause} (all output: {output_dir / 'ranks.log'})")
     lines = [line for line in out.splitlines() if line.startswith("{")]
     result = json.loads(lines[-1]) if lines else {}
     return Outcome(cancelled=result.get("state") == "cancelled", final_metrics=dict(watcher.last_metrics),
