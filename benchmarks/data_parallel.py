@@ -1,7 +1,7 @@
 """Data parallelism: trajectories per second and trained tokens per second of 2 ranks x 1 thread against 1 rank x 1 thread, same total batch.
 
     python benchmarks/data_parallel.py
-    python benchmarks/data_parallel.py --steps 6 --prompts 16 --group 4
+    python benchmarks/data_parallel.py --prompts 8         # a small batch: overheads dominate
 
 Both runs are the real command line on the tiny model with the HF engine sampling (calculator task, its
 tools and reward), one torch thread per process: ``python -m trainer.cli train`` for one rank, and
@@ -60,8 +60,8 @@ def run(ranks: int, model: Path, out: Path, args: argparse.Namespace) -> dict[st
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=5, help="training steps per run (the first is not counted)")
-    ap.add_argument("--prompts", type=int, default=8, help="prompts per step, in total over the ranks")
+    ap.add_argument("--steps", type=int, default=4, help="training steps per run (the first is not counted)")
+    ap.add_argument("--prompts", type=int, default=32, help="prompts per step, in total over the ranks")
     ap.add_argument("--group", type=int, default=4, help="rollouts per prompt")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="agentfly-dp-") as tmp:
