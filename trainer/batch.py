@@ -62,14 +62,15 @@ def trim(batch: Batch, width: int) -> Batch:
                  batch.rollout_logprobs[:, : width - 1], batch.rewards, batch.group_ids)
 
 
-def agg_denominator(mask: torch.Tensor, mode: str) -> float:
+def agg_denominator(mask: torch.Tensor, mode: str, minimum: float = 1.0) -> float:
     """What ``aggregate_loss`` divides by for ``mode``: trained tokens, sequences with trained tokens, or
-    rows (``seq-mean-token-sum-norm``'s constant length cancels between micro-batch and minibatch)."""
+    rows (``seq-mean-token-sum-norm``'s constant length cancels between micro-batch and minibatch).
+    ``minimum=0`` gives the raw count, for summing over ranks before the floor is applied."""
     if mode == "token-mean":
-        return float(mask.sum().clamp(min=1))
+        return max(float(mask.sum()), minimum)
     if mode == "seq-mean-token-sum-norm":
-        return float(mask.shape[0])
-    return float((mask.sum(-1) > 0).sum().clamp(min=1))
+        return max(float(mask.shape[0]), minimum)
+    return max(float((mask.sum(-1) > 0).sum()), minimum)
 
 
 def shared_prefix_length(batch: Batch, loss_mask_start: int, minimum: int = 16) -> int:

@@ -56,11 +56,7 @@ def import_object(spec: str, what: str) -> Any:
 
 def load_policy(config: Config, device: torch.device, path: str | None = None) -> tuple[Any, Any]:
     """The policy module and tokenizer from ``model.path`` (building the tiny model there if asked to)."""
-    import dataclasses
-
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from agentfly.models.tiny import STAMP, build_tiny
 
     path = path or config.model.path
     if (Path(path) / "adapter_config.json").is_file():
@@ -68,9 +64,8 @@ def load_policy(config: Config, device: torch.device, path: str | None = None) -
     if not Path(path).is_dir() and not config.model.build_tiny:
         raise FileNotFoundError(f"model.path {path!r} does not exist; point it at a local model directory "
                                 "or set model.build_tiny=true to build the tiny CPU model there")
-    if config.model.build_tiny and (not Path(path).is_dir() or (Path(path) / STAMP).is_file()):
-        # A tiny build with other settings is rebuilt; one with the same settings is reused as it is.
-        build_tiny(path, seed=config.model.tiny_seed, **dataclasses.asdict(config.model.tiny))
+    if config.model.build_tiny:
+        ensure_tiny(config, path)
     dtype = getattr(torch, config.model.dtype)
     loaded: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     model = loaded.to(device)
@@ -80,6 +75,19 @@ def load_policy(config: Config, device: torch.device, path: str | None = None) -
     if config.model.lora.enabled:
         model = apply_lora(model, config)
     return model, tokenizer
+
+
+def ensure_tiny(config: Config, path: str | None = None) -> None:
+    """Build the tiny model at ``model.path`` (a build with other settings is rebuilt; one with the same
+    settings is reused as it is). Under a launcher rank 0 builds it first and the others wait, so ranks never
+    write the same files at once."""
+    import dataclasses
+
+    from agentfly.models.tiny import STAMP, build_tiny
+
+    path = path or config.model.path
+    if not Path(path).is_dir() or (Path(path) / STAMP).is_file():  # never over a model that is not a tiny build
+        build_tiny(path, seed=config.model.tiny_seed, **dataclasses.asdict(config.model.tiny))
 
 
 def _load_lora_checkpoint(path: Path, config: Config, device: torch.device) -> tuple[Any, Any]:

@@ -10,6 +10,10 @@ Layout under the run directory::
     checkpoint-best   -> checkpoint-000020      (symlink; best eval accuracy)
 
 Only the last ``keep_last`` checkpoints and the best one are kept.
+
+A data-parallel run adds what is each rank's own: ``rank-00001.pt`` (RNG states) for every rank, and under
+DeepSpeed ``deepspeed/`` (DeepSpeed's checkpoint: each rank's ZeRO optimizer slice, module states); rank 0
+writes the rest, so the Hugging Face weights are whole whatever the ZeRO stage.
 """
 
 from __future__ import annotations
@@ -60,16 +64,22 @@ def save_checkpoint(
     extra_modules: dict[str, torch.nn.Module] | None = None,
     score: float | None = None,
     keep_last: int = 2,
+    weights: dict[str, torch.Tensor] | None = None,
+    started: bool = False,
 ) -> Path:
     """Write ``checkpoint-{step}``, move ``checkpoint-latest`` (and ``checkpoint-best`` when ``score`` is the
-    best so far) and prune old ones. ``state`` holds optimizer/scheduler/data state; RNG states are added."""
+    best so far) and prune old ones. ``state`` holds optimizer/scheduler/data state; RNG states are added.
+
+    ``weights``: the full state dict to write (gathered from ZeRO-3 slices) instead of the module's own.
+    ``started``: ``partial_path`` was already made and holds the other ranks' files (kept, not wiped)."""
     run_dir = Path(run_dir)
     path = run_dir / f"checkpoint-{step:06d}"
-    tmp = run_dir / f".checkpoint-{step:06d}.partial"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    tmp = partial_path(run_dir, step)
+    if not started:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": weights} if weights is not None else {}))
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     full = dict(state, step=step, rng=rng_state(), score=score)
@@ -86,6 +96,11 @@ def save_checkpoint(
         _point(run_dir / "checkpoint-best", path)
     _prune(run_dir, keep_last)
     return path
+
+
+def partial_path(run_dir: str | os.PathLike[str], step: int) -> Path:
+    """Where ``checkpoint-{step}`` is written before it is complete (then renamed in one move)."""
+    return Path(run_dir) / f".checkpoint-{step:06d}.partial"
 
 
 def _prune(run_dir: Path, keep_last: int) -> None:

@@ -70,12 +70,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.help_config:
         print("\n".join(describe()))
         return 0
+    from trainer.distributed import is_main_process
     from trainer.loop import train
 
     config = _load(args)
-    result = train(config, resume=args.resume)
-    print(json.dumps({"checkpoint": result["checkpoint"], "step": result["step"], "state": result["state"],
-                      "eval/accuracy": result["metrics"].get("eval/accuracy")}))
+    stop = Path(args.stop_file) if args.stop_file else None
+    result = train(config, resume=args.resume, should_stop=(lambda: stop.exists()) if stop else None)
+    if is_main_process():  # one line per run, not per rank
+        print(json.dumps({"checkpoint": result["checkpoint"], "step": result["step"], "state": result["state"],
+                          "eval/accuracy": result["metrics"].get("eval/accuracy")}))
     return 0
 
 
@@ -146,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train through deepspeed.initialize with this DeepSpeed config (ZeRO 1/2/3, bf16); "
                         "launch with `deepspeed` or `torchrun` for several GPUs (same as --set deepspeed=...)")
     p.add_argument("--help-config", action="store_true", help="list every config key with its help and exit")
+    p.add_argument("--stop-file", default=None, metavar="PATH",
+                   help="stop between steps (with a checkpoint) once PATH exists; every rank checks it together")
+    # The `deepspeed` launcher passes --local_rank to every rank; LOCAL_RANK in the environment says the same.
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="greedy held-out accuracy of a checkpoint")

@@ -112,6 +112,64 @@ def all_reduce_mean(value: float | torch.Tensor) -> float:
     return float(tensor) / world_size()
 
 
+def _active() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized() and world_size() > 1
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """The element-wise sum of ``tensor`` over all ranks (the tensor itself in a single process).
+
+    Sums and counts are what ranks reduce, never means: a mean of per-rank means weighs a rank with few
+    tokens as much as one with many, and the N-rank loss would no longer be the one-process loss."""
+    if not _active():
+        return tensor
+    out = tensor.detach().clone()
+    if torch.distributed.get_backend() == "nccl":
+        out = out.cuda()
+    torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.SUM)
+    return out.to(tensor.device)
+
+
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    """The element-wise maximum over all ranks (stage times: a step waits for its slowest rank)."""
+    if not _active():
+        return tensor
+    out = tensor.detach().clone()
+    if torch.distributed.get_backend() == "nccl":
+        out = out.cuda()
+    torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.MAX)
+    return out.to(tensor.device)
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order (``[obj]`` in a single process)."""
+    if not _active():
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def check_world(config: Any, world: int, *, colocated_hf: bool) -> None:
+    """Refuse, before anything is built, a launch whose ranks could not compute the one-process step.
+
+    ``config``: the trainer's ``Config``; ``colocated_hf``: the rollout engine shares the trainer's module."""
+    from trainer.config import ConfigError
+
+    prompts = config.rollout.prompts_per_step
+    if prompts % world:
+        raise ConfigError(
+            f"rollout.prompts_per_step={prompts} is not divisible by the {world} ranks of this launch (a group of "
+            f"rollouts never straddles ranks); set rollout.prompts_per_step to a multiple of {world}, or launch "
+            f"a number of ranks that divides {prompts} (torchrun --nproc_per_node)")
+    if world > 1 and colocated_hf and config.deepspeed and zero_stage(read_deepspeed_config(config.deepspeed)) == 3:
+        raise ConfigError(
+            f"deepspeed={config.deepspeed!r} is ZeRO-3, and engine=hf generates with the trainer's own module: "
+            "ZeRO-3 re-partitions it after every forward, so ranks whose rollouts take different numbers of "
+            "decode steps deadlock; use ZeRO-2 (examples/deepspeed/zero2_bf16.json) with engine=hf, or "
+            "engine=vllm (its own copy of the weights, gathered after every update) with ZeRO-3")
+
+
 def destroy_process_group() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

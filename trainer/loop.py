@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,12 +35,21 @@ import numpy as np
 import torch
 
 from trainer import algorithms as algos
+from trainer import distributed as dist
 from trainer.batch import Batch, agg_denominator, collate, forward, trim
-from trainer.builders import DataCursor, build_agent, build_engine, load_policy, load_samples, setup_torch
-from trainer.checkpoint import load_state, save_checkpoint, set_rng_state
-from trainer.config import Config, save_config
+from trainer.builders import (
+    DataCursor,
+    build_agent,
+    build_engine,
+    ensure_tiny,
+    load_policy,
+    load_samples,
+    setup_torch,
+)
+from trainer.checkpoint import load_state, partial_path, rng_state, save_checkpoint, set_rng_state
+from trainer.config import Config, ConfigError, save_config
 from trainer.events import EventStream, JSONLSink, RunState, Sink
-from trainer.optim import make_scheduler, make_update
+from trainer.optim import Actor, DeepSpeedUpdate, make_scheduler, make_update
 from trainer.trackers import tracker_sinks
 
 if TYPE_CHECKING:
@@ -77,23 +88,35 @@ class StageTimer:
             self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - start
 
 
+def summary(t: Trajectory) -> dict[str, Any]:
+    """The few numbers of a trajectory its metrics need (what ranks exchange, not the whole trajectory)."""
+    return {"reward": t.reward, "length": t.num_trained_tokens, "turns": t.num_turns, "tool_calls": len(t.tool_calls),
+            "tool_errors": t.tool_errors, "parse_errors": t.parse_errors, "error": t.error is not None,
+            "finish": t.finish_reason}
+
+
 def rollout_metrics(trajectories: Sequence[Trajectory], prefix: str = "") -> dict[str, float]:
     """Reward and behaviour statistics of a set of trajectories."""
-    rewards = np.array([t.reward for t in trajectories], dtype=np.float64)
-    lengths = np.array([t.num_trained_tokens for t in trajectories], dtype=np.float64)
+    return summary_metrics([summary(t) for t in trajectories], prefix)
+
+
+def summary_metrics(rows: Sequence[dict[str, Any]], prefix: str = "") -> dict[str, float]:
+    """``rollout_metrics`` of trajectories given by their ``summary`` (gathered from every rank)."""
+    rewards = np.array([r["reward"] for r in rows], dtype=np.float64)
+    lengths = np.array([r["length"] for r in rows], dtype=np.float64)
     out = {
         f"{prefix}reward/mean": float(rewards.mean()), f"{prefix}reward/std": float(rewards.std()),
         f"{prefix}reward/min": float(rewards.min()), f"{prefix}reward/max": float(rewards.max()),
         f"{prefix}accuracy": float((rewards >= 1.0 - 1e-9).mean()),
         f"{prefix}response_length/mean": float(lengths.mean()), f"{prefix}response_length/max": float(lengths.max()),
-        f"{prefix}turns/mean": float(np.mean([t.num_turns for t in trajectories])),
-        f"{prefix}tool_calls/mean": float(np.mean([len(t.tool_calls) for t in trajectories])),
-        f"{prefix}tool_errors/mean": float(np.mean([t.tool_errors for t in trajectories])),
-        f"{prefix}parse_errors/mean": float(np.mean([t.parse_errors for t in trajectories])),
-        f"{prefix}rollout_errors": float(sum(t.error is not None for t in trajectories)),
+        f"{prefix}turns/mean": float(np.mean([r["turns"] for r in rows])),
+        f"{prefix}tool_calls/mean": float(np.mean([r["tool_calls"] for r in rows])),
+        f"{prefix}tool_errors/mean": float(np.mean([r["tool_errors"] for r in rows])),
+        f"{prefix}parse_errors/mean": float(np.mean([r["parse_errors"] for r in rows])),
+        f"{prefix}rollout_errors": float(sum(r["error"] for r in rows)),
     }
     for reason in ("answer", "max_turns", "length", "error"):
-        out[f"{prefix}finish/{reason}"] = float(np.mean([t.finish_reason == reason for t in trajectories]))
+        out[f"{prefix}finish/{reason}"] = float(np.mean([r["finish"] == reason for r in rows]))
     return out
 
 
@@ -136,19 +159,61 @@ class MicroBatch:
     measure_mismatch: bool  # the first minibatch measures rollout-vs-trainer logprobs
 
 
-class Trainer:
-    """Owns the policy module, the engine that shares it, the optimizer and the event stream of one run."""
+def _reduce_metrics(values: dict[str, float]) -> dict[str, float]:
+    """The mean over ranks of per-rank metrics that are each already a share of the whole batch's value
+    (weighted by the global denominators, times the world size), so their mean is the one-process value;
+    ``*_max`` metrics (the off-policy weights' maximum) are the maximum over ranks."""
+    keys = sorted(k for k in values if not k.endswith("_max"))
+    maxima = sorted(k for k in values if k.endswith("_max"))  # a maximum's one-process value is the max
+    world = dist.world_size()
+    reduced: dict[str, float] = {}
+    if keys:
+        summed = dist.all_reduce_sum(torch.tensor([values[k] for k in keys], dtype=torch.float64))
+        reduced.update({k: float(v) / world for k, v in zip(keys, summed.tolist(), strict=True)})
+    if maxima:
+        top = dist.all_reduce_max(torch.tensor([values[k] for k in maxima], dtype=torch.float64))
+        reduced.update({k: float(v) for k, v in zip(maxima, top.tolist(), strict=True)})
+    return reduced
 
-    def __init__(self, config: Config, sinks: Sequence[Sink] = (), resume: str | os.PathLike[str] | None = None
-                 ) -> None:
+
+class Trainer:
+    """Owns the policy module, the engine that shares it, the optimizer and the event stream of one run.
+
+    Under a launcher (``torchrun``, ``deepspeed``) each of the N ranks builds one: every rank rolls out its
+    own ``prompts_per_step / N`` prompts of the shared data order, the losses' denominators, whole-batch
+    statistics and metrics are reduced across ranks, gradients are averaged by DDP or DeepSpeed, and rank 0
+    alone emits events, evaluates and writes the Hugging Face weights.
+
+    engine: a rollout engine built by the caller (e.g. a ``ReplayEngine`` for scripted rollouts) instead of
+    the one ``config.engine`` names.
+    """
+
+    def __init__(self, config: Config, sinks: Sequence[Sink] = (), resume: str | os.PathLike[str] | None = None,
+                 engine: Engine | None = None) -> None:
         self.config = config
+        self.world, self.rank = dist.world_size(), dist.rank()
+        # Refused before anything is loaded: a launch that cannot compute the one-process step.
+        dist.check_world(config, self.world, colocated_hf=engine is None and config.engine == "hf")
+        if resume is not None:
+            self._check_resume_world(resume)
+        if self.world > 1:
+            dist.init_process_group()
+        self.main = self.rank == 0
         self.out = Path(config.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        save_config(config, self.out / "config.yaml")
-        all_sinks: list[Sink] = [JSONLSink(self.out / "events.jsonl"), *sinks, *tracker_sinks(config, self.out)]
+        all_sinks: list[Sink] = []
+        if self.main:  # one writer: the other ranks' events would be copies of rank 0's
+            save_config(config, self.out / "config.yaml")
+            all_sinks = [JSONLSink(self.out / "events.jsonl"), *sinks, *tracker_sinks(config, self.out)]
         self.events = EventStream(all_sinks, run=self.out.name)
         self.device = setup_torch(config)
+        if self.device.type == "cuda" and self.world > 1:
+            self.device = torch.device("cuda", dist.local_rank())
         self.events.status(0, "running", f"loading {config.model.path}")
+        if self.world > 1 and config.model.build_tiny:
+            if self.main:
+                ensure_tiny(config)
+            dist.barrier()  # the other ranks load what rank 0 built (and reuse it: same settings)
         self.model, self.tokenizer = load_policy(config, self.device)
         self.ref_model = None
         if config.algorithm.kl_coef > 0:
@@ -163,10 +228,17 @@ class Trainer:
         self.optimizer: Any = torch.optim.AdamW(params, lr=o.lr, betas=(o.betas[0], o.betas[1]), eps=o.eps,
                                                 weight_decay=o.weight_decay)
         self.scheduler = make_scheduler(self.optimizer, config)
-        # Plain torch or DeepSpeed, chosen once: the update stage steps through `self.update` either way.
-        self.update = make_update(config, self.model, self.optimizer, self.out)
+        # Plain torch, DDP or DeepSpeed, chosen once: the update stage steps through `self.update` either way.
+        # The value head is inside the same module, so DDP averages and DeepSpeed shards and saves it too.
+        self.update = make_update(config, Actor(self.model, self.value_head), self.optimizer, self.out, self.world)
         self.optimizer = self.update.optimizer
-        self.engine: Engine = build_engine(config, self.model, self.tokenizer)
+        self.zero3 = (config.deepspeed is not None
+                      and dist.zero_stage(dist.read_deepspeed_config(config.deepspeed)) == 3)
+        # ZeRO-3 gathers parameters in every forward, a collective: all ranks must make the same number of
+        # forward calls, so the shared-prefix trick (one more call when a batch's rows share a long prompt) is off.
+        self.share_prefix = not self.zero3
+        self.engine: Engine = engine if engine is not None else build_engine(config, self.model, self.tokenizer)
+        self.separate_engine = engine is not None or config.engine != "hf"  # holds its own copy of the weights
         self.agent: Agent = build_agent(config, self.engine)
         # build_agent gives the agent build_resources' engine (or none): the trainer reports and closes it.
         self.resources = cast("ResourceEngine | None", self.agent.runner.resources)
@@ -181,6 +253,14 @@ class Trainer:
             self._resume(resume)
 
     # -------------------------------------------------------------------------------------- resume / save
+    def _check_resume_world(self, path: str | os.PathLike[str]) -> None:
+        saved = int(load_state(path).get("world_size", 1))
+        if saved != self.world and self.config.deepspeed:
+            raise ConfigError(
+                f"checkpoint {path} was saved by {saved} DeepSpeed ranks and this launch has {self.world}: each "
+                f"rank's ZeRO optimizer slice cannot be resharded here; resume with {saved} ranks (torchrun "
+                f"--nproc_per_node {saved}), or start a new run from its weights (--set model.path={path})")
+
     def _resume(self, path: str | os.PathLike[str]) -> None:
         from safetensors.torch import load_file
 
@@ -188,6 +268,16 @@ class Trainer:
 
         ckpt = resolve(path)
         state = load_state(ckpt)
+        if isinstance(self.update, DeepSpeedUpdate):
+            if not (ckpt / "deepspeed").is_dir():
+                raise ConfigError(f"checkpoint {ckpt} has no DeepSpeed state (it was saved without deepspeed=); "
+                                  f"resume it without deepspeed=, or start a new run from its weights "
+                                  f"(--set model.path={ckpt})")
+            # DeepSpeed's own checkpoint: module (policy and value head) and this rank's optimizer slice.
+            self.update.engine.load_checkpoint(str(ckpt / "deepspeed"), tag="state", load_optimizer_states=True,
+                                               load_lr_scheduler_states=False)
+            self._resume_rest(ckpt, state)
+            return
         if (ckpt / "adapter_model.safetensors").is_file():  # LoRA: the checkpoint holds the adapters only
             from peft import set_peft_model_state_dict
 
@@ -204,27 +294,58 @@ class Trainer:
             raise ValueError(f"checkpoint {ckpt} does not match model.path={self.config.model.path!r}: "
                              f"missing {missing[:3]}, unexpected {unexpected[:3]}")
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.cursor.load_state_dict(state["data"])
         if self.value_head is not None and "value_head" in state.get("extra_modules", {}):
             self.value_head.load_state_dict(state["extra_modules"]["value_head"])
+        self._resume_rest(ckpt, state)
+
+    def _resume_rest(self, ckpt: Path, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.cursor.load_state_dict(state["data"])
         self.best = state.get("best")
         self.step = int(state["step"])
-        set_rng_state(state["rng"])
-        self.engine.update_weights(self.model.state_dict())
-        self.events.log(self.step, f"resumed from {ckpt} at step {self.step}")
+        # This rank's RNG states; a plain-torch run resumed on more ranks than it was saved with (its
+        # optimizer state is the same on every rank, so it reshards freely) starts the new ranks from rank 0's.
+        mine = ckpt / f"rank-{self.rank:05d}.pt"
+        set_rng_state(torch.load(mine, weights_only=False)["rng"] if mine.is_file() else state["rng"])
+        self._sync_weights()
+        saved = int(state.get("world_size", 1))
+        note = f" (saved by {saved} ranks)" if saved != self.world else ""
+        self.events.log(self.step, f"resumed from {ckpt} at step {self.step} on {self.world} ranks{note}")
+
+    def _sync_weights(self) -> None:
+        """The rollout engine gets the current weights (whole: gathered first under ZeRO-3, on every rank)."""
+        self.engine.update_weights(dist.full_state_dict(self.model) if self.zero3 else self.model.state_dict())
 
     def save(self, score: float | None = None) -> Path:
+        """A checkpoint; every rank calls it (it is a collective). Each rank writes its RNG states, and
+        under DeepSpeed its share of DeepSpeed's checkpoint; rank 0 writes the whole weights and the rest."""
         if score is not None and (self.best is None or score > self.best):
             self.best = score
-        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                 "data": self.cursor.state_dict(), "best": self.best}
-        extra: dict[str, torch.nn.Module] | None = (
-            {"value_head": self.value_head} if self.value_head is not None else None)
-        path = save_checkpoint(self.out, self.step, model=self.model, tokenizer=self.tokenizer, state=state,
-                               extra_modules=extra, score=score, keep_last=self.config.keep_last)
-        save_config(self.config, path / "config.yaml")
-        self.events.checkpoint(self.step, path, score)
+        tmp = partial_path(self.out, self.step)
+        if self.main:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        torch.save({"rng": rng_state()}, tmp / f"rank-{self.rank:05d}.pt")
+        deepspeed = isinstance(self.update, DeepSpeedUpdate)
+        if isinstance(self.update, DeepSpeedUpdate):
+            self.update.engine.save_checkpoint(str(tmp / "deepspeed"), tag="state")
+        weights = dist.full_state_dict(self.model) if self.zero3 else None  # gathered on every rank
+        path = self.out / f"checkpoint-{self.step:06d}"
+        if self.main:
+            state = {"scheduler": self.scheduler.state_dict(), "data": self.cursor.state_dict(), "best": self.best,
+                     "world_size": self.world}
+            if not deepspeed:  # replicated on every rank, so rank 0's is everyone's
+                state["optimizer"] = self.optimizer.state_dict()
+            extra: dict[str, torch.nn.Module] | None = (
+                {"value_head": self.value_head} if self.value_head is not None and not deepspeed else None)
+            path = save_checkpoint(self.out, self.step, model=self.model, tokenizer=self.tokenizer, state=state,
+                                   extra_modules=extra, score=score, keep_last=self.config.keep_last,
+                                   weights=weights, started=True)
+            save_config(self.config, path / "config.yaml")
+            self.events.checkpoint(self.step, path, score)
+        dist.barrier()
         return path
 
     # -------------------------------------------------------------------------------------- stages
@@ -250,36 +371,53 @@ class Trainer:
         """Rollouts for one step; with dynamic sampling, rounds of fresh prompts until the batch has
         ``prompts_per_step`` groups whose rewards differ (or ``max_sample_batches`` rounds were made).
 
+        Across ranks every rank takes the same ``prompts_per_step`` prompts from the shared order and rolls
+        out its own slice of them; a round's kept count and the stop are decided on the whole batch, and the
+        batch is cut to the first ``prompts_per_step * group_size`` kept rows in the one-process order
+        (round by round, rank by rank), so the N ranks train on exactly the rows one process would.
         """
         r, a = self.config.rollout, self.config.algorithm
-        kept: list[Trajectory] = []
-        kept_rewards: list[float] = []
-        kept_groups: list[int] = []
+        share = r.prompts_per_step // self.world
+        first = self.rank * share  # this rank's first prompt of the round
+        kept: list[list[tuple[Trajectory, float, int]]] = []  # per round
+        counts: list[list[int]] = []  # per round, per rank: rows kept
         everything: list[Trajectory] = []
         rounds = a.max_sample_batches if a.resolved_dynamic_sampling else 1
+        n = r.prompts_per_step * r.group_size
         for round_index in range(rounds):
-            samples = self.cursor.take(r.prompts_per_step)
+            samples = self.cursor.take(r.prompts_per_step)[first:first + share]
             with timer("rollout"):
+                # Seeds follow the rollout's index in the whole round, so rank r samples its prompts as one
+                # process doing every prompt would.
                 trajectories = self.agent.run_sync(samples, group_size=r.group_size,
-                                                   sampling=self._sampling(round_index))
+                                                   sampling=self._sampling(round_index),
+                                                   first_index=first * r.group_size)
             everything += trajectories
             with timer("reward"):
                 shaped = self._shaped_rewards(trajectories)
-                groups = [round_index * r.prompts_per_step + i // r.group_size for i in range(len(trajectories))]
+                groups = [round_index * r.prompts_per_step + first + i // r.group_size
+                          for i in range(len(trajectories))]
                 if a.resolved_dynamic_sampling:
                     keep = algos.informative_groups(torch.tensor(shaped), torch.tensor(groups)).tolist()
                 else:
                     keep = [True] * len(trajectories)
-                for t, s, g, k in zip(trajectories, shaped, groups, keep, strict=True):
-                    if k:
-                        kept.append(t)
-                        kept_rewards.append(s)
-                        kept_groups.append(g)
-            if len(kept) >= r.prompts_per_step * r.group_size:
+                kept.append([(t, s, g) for t, s, g, k in zip(trajectories, shaped, groups, keep, strict=True) if k])
+                mine = torch.zeros(self.world, dtype=torch.float64)
+                mine[self.rank] = len(kept[-1])
+                counts.append([int(c) for c in dist.all_reduce_sum(mine).tolist()])
+            if sum(map(sum, counts)) >= n:
                 break
-        n = r.prompts_per_step * r.group_size
-        extra = {"rollout/rounds": float(round_index + 1), "rollout/kept_fraction": len(kept) / max(len(everything), 1)}
-        return Collected(everything, kept[:n], kept_rewards[:n], kept_groups[:n], extra)
+        rows: list[tuple[Trajectory, float, int]] = []
+        before = 0  # kept rows ahead of this rank's, in the one-process order
+        for round_rows, round_counts in zip(kept, counts, strict=True):
+            ahead = before + sum(round_counts[: self.rank])
+            rows += round_rows[: max(0, min(len(round_rows), n - ahead))]
+            before += sum(round_counts)
+        sampled = float(dist.all_reduce_sum(torch.tensor(float(len(everything)), dtype=torch.float64)))
+        extra = {"rollout/rounds": float(round_index + 1),
+                 "rollout/kept_fraction": sum(map(sum, counts)) / max(sampled, 1.0)}
+        return Collected(everything, [t for t, _, _ in rows], [s for _, s, _ in rows], [g for _, _, g in rows],
+                         extra)
 
     def train_step(self) -> dict[str, float]:
         """One full step; returns its metrics (also emitted as an event)."""
@@ -289,56 +427,73 @@ class Trainer:
         self.model.eval()  # dropout off: rollout and training logprobs must be the same function
         collected = self.collect(timer)
         everything = collected.everything
-        metrics: dict[str, float] = rollout_metrics(everything) | collected.metrics
-        gen_tokens = sum(t.num_trained_tokens for t in everything)
-        metrics["tokens_per_second"] = gen_tokens / max(timer.times.get("rollout", 0.0), 1e-9)
-        if collected.trajectories:
-            metrics |= self._update(collected.trajectories, collected.rewards, collected.groups, timer)
+        # Every rank's trajectories count in the metrics (gathered as a few numbers each).
+        rows = [row for part in dist.all_gather_object([summary(t) for t in everything]) for row in part]
+        metrics: dict[str, float] = summary_metrics(rows) | collected.metrics
+        train_rows = int(dist.all_reduce_sum(torch.tensor(float(len(collected.trajectories)))))
+        if train_rows:
+            # A rank left without rows (dynamic sampling kept others' groups) still meets the gradient
+            # all-reduce, with a placeholder row whose mask is all 0: it adds nothing to loss or metrics.
+            placeholder = not collected.trajectories
+            trajectories = collected.trajectories or everything[:1]
+            metrics |= self._update(trajectories, collected.rewards or [0.0], collected.groups or [0], timer,
+                                    placeholder=placeholder)
         else:
             metrics["update/skipped"] = 1.0
         with timer("weight_sync"):
-            if cfg.engine != "hf":
-                self.engine.update_weights(self.model.state_dict())
+            if self.separate_engine:
+                self._sync_weights()
         self.step += 1
         metrics |= {"lr": float(self.scheduler.get_last_lr()[0]), "step": float(self.step)}
-        metrics |= {f"time/{k}": v for k, v in timer.times.items()}
-        metrics["time/step"] = time.perf_counter() - step_start
-        # CPU seconds of this process: on a shared machine, wall time alone hides how much was ours.
-        metrics["time/step_cpu"] = time.process_time() - cpu_start
+        # A step waits for its slowest rank: stage times are the maximum over ranks, CPU seconds the sum.
+        names = sorted(timer.times)
+        slowest = dist.all_reduce_max(torch.tensor([timer.times[k] for k in names] +
+                                                   [time.perf_counter() - step_start], dtype=torch.float64)).tolist()
+        metrics |= {f"time/{k}": v for k, v in zip(names, slowest, strict=False)}
+        metrics["time/step"] = slowest[-1]
+        gen_tokens = float(dist.all_reduce_sum(torch.tensor(float(sum(t.num_trained_tokens for t in everything)),
+                                                            dtype=torch.float64)))
+        metrics["tokens_per_second"] = gen_tokens / max(metrics.get("time/rollout", 0.0), 1e-9)
+        # CPU seconds of the processes: on a shared machine, wall time alone hides how much was ours.
+        metrics["time/step_cpu"] = float(dist.all_reduce_sum(torch.tensor(time.process_time() - cpu_start,
+                                                                          dtype=torch.float64)))
         self.events.metrics(self.step, metrics)
-        if cfg.log_samples:
+        if cfg.log_samples and self.main:
             self.events.samples(self.step, [t.to_dict(self.tokenizer) for t in everything[: cfg.log_samples]])
         self.events.resources(self.step, self.engine.stats(),
                               self.resources.stats() if self.resources is not None else None)
         return metrics
 
     def _update(self, trajectories: Sequence[Trajectory], rewards: Sequence[float], groups: Sequence[int],
-                timer: StageTimer) -> dict[str, float]:
+                timer: StageTimer, placeholder: bool = False) -> dict[str, float]:
         cfg, a = self.config, self.config.algorithm
         temperature = cfg.rollout.temperature
         metrics: dict[str, float] = {}
         with timer("logprobs"):
             batch = collate(trajectories, rewards, groups, self.pad_id, self.device)
+            if placeholder:
+                batch = dataclasses.replace(batch, mask=torch.zeros_like(batch.mask))
             mask = batch.mask
             # Old logprobs for the ratio. One epoch of one minibatch is exactly on-policy: the current
             # logprobs (detached, in the update) are the old ones, so no extra forward is spent. Otherwise the
             # HF engine's own logprobs serve (same module, same weights; `logprob_mismatch` shows the gap),
             # and another engine's are recomputed by the trainer (verl's old_log_prob stage).
             on_policy = a.epochs == 1 and a.minibatches == 1
-            recompute = not on_policy and cfg.engine != "hf"
+            recompute = not on_policy and self.separate_engine
             need_values = self.value_head is not None
             old_logp: torch.Tensor | None = None if on_policy else batch.rollout_logprobs
             values = None
             ref_logp = None
             with torch.no_grad():
                 if recompute or need_values:
-                    logp_now, _, hidden = forward(self.model, batch, temperature, hidden=need_values)
+                    logp_now, _, hidden = forward(self.model, batch, temperature, hidden=need_values,
+                                                  share_prefix=self.share_prefix)
                     if recompute:
                         old_logp = logp_now
                     if need_values:
                         values = self.value_head(hidden)  # type: ignore[misc]
                 if self.ref_model is not None:
-                    ref_logp, _, _ = forward(self.ref_model, batch, temperature)
+                    ref_logp, _, _ = forward(self.ref_model, batch, temperature, share_prefix=self.share_prefix)
         with timer("advantages"):
             kl_reward = None
             if ref_logp is not None and a.kl_in_reward:
@@ -347,18 +502,21 @@ class Trainer:
             token_rewards = algos.outcome_token_rewards(batch.rewards, mask, kl_reward, a.kl_coef)
             advantages, returns = algos.compute_advantages(
                 a.name, token_rewards, mask, batch.group_ids, values=values, std_normalize=a.std_normalize,
-                gamma=a.gamma, lam=a.lam, whiten=a.whiten_advantages)
+                gamma=a.gamma, lam=a.lam, whiten=a.whiten_advantages,
+                reduce=dist.all_reduce_sum if self.world > 1 else None)
         with timer("update"), _torch_threads(cfg.update_threads):
-            metrics |= self._optimise(batch, old_logp, ref_logp, advantages, values, returns)
+            metrics |= self._optimise(batch, old_logp, ref_logp, advantages, values, returns, placeholder)
         return metrics
 
     def _optimise(self, batch: Batch, old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None,
-                  advantages: torch.Tensor, values: torch.Tensor | None, returns: torch.Tensor | None
-                  ) -> dict[str, float]:
+                  advantages: torch.Tensor, values: torch.Tensor | None, returns: torch.Tensor | None,
+                  placeholder: bool = False) -> dict[str, float]:
         """Epochs x minibatches of optimizer steps. Each minibatch is run as length-sorted micro-batches
         whose gradients accumulate, each padded only to its own longest row; every loss term is weighted by
         its micro-batch's share of the minibatch's aggregation denominator, so the gradient is the one of
-        the whole minibatch at once."""
+        the whole minibatch at once. Across ranks the denominators are the whole batch's (summed over ranks,
+        divided by the world size, since DDP and DeepSpeed average the ranks' gradients): the N-rank
+        gradient is the one-process gradient, whatever each rank's share of tokens or sequences."""
         a = self.config.algorithm
         agg = a.resolved_loss_agg
         self.model.train()
@@ -370,22 +528,33 @@ class Trainer:
         first = True
         for _ in range(a.epochs):
             order = torch.randperm(batch.size, generator=gen) if a.minibatches > 1 else torch.arange(batch.size)
-            for rows in order.chunk(a.minibatches):
-                rows = rows[torch.argsort(lengths[rows], stable=True)]
+            # tensor_split: always `minibatches` chunks, so every rank makes the same number of steps.
+            for rows in torch.tensor_split(order, a.minibatches):
+                empty = rows.numel() == 0  # fewer rows than minibatches here: a placeholder row, mask 0
+                rows = order[:1] if empty else rows[torch.argsort(lengths[rows], stable=True)]
                 mb_mask = batch.mask.index_select(0, rows.to(self.device))
-                denominator = agg_denominator(mb_mask, agg)
-                tokens_total = float(mb_mask.sum().clamp(min=1))
+                if empty:
+                    mb_mask = torch.zeros_like(mb_mask)
+                # A placeholder row counts in no denominator (not even as a row of seq-mean-token-sum-norm).
+                rows_counted = 0.0 if empty or placeholder else agg_denominator(mb_mask, agg, minimum=0.0)
+                local = torch.tensor([rows_counted, float(mb_mask.sum())], dtype=torch.float64)
+                total = dist.all_reduce_sum(local).tolist()
+                denominator = max(total[0], 1.0) / self.world
+                tokens_total = max(total[1], 1.0) / self.world
                 parts: dict[str, float] = {}
                 self.update.zero_grad()
-                for cpu_idx in rows.split(self.update.micro_batch_size or batch.size):
+                micro = rows.split(self.update.micro_batch_size or batch.size)
+                for i, cpu_idx in enumerate(micro):
                     idx = cpu_idx.to(self.device)
                     width = int(lengths[cpu_idx].max())
                     mb = trim(batch.rows(idx), width)
+                    if empty:
+                        mb = dataclasses.replace(mb, mask=torch.zeros_like(mb.mask))
 
                     def cut(t: torch.Tensor, idx: torch.Tensor = idx, width: int = width) -> torch.Tensor:
                         return t.index_select(0, idx)[:, : width - 1]
 
-                    micro = MicroBatch(
+                    micro_batch = MicroBatch(
                         batch=mb, old_logp=None if old_logp is None else cut(old_logp), advantages=cut(advantages),
                         ref_logp=None if ref_logp is None else cut(ref_logp),
                         values=None if values is None else cut(values),
@@ -393,11 +562,13 @@ class Trainer:
                         weight=agg_denominator(mb.mask, agg) / denominator,  # its share of the minibatch's mean
                         token_weight=float(mb.mask.sum()) / tokens_total,  # its share of the tokens
                         measure_mismatch=first)
-                    loss, terms = self.micro_step(micro)
-                    self.update.backward(loss)
+                    with self.update.accumulating(last=i == len(micro) - 1):
+                        loss, terms = self.micro_step(micro_batch)
+                        self.update.backward(loss)
                     for k, v in terms.items():  # "_max" terms are maxima, the rest weighted sums
                         parts[k] = max(parts.get(k, v), v) if k.endswith("_max") else parts.get(k, 0.0) + v
                 first = False
+                parts = _reduce_metrics(parts)
                 parts["grad_norm"] = self.update.step()
                 for k, v in parts.items():
                     if k.endswith("_max"):
@@ -415,8 +586,9 @@ class Trainer:
         agg = a.resolved_loss_agg
         norm_length = cfg.rollout.max_new_tokens * cfg.rollout.max_turns
         mb, mask, w, w_tok = micro.batch, micro.batch.mask, micro.weight, micro.token_weight
-        logp, entropy, hidden = forward(self.model, mb, cfg.rollout.temperature, entropy=True,
-                                        hidden=self.value_head is not None)
+        # Through the update's module (DDP or DeepSpeed when they wrap it): that is what syncs the gradients.
+        logp, entropy, hidden = forward(self.update.module, mb, cfg.rollout.temperature, entropy=True,
+                                        hidden=self.value_head is not None, share_prefix=self.share_prefix)
         terms: dict[str, float] = {}
         if micro.measure_mismatch:
             # Same tokens, same weights: any gap is engine/trainer numerics (or a bug).
@@ -454,6 +626,9 @@ class Trainer:
         return total, terms
 
     def evaluate(self) -> dict[str, float]:
+        """Held-out accuracy, on rank 0 only (the other ranks get ``{}`` and go on to the next step)."""
+        if not self.main:
+            return {}
         metrics, _ = evaluate(self.agent, self.eval_samples, self.config.eval.max_new_tokens,
                               self.config.eval.batch_size)
         return metrics
@@ -473,10 +648,15 @@ class Trainer:
         state: RunState = "succeeded"
         try:
             while self.step < cfg.steps:
-                if should_stop is not None and should_stop():
+                # Decided together: a rank that stopped alone would leave the others waiting in a collective.
+                stop, over = dist.all_reduce_max(torch.tensor([
+                    float(should_stop is not None and should_stop()),
+                    float(cfg.max_minutes is not None and time.perf_counter() - start > cfg.max_minutes * 60)],
+                    dtype=torch.float64)).tolist()
+                if stop:
                     state = "cancelled"
                     break
-                if cfg.max_minutes is not None and time.perf_counter() - start > cfg.max_minutes * 60:
+                if over:
                     self.events.log(self.step, f"time budget of {cfg.max_minutes} minutes reached")
                     break
                 last = self.train_step()
@@ -485,7 +665,8 @@ class Trainer:
                 if due_eval:
                     with timer("eval"):
                         eval_metrics = self.evaluate()
-                    self.events.metrics(self.step, eval_metrics | {"time/eval": timer.times["eval"]})
+                    if self.main:
+                        self.events.metrics(self.step, eval_metrics | {"time/eval": timer.times["eval"]})
                 if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
                     with timer("checkpoint"):
                         self.save(eval_metrics.get("eval/accuracy") if due_eval else None)
@@ -551,5 +732,10 @@ class _Progress:
 
 def train(config: Config, sinks: Sequence[Sink] = (), resume: str | os.PathLike[str] | None = None,
           should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
-    """Train with ``config``, streaming events to ``sinks`` (plus ``<output_dir>/events.jsonl``)."""
-    return Trainer(config, sinks=sinks, resume=resume).train(should_stop=should_stop)
+    """Train with ``config``, streaming events to ``sinks`` (plus ``<output_dir>/events.jsonl``); under a
+    launcher this is one rank of the run, and the process group is left when it ends."""
+    try:
+        return Trainer(config, sinks=sinks, resume=resume).train(should_stop=should_stop)
+    finally:
+        if dist.world_size() > 1:
+            dist.destroy_process_group()

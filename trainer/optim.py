@@ -4,10 +4,11 @@ the trainer is built (``make_update``); the loop's code is the same for both."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -37,16 +38,38 @@ def lr_schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int, kind:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-class Update:
-    """Gradients of a minibatch, accumulated over its micro-batches, then one optimizer step (plain torch)."""
+class Actor(torch.nn.Module):
+    """The policy and, for PPO, its value head as one module: DDP averages and DeepSpeed shards, saves and
+    restores both together (the critic trains inside the same engine as the policy). ``forward`` is the
+    policy's (Hugging Face keyword arguments); the value head is called on its hidden states."""
 
-    def __init__(self, optimizer: Any, grad_clip: float, micro_batch_size: int | None) -> None:
+    def __init__(self, policy: torch.nn.Module, value_head: torch.nn.Module | None = None) -> None:
+        super().__init__()
+        self.policy = policy
+        self.value_head = value_head
+
+    def forward(self, **kwargs: Any) -> Any:
+        return self.policy(**kwargs)
+
+
+class Update:
+    """Gradients of a minibatch, accumulated over its micro-batches, then one optimizer step (plain torch).
+
+    ``module`` is what the update's forward passes go through (the ``Actor``, or its DDP/DeepSpeed wrapper)."""
+
+    def __init__(self, module: torch.nn.Module, optimizer: Any, grad_clip: float, micro_batch_size: int | None
+                 ) -> None:
+        self.module = module
         self.optimizer = optimizer
         self.grad_clip = grad_clip
         self.micro_batch_size = micro_batch_size  # rows per backward; None: the whole minibatch
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+
+    def accumulating(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        """The context of a micro-batch's forward and backward; ``last``: the minibatch's last one."""
+        return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -60,12 +83,21 @@ class Update:
         return grad_norm
 
 
+class DDPUpdate(Update):
+    """Plain torch across ranks: ``DistributedDataParallel`` averages the gradients in the backward of a
+    minibatch's last micro-batch only (``no_sync`` before it), so ranks may hold different numbers of
+    micro-batches and still meet in exactly one all-reduce per optimizer step."""
+
+    def accumulating(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext() if last else cast(Any, self.module).no_sync()
+
+
 class DeepSpeedUpdate(Update):
     """The same through a DeepSpeed engine: one backward per minibatch (its rows are DeepSpeed's micro-batch),
     clipped and zeroed by DeepSpeed itself."""
 
     def __init__(self, engine: Any, optimizer: Any) -> None:
-        super().__init__(optimizer, grad_clip=0.0, micro_batch_size=None)
+        super().__init__(engine, optimizer, grad_clip=0.0, micro_batch_size=None)
         self.engine = engine
 
     def zero_grad(self) -> None:
@@ -79,19 +111,28 @@ class DeepSpeedUpdate(Update):
         return float(self.engine.get_global_grad_norm() or 0.0)
 
 
-def make_update(config: Config, model: torch.nn.Module, optimizer: torch.optim.Optimizer, out: Path) -> Update:
-    """``DeepSpeedUpdate`` when ``config.deepspeed`` names a DeepSpeed config, else ``Update``."""
+def make_update(config: Config, actor: Actor, optimizer: torch.optim.Optimizer, out: Path, world: int = 1
+                ) -> Update:
+    """``DeepSpeedUpdate`` when ``config.deepspeed`` names a DeepSpeed config, else ``DDPUpdate`` across
+    ranks (``world`` > 1), else ``Update``."""
     if not config.deepspeed:
-        return Update(optimizer, config.optim.grad_clip, config.micro_batch_size)
+        if world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            # One process per device: DDP's device_ids is that device (None on the CPU).
+            device = next(actor.parameters()).device
+            ddp = DistributedDataParallel(actor, device_ids=[device] if device.type == "cuda" else None)
+            return DDPUpdate(ddp, optimizer, config.optim.grad_clip, config.micro_batch_size)
+        return Update(actor, optimizer, config.optim.grad_clip, config.micro_batch_size)
     from trainer.distributed import deepspeed_initialize, is_main_process, read_deepspeed_config
 
     # One backward per minibatch (its rows are DeepSpeed's micro-batch), clipped as optim.grad_clip says:
     # "auto" values of the DeepSpeed config take these, and the run directory keeps what was used.
-    rows = config.rollout.prompts_per_step * config.rollout.group_size // config.algorithm.minibatches
+    rows = config.rollout.prompts_per_step * config.rollout.group_size // config.algorithm.minibatches // world
     ds_config = read_deepspeed_config(
         config.deepspeed, micro_batch_size=max(rows, 1),
         gradient_clipping=config.optim.grad_clip if config.optim.grad_clip > 0 else None)
     if is_main_process():
         (out / "deepspeed.json").write_text(json.dumps(ds_config, indent=2) + "\n")
-    engine, ds_optimizer = deepspeed_initialize(model, optimizer, ds_config)
+    engine, ds_optimizer = deepspeed_initialize(actor, optimizer, ds_config)
     return DeepSpeedUpdate(engine, ds_optimizer)

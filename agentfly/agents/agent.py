@@ -83,11 +83,16 @@ class Agent:
         return self.engine.tokenizer
 
     async def run(self, samples: Sequence[Mapping[str, Any]], group_size: int = 1,
-                  sampling: Sampling | None = None) -> list[Trajectory]:
-        """Roll out ``group_size`` trajectories per sample, concurrently; ordered sample by sample."""
-        return await self.runner.run(samples, group_size, sampling or Sampling(), self.max_concurrency)
+                  sampling: Sampling | None = None, first_index: int = 0) -> list[Trajectory]:
+        """Roll out ``group_size`` trajectories per sample, concurrently; ordered sample by sample.
+
+        first_index: the rollout index of the first trajectory (sampler seeds derive from it), so that a
+        data-parallel rank rolling out prompts ``i..j`` of a step samples them as one process doing all would.
+        """
+        return await self.runner.run(samples, group_size, sampling or Sampling(), self.max_concurrency,
+                                     first_index=first_index)
 
     def run_sync(self, samples: Sequence[Mapping[str, Any]], group_size: int = 1,
-                 sampling: Sampling | None = None) -> list[Trajectory]:
+                 sampling: Sampling | None = None, first_index: int = 0) -> list[Trajectory]:
         """``run`` for code that is not async (starts and closes an event loop)."""
-        return asyncio.run(self.run(samples, group_size, sampling))
+        return asyncio.run(self.run(samples, group_size, sampling, first_index))

@@ -210,11 +210,12 @@ class RolloutRunner:
     # ------------------------------------------------------------------ many rollouts
     async def run(
         self, samples: Sequence[Mapping[str, Any]], group_size: int, sampling: Sampling,
-        max_concurrency: int | None = None,
+        max_concurrency: int | None = None, first_index: int = 0,
     ) -> list[Trajectory]:
         """``group_size`` rollouts of every sample, all concurrent (up to ``max_concurrency``).
 
-        Returns trajectories ordered sample by sample, ``group_size`` consecutive ones per sample.
+        Returns trajectories ordered sample by sample, ``group_size`` consecutive ones per sample. Rollout
+        ``k`` of sample ``i`` has index ``first_index + i * group_size + k`` (its sampler seeds come from it).
         """
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -226,7 +227,7 @@ class RolloutRunner:
         async def one(i: int, sample: Mapping[str, Any], k: int) -> Trajectory:
             async with limit:
                 group = str(sample.get("id", i))
-                return await self.run_one(sample, sampling, index=i * group_size + k, group_id=group,
+                return await self.run_one(sample, sampling, index=first_index + i * group_size + k, group_id=group,
                                           rollout_id=f"{group}/{k}")
 
         tasks = [asyncio.ensure_future(one(i, s, k)) for i, s in enumerate(samples) for k in range(group_size)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from trainer.algorithms.core import (
+    Reduce,
     aggregate_loss,
     clipped_policy_loss,
     clipped_value_loss,
@@ -65,8 +66,12 @@ def compute_advantages(
     gamma: float = 1.0,
     lam: float = 0.95,
     whiten: bool = True,
+    reduce: Reduce | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Advantages [B, T] (0 on mask-0 tokens) and, for PPO, the critic's returns [B, T] (else None)."""
+    """Advantages [B, T] (0 on mask-0 tokens) and, for PPO, the critic's returns [B, T] (else None).
+
+    ``reduce`` sums a tensor over data-parallel ranks, for the estimators with whole-batch statistics
+    (REINFORCE++, PPO's whitening); the group estimators need none, since a group never straddles ranks."""
     if name == "grpo":
         return grpo_advantages(token_rewards, mask, group_ids, std_normalize=std_normalize), None
     if name == "dapo":
@@ -76,13 +81,14 @@ def compute_advantages(
     if name == "rloo":
         return rloo_advantages(token_rewards, mask, group_ids), None
     if name == "reinforce_pp":
-        return reinforce_pp_advantages(token_rewards, mask, gamma=gamma), None
+        return reinforce_pp_advantages(token_rewards, mask, gamma=gamma, reduce=reduce), None
     if name == "reinforce_pp_baseline":
-        return reinforce_pp_advantages(token_rewards, mask, group_ids, baseline=True, gamma=gamma), None
+        return reinforce_pp_advantages(token_rewards, mask, group_ids, baseline=True, gamma=gamma,
+                                       reduce=reduce), None
     if name == "ppo":
         if values is None:
             raise ValueError("PPO advantages need the critic's values (the value head's output on the batch)")
         adv, returns = gae_advantages(token_rewards, values, mask, gamma=gamma, lam=lam)
-        return (masked_whiten(adv, mask) if whiten else adv), returns
+        return (masked_whiten(adv, mask, reduce=reduce) if whiten else adv), returns
     raise ValueError(f"Unknown algorithm {name!r}; use grpo, dr_grpo, dapo, rloo, reinforce_pp, "
                      "reinforce_pp_baseline or ppo")

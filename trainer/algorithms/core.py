@@ -10,6 +10,7 @@ leak into the gradient.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -30,14 +31,25 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return masked_sum(x, mask, dim) / count.clamp(min=1).to(x.dtype)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, reduce: Reduce | None = None
+                  ) -> torch.Tensor:
     """``(x - mean) / std`` with the statistics over mask-1 positions only; mask-0 positions become 0.
 
     x, mask: [B, T] -> [B, T]. The std is the population std (divide by n), as the REINFORCE++ paper's
-    batch normalisation of advantages.
+    batch normalisation of advantages. ``reduce`` sums a tensor over data-parallel ranks (``None``: one
+    process): the statistics are then those of the whole batch, as sums and counts, not a mean of means.
     """
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
+    if reduce is None:
+        mean = masked_mean(x, mask)
+        var = masked_mean((x - mean) ** 2, mask)
+    else:
+        total = reduce(torch.stack([masked_sum(x, mask).double(), mask.sum().double()]))
+        count = total[1].clamp(min=1)
+        mean = (total[0] / count).to(x.dtype)
+        var = (reduce(masked_sum((x - mean) ** 2, mask).double()) / count).to(x.dtype)
     out = (x - mean) * torch.rsqrt(var + eps)
     return torch.where(mask.bool(), out, torch.zeros_like(out))
 

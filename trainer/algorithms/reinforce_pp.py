@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.algorithms.core import group_stats, last_token_index, masked_whiten
+from trainer.algorithms.core import Reduce, group_stats, last_token_index, masked_whiten
 
 
 def discounted_returns(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
@@ -37,6 +37,7 @@ def reinforce_pp_advantages(
     baseline: bool = False,
     gamma: float = 1.0,
     eps: float = 1e-8,
+    reduce: Reduce | None = None,
 ) -> torch.Tensor:
     """Batch-whitened discounted returns. token_rewards, mask: [B, T]; group_ids: [B] -> [B, T].
 
@@ -53,4 +54,4 @@ def reinforce_pp_advantages(
         rows = torch.arange(rewards.shape[0], device=rewards.device)
         rewards[rows, last_token_index(mask)] -= mean
     returns = discounted_returns(rewards, mask, gamma)
-    return masked_whiten(returns, mask, eps)
+    return masked_whiten(returns, mask, eps, reduce)

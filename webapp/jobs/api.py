@@ -91,6 +91,7 @@ class LaunchSerializer(serializers.Serializer):
     save_every = bounded(serializers.IntegerField, "save_every", 1)
     resources = serializers.DictField(default=dict)
     queue = serializers.ChoiceField(choices=Queue.choices, default=Queue.CPU)
+    gpus = bounded(serializers.IntegerField, "gpus", 1)
     launch_key = serializers.CharField(required=False, allow_blank=True, max_length=64)
     trackers = serializers.ListField(child=serializers.ChoiceField(choices=TRACKERS), default=list,
                                      help_text="Experiment trackers that also get the metrics.")

@@ -13,7 +13,9 @@ a failed database write is retried with backoff, and if it keeps failing the wat
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -110,7 +112,7 @@ def trainer_config(config: dict[str, Any], output_dir: Path) -> Config:
     """The job's stored config as a validated ``trainer.config.Config`` writing into ``output_dir``."""
     from trainer.config import Config, from_dict
 
-    data = {k: v for k, v in config.items() if k != "resume_from"}
+    data = {k: v for k, v in config.items() if k not in ("resume_from", "ranks")}
     data["output_dir"] = str(output_dir)
     return from_dict(Config, data).validate()
 
@@ -121,7 +123,11 @@ def run(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink], shou
 
     The caller keeps ownership of ``sinks`` (closes them). Raises ``TrackingError`` when progress or
     checkpoints could not be stored.
+    A config with ``ranks`` > 1 runs as a ``torchrun`` process group (``run_ranks``).
     """
+    if int(config.get("ranks", 1)) > 1:
+        return run_ranks(config, output_dir=output_dir, sinks=sinks, should_stop=should_stop,
+                         on_checkpoint=on_checkpoint, on_step=on_step)
     from trainer import train
 
     watcher = CheckpointWatcher(on_checkpoint, on_step)
@@ -133,3 +139,92 @@ def run(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink], shou
     step = int(result.get("step", watcher.last_step))
     return Outcome(cancelled=result.get("state") == "cancelled", final_metrics=dict(result.get("metrics") or {}),
                    last_step=step)
+
+
+def run_ranks(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink], should_stop: Callable[[], bool],
+              on_checkpoint: OnCheckpoint, on_step: OnStep, poll: float = 0.5) -> Outcome:
+    """``config["ranks"]`` ranks of ``agentfly train`` under ``torchrun``, in a process group of their own.
+
+    Rank 0 alone writes ``events.jsonl``; this process follows it and hands each event to the sinks (the
+    database sink included), so the job's events are rank 0's. Cancel writes the stop file the ranks check
+    together between steps (they end with a checkpoint, as one process does). A rank that dies makes
+    ``torchrun`` stop the others and exit non-zero: the job fails with its output, and the checkpoints
+    already written stay (``resume`` continues from the last)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from trainer.config import save_config
+
+    ranks = int(config["ranks"])
+    launch = output_dir / "launch.yaml"
+    save_config(trainer_config(config, output_dir), launch)
+    stop_file = output_dir / "STOP"
+    stop_file.unlink(missing_ok=True)
+    events = output_dir / "events.jsonl"
+    start_at = events.stat().st_size if events.exists() else 0  # a resumed job appends to its run's file
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
+           "--monitor-interval", "1", "-m", "trainer.cli", "train", str(launch), "--stop-file", str(stop_file)]
+    if config.get("resume_from"):
+        cmd += ["--resume", str(config["resume_from"])]
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)  # torchrun sets them; stale ones would point the ranks elsewhere
+    log = (output_dir / "ranks.log").open("ab")
+    result_file = output_dir / "ranks.out"  # rank 0 prints the run's result line there
+    out_file = result_file.open("wb")
+    proc = subprocess.Popen(cmd, stdout=out_file, stderr=log, env=env, start_new_session=True)
+    watcher = CheckpointWatcher(on_checkpoint, on_step)
+    targets = [*sinks, watcher]
+    offset, pending = start_at, b""
+    cancelled = False
+
+    def follow() -> None:
+        nonlocal offset, pending
+        if not events.exists():
+            return
+        with events.open("rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+        offset += len(chunk)
+        pending += chunk
+        *lines, pending = pending.split(b"\n")  # a line still being written waits for its newline
+        for line in lines:
+            if line.strip():
+                event: Event = json.loads(line)
+                for sink in targets:
+                    sink.emit(event)
+
+    try:
+        while proc.poll() is None:
+            if not cancelled and (should_stop() or watcher.error is not None):
+                cancelled = True
+                stop_file.touch()
+            follow()
+            time.sleep(poll)
+        follow()
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGTERM)  # every rank: they share the group torchrun leads
+        proc.wait(30)
+        raise
+    finally:
+        log.close()
+        out_file.close()
+    if watcher.error is not None:
+        raise TrackingError(watcher.error)
+    out = result_file.read_text(errors="replace")
+    if proc.returncode != 0:
+        text = (output_dir / "ranks.log").read_text(errors="replace")
+        # The rank's own error, not torchrun's summary of it (which names only the exit code).
+        errors = [line.strip() for line in text.splitlines()
+                  if re.match(r"^\s*(\[rank\d+\]:)?\s*[\w.]+(Error|Exception|Interrupt): ", line)
+                  and "ChildFailedError" not in line]
+        cause = errors[-1] if errors else f"...{text[-800:]}"
+        raise RuntimeError(f"a rank of the {ranks}-rank run failed (torchrun exit {proc.returncode}), so torchrun "
+                           f"stopped the others; the last checkpoint is kept, resume the job to continue. "
+                           f"Cause: {cause} (all output: {output_dir / 'ranks.log'})")
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    result = json.loads(lines[-1]) if lines else {}
+    return Outcome(cancelled=result.get("state") == "cancelled", final_metrics=dict(watcher.last_metrics),
+                   last_step=int(result.get("step", watcher.last_step)))

@@ -110,6 +110,9 @@ class LaunchForm(forms.Form):
         choices=TRACKERS, required=False, widget=forms.CheckboxSelectMultiple,
         help_text="Also log the run's metrics to these trackers; the workers need their package and settings "
                   "(WANDB_API_KEY or WANDB_MODE, MLFLOW_TRACKING_URI): see the deployment guide.")
+    gpus = forms.IntegerField(min_value=1, max_value=64, initial=1, required=False, label="Ranks (GPUs)",
+                              help_text="Data-parallel ranks of the job, one process each: GPUs on the gpu queue, "
+                                        "CPU processes on the cpu queue. They must divide the prompts per step.")
     launch_key = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
@@ -146,6 +149,9 @@ class LaunchForm(forms.Form):
 
     def clean_eval_path(self) -> str:
         return allowed_path(self.cleaned_data.get("eval_path", ""))
+
+    def clean_gpus(self) -> int:
+        return self.cleaned_data.get("gpus") or 1  # left empty: one rank, as before the field existed
 
     def clean_resources(self) -> dict[str, Any]:
         text = self.cleaned_data.get("resources", "").strip()
@@ -192,6 +198,7 @@ class LaunchForm(forms.Form):
             self.check_eval_path(data.get("eval_path", ""))
         self.check_resource_names(data)
         self.check_queue_has_worker(data.get("queue"))
+        self.check_ranks(data)
         tools = data.get("tools") or []
         self.check_registrable_code(data)
         names = [t.name for t in tools]
@@ -248,6 +255,8 @@ class LaunchForm(forms.Form):
             "optim": {"lr": d["learning_rate"]},
             "resources": d.get("resources") or {},
             "trackers": list(d.get("trackers") or []),
+            # Not a trainer key: the worker turns it into a torchrun process group (webapp.jobs.body).
+            **({"ranks": d["gpus"]} if d.get("gpus", 1) > 1 else {}),
         }
 
     def check_eval_path(self, path: str) -> None:
@@ -281,10 +290,33 @@ class LaunchForm(forms.Form):
             self.add_error("queue", "No GPU worker is running, so this job would wait forever; choose the cpu "
                                     "queue, or start one on a GPU host: celery -A webapp worker -Q gpu.")
 
+    def check_ranks(self, data: dict[str, Any]) -> None:
+        """Each rank rolls out ``prompts_per_step / gpus`` prompts, and the queue's workers must have the
+        devices: asked of them (``webapp.jobs.queues.most_ranks``), so a job never waits for a host that
+        does not exist."""
+        ranks, prompts, queue = data.get("gpus"), data.get("prompts_per_step"), data.get("queue")
+        if ranks is None or ranks == 1:
+            return
+        if prompts is not None and prompts % ranks:
+            self.add_error("gpus", f"{ranks} ranks cannot share {prompts} prompts per step evenly (a group of "
+                                   f"rollouts never straddles ranks); use a number of ranks that divides {prompts}, "
+                                   f"or make the prompts per step a multiple of {ranks}.")
+            return
+        if queue is None:
+            return
+        from webapp.jobs.queues import most_ranks
+
+        have = most_ranks(queue)
+        what = "GPUs" if queue == Queue.GPU else "CPU cores"
+        if have < ranks:
+            self.add_error("gpus", f"The workers of the {queue} queue report at most {have} {what} on one host; ask "
+                                   f"for {max(have, 1)} ranks or fewer, or start a worker on a host with {ranks} "
+                                   f"{what}: celery -A webapp worker -Q {queue}.")
+
     def validate_with_trainer(self) -> None:
         """The trainer's own rules (``Config.validate``: group sizes, pool sizes, ...), its message on the field
         of the key it names, so the form never keeps a second copy of them."""
         try:
-            from_dict(Config, self.trainer_config()).validate()
+            from_dict(Config, {k: v for k, v in self.trainer_config().items() if k != "ranks"}).validate()
         except ConfigError as exc:
             self.add_error(field_of(exc.key), str(exc))

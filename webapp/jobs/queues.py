@@ -8,7 +8,9 @@ answer is cached for ``AGENTFLY_WORKER_CHECK_CACHE_SECONDS`` to keep launches fa
 from __future__ import annotations
 
 import logging
+import os
 import time
+from typing import Any
 
 from django.conf import settings
 
@@ -43,3 +45,46 @@ def queue_has_worker(queue: str) -> bool:
 def forget() -> None:
     """Drop the cached answers (a test that starts or stops a worker)."""
     _cache.clear()
+    _devices.clear()
+
+
+# ------------------------------------------------------------------------------------------ devices
+_devices: dict[str, tuple[float, int]] = {}
+
+
+def local_devices() -> dict[str, int]:
+    """What this worker can give a job's ranks: its GPUs (CUDA devices torch sees) and CPU cores."""
+    gpus = 0
+    try:
+        import torch
+
+        gpus = int(torch.cuda.device_count())
+    except ImportError:  # a worker without torch cannot train at all; it has no GPU to offer either
+        pass
+    return {"gpus": gpus, "cpus": os.cpu_count() or 1}
+
+
+def most_ranks(queue: str, timeout: float = 3.0) -> int:
+    """The most ranks one job on ``queue`` can get, as the workers consuming it report (``agentfly_devices``):
+    GPUs on the ``gpu`` queue, CPU cores elsewhere; 0 when no worker answers. Cached like ``queue_has_worker``."""
+    now = time.monotonic()
+    hit = _devices.get(queue)
+    if hit is not None and now - hit[0] < settings.AGENTFLY_WORKER_CHECK_CACHE_SECONDS:
+        return hit[1]
+    from webapp.celery import app
+
+    replies: dict[str, Any] = {}
+    for _ in range(2):  # a loaded worker may miss one short window; a second ask costs only on refusal
+        try:
+            # The custom inspect command of webapp.jobs.tasks, asked the way Inspect asks its own commands.
+            replies = app.control.inspect(timeout=timeout)._request("agentfly_devices") or {}
+        except Exception:
+            log.warning("could not ask the workers what devices they have", exc_info=True)
+        if replies:
+            break
+    key = "gpus" if queue == "gpu" else "cpus"
+    best = max((int(r.get(key, 0)) for r in replies.values() if isinstance(r, dict) and queue in r.get("queues", [])),
+               default=0)
+    if best:  # no answer is not cached: a worker that was busy answers the next launch
+        _devices[queue] = (now, best)
+    return best

@@ -15,6 +15,7 @@ from typing import Any
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.worker.control import inspect_command
 from django.conf import settings
 from django.db import connection
 
@@ -140,6 +141,16 @@ def run_job(job_id: int) -> str:
     finally:
         heartbeat.stop()
     return ended or status
+
+
+@inspect_command()
+def agentfly_devices(state: Any) -> dict[str, Any]:
+    """Answers ``webapp.jobs.queues.most_ranks``: the queues this worker consumes, and its GPUs and CPU
+    cores (what one job's ranks can have here)."""
+    from webapp.jobs.queues import local_devices
+
+    queues = [q.name for q in state.consumer.task_consumer.queues]
+    return {"queues": queues, **local_devices()}
 
 
 @shared_task(name="webapp.jobs.tasks.fail_stale_jobs", ignore_result=True)
