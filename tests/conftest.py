@@ -1,5 +1,9 @@
 """Fixtures shared by every test package.
 
+The web app's fixtures (settings, personas, a real Celery worker, Daphne, the browser) live in
+``tests/webapp/fixtures.py``, loaded here as a plugin so that ``tests/webapp/`` and ``tests/e2e/`` share one
+instance of each session fixture.
+
 ``tiny_model_dir``: the real tiny Qwen2 model and tokenizer, built once per test session (about 7 s) and saved
 with ``save_pretrained``, so engine, rollout, trainer and web-app tests load it through the same
 ``from_pretrained`` path a user's model takes. Tests that change weights copy it first.
@@ -33,3 +37,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "stack" in item.keywords:
             item.add_marker(skip)
+
+pytest_plugins = ["tests.webapp.fixtures"]

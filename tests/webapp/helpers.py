@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -146,3 +147,37 @@ def wait_for_js(page: Any, expression: str, timeout: float, interval: float = 0.
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout / 1000:.0f} s waiting for {expression!r}")
         page.wait_for_timeout(interval * 1000)
+
+def off_loop(fn: Any, *args: Any) -> Any:
+    """Call ``fn`` on a thread of its own. Playwright's loop runs on the test's thread, and storing events
+    there would announce them with ``async_to_sync``, which refuses to run beside a running loop."""
+    from django.db import connection
+
+    result: list[Any] = []
+
+    def call() -> None:
+        try:
+            result.append(fn(*args))
+        except BaseException as exc:
+            result.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join()
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]
+
+
+def sign_in(page: Any, user: Any, base_url: str) -> None:
+    from django.conf import settings
+    from django.test import Client
+
+    def session_key() -> str:
+        client = Client()
+        client.force_login(user)
+        return client.cookies[settings.SESSION_COOKIE_NAME].value
+
+    page.context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "url": base_url, "value": off_loop(session_key)}])

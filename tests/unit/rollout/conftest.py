@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,13 +12,6 @@ import pytest
 from agentfly.engines import Generation, ReplayEngine, Sampling
 
 MARKER = re.compile(r"#rollout=(\d+)#")
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tiny_model_dir: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
 
 
 class ScriptedEngine(ReplayEngine):

@@ -7,51 +7,16 @@ Needs ``/usr/bin/chromium`` (``apt-get install -y chromium``) and the ``playwrig
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
 
-from tests.webapp.helpers import ROOT, Daphne, wait_for, wait_for_js
+from tests.webapp.helpers import ROOT, Daphne, off_loop, sign_in, wait_for, wait_for_js
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
 ARTIFACTS = ROOT / "test-artifacts"
 
-
-def off_loop(fn: Any, *args: Any) -> Any:
-    """Call ``fn`` on a thread of its own. Playwright's loop runs on the test's thread, and storing events
-    there would announce them with ``async_to_sync``, which refuses to run beside a running loop."""
-    from django.db import connection
-
-    result: list[Any] = []
-
-    def call() -> None:
-        try:
-            result.append(fn(*args))
-        except BaseException as exc:
-            result.append(exc)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=call)
-    thread.start()
-    thread.join()
-    if isinstance(result[0], BaseException):
-        raise result[0]
-    return result[0]
-
-
-def sign_in(page: Any, user: Any, base_url: str) -> None:
-    from django.conf import settings
-    from django.test import Client
-
-    def session_key() -> str:
-        client = Client()
-        client.force_login(user)
-        return client.cookies[settings.SESSION_COOKIE_NAME].value
-
-    page.context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "url": base_url, "value": off_loop(session_key)}])
 
 
 def register_and_wait(api: Any, kind: str, import_path: str) -> dict[str, Any]:

@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.webapp.helpers import Daphne
-from tests.webapp.monitor.test_monitor_browser import off_loop, sign_in
+from tests.webapp.helpers import Daphne, off_loop, sign_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
