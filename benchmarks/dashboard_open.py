@@ -63,8 +63,8 @@ def make_jobs(steps: list[int]) -> tuple[Any, dict[int, int], str]:
     team = do_create_team(name, user)
     jobs = {}
     for n in steps:
-        job = TrainingJob.objects.create(team=team, created_by=user, name=f"{n} steps", config={},
-                                         status=Status.SUCCEEDED, total_steps=n, step=n)
+        job = TrainingJob.objects.create(team=team, created_by=user, name=f"{n} steps", config={"steps": n},
+                                         status=Status.SUCCEEDED, step=n)
         if n:
             seed_long_job(job, n)
         jobs[n] = job.pk

@@ -116,29 +116,27 @@ def _active() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized() and world_size() > 1
 
 
+def _all_reduce(tensor: torch.Tensor, op: Any) -> torch.Tensor:
+    if not _active():
+        return tensor
+    out = tensor.detach().clone()
+    if torch.distributed.get_backend() == "nccl":
+        out = out.cuda()
+    torch.distributed.all_reduce(out, op=op)
+    return out.to(tensor.device)
+
+
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """The element-wise sum of ``tensor`` over all ranks (the tensor itself in a single process).
 
     Sums and counts are what ranks reduce, never means: a mean of per-rank means weighs a rank with few
     tokens as much as one with many, and the N-rank loss would no longer be the one-process loss."""
-    if not _active():
-        return tensor
-    out = tensor.detach().clone()
-    if torch.distributed.get_backend() == "nccl":
-        out = out.cuda()
-    torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.SUM)
-    return out.to(tensor.device)
+    return _all_reduce(tensor, torch.distributed.ReduceOp.SUM)
 
 
 def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
     """The element-wise maximum over all ranks (stage times: a step waits for its slowest rank)."""
-    if not _active():
-        return tensor
-    out = tensor.detach().clone()
-    if torch.distributed.get_backend() == "nccl":
-        out = out.cuda()
-    torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.MAX)
-    return out.to(tensor.device)
+    return _all_reduce(tensor, torch.distributed.ReduceOp.MAX)
 
 
 def all_gather_object(obj: Any) -> list[Any]:

@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -53,10 +54,12 @@ def checkout_like(folder: Path) -> None:
 def test_the_guides_commands_run(page: Path, tmp_path: Path) -> None:
     checkout_like(tmp_path)
     bin_dir = Path(sys.executable).parent
-    # A reader's shell: no test database (the web app's demo then uses its own SQLite file).
-    clean = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    # A reader's shell: no test database (the web app's demo then uses its own SQLite file), and a Redis
+    # namespace of its own, so the test session's worker never takes the demo's tasks (nor the demo its).
+    clean = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "CHANNEL_LAYER_PREFIX"}}
     env = dict(clean, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1",
-               PYTHONPATH=str(tmp_path), WANDB_SILENT="true", NO_MKDOCS_2_WARNING="1")
+               PYTHONPATH=str(tmp_path), WANDB_SILENT="true", NO_MKDOCS_2_WARNING="1",
+               AGENTFLY_REDIS_PREFIX=f"docs-guide-{uuid.uuid4().hex[:8]}:")
     for kind, name, text in blocks(page):
         if kind == "file":
             assert name is not None

@@ -67,7 +67,7 @@ def long_job(alice: Any, name: str, steps: int = STEPS) -> Any:
     from webapp.monitor.synthetic import seed_long_job
 
     job = TrainingJob.objects.create(team=Team.objects.of(alice).get(), created_by=alice, name=name,
-                                     status=Status.RUNNING, config={}, total_steps=steps * 2, step=steps)
+                                     status=Status.RUNNING, config={"steps": steps * 2}, step=steps)
     seed_long_job(job, steps)
     return job
 

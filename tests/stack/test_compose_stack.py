@@ -16,11 +16,13 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.webapp.helpers import wait_for
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(1200)]
 
@@ -50,16 +52,6 @@ def missing() -> str | None:
         if subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode != 0:
             return f"the image {image} ({what}) is not built; scripts/stack_test.sh builds it from this repository"
     return None
-
-
-def wait_for(check: Callable[[], Any], seconds: float, what: str, every: float = 1.0) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {seconds:g} s waiting for {what}")
 
 
 def free_port() -> int:
