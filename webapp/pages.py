@@ -10,7 +10,7 @@ from django.shortcuts import render
 from django.templatetags.static import static
 
 from webapp.accounts.models import Team
-from webapp.demo import DEMO_JOB, SHIPPED_WARM_START, TINY_JOB, valid_model_dir
+from webapp.demo import DEMO_JOB, DEMO_STEPS, SHIPPED_WARM_START, TINY_JOB, valid_model_dir
 from webapp.jobs.forms import LaunchForm
 
 
@@ -25,7 +25,7 @@ def demo_job_fields(user: Any) -> list[tuple[str, Any]] | None:
     recipe = DEMO_JOB if warm else TINY_JOB
     fields = {**recipe, "name": "demo: calculator agent learning with GRPO", "model_source": "path" if warm else "tiny",
               "model_path": str(SHIPPED_WARM_START) if warm else "", "task": "arithmetic", "reward": reward,
-              "steps": 60 if warm else 30, "queue": "cpu", "launch_key": uuid.uuid4().hex}
+              "steps": DEMO_STEPS if warm else 30, "queue": "cpu", "launch_key": uuid.uuid4().hex}
     return [*fields.items(), *(("tools", pk) for pk in tools)]  # hidden inputs, one per value
 
 

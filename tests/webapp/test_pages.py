@@ -103,7 +103,7 @@ def test_the_500_page_is_the_apps_own_and_renders_without_a_request_context(rf: 
 # ------------------------------------------------------------------------------------------ browser tests
 
 
-def test_the_demo_job_from_a_warm_start_passes_the_launch_form_with_grpo_yamls_recipe(
+def test_the_demo_job_from_a_warm_start_passes_the_launch_form_with_the_demo_recipe(
         alice: Any, tmp_path: Any) -> None:
     from webapp.demo import launch_demo_job
 
@@ -115,4 +115,4 @@ def test_the_demo_job_from_a_warm_start_passes_the_launch_form_with_grpo_yamls_r
     job = launch_demo_job(alice, team, 60, warm)
     cfg = job.config
     assert cfg["model"]["path"] == str(warm) and cfg["steps"] == 60
-    assert cfg["optim"]["lr"] == 1e-4 and cfg["rollout"]["temperature"] == 0.7 and cfg["rollout"]["max_turns"] == 3
+    assert cfg["optim"]["lr"] == 3e-5 and cfg["rollout"]["temperature"] == 0.7 and cfg["rollout"]["max_turns"] == 3
