@@ -60,6 +60,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# The variables docker-compose.yml reads from the operator's environment with a default of its own.
+COMPOSE_SETTINGS = {"DEBUG", "SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE"}
+
+
 class Stack:
     def __init__(self, tmp: Path) -> None:
         self.port = free_port()
@@ -67,7 +71,10 @@ class Stack:
         models, datasets = tmp / "models", tmp / "datasets"
         models.mkdir()
         datasets.mkdir()
-        self.env = {**os.environ, "SECRET_KEY": secrets.token_urlsafe(48), "AGENTFLY_WEB_PORT": str(self.port),
+        # An operator's shell: none of the settings this test session gives the web app (the web fixtures set
+        # DEBUG=1 for the in-process tests), which compose would otherwise pass into the containers.
+        shell = {k: v for k, v in os.environ.items() if k not in COMPOSE_SETTINGS}
+        self.env = {**shell, "SECRET_KEY": secrets.token_urlsafe(48), "AGENTFLY_WEB_PORT": str(self.port),
                     "ALLOWED_HOSTS": "localhost,127.0.0.1", "CSRF_TRUSTED_ORIGINS": self.url,
                     "AGENTFLY_MODELS_DIR": str(models), "AGENTFLY_DATASETS_DIR": str(datasets),
                     "COMPOSE_PROJECT_NAME": PROJECT}
