@@ -188,14 +188,13 @@ class LaunchForm(forms.Form):
             elif not (Path(path) / "config.json").is_file():
                 self.add_error("model_path", f"{path!r} has no config.json; point at a saved model directory.")
         if data.get("task") == "jsonl":
-            path = data.get("task_path", "")
-            if not path:
-                self.add_error("task_path", "Give the JSONL file of task samples.")
-            elif not Path(path).is_file():
-                self.add_error("task_path", f"{path!r} is not a file on this server.")
-            elif not path.endswith(".jsonl"):
-                self.add_error("task_path", "The task file must be JSON lines (a .jsonl file).")
-            self.check_eval_path(data.get("eval_path", ""))
+            self.check_jsonl_file("task_path", data.get("task_path", ""), "Give the JSONL file of task samples.",
+                                  "The task file")
+            # The trainer needs held-out samples of a JSONL task (``data.eval_path``): asked for here, or the
+            # job would fail on the worker after its model was built.
+            self.check_jsonl_file("eval_path", data.get("eval_path", ""),
+                                  "A JSONL task needs a JSONL file of held-out samples to evaluate on.",
+                                  "The evaluation file")
         self.check_resource_names(data)
         self.check_queue_has_worker(data.get("queue"))
         self.check_ranks(data)
@@ -259,17 +258,16 @@ class LaunchForm(forms.Form):
             **({"ranks": d["gpus"]} if d.get("gpus", 1) > 1 else {}),
         }
 
-    def check_eval_path(self, path: str) -> None:
-        """The trainer needs held-out samples of a JSONL task (``data.eval_path``): ask for them here, or the
-        job would fail on the worker after its model was built."""
-        if "eval_path" in self.errors:
+    def check_jsonl_file(self, field: str, path: str, missing: str, what: str) -> None:
+        """``path`` (of ``field``) names a JSON lines file on this server; an earlier error on the field stays."""
+        if field in self.errors:
             return
         if not path:
-            self.add_error("eval_path", "A JSONL task needs a JSONL file of held-out samples to evaluate on.")
+            self.add_error(field, missing)
         elif not Path(path).is_file():
-            self.add_error("eval_path", f"{path!r} is not a file on this server.")
+            self.add_error(field, f"{path!r} is not a file on this server.")
         elif not path.endswith(".jsonl"):
-            self.add_error("eval_path", "The evaluation file must be JSON lines (a .jsonl file).")
+            self.add_error(field, f"{what} must be JSON lines (a .jsonl file).")
 
     def check_resource_names(self, data: dict[str, Any]) -> None:
         """A pool size only for a resource the trainer can build: a built-in one or one a chosen tool declares."""
