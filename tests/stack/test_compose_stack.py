@@ -13,7 +13,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.webapp.helpers import wait_for
+from tests.webapp.helpers import free_port, wait_for
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(1200)]
 
@@ -52,12 +51,6 @@ def missing() -> str | None:
         if subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode != 0:
             return f"the image {image} ({what}) is not built; scripts/stack_test.sh builds it from this repository"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # The variables docker-compose.yml reads from the operator's environment with a default of its own.

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -148,27 +147,14 @@ def wait_for_js(page: Any, expression: str, timeout: float, interval: float = 0.
             raise AssertionError(f"timed out after {timeout / 1000:.0f} s waiting for {expression!r}")
         page.wait_for_timeout(interval * 1000)
 
+
 def off_loop(fn: Any, *args: Any) -> Any:
-    """Call ``fn`` on a thread of its own. Playwright's loop runs on the test's thread, and storing events
-    there would announce them with ``async_to_sync``, which refuses to run beside a running loop."""
-    from django.db import connection
+    """Call ``fn`` on a thread of its own (the worker's ``off_loop``). Playwright's loop runs on the test's
+    thread, and storing events there would announce them with ``async_to_sync``, which refuses to run beside a
+    running loop."""
+    from webapp.jobs.tasks import off_loop as on_a_thread
 
-    result: list[Any] = []
-
-    def call() -> None:
-        try:
-            result.append(fn(*args))
-        except BaseException as exc:
-            result.append(exc)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=call)
-    thread.start()
-    thread.join()
-    if isinstance(result[0], BaseException):
-        raise result[0]
-    return result[0]
+    return on_a_thread(fn, *args)
 
 
 def sign_in(page: Any, user: Any, base_url: str) -> None:
