@@ -3,6 +3,14 @@ both on this CPU: wall time per step, trajectories/s, trained tokens/s and the r
 
     python benchmarks/trl_compare.py                       # installs TRL into runs/trl-venv on first use
     python benchmarks/trl_compare.py --steps 6 --prompts 8 --group 4
+    python benchmarks/trl_compare.py --learning --minutes 8   # time to 85% held-out accuracy, each side
+
+``--learning`` is the learning comparison: every side (AgentFly sync, AgentFly async, TRL) starts from the
+calculator example's shipped warm start (``examples/calculator/warm_start``, about 55% held-out), takes the
+example's step (16 problems x 8 rollouts, temperature 0.7, lr 1e-4, the same problems in the same order), and
+trains for the same wall-clock budget, saving its weights every few steps with the training seconds spent so
+far. Afterwards AgentFly's evaluator scores each side's saves on the same 500 unseen problems, greedy, in order
+until one reaches the target: the table gives trained tokens per second and the training time to the target.
 
 What is the same on both sides: the model (the tiny Qwen2 model after AgentFly's supervised warm start, so it
 calls the calculator; built once into ``runs/bench/``), the problems and their order (``agentfly.tasks.
@@ -179,6 +187,166 @@ def run_ours(args: argparse.Namespace) -> None:
     }, indent=1))
 
 
+# ------------------------------------------------------------------------------------------ learning
+WARM_START = REPO / "examples" / "calculator" / "warm_start"
+EXAMPLE = REPO / "examples" / "calculator" / "grpo.yaml"
+
+
+def run_ours_learning(args: argparse.Namespace, mode: str, model: Path, train: Path, test: Path, work: Path
+                      ) -> dict[str, Any]:
+    """``agentfly train`` on the calculator example for the budget, a checkpoint every ``--save-every`` steps.
+
+    Training seconds at a checkpoint are read from the run's own events (wall time since training began,
+    less the time its checkpoints took), so saving costs neither side its budget.
+    """
+    out = work / f"learn-agentfly-{mode}"
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "trainer.cli", "train", str(EXAMPLE),
+           "--set", f"output_dir={out}", "--set", f"model.path={model}", "--set", f"data.task={train}",
+           "--set", f"data.eval_path={test}", "--set", "data.eval_size=1", "--set", "data.shuffle=false",
+           "--set", f"rollout.prompts_per_step={args.prompts}", "--set", f"rollout.group_size={args.group}",
+           "--set", f"optim.lr={args.lr}", "--set", f"max_minutes={args.minutes}", "--set", "steps=100000",
+           "--set", f"save_every={args.save_every}", "--set", "keep_last=100000", "--set", "progress=false",
+           "--set", "log_samples=0", "--set", f"seed={args.seed}", "--set", f"rollout.temperature={args.temperature}"]
+    if mode != "sync":
+        cmd += ["--set", f"rollout.mode={mode}", "--set", "rollout.max_staleness=1"]
+    log = out.with_suffix(".log")
+    print(f"AgentFly ({mode}): {args.minutes} min of GRPO ({log})", file=sys.stderr, flush=True)
+    with log.open("w") as fh:
+        done = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO,
+                              env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    if done.returncode != 0:
+        raise RuntimeError(f"AgentFly ({mode}) failed (exit {done.returncode}); see {log}")
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines() if line.strip()]
+    begin = next(e["time"] for e in events if e["type"] == "status" and "training from step" in e["data"].get(
+        "message", ""))
+    paused, tokens, saves = 0.0, 0, []
+    trained_at: dict[int, float] = {}
+    tokens_at: dict[int, int] = {}
+    for e in events:
+        data = e["data"]
+        if e["type"] != "metrics":
+            continue
+        if "time/step" in data:
+            tokens += round(data.get("response_length/mean", 0.0) * args.prompts * args.group)
+            trained_at[e["step"]] = e["time"] - begin - paused
+            tokens_at[e["step"]] = tokens
+        paused += data.get("time/checkpoint", 0.0) + data.get("time/eval", 0.0)
+    for ckpt in sorted(out.glob("checkpoint-[0-9]*")):
+        step = int(ckpt.name.split("-")[1])
+        if step in trained_at:
+            saves.append({"step": step, "seconds": trained_at[step], "path": str(ckpt),
+                          "trained_tokens": tokens_at[step]})
+    last = max(trained_at)
+    return {"framework": f"agentfly {mode}", "saves": saves, "train_seconds": trained_at[last],
+            "trained_tokens": tokens_at[last], "steps": last}
+
+
+def run_trl_learning(args: argparse.Namespace, python: Path, model: Path, train: Path, work: Path
+                     ) -> dict[str, Any]:
+    save_dir = work / "learn-trl"
+    shutil.rmtree(save_dir, ignore_errors=True)
+    out = work / "learn-trl.json"
+    cmd = [str(python), str(TRL_SIDE / "run_trl.py"), "--model", str(model), "--data", str(train),
+           "--prompts", str(args.prompts), "--group", str(args.group), "--max-turns", str(args.max_turns),
+           "--steps", "100000", "--lr", str(args.lr), "--threads", str(args.trl_threads), "--seed", str(args.seed),
+           "--temperature", str(args.temperature), "--max-completion-length",
+           str(args.max_new_tokens * args.max_turns), "--max-seconds", str(args.minutes * 60),
+           "--save-every", str(args.trl_save_every), "--save-dir", str(save_dir), "--out", str(out)]
+    result = run_side(cmd, "TRL", args.minutes * 60 + 900)
+    # TRL saved the weights only: the tokenizer and its chat template are the warm start's, unchanged.
+    for save in result["saves"]:
+        for f in model.iterdir():
+            if f.is_file() and not (Path(save["path"]) / f.name).exists() and f.suffix != ".safetensors":
+                shutil.copy(f, Path(save["path"]) / f.name)
+    last = result["saves"][-1] if result["saves"] else {"seconds": float("nan"), "trained_tokens": 0}
+    return {"framework": result["framework"], "saves": result["saves"],
+            "train_seconds": result["train_seconds_without_saves"], "trained_tokens": sum(result["trained_tokens"]),
+            "steps": len(result["step_times"]), "last_save": last}
+
+
+def held_out_accuracy(checkpoint: str, test: Path, n: int) -> float:
+    """Greedy accuracy on the held-out problems, AgentFly's evaluator for both sides (``agentfly eval``'s path)."""
+    import torch
+
+    from agentfly.engines.hf import HFEngine
+    from agentfly.tasks.io import load_jsonl
+    from trainer.builders import build_agent, load_policy, setup_torch
+    from trainer.config import load_config
+    from trainer.loop import evaluate
+
+    config = load_config(str(EXAMPLE), [f"model.path={checkpoint}", f"data.eval_path={test}", f"data.eval_size={n}",
+                                        "threads=2"])
+    model, tokenizer = load_policy(config, setup_torch(config), path=checkpoint)
+    model.eval()
+    agent = build_agent(config, HFEngine(model=model, tokenizer=tokenizer))
+    with torch.inference_mode():
+        metrics, _ = evaluate(agent, load_jsonl(test)[:n], config.eval.max_new_tokens, config.eval.batch_size)
+    return float(metrics["eval/accuracy"])
+
+
+def time_to_target(side: dict[str, Any], test: Path, n: int, target: float) -> None:
+    """Scores the side's saves in order until one reaches ``target``, then its last save; fills in
+    ``reached`` (training seconds at the first save at or above the target, or None) and ``final``."""
+    side["reached"], side["reached_step"], side["curve"] = None, None, []
+    saves = side["saves"]
+    for i, save in enumerate(saves):
+        if side["reached"] is not None and i != len(saves) - 1:
+            continue
+        acc = held_out_accuracy(save["path"], test, n)
+        side["curve"].append((save["step"], round(save["seconds"], 1), acc))
+        print(f"  {side['framework']}: step {save['step']} at {save['seconds']:.0f} s: {acc:.3f}", file=sys.stderr,
+              flush=True)
+        if side["reached"] is None and acc >= target:
+            side["reached"], side["reached_step"] = save["seconds"], save["step"]
+    side["final"] = side["curve"][-1][2] if side["curve"] else float("nan")
+
+
+def learning(args: argparse.Namespace, python: Path) -> None:
+    from agentfly.tasks import arithmetic
+    from agentfly.tasks.io import save_jsonl
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    model = Path(args.model) if args.model else WARM_START
+    train, test = work / "learn-train.jsonl", work / "learn-test.jsonl"
+    save_jsonl(arithmetic.generate(20000, seed=args.seed, split="train"), train)
+    save_jsonl(arithmetic.generate(args.eval_n, seed=args.seed, split="test"), test)
+    start = held_out_accuracy(str(model), test, args.eval_n)
+    print(f"warm start {model}: held-out greedy accuracy {start:.3f}", file=sys.stderr, flush=True)
+    sides = [run_ours_learning(args, mode, model, train, test, work) for mode in args.modes]
+    sides.append(run_trl_learning(args, python, model, train, work))
+    for side in sides:
+        time_to_target(side, test, args.eval_n, args.target)
+    print(f"\nGRPO on arithmetic with the calculator, from {model.name} (held-out {start:.3f}): {args.prompts} "
+          f"problems x {args.group} rollouts per step, temperature {args.temperature}, lr {args.lr}, "
+          f"{args.minutes} min of training per side; held-out: {args.eval_n} unseen problems, greedy, AgentFly's "
+          f"evaluator on every side's saved weights")
+    print(f"{'side':<20}{'steps':>7}{'tokens/s':>10}{'final acc':>11}{f'time to {args.target:.0%}':>16}")
+    trl = sides[-1]
+    for side in sides:
+        side["tokens_per_s"] = side["trained_tokens"] / max(side["train_seconds"], 1e-9)
+        reached = f"{side['reached']:.0f} s (step {side['reached_step']})" if side["reached"] is not None else "not reached"
+        print(f"{side['framework']:<20}{side['steps']:>7}{side['tokens_per_s']:>10.0f}{side['final']:>11.3f}"
+              f"{reached:>16}")
+    budget = args.minutes * 60
+    for side in sides[:-1]:
+        speed = side["tokens_per_s"] / max(trl["tokens_per_s"], 1e-9)
+        if side["reached"] is None:
+            when = "AgentFly did not reach the target"
+        elif trl["reached"] is None:
+            when = f"TRL did not reach it in {budget:.0f} s: at most {side['reached'] / budget:.2f} of TRL's time"
+        else:
+            when = f"{side['reached'] / trl['reached']:.2f} of TRL's time"
+        print(f"{side['framework']} / TRL: trained tokens per second {speed:.2f}x; time to {args.target:.0%}: {when}")
+    print("settings that differ: threads (AgentFly: rollout 1, update 2 as in grpo.yaml; TRL: "
+          f"{args.trl_threads} for its single sequential loop); per-turn token budget (AgentFly, "
+          f"{args.max_new_tokens}) vs one completion budget incl. tool results (TRL, "
+          f"{args.max_new_tokens * args.max_turns}); sampling seeds; saves every {args.save_every} (AgentFly) and "
+          f"{args.trl_save_every} (TRL) steps")
+    (work / "learn-results.json").write_text(json.dumps({"start": start, "sides": sides}, indent=1, default=str))
+
+
 # ------------------------------------------------------------------------------------------ the comparison
 def summarise(results: list[dict[str, Any]]) -> dict[str, float]:
     """Per-step figures of one side over its rounds, each round's steps 2..N (the first step pays for warm-up
@@ -218,13 +386,14 @@ def run_side(cmd: list[str], name: str, timeout: float) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> float | None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=4, help="problems per step")
-    ap.add_argument("--group", type=int, default=4, help="rollouts per problem (GRPO's G)")
+    ap.add_argument("--prompts", type=int, default=None, help="problems per step (default 4; --learning 16)")
+    ap.add_argument("--group", type=int, default=None, help="rollouts per problem, GRPO's G (default 4; --learning 8)")
     ap.add_argument("--max-new-tokens", type=int, default=48, help="tokens per assistant turn")
     ap.add_argument("--max-turns", type=int, default=3, help="assistant turns per trajectory")
     ap.add_argument("--steps", type=int, default=3, help="training steps on each side per round")
     ap.add_argument("--rounds", type=int, default=2, help="runs of each side, alternating")
-    ap.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate (the calculator example's)")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="AdamW learning rate (default 5e-4; --learning 1e-4, the calculator example's)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads on both sides")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--venv", default=str(REPO / "runs" / "trl-venv"), help="the TRL side's environment")
@@ -233,6 +402,18 @@ def main(argv: list[str] | None = None) -> float | None:
     ap.add_argument("--sft-demos", type=int, default=1000, help="demonstrations of the warm start")
     ap.add_argument("--sft-epochs", type=int, default=3, help="epochs of the warm start")
     ap.add_argument("--timeout", type=float, default=900, help="seconds each side may run")
+    # The learning comparison (--learning): both sides from the calculator warm start for a wall-clock budget.
+    ap.add_argument("--learning", action="store_true",
+                    help="train each side for --minutes from the calculator warm start and compare the time to "
+                         "--target held-out accuracy (defaults: 16 x 8 per step, lr 1e-4, temperature 0.7)")
+    ap.add_argument("--minutes", type=float, default=8.0, help="training minutes per side (--learning)")
+    ap.add_argument("--target", type=float, default=0.85, help="held-out accuracy to reach (--learning)")
+    ap.add_argument("--eval-n", type=int, default=500, help="held-out problems (--learning)")
+    ap.add_argument("--save-every", type=int, default=10, help="AgentFly steps between saves (--learning)")
+    ap.add_argument("--trl-save-every", type=int, default=5, help="TRL steps between saves (--learning)")
+    ap.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL side (--learning)")
+    ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (--learning)")
+    ap.add_argument("--modes", nargs="+", default=["sync", "async"], help="AgentFly's rollout modes (--learning)")
     # Internal: run AgentFly's side in this process (the driver starts it as a subprocess, like TRL's).
     ap.add_argument("--side", choices=["ours"], help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
@@ -245,6 +426,12 @@ def main(argv: list[str] | None = None) -> float | None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     python = ensure_trl_venv(Path(args.venv))
+    if args.learning:
+        # The calculator example's step (examples/calculator/grpo.yaml), which its warm start was tuned for.
+        args.prompts, args.group, args.lr = args.prompts or 16, args.group or 8, args.lr or 1e-4
+        learning(args, python)
+        return None
+    args.prompts, args.group, args.lr = args.prompts or 4, args.group or 4, args.lr or 5e-4
     model = (Path(args.model) if args.model
              else warm_start_model(work, args.seed, args.threads, args.sft_demos, args.sft_epochs))
     data = write_problems(work / "trl-compare-problems.jsonl", args.prompts * args.steps, args.seed)

@@ -66,6 +66,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, required=True)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    # The learning comparison: train for a wall-clock budget, saving the weights every N steps with the
+    # training seconds spent so far (saving excluded), for AgentFly's evaluator to score afterwards.
+    ap.add_argument("--max-seconds", type=float, default=None, help="stop after this many training seconds")
+    ap.add_argument("--save-every", type=int, default=0, help="save the weights every N steps (0: never)")
+    ap.add_argument("--save-dir", default=None, help="where the saved weights go (one folder per save)")
     args = ap.parse_args(argv)
 
     import os
@@ -99,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         num_generations=args.group,
         max_completion_length=args.max_completion_length,
         max_tool_calling_iterations=args.max_turns - 1,
-        temperature=1.0, top_p=1.0, top_k=0,
+        temperature=args.temperature, top_p=1.0, top_k=0,
         beta=0.0,  # no reference model (AgentFly: algorithm.kl_coef=0)
         epsilon=0.2,
         # Mean over every trained token of the batch (AgentFly: loss_agg=token-mean, as the calculator example);
@@ -117,6 +123,9 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     step_times: list[float] = []
+    saves: list[dict[str, Any]] = []
+    saving = [0.0]  # seconds spent saving, not training
+    started = [0.0]
     step_logs: list[dict[str, float]] = []
     cpu_times: list[float] = []
     trained_tokens: list[int] = []
@@ -127,9 +136,22 @@ def main(argv: list[str] | None = None) -> None:
         def on_step_begin(self, *_: Any, **__: Any) -> None:
             self.start, self.cpu = time.perf_counter(), time.process_time()
 
-        def on_step_end(self, *_: Any, **__: Any) -> None:
+        def on_train_begin(self, *_: Any, **__: Any) -> None:
+            started[0] = time.perf_counter()
+
+        def on_step_end(self, _args: Any, state: Any, control: Any, **__: Any) -> None:
             step_times.append(time.perf_counter() - self.start)
             cpu_times.append(time.process_time() - self.cpu)
+            trained = time.perf_counter() - started[0] - saving[0]
+            if args.save_every and args.save_dir and state.global_step % args.save_every == 0:
+                t0 = time.perf_counter()
+                folder = Path(args.save_dir) / f"step-{state.global_step:06d}"
+                model.save_pretrained(folder, safe_serialization=True)
+                saves.append({"step": state.global_step, "seconds": trained, "path": str(folder),
+                              "trained_tokens": sum(trained_tokens)})
+                saving[0] += time.perf_counter() - t0
+            if args.max_seconds is not None and trained >= args.max_seconds:
+                control.should_training_stop = True
 
         def on_log(self, _args: Any, _state: Any, _control: Any, logs: dict[str, Any] | None = None, **__: Any
                    ) -> None:
@@ -156,7 +178,8 @@ def main(argv: list[str] | None = None) -> None:
         "step_times": step_times, "cpu_times": cpu_times, "train_seconds": total, "trained_tokens": trained_tokens,
         "rewards": [entry.get("reward", float("nan")) for entry in step_logs],
         "tool_calls": [entry.get("tools/call_frequency", float("nan")) for entry in step_logs],
-        "trajectories_per_step": args.prompts * args.group, "logs": step_logs,
+        "trajectories_per_step": args.prompts * args.group, "logs": step_logs, "saves": saves,
+        "train_seconds_without_saves": total - saving[0],
     }
     Path(args.out).write_text(json.dumps(result, indent=1))
 
