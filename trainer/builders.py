@@ -191,7 +191,8 @@ def build_agent(config: Config, engine: Engine) -> Agent:
     tools = [import_object(spec, "rollout.tools entry") for spec in r.tools]
     reward = import_object(r.reward, "rollout.reward")
     return af.Agent(engine, tools=tools, reward=reward, parser=r.parser, max_turns=r.max_turns,
-                    system_prompt=r.system_prompt, resources=build_resources(config, tools))
+                    system_prompt=r.system_prompt, resources=build_resources(config, tools),
+                    chat_template_kwargs=r.chat_template_kwargs)
 
 
 def build_engine(config: Config, model: Any, tokenizer: Any) -> Engine:

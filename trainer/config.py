@@ -104,6 +104,8 @@ class RolloutConfig:
     reward: str = _f("agentfly.rewards.builtin.math:math_equal", "Reward as 'module:attribute'.")
     parser: Literal["hermes", "react"] = _f("hermes", "Tool-call format the model writes.")
     system_prompt: str | None = _f(None, "System message; None leaves the template's default.")
+    chat_template_kwargs: dict[str, Any] = _f({}, "Extra chat template variables, e.g. {enable_thinking: false} "
+                                              "for Qwen3's non-thinking mode (see the own-model guide).")
     max_turns: int = _f(4, "Most assistant turns per trajectory.")
     prompts_per_step: int = _f(16, "Task samples drawn per training step.")
     group_size: int = _f(8, "Rollouts per prompt (GRPO's G; DeepSeekMath uses 64, the calculator 8).")
@@ -359,6 +361,8 @@ class Config:
 
 # ---------------------------------------------------------------------------------------------- loading
 def _type_name(tp: Any) -> str:
+    if tp is Any:
+        return "any value"
     origin = typing.get_origin(tp)
     if origin is Literal:
         return " | ".join(repr(a) for a in typing.get_args(tp))
@@ -374,6 +378,8 @@ def _type_name(tp: Any) -> str:
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
+    if tp is Any:  # passed through as YAML wrote it (chat template variables)
+        return value
     origin = typing.get_origin(tp)
     if origin in (types.UnionType, typing.Union):
         args = typing.get_args(tp)

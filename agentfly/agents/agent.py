@@ -42,6 +42,7 @@ class Agent:
     max_length: the most tokens in a trajectory (defaults to the engine's context length).
     resources: the job's ``ResourceEngine`` for tools that declare ``resource=``.
     max_concurrency: rollouts in flight at once (with the pool limits, this bounds memory).
+    chat_template_kwargs: extra chat template variables, e.g. ``{"enable_thinking": False}`` (Qwen3).
     """
 
     def __init__(
@@ -57,6 +58,7 @@ class Agent:
         resources: ResourceProvider | None = None,
         max_concurrency: int | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         if isinstance(model, Engine):
             self.engine = model
@@ -76,6 +78,7 @@ class Agent:
         self.runner = RolloutRunner(
             engine=self.engine, tools=self.tools, parser=self.parser, reward=self.reward, max_turns=max_turns,
             max_length=max_length, system_prompt=system_prompt, resources=resources, model_name=self.model_name,
+            chat_template_kwargs=chat_template_kwargs,
         )
 
     @property

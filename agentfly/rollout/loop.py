@@ -87,11 +87,13 @@ class RolloutRunner:
     system_prompt: str | None = None
     resources: ResourceProvider | None = None
     model_name: str | None = None
+    chat_template_kwargs: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
-        self.renderer = ChatRenderer(self.engine.tokenizer, [t.schema for t in self.tools.values()] or None)
+        self.renderer = ChatRenderer(self.engine.tokenizer, [t.schema for t in self.tools.values()] or None,
+                                     self.chat_template_kwargs)
         limit = self.engine.max_model_len
         self.token_limit: int = min(self.max_length or limit, limit)  # what the rollout may hold
         self.max_length = self.token_limit

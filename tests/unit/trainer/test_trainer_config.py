@@ -180,3 +180,23 @@ def test_learning_rate_schedules_warm_up_then_decay():
                                                0.03806], abs=1e-5)
     assert factors("linear") == pytest.approx([0.5, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125])
     assert factors("constant") == pytest.approx([0.5, 1.0] + [1.0] * 8)
+
+
+def test_chat_template_variables_from_the_config_reach_the_rollouts_template(tiny_tokenizer):
+    import copy
+
+    from agentfly.engines import ReplayEngine
+    from trainer.builders import build_agent
+
+    config = load_config(None, ["rollout.chat_template_kwargs={enable_thinking: false}"])
+    assert config.rollout.chat_template_kwargs == {"enable_thinking": False}
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    tokenizer.chat_template = (
+        "{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+        "{%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think></think>' -}}{%- endif -%}"
+        "{%- endif -%}"
+    )
+    agent = build_agent(config, ReplayEngine(tokenizer, lambda prompt: "4"))
+    prompt = agent.runner.renderer.render([{"role": "user", "content": "2+2?"}], add_generation_prompt=True)
+    assert prompt.endswith("<|im_start|>assistant\n<think></think>")
