@@ -9,13 +9,18 @@ the visible step range and gets it at full resolution (or downsampled to the bud
 
 The answer names ``last_seq``, the newest event it covers: the page then connects its socket with
 ``?after=last_seq`` and hears everything later once, with no gap and no duplicate.
+
+A resumed job continues its parent's curves: its metric columns start with the parent's points up to the
+step of the checkpoint it resumed from (and, for a chain of resumes, the grandparent's before those), then
+its own. ``last_seq`` and everything else (samples, resources, log) are the job's own; the caller names the
+ancestors (``Ancestor``), already checked to be jobs of the same team.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -51,6 +56,14 @@ def _companion_of(key: str, keys: set[str]) -> str | None:
 
 
 Arrays = dict[str, tuple[np.ndarray, np.ndarray]]  # key -> (x, y), in seq order
+
+
+class Ancestor(NamedTuple):
+    """A job whose history a resumed job continues: its events up to ``last_seq``, steps up to ``to_step``."""
+
+    job_id: int
+    last_seq: int
+    to_step: int
 
 
 def columns(x: list[float], rows: list[dict[str, Any]], points: int) -> dict[str, dict[str, list[Any]]]:
@@ -195,15 +208,41 @@ def _resource_arrays(job_id: int, last_seq: int) -> Arrays:
     return {k: (np.asarray(xs[k], dtype=np.float64), np.asarray(ys[k], dtype=np.float64)) for k in xs}
 
 
+def _joined(parts: list[Arrays]) -> Arrays:
+    """Each key's arrays of ``parts`` (oldest first) one after the other."""
+    out: Arrays = {}
+    for key in {k for part in parts for k in part}:
+        pieces = [part[key] for part in parts if key in part]
+        out[key] = (np.concatenate([x for x, _ in pieces]), np.concatenate([y for _, y in pieces]))
+    return out
+
+
+def _lineage_arrays(job_id: int, last_seq: int, ancestors: list[Ancestor], first_step: int | None,
+                    last_step: int | None) -> tuple[Arrays, list[int]]:
+    """The metric arrays of the ancestors (each up to its ``to_step``) then of the job, and the first step of
+    each run that has points (where each one started: the dashboard leaves start-up times out)."""
+    parts: list[Arrays] = []
+    for a in ancestors:
+        cap = a.to_step if last_step is None else min(a.to_step, last_step)
+        parts.append(_metric_arrays(a.job_id, a.last_seq, first_step, cap))
+    parts.append(_metric_arrays(job_id, last_seq, first_step, last_step))
+    starts = sorted({int(min(float(x.min()) for x, _ in part.values())) for part in parts if part})
+    return _joined(parts), starts
+
+
 def job_series(job_id: int, last_seq: int, *, first_step: int | None = None, last_step: int | None = None,
-               points: int = DEFAULT_POINTS, keys: list[str] | None = None, full: bool = True) -> dict[str, Any]:
+               points: int = DEFAULT_POINTS, keys: list[str] | None = None, full: bool = True,
+               ancestors: list[Ancestor] | None = None) -> dict[str, Any]:
     """The history of events ``seq <= last_seq`` in the step range: ``metrics`` and ``resources`` columns,
     and (``full``) the sample index ``[[step, seq], ...]``, the newest resources event and the log tail.
-    ``keys`` (names as ``norm_key`` spells them) limits the metrics to a chart's."""
-    metrics = _metric_arrays(job_id, last_seq, first_step, last_step)
+    ``keys`` (names as ``norm_key`` spells them) limits the metrics to a chart's. ``ancestors`` (oldest
+    first) are the jobs a resumed job continues: their metric points come first; ``starts`` names the first
+    step of each run."""
+    metrics, starts = _lineage_arrays(job_id, last_seq, ancestors or [], first_step, last_step)
     if keys is not None:
         metrics = {k: v for k, v in metrics.items() if norm_key(k) in keys}
-    answer: dict[str, Any] = {"last_seq": last_seq, "points": points, "metrics": downsampled(metrics, points)}
+    answer: dict[str, Any] = {"last_seq": last_seq, "points": points, "metrics": downsampled(metrics, points),
+                              "starts": starts}
     if not full:
         return answer
     events = JobEvent.objects.filter(job_id=job_id, seq__lte=last_seq)
