@@ -126,8 +126,11 @@ def flat_numbers(data: dict[str, Any], prefix: str = "") -> dict[str, float]:
     return out
 
 
-def _resource_row(host: Any, gpus: Any, pools: Any) -> dict[str, float]:
+def _resource_row(host: Any, gpus: Any, pools: Any, engine: Any = None) -> dict[str, float]:
     row: dict[str, float] = {}
+    for k in ("sequences", "generated_tokens"):  # the rollout engine's counters the resource panel plots
+        if isinstance(engine, dict) and isinstance(engine.get(k), (int, float)):
+            row[f"engine/{k}"] = engine[k]
     if isinstance(host, dict):
         for k in ("cpu_percent", "memory_percent"):
             if isinstance(host.get(k), (int, float)):
@@ -201,7 +204,8 @@ def _resource_arrays(job_id: int, last_seq: int) -> Arrays:
         data = orjson.loads(text)
         host = data.get("host") if isinstance(data, dict) else None
         row = _resource_row(host, host.get("gpus") if isinstance(host, dict) else None,
-                            data.get("pools") if isinstance(data, dict) else None)
+                            data.get("pools") if isinstance(data, dict) else None,
+                            data.get("engine") if isinstance(data, dict) else None)
         for k, v in row.items():
             xs.setdefault(k, []).append(at)
             ys.setdefault(k, []).append(float(v))
