@@ -119,7 +119,7 @@
     { id: "reward", title: "Reward", keys: ["reward_mean"], band: { std: "reward_std", min: "reward_min", max: "reward_max" },
       y: { title: "reward (mean, band)" } },
     { id: "accuracy", title: "Accuracy", keys: ["accuracy"], y: { title: "share correct (0–1)", rangemode: "tozero" } },
-    { id: "loss", title: "Policy loss", keys: ["loss_policy"], y: { title: "loss (per token)" } },
+    { id: "loss", title: "Policy loss", keys: ["loss_policy"], y: { title: "loss (per token)", exponentformat: "e" } },
     { id: "kl", title: "KL", keys: ["kl"], y: { title: "KL (nats per token)", rangemode: "tozero" } },
     { id: "entropy", title: "Entropy", keys: ["entropy"], y: { title: "entropy (nats per token)", rangemode: "tozero" } },
     { id: "clip", title: "Clip fraction", keys: ["clip_fraction"], y: { title: "share of tokens clipped", rangemode: "tozero" } },

@@ -221,17 +221,24 @@ def _joined(parts: list[Arrays]) -> Arrays:
     return out
 
 
+def _first_step(part: Arrays) -> int | None:
+    return int(min(float(x.min()) for x, _ in part.values())) if part else None
+
+
 def _lineage_arrays(job_id: int, last_seq: int, ancestors: list[Ancestor], first_step: int | None,
                     last_step: int | None) -> tuple[Arrays, list[int]]:
     """The metric arrays of the ancestors (each up to its ``to_step``) then of the job, and the first step of
-    each run that has points (where each one started: the dashboard leaves start-up times out)."""
+    each run (where each one started: the dashboard leaves start-up times out). A job with no points yet
+    starts at the step after its parent's checkpoint, or at 1: the trainer numbers a step once it is done."""
     parts: list[Arrays] = []
     for a in ancestors:
         cap = a.to_step if last_step is None else min(a.to_step, last_step)
         parts.append(_metric_arrays(a.job_id, a.last_seq, first_step, cap))
-    parts.append(_metric_arrays(job_id, last_seq, first_step, last_step))
-    starts = sorted({int(min(float(x.min()) for x, _ in part.values())) for part in parts if part})
-    return _joined(parts), starts
+    own = _metric_arrays(job_id, last_seq, first_step, last_step)
+    starts = {s for s in map(_first_step, parts) if s is not None}
+    own_first = _first_step(own)
+    starts.add(own_first if own_first is not None else (ancestors[-1].to_step + 1 if ancestors else 1))
+    return _joined([*parts, own]), sorted(starts)
 
 
 def job_series(job_id: int, last_seq: int, *, first_step: int | None = None, last_step: int | None = None,
@@ -245,10 +252,10 @@ def job_series(job_id: int, last_seq: int, *, first_step: int | None = None, las
     metrics, starts = _lineage_arrays(job_id, last_seq, ancestors or [], first_step, last_step)
     if keys is not None:
         metrics = {k: v for k, v in metrics.items() if norm_key(k) in keys}
-    answer: dict[str, Any] = {"last_seq": last_seq, "points": points, "metrics": downsampled(metrics, points),
-                              "starts": starts}
+    answer: dict[str, Any] = {"last_seq": last_seq, "points": points, "metrics": downsampled(metrics, points)}
     if not full:
         return answer
+    answer["starts"] = starts
     events = JobEvent.objects.filter(job_id=job_id, seq__lte=last_seq)
     answer["resources"] = downsampled(_resource_arrays(job_id, last_seq), points)
     latest = events.filter(type="resources").order_by("-seq").first()

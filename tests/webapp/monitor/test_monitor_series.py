@@ -205,3 +205,13 @@ def test_a_job_resumed_from_another_teams_checkpoint_shows_only_its_own_history(
     answer = signed_in(bob).get(f"/monitor/jobs/{bobs.pk}/series.json").json()
     assert answer["metrics"]["reward/mean"]["x"] == [11, 12, 13]
     assert answer["lineage"] == []
+
+
+@pytest.mark.django_db
+def test_a_run_without_points_yet_starts_at_the_step_after_its_parents_checkpoint(alice: Any,
+                                                                                    alice_job: Any) -> None:
+    assert signed_in(alice).get(f"/monitor/jobs/{alice_job.pk}/series.json").json()["starts"] == [1]
+    seed_long_job(alice_job, 6)
+    child = _resumed(alice_job, 4)
+    answer = signed_in(alice).get(f"/monitor/jobs/{child.pk}/series.json").json()
+    assert answer["starts"] == [1, 5] and answer["metrics"]["reward/mean"]["x"] == [1, 2, 3, 4]
