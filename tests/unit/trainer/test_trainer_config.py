@@ -180,3 +180,10 @@ def test_learning_rate_schedules_warm_up_then_decay():
                                                0.03806], abs=1e-5)
     assert factors("linear") == pytest.approx([0.5, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125])
     assert factors("constant") == pytest.approx([0.5, 1.0] + [1.0] * 8)
+
+
+def test_log_samples_takes_minus_one_for_every_trajectory_and_refuses_below_it():
+    assert load_config(None, ["log_samples=-1"]).log_samples == -1
+    with pytest.raises(ConfigError, match=r"log_samples=-2 must be -1 \(all\), 0 \(none\) or a count"):
+        load_config(None, ["log_samples=-2"])
+
