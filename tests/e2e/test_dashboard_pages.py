@@ -191,6 +191,12 @@ def test_a_resumed_jobs_chart_starts_at_its_parents_first_step(alice: Any, daphn
     note = page.inner_text("#lineage-note")
     assert "first run" in note and "step 8" in note
     settle(page, problems)
+    # The compare page draws the same joined history.
+    page.goto(f"{daphne.url}/monitor/compare/?jobs={job.pk}")
+    page.wait_for_function(DRAWN, timeout=30_000)
+    wait_for_js(page, "() => document.getElementById('chart-reward').data", timeout=10_000)
+    assert page.evaluate(RAW_X, "chart-reward") == list(range(1, 13))
+    settle(page, problems)
 
 
 def job_without_pools(alice: Any) -> Any:
