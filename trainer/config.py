@@ -270,7 +270,9 @@ class Config:
                                "padded only to its own longest row, and gradients accumulate to the minibatch's.")
     save_every: int = _f(0, "Save a checkpoint every N steps (and at the end); 0 = only at the end.")
     keep_last: int = _f(2, "Checkpoints kept besides the best one.")
-    log_samples: int = _f(2, "Sample trajectories sent to the event stream each step.")
+    log_samples: int = _f(2, "Sample trajectories sent to the event stream each step (the first N this process "
+                             "sampled); -1 sends all of them (the web app's jobs do, so the rollout viewer shows "
+                             "every trajectory of a step); 0 sends none.")
     tensorboard: bool = _f(False, "Same as listing tensorboard in `trackers` (kept for older configs).")
     trackers: list[TrackerName] = _f([], "Experiment trackers that get every metric under the names of "
                                          "events.jsonl, e.g. [tensorboard, wandb, mlflow]; each needs its package "
@@ -326,6 +328,9 @@ class Config:
                            ("micro_batch_size", self.micro_batch_size)]:
             if value < 1:
                 raise ConfigError(f"{key}={value} must be >= 1", key=key)
+        if self.log_samples < -1:
+            raise ConfigError(f"log_samples={self.log_samples} must be -1 (all), 0 (none) or a count",
+                              key="log_samples")
         if self.optim.lr <= 0:
             raise ConfigError(f"optim.lr={self.optim.lr} must be > 0", key="optim.lr")
         if r.temperature <= 0:

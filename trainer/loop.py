@@ -459,7 +459,8 @@ class Trainer:
                                                                           dtype=torch.float64)))
         self.events.metrics(self.step, metrics)
         if cfg.log_samples and self.main:
-            self.events.samples(self.step, [t.to_dict(self.tokenizer) for t in everything[: cfg.log_samples]])
+            shown = everything if cfg.log_samples < 0 else everything[: cfg.log_samples]
+            self.events.samples(self.step, [t.to_dict(self.tokenizer) for t in shown])
         self.events.resources(self.step, self.engine.stats(),
                               self.resources.stats() if self.resources is not None else None)
         return metrics

@@ -22,6 +22,7 @@
       M.el("span", { class: "swatch", style: `background:${M.PALETTE[i % M.PALETTE.length]}` }),
       M.el("a", { href: job.dashboard_url, text: `#${job.id} ${job.name}` }), state));
     const history = await M.getJSON(`${job.series_url}?only=metrics`);
+    charts.setStartSteps(job.id, history.starts || []);
     charts.load(job.id, history.metrics);
     const socket = new M.EventSocket(job.ws_path, {
       onEvents: (events) => {

@@ -78,6 +78,9 @@
   const stepInput = document.getElementById("sample-step");
   const followBox = document.getElementById("sample-follow");
   const orderSelect = document.getElementById("sample-order");
+  const rewardMin = document.getElementById("sample-reward-min");
+  const rewardMax = document.getElementById("sample-reward-max");
+  const failedOnly = document.getElementById("sample-failed");
   const list = document.getElementById("rollout-list");
   const view = document.getElementById("rollout-view");
 
@@ -118,14 +121,18 @@
     }
   }
 
+  /* The shown step's trajectories that pass the filters (reward within [min, max], only those with a failed
+   * tool call), in the chosen order. */
   function visibleTrajectories() {
-    let items = trajectories.slice();
     const reward = (i) => (typeof i.t.reward === "number" ? i.t.reward : -Infinity);
     const order = (a, b) => a.index - b.index;
+    const lo = rewardMin.value === "" ? -Infinity : Number(rewardMin.value);
+    const hi = rewardMax.value === "" ? Infinity : Number(rewardMax.value);
+    const items = trajectories.filter((i) => reward(i) >= lo && reward(i) <= hi
+      && (!failedOnly.checked || toolErrors(i.t) > 0 || i.t.tool_calls.some((c) => c.error)));
     switch (orderSelect.value) {
       case "best": items.sort((a, b) => reward(b) - reward(a) || order(a, b)); break;
       case "worst": items.sort((a, b) => reward(a) - reward(b) || order(a, b)); break;
-      case "failed": items = items.filter((i) => toolErrors(i.t) > 0 || i.t.error).sort(order); break;
       default: items.sort(order);
     }
     return items;
@@ -248,12 +255,16 @@
   followBox.addEventListener("change", () => {
     if (followBox.checked && sampleIndex.length) showSeq(sampleIndex[sampleIndex.length - 1][1]);
   });
-  orderSelect.addEventListener("change", () => { followNewest = true; rolloutsDirty = true; renderRollouts(); });
+  for (const control of [orderSelect, rewardMin, rewardMax, failedOnly]) {
+    control.addEventListener(control === orderSelect || control === failedOnly ? "change" : "input",
+      () => { followNewest = true; rolloutsDirty = true; renderRollouts(); });
+  }
 
   /* ------------------------------------------------------------------------------------ resources */
   // Each timeline line is its own {t, y}: the history's columns are downsampled one by one.
   const poolHistory = new Map(); // name -> {in_use: {t, y}, waiting: {t, y}}
   const workerHistory = { cpu: { t: [], y: [] }, mem: { t: [], y: [] }, gpus: new Map() }; // gpu -> {util, mem}
+  const engineHistory = new Map(); // Engine.stats() counter -> {t, y}
   let latestResources = null;
   let resourcesDirty = false;
 
@@ -274,6 +285,7 @@
       else if (key === "host/memory_percent") target = workerHistory.mem;
       else if (parts[0] === "gpu") target = line(workerHistory.gpus, parts[1], "util", "mem")[parts[2] === "util_percent" ? "util" : "mem"];
       else if (parts[0] === "pool") target = line(poolHistory, parts.slice(1, -1).join("/"), "in_use", "waiting")[parts[parts.length - 1]];
+      else if (parts[0] === "engine") target = line(engineHistory, parts[1], "value").value;
       if (target) { target.t = t; target.y = col.y.slice(); }
     }
     if (latest) setLatestResources(latest);
@@ -293,6 +305,7 @@
       const h = line(poolHistory, name, "in_use", "waiting");
       push(h.in_use, t, s.in_use); push(h.waiting, t, s.waiting);
     }
+    for (const [name, value] of Object.entries(p.engine || {})) push(line(engineHistory, name, "value").value, t, value);
     push(workerHistory.cpu, t, p.host.cpu_percent);
     push(workerHistory.mem, t, p.host.memory_percent);
     p.host.gpus.forEach((g) => {
@@ -306,17 +319,45 @@
   // redrawn, which froze the timelines on their first sample. Each render passes fresh copies.
   function trace(series, extra) { return { x: series.t.slice(), y: series.y.slice(), mode: "lines", ...extra }; }
 
+  const yTitle = (text, extra) => ({ title: { text, font: { size: 11 } }, rangemode: "tozero", automargin: true, ...extra });
+
+  /* A job without resource pools (no sandboxed tools): the panel shows what its rollout engine did instead,
+   * Engine.stats()'s counters since the engine was built, and how the main ones grew. */
+  function renderEngine(engine) {
+    const box = document.getElementById("engine-panel");
+    const names = Object.keys(engine || {});
+    box.hidden = !names.length;
+    if (!names.length) return;
+    const label = (k) => k.replace(/_/g, " ");
+    const rows = names.map((k) => el("tr", {}, el("td", { text: label(k) }),
+      el("td", { class: "num", text: fmt(engine[k], k.endsWith("seconds") || k.endsWith("second") ? 1 : 3) })));
+    document.getElementById("engine-table").replaceChildren(el("table", { class: "table small", id: "engine-stats" },
+      el("thead", {}, el("tr", {}, el("th", { text: "rollout engine" }), el("th", { text: "since start" }))),
+      el("tbody", {}, ...rows)));
+    const traces = [];
+    const tokens = engineHistory.get("generated_tokens"), sequences = engineHistory.get("sequences");
+    if (tokens) traces.push(trace(tokens.value, { name: "generated tokens" }));
+    if (sequences) traces.push(trace(sequences.value, { name: "sequences", yaxis: "y2", line: { dash: "dot" } }));
+    if (traces.length) {
+      Plotly.react("engine-timeline", traces, { height: 200, margin: { l: 56, r: 56, t: 10, b: 30 },
+        yaxis: yTitle("tokens generated (total)"), yaxis2: yTitle("sequences (total)", { overlaying: "y", side: "right", showgrid: false }),
+        legend: { orientation: "h", y: -0.3 } }, { displaylogo: false, responsive: true });
+    }
+  }
+
   function renderResources() {
     if (!resourcesDirty || !latestResources) return;
     resourcesDirty = false;
     const { pools, worker, engine } = latestResources;
     const names = Object.keys(pools);
     document.getElementById("pools-empty").hidden = names.length > 0;
+    renderEngine(names.length ? {} : engine);
     if (names.length) {
       const fields = [["size", "#94a3b8"], ["in_use", "#4f46e5"], ["idle", "#0f9d58"], ["waiting", "#d93025"]];
       Plotly.react("pool-bars", fields.map(([f, color]) => ({
         type: "bar", name: f.replace("_", " "), x: names, y: names.map((n) => pools[n][f] ?? 0), marker: { color },
-      })), { barmode: "group", height: 220, margin: { l: 40, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: 1.15 } },
+      })), { barmode: "group", height: 220, margin: { l: 50, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: 1.15 },
+        yaxis: yTitle("instances") },
       { displaylogo: false, responsive: true });
       const rows = names.map((n) => {
         const s = pools[n];
@@ -333,7 +374,8 @@
         timeline.push(trace(h.in_use, { name: `${name} in use` }));
         timeline.push(trace(h.waiting, { name: `${name} waiting`, line: { dash: "dot" } }));
       }
-      Plotly.react("pool-timeline", timeline, { height: 200, margin: { l: 40, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: -0.3 } },
+      Plotly.react("pool-timeline", timeline, { height: 200, margin: { l: 50, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: -0.3 },
+        yaxis: yTitle("instances") },
         { displaylogo: false, responsive: true });
     }
     const gpus = worker.gpus;
@@ -363,7 +405,7 @@
       traces.push(trace(h.util, { name: `GPU ${key} util %` }));
       traces.push(trace(h.mem, { name: `GPU ${key} memory %`, line: { dash: "dot" } }));
     }
-    Plotly.react("worker-timeline", traces, { height: 200, margin: { l: 40, r: 10, t: 10, b: 30 }, yaxis: { range: [0, 100] },
+    Plotly.react("worker-timeline", traces, { height: 200, margin: { l: 50, r: 10, t: 10, b: 30 }, yaxis: yTitle("percent", { range: [0, 100] }),
       legend: { orientation: "h", y: -0.3 } }, { displaylogo: false, responsive: true });
   }
 
@@ -404,6 +446,16 @@
     renderTimer = setTimeout(() => { renderTimer = null; renderRollouts(); renderResources(); }, 250);
   }
 
+  /* A resumed job's charts begin with its ancestors' points: say whose, and up to which step. */
+  function showLineage(lineage) {
+    const note = document.getElementById("lineage-note");
+    if (!lineage.length) return;
+    note.hidden = false;
+    note.replaceChildren("Continues ", ...lineage.flatMap((a, i) => [i ? ", then " : "",
+      el("a", { href: `${config.dashboard_url.replace(/\/\d+\/$/, "")}/${a.id}/`, text: `#${a.id} ${a.name}` }),
+      ` up to step ${a.to_step}`]), ": its points come first in the charts.");
+  }
+
   const connection = document.getElementById("connection");
   const state = { socket: null, charts, drawnAt: null, historyEvents: 0, timings: { start: performance.now() } };
   window.agentflyDashboard = state;
@@ -415,6 +467,8 @@
     totalSteps = history.job.total_steps;
     setStatus(history.job.status);
     setStep(history.job.step);
+    charts.setStartSteps(config.id, history.starts || []);
+    showLineage(history.lineage || []);
     charts.load(config.id, history.metrics);
     state.timings.loaded = performance.now();
     charts.flush(); // draw now, not on the next tick: the page is judged by when its charts appear

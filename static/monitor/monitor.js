@@ -108,21 +108,54 @@
   }
 
   /* ---------------------------------------------------------------------------------- the charts */
-  // One key per chart: the trainer's metric names (trainer/loop.py) as normKey writes them.
+  // The one list of charts: each claims metrics by the trainer's names (trainer/loop.py) as normKey writes
+  // them. keys: the main line (the first present); lines: more keys drawn as lines; prefix: every key that
+  // starts with it is a line too, except `exclude` (left to other charts) and `drop` (claimed, not drawn);
+  // y: the y axis (title with its unit; rangemode "tozero" for counts and times; tickformat); y2: lines on a
+  // right-hand axis (`match` tests the key); skipStart: the first step of each run (start-up: compiling,
+  // warming caches) is not drawn, so it does not squash the steady state.
+  const TIME_ONE_OFF = ["time_step", "time_step_cpu", "time_train", "time_eval", "time_checkpoint"];
   const CHARTS = [
-    { id: "reward", title: "Reward", keys: ["reward_mean"], band: { std: "reward_std", min: "reward_min", max: "reward_max" } },
-    { id: "accuracy", title: "Accuracy", keys: ["accuracy"] },
-    { id: "loss", title: "Policy loss", keys: ["loss_policy"] },
-    { id: "kl", title: "KL", keys: ["kl"] },
-    { id: "entropy", title: "Entropy", keys: ["entropy"] },
-    { id: "clip", title: "Clip fraction", keys: ["clip_fraction"] },
-    { id: "length", title: "Response length (tokens)", keys: ["response_length_mean"] },
-    { id: "tool_calls", title: "Tool calls per trajectory", keys: ["tool_calls_mean"] },
-    { id: "tool_errors", title: "Tool errors per trajectory", keys: ["tool_errors_mean"] },
-    { id: "tokens_per_s", title: "Tokens / s", keys: ["tokens_per_second"] },
-    { id: "step_time", title: "Step and stage time (s)", keys: ["time_step"], prefix: "time_" },
-    { id: "mismatch", title: "Rollout vs trainer logprob mismatch", keys: ["logprob_mismatch"] },
+    { id: "reward", title: "Reward", keys: ["reward_mean"], band: { std: "reward_std", min: "reward_min", max: "reward_max" },
+      y: { title: "reward (mean, band)" } },
+    { id: "accuracy", title: "Accuracy", keys: ["accuracy"], y: { title: "share correct (0–1)", rangemode: "tozero" } },
+    { id: "loss", title: "Policy loss", keys: ["loss_policy"], y: { title: "loss (per token)", exponentformat: "e" } },
+    { id: "kl", title: "KL", keys: ["kl"], y: { title: "KL (nats per token)", rangemode: "tozero" } },
+    { id: "entropy", title: "Entropy", keys: ["entropy"], y: { title: "entropy (nats per token)", rangemode: "tozero" } },
+    { id: "clip", title: "Clip fraction", keys: ["clip_fraction"], y: { title: "share of tokens clipped", rangemode: "tozero" } },
+    { id: "length", title: "Response length", keys: ["response_length_mean"], y: { title: "tokens", rangemode: "tozero" } },
+    { id: "tool_calls", title: "Tool calls per trajectory", keys: ["tool_calls_mean"], y: { title: "calls", rangemode: "tozero" } },
+    { id: "tool_errors", title: "Tool errors per trajectory", keys: ["tool_errors_mean"], y: { title: "failed calls", rangemode: "tozero" } },
+    { id: "tokens_per_s", title: "Generation throughput", keys: ["tokens_per_second"], y: { title: "tokens / s", rangemode: "tozero" } },
+    { id: "lr", title: "Learning rate", keys: ["lr"], y: { title: "learning rate", tickformat: ".1e", rangemode: "tozero" } },
+    { id: "step_time", title: "Step time", keys: ["time_step"], lines: ["time_step_cpu"], skipStart: true,
+      y: { title: "seconds (CPU: summed over processes)", rangemode: "tozero" } },
+    { id: "stage_time", title: "Stage times", keys: [], prefix: "time_", exclude: TIME_ONE_OFF, skipStart: true,
+      y: { title: "seconds per step", rangemode: "tozero" } },
+    { id: "eval_time", title: "Evaluation and checkpoint time", keys: ["time_eval"], lines: ["time_checkpoint"],
+      y: { title: "seconds", rangemode: "tozero" } },
+    { id: "mismatch", title: "Rollout vs trainer logprob mismatch", keys: ["logprob_mismatch"],
+      y: { title: "mean |Δ logprob| (nats per token)", rangemode: "tozero", exponentformat: "e" } },
+    // Held-out evaluations: one curve per metric across evaluations, shares on the left, counts on the right.
+    { id: "eval", title: "Evaluation (held-out)", keys: ["eval_accuracy"], prefix: "eval_",
+      drop: ["eval_reward_std", "eval_reward_min", "eval_reward_max"], y: { title: "share / reward (0–1)", rangemode: "tozero" },
+      y2: { title: "tokens, turns, calls", match: /length|turns|calls|errors/ } },
   ];
+
+  /* The y axis of a chart no spec names: its unit guessed from the metric's name. */
+  function guessAxis(key) {
+    if (key.startsWith("time_")) return { title: "seconds", rangemode: "tozero" };
+    if (/length/.test(key)) return { title: "tokens", rangemode: "tozero" };
+    if (/fraction|accuracy|finish_/.test(key)) return { title: "share (0–1)", rangemode: "tozero" };
+    if (/errors|calls|turns|count/.test(key)) return { title: "count", rangemode: "tozero" };
+    return { title: key.replace(/_/g, " ") };
+  }
+
+  function lineLabel(def, key) {
+    if (def.prefix && key.startsWith(def.prefix)) return key.slice(def.prefix.length);
+    return key.replace(/^time_|_time$/g, "").replace(/_/g, " ");
+  }
+
   const PALETTE = ["#4f46e5", "#d93025", "#0f9d58", "#b7791f", "#2563eb", "#9333ea", "#0891b2", "#be185d"];
 
   function hexToRgba(hex, alpha) {
@@ -136,6 +169,7 @@
       Object.assign(this, { series, metric, name, color, hasBand });
       this.x = []; this.y = []; this.std = []; this.min = []; this.max = [];
       this.pending = 0; // points stored but not drawn yet
+      this.axis = "y"; // "y2": the chart's right-hand axis
       this.emaAcc = 0; this.emaN = 0;
     }
   }
@@ -153,6 +187,8 @@
       this.timer = null;
       this.live = [];
       this._only = null;
+      this.firstStep = new Map(); // series -> the first step it was given
+      this.startSteps = new Map(); // series -> Set of steps at which one of its runs started
       this.extras.addEventListener("extras-opened", () => this.flush());
       for (const def of CHARTS) this._chart(def.id, def);
     }
@@ -235,7 +271,7 @@
       return chart;
     }
 
-    _line(chart, series, metric, label, withBand) {
+    _line(chart, series, metric, label, withBand, def) {
       const key = `${series}|${metric}`;
       let line = chart.index.get(key);
       if (line) return line;
@@ -243,37 +279,55 @@
       const name = multiSeries ? `${this.seriesNames.get(String(series)) || series}${label ? " · " + label : ""}` : (label || chart.def.title);
       const colorIndex = multiSeries ? [...this.seriesNames.keys()].indexOf(String(series)) : chart.lines.length;
       line = new Line(series, metric, name, PALETTE[(colorIndex + PALETTE.length) % PALETTE.length], withBand);
+      if (def && def.y2 && def.y2.match.test(metric)) line.axis = "y2";
       chart.lines.push(line); chart.index.set(key, line);
       chart.full = true; // a new trace: redraw the chart once, then extend again
       return line;
     }
 
+    /* The steps at which a run of `series` started (its own first step; for a resumed job also its parent's):
+     * charts with `skipStart` leave those points out. */
+    setStartSteps(series, steps) { this.startSteps.set(String(series), new Set(steps)); }
+
+    _isStart(series, step) {
+      const known = this.startSteps.get(String(series));
+      if (known) return known.has(step);
+      return this.firstStep.get(String(series)) === step;
+    }
+
     /* Queue one metrics event's numbers for `series` at x = step. */
     add(series, step, values) {
       if (this._only) values = Object.fromEntries(Object.entries(values).filter(([k]) => this._only.has(k)));
+      else if (!this.firstStep.has(String(series))) this.firstStep.set(String(series), step);
       const claimed = new Set();
       for (const def of CHARTS) {
         const chart = this.charts.get(def.id);
+        const skip = def.skipStart && this._isStart(series, step);
         const key = def.keys.find((k) => k in values);
         if (key !== undefined) {
           claimed.add(key);
           const band = def.band && this.options.band && (def.band.std in values || def.band.min in values);
-          // A chart with stage traces names its main line by its key ("step"), the rest by stage.
-          const line = this._line(chart, series, key, def.prefix ? key.replace(/^time_|_time$/g, "") : "", band);
-          this._push(line, step, values[key], def.band ? values : null, def.band);
+          // A chart of several lines names its main line by its key, the others by theirs.
+          const many = Boolean(def.prefix || def.lines);
+          if (!skip) this._push(this._line(chart, series, key, many ? lineLabel(def, key) : "", band, def), step, values[key], def.band ? values : null, def.band);
           if (def.band) for (const k of Object.values(def.band)) claimed.add(k);
         }
+        const more = (def.lines || []).filter((k) => k in values);
         if (def.prefix) {
           for (const k of Object.keys(values)) {
-            if (!k.startsWith(def.prefix) || def.keys.includes(k)) continue;
-            claimed.add(k);
-            this._push(this._line(chart, series, k, k.slice(def.prefix.length), false), step, values[k]);
+            if (!k.startsWith(def.prefix) || def.keys.includes(k) || (def.exclude || []).includes(k)) continue;
+            if ((def.drop || []).includes(k)) { claimed.add(k); continue; }
+            more.push(k);
           }
+        }
+        for (const k of more) {
+          claimed.add(k);
+          if (!skip) this._push(this._line(chart, series, k, lineLabel(def, k), false, def), step, values[k]);
         }
       }
       for (const [k, v] of Object.entries(values)) {
         if (claimed.has(k)) continue;
-        const chart = this._chart(`x-${k}`, { id: `x-${k}`, title: k, keys: [k], extra: true });
+        const chart = this._chart(`x-${k}`, { id: `x-${k}`, title: k, keys: [k], extra: true, y: guessAxis(k) });
         this._push(this._line(chart, series, k, "", false), step, v);
       }
       this._schedule();
@@ -328,6 +382,7 @@
     _traces(line) {
       // Fixed order per line: [band low, band high,] raw, smoothed.
       const traces = [];
+      const onAxis = (trace) => (line.axis === "y2" ? { ...trace, yaxis: "y2" } : trace);
       if (line.hasBand) {
         const lo = [], hi = [];
         for (let i = 0; i < line.x.length; i++) { const [a, b] = this._band(line, i); lo.push(a); hi.push(b); }
@@ -344,7 +399,7 @@
         opacity: this.smoothing ? 0.3 : 1 });
       traces.push({ x: line.x.slice(), y: smooth, mode: "lines", name: `${line.name} (smoothed)`,
         line: { color: line.color, width: 2 }, visible: this.smoothing, showlegend: false });
-      return traces;
+      return traces.map(onAxis);
     }
 
     flush() {
@@ -360,12 +415,15 @@
           const traces = chart.lines.flatMap((l) => this._traces(l));
           const many = chart.lines.length > 1;
           const legendRows = many ? Math.ceil(chart.lines.length / 2) : 0;
+          const y2 = chart.def.y2 && chart.lines.some((l) => l.axis === "y2");
           const layout = {
-            title: { text: chart.def.title, font: { size: 14 } }, margin: { l: 50, r: 12, t: 36, b: 40 + 18 * legendRows },
+            title: { text: chart.def.title, font: { size: 14 } }, margin: { l: 62, r: y2 ? 62 : 12, t: 36, b: 40 + 18 * legendRows },
             height: 260 + 18 * legendRows, xaxis: { title: { text: "step", standoff: 2 } },
-            yaxis: { type: this.logScale ? "log" : "linear" }, showlegend: many,
+            yaxis: { ...axisLayout(chart.def.y || guessAxis(chart.def.keys[0] || "")), type: this.logScale ? "log" : "linear" },
+            showlegend: many,
             legend: { orientation: "h", x: 0, y: -0.18, yanchor: "top", font: { size: 10 } }, uirevision: id,
           };
+          if (y2) layout.yaxis2 = { ...axisLayout({ rangemode: "tozero", ...chart.def.y2 }), overlaying: "y", side: "right", showgrid: false };
           Plotly.react(chart.div, traces, layout, { displaylogo: false, responsive: true });
           if (!chart.drawn) chart.div.on("plotly_relayout", (event) => { this._zoomed(chart, event); });
           chart.drawn = true; chart.full = false;
@@ -396,6 +454,15 @@
         if (this.options.onDraw) this.options.onDraw(id, chart.div);
       }
     }
+  }
+
+  /* A chart spec's axis as Plotly's layout writes it: the title (with its unit) is what every chart has. */
+  function axisLayout(y) {
+    const out = { title: { text: y.title, font: { size: 11 } }, automargin: true };
+    if (y.rangemode) out.rangemode = y.rangemode;
+    if (y.tickformat) out.tickformat = y.tickformat;
+    if (y.exponentformat) out.exponentformat = y.exponentformat;
+    return out;
   }
 
   /* ----------------------------------------------------------------------------- page helpers */
@@ -461,5 +528,5 @@
     return Number.isInteger(value) ? String(value) : value.toFixed(digits ?? 3);
   }
 
-  window.AgentFlyMonitor = { EventSocket, MetricCharts, payload, numericMetrics, normKey, bindChartControls, moreMetrics, el, fmt, PALETTE, getJSON, rangeFetcher };
+  window.AgentFlyMonitor = { EventSocket, MetricCharts, payload, numericMetrics, normKey, bindChartControls, moreMetrics, el, fmt, PALETTE, getJSON, rangeFetcher, axisLayout };
 })();

@@ -16,7 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start_demo_in_background(tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
+def start_demo_in_background(tmp_path: Path, args: tuple[str, ...] = ("--model", "tiny", "--steps", "2")
+                             ) -> tuple[subprocess.Popen[str], int]:
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}  # the demo's own SQLite under --dir
     env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     with socket.socket() as s:
@@ -24,8 +25,7 @@ def start_demo_in_background(tmp_path: Path) -> tuple[subprocess.Popen[str], int
         port = s.getsockname()[1]
     # A background job of a non-interactive shell: its own session, SIGINT ignored on entry (as `cmd &` does).
     proc = subprocess.Popen(
-        [sys.executable, "-m", "webapp.demo", "--port", str(port), "--dir", str(tmp_path), "--model", "tiny",
-         "--steps", "2"],
+        [sys.executable, "-m", "webapp.demo", "--port", str(port), "--dir", str(tmp_path), *args],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -352,3 +353,10 @@ def test_each_trainer_key_the_form_maps_is_one_it_fills_from_that_field(alice: A
     assert field_of("rollout.group_size") == "group_size"
     assert field_of("resources.python.max") == "resources"
     assert field_of("algorithm.minibatches") is None  # no field sets it: a form-wide error
+
+
+def test_the_web_apps_jobs_send_every_trajectory_of_a_step_unless_their_config_says_otherwise(tmp_path: Path) -> None:
+    from webapp.jobs.body import trainer_config
+
+    assert trainer_config({"steps": 2}, tmp_path).log_samples == -1
+    assert trainer_config({"steps": 2, "log_samples": 3}, tmp_path).log_samples == 3

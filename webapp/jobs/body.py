@@ -114,6 +114,8 @@ def trainer_config(config: dict[str, Any], output_dir: Path) -> Config:
 
     data = {k: v for k, v in config.items() if k not in ("resume_from", "ranks")}
     data["output_dir"] = str(output_dir)
+    # The dashboard's rollout viewer lists every trajectory of a step, fetched one step at a time.
+    data.setdefault("log_samples", -1)
     return from_dict(Config, data).validate()
 
 

@@ -9,13 +9,18 @@ the visible step range and gets it at full resolution (or downsampled to the bud
 
 The answer names ``last_seq``, the newest event it covers: the page then connects its socket with
 ``?after=last_seq`` and hears everything later once, with no gap and no duplicate.
+
+A resumed job continues its parent's curves: its metric columns start with the parent's points up to the
+step of the checkpoint it resumed from (and, for a chain of resumes, the grandparent's before those), then
+its own. ``last_seq`` and everything else (samples, resources, log) are the job's own; the caller names the
+ancestors (``Ancestor``), already checked to be jobs of the same team.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -51,6 +56,14 @@ def _companion_of(key: str, keys: set[str]) -> str | None:
 
 
 Arrays = dict[str, tuple[np.ndarray, np.ndarray]]  # key -> (x, y), in seq order
+
+
+class Ancestor(NamedTuple):
+    """A job whose history a resumed job continues: its events up to ``last_seq``, steps up to ``to_step``."""
+
+    job_id: int
+    last_seq: int
+    to_step: int
 
 
 def columns(x: list[float], rows: list[dict[str, Any]], points: int) -> dict[str, dict[str, list[Any]]]:
@@ -113,8 +126,11 @@ def flat_numbers(data: dict[str, Any], prefix: str = "") -> dict[str, float]:
     return out
 
 
-def _resource_row(host: Any, gpus: Any, pools: Any) -> dict[str, float]:
+def _resource_row(host: Any, gpus: Any, pools: Any, engine: Any = None) -> dict[str, float]:
     row: dict[str, float] = {}
+    for k in ("sequences", "generated_tokens"):  # the rollout engine's counters the resource panel plots
+        if isinstance(engine, dict) and isinstance(engine.get(k), (int, float)):
+            row[f"engine/{k}"] = engine[k]
     if isinstance(host, dict):
         for k in ("cpu_percent", "memory_percent"):
             if isinstance(host.get(k), (int, float)):
@@ -188,24 +204,58 @@ def _resource_arrays(job_id: int, last_seq: int) -> Arrays:
         data = orjson.loads(text)
         host = data.get("host") if isinstance(data, dict) else None
         row = _resource_row(host, host.get("gpus") if isinstance(host, dict) else None,
-                            data.get("pools") if isinstance(data, dict) else None)
+                            data.get("pools") if isinstance(data, dict) else None,
+                            data.get("engine") if isinstance(data, dict) else None)
         for k, v in row.items():
             xs.setdefault(k, []).append(at)
             ys.setdefault(k, []).append(float(v))
     return {k: (np.asarray(xs[k], dtype=np.float64), np.asarray(ys[k], dtype=np.float64)) for k in xs}
 
 
+def _joined(parts: list[Arrays]) -> Arrays:
+    """Each key's arrays of ``parts`` (oldest first) one after the other."""
+    out: Arrays = {}
+    for key in {k for part in parts for k in part}:
+        pieces = [part[key] for part in parts if key in part]
+        out[key] = (np.concatenate([x for x, _ in pieces]), np.concatenate([y for _, y in pieces]))
+    return out
+
+
+def _first_step(part: Arrays) -> int | None:
+    return int(min(float(x.min()) for x, _ in part.values())) if part else None
+
+
+def _lineage_arrays(job_id: int, last_seq: int, ancestors: list[Ancestor], first_step: int | None,
+                    last_step: int | None) -> tuple[Arrays, list[int]]:
+    """The metric arrays of the ancestors (each up to its ``to_step``) then of the job, and the first step of
+    each run (where each one started: the dashboard leaves start-up times out). A job with no points yet
+    starts at the step after its parent's checkpoint, or at 1: the trainer numbers a step once it is done."""
+    parts: list[Arrays] = []
+    for a in ancestors:
+        cap = a.to_step if last_step is None else min(a.to_step, last_step)
+        parts.append(_metric_arrays(a.job_id, a.last_seq, first_step, cap))
+    own = _metric_arrays(job_id, last_seq, first_step, last_step)
+    starts = {s for s in map(_first_step, parts) if s is not None}
+    own_first = _first_step(own)
+    starts.add(own_first if own_first is not None else (ancestors[-1].to_step + 1 if ancestors else 1))
+    return _joined([*parts, own]), sorted(starts)
+
+
 def job_series(job_id: int, last_seq: int, *, first_step: int | None = None, last_step: int | None = None,
-               points: int = DEFAULT_POINTS, keys: list[str] | None = None, full: bool = True) -> dict[str, Any]:
+               points: int = DEFAULT_POINTS, keys: list[str] | None = None, full: bool = True,
+               ancestors: list[Ancestor] | None = None) -> dict[str, Any]:
     """The history of events ``seq <= last_seq`` in the step range: ``metrics`` and ``resources`` columns,
     and (``full``) the sample index ``[[step, seq], ...]``, the newest resources event and the log tail.
-    ``keys`` (names as ``norm_key`` spells them) limits the metrics to a chart's."""
-    metrics = _metric_arrays(job_id, last_seq, first_step, last_step)
+    ``keys`` (names as ``norm_key`` spells them) limits the metrics to a chart's. ``ancestors`` (oldest
+    first) are the jobs a resumed job continues: their metric points come first; ``starts`` names the first
+    step of each run."""
+    metrics, starts = _lineage_arrays(job_id, last_seq, ancestors or [], first_step, last_step)
     if keys is not None:
         metrics = {k: v for k, v in metrics.items() if norm_key(k) in keys}
     answer: dict[str, Any] = {"last_seq": last_seq, "points": points, "metrics": downsampled(metrics, points)}
     if not full:
         return answer
+    answer["starts"] = starts
     events = JobEvent.objects.filter(job_id=job_id, seq__lte=last_seq)
     answer["resources"] = downsampled(_resource_arrays(job_id, last_seq), points)
     latest = events.filter(type="resources").order_by("-seq").first()

@@ -5,6 +5,13 @@ A ``samples`` event carries trajectories as ``Trajectory.to_dict(tokenizer)`` (`
 ``tokens`` (one decoded string per token id) here, when it is served, so the browser can colour every token
 by its mask and show its logprob on hover. The browser never guesses token boundaries from text.
 
+A byte-level BPE token is a few bytes, not always a whole character: "中" is three bytes that may be three
+tokens, and each decoded alone is U+FFFD. So each run of one mask value is decoded incrementally, as a
+streaming detokenizer does: a token whose bytes end inside a character gets ``""`` and the token that
+completes it gets the whole character. The texts of a run join to exactly the run's decoded text (the
+``segments`` the trainer stores); only bytes that never complete a character (a reply cut mid-character)
+still show as U+FFFD.
+
 Only the ``tokenizers`` package (Rust, no torch) is used, reading ``tokenizer.json`` from the model folder
 the trajectory names; a trajectory whose model is not a local folder with that file is served as it is, and
 the browser falls back to the decoded mask spans (``segments``) the trainer stores.
@@ -37,14 +44,49 @@ def _tokenizer(model: str) -> Any:
         return None
 
 
-def token_texts(token_ids: list[int], model: str | None) -> list[str] | None:
-    """One decoded string per id with the tokenizer of ``model`` (a local folder), or None if unavailable."""
+def run_texts(tok: Any, ids: list[int]) -> list[str]:
+    """One string per id of a run of tokens, joining to ``tok.decode(ids)``; ``""`` for a token whose bytes
+    end inside a character, which the next token completes.
+
+    Each new token is decoded together with the last emitted one (``prefix:read``) and the text past the
+    prefix's own decoding is the new token's: decoding a token without its left context would also lose the
+    leading space some decoders strip at the start of a text.
+    """
+    def decode(part: list[int]) -> str:
+        return str(tok.decode(part, skip_special_tokens=False))
+
+    out: list[str] = []
+    prefix = read = 0
+    for i in range(len(ids)):
+        before = decode(ids[prefix:read])
+        after = decode(ids[prefix:i + 1])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            out.append(after[len(before):])
+            prefix, read = read, i + 1
+        else:
+            out.append("")
+    if read < len(ids):  # bytes that never made a character: shown as they decode, on the last token
+        out[-1] = decode(ids[prefix:])[len(decode(ids[prefix:read])):]
+    return out
+
+
+def token_texts(token_ids: list[int], model: str | None, loss_mask: list[int] | None = None) -> list[str] | None:
+    """One decoded string per id with the tokenizer of ``model`` (a local folder), or None if unavailable.
+    Runs of one ``loss_mask`` value are decoded together (``run_texts``); without a mask, the whole list."""
     if not model or not token_ids or len(token_ids) > MAX_TOKENS:
         return None
     tok = _tokenizer(str(model))
     if tok is None:
         return None
-    return [tok.decode([int(i)], skip_special_tokens=False) for i in token_ids]
+    ids = [int(i) for i in token_ids]
+    mask = loss_mask if isinstance(loss_mask, list) and len(loss_mask) == len(ids) else [0] * len(ids)
+    texts: list[str] = []
+    start = 0
+    for end in range(1, len(ids) + 1):
+        if end == len(ids) or mask[end] != mask[start]:
+            texts += run_texts(tok, ids[start:end])
+            start = end
+    return texts
 
 
 def trajectories_of(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -75,7 +117,7 @@ def with_token_texts(message: dict[str, Any], model: str | None = None) -> dict[
         ids = trajectory.get("token_ids")
         if trajectory.get("tokens") or not isinstance(ids, list):
             continue
-        texts = token_texts(ids, trajectory.get("model") or model)
+        texts = token_texts(ids, trajectory.get("model") or model, trajectory.get("loss_mask"))
         if texts is not None:
             trajectory["tokens"] = texts
     return message

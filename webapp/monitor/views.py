@@ -20,11 +20,12 @@ from webapp.inputs import PG_BIGINT_MAX, query_int
 from webapp.jobs.models import TrainingJob
 from webapp.monitor.events import events_after, requested_types
 from webapp.monitor.models import EventType, JobEvent
-from webapp.monitor.series import DEFAULT_POINTS, MAX_POINTS, job_series
+from webapp.monitor.series import DEFAULT_POINTS, MAX_POINTS, Ancestor, job_series
 from webapp.monitor.tokens import job_model_path, with_token_texts
 
 MAX_EVENTS_PER_REQUEST = 5000
 MAX_COMPARED_JOBS = 8
+MAX_RESUME_CHAIN = 20  # a job resumed from a resumed job ...: how far back its charts go
 
 
 def _job_context(job: TrainingJob) -> dict[str, Any]:
@@ -134,6 +135,28 @@ def _step_param(request: HttpRequest, name: str) -> int | None:
     return query_int(request.GET, name, 0, -(2**31), 2**31 - 1)
 
 
+def resumed_lineage(job: TrainingJob, visible: Any) -> list[tuple[TrainingJob, int]]:
+    """``(ancestor, resume step)`` pairs, oldest first: the job it was resumed from (at that checkpoint's
+    step), the one that one was resumed from, and so on. Only jobs of the job's own team, among ``visible``
+    (the user's), are followed: a checkpoint path copied from elsewhere never shows another team's history."""
+    from webapp.jobs.models import Checkpoint
+
+    chain: list[tuple[TrainingJob, int]] = []
+    seen = {job.pk}
+    current = job
+    while current.resumed_from_id is not None and len(chain) < MAX_RESUME_CHAIN:
+        checkpoint = Checkpoint.objects.filter(pk=current.resumed_from_id).values("job_id", "step").first()
+        if checkpoint is None or checkpoint["job_id"] in seen:
+            break
+        parent = visible.filter(pk=checkpoint["job_id"], team_id=job.team_id).first()
+        if parent is None:
+            break
+        chain.append((parent, int(checkpoint["step"])))
+        seen.add(parent.pk)
+        current = parent
+    return chain[::-1]
+
+
 @login_required
 def series_json(request: HttpRequest, pk: int) -> JsonResponse:
     """``GET .../series.json?from=<step>&to=<step>&points=<n>&keys=a,b``: the job's history, downsampled.
@@ -141,8 +164,11 @@ def series_json(request: HttpRequest, pk: int) -> JsonResponse:
     Without ``from``/``to``: every metric and resource column (min/max per bucket down to ``points``), the
     sample steps, the newest resources event and the log tail, all as of ``last_seq`` (connect the socket with
     ``?after=last_seq``). With a range (a zoom): only the metric columns in it (``keys`` to name some).
+    A resumed job's metric columns begin with its ancestors' points (``lineage``: each ancestor and the step
+    its history is shown up to).
     """
-    job = get_object_or_404(TrainingJob.objects.visible_to(request.user), pk=pk)
+    visible = TrainingJob.objects.visible_to(request.user)
+    job = get_object_or_404(visible, pk=pk)
     try:
         first, last = _step_param(request, "from"), _step_param(request, "to")
     except ValueError:
@@ -154,9 +180,11 @@ def series_json(request: HttpRequest, pk: int) -> JsonResponse:
     keys = [k for value in request.GET.getlist("keys") for k in value.split(",") if k] or None
     # A zoom (a range or named keys) and the compare page (only=metrics) need the metric columns alone.
     zoom = first is not None or last is not None or keys is not None or request.GET.get("only") == "metrics"
+    lineage = resumed_lineage(job, visible)
     series = job_series(job.pk, job.last_seq, first_step=first, last_step=last, points=points, keys=keys,
-                        full=not zoom)
-    return JsonResponse({"job": {**job.summary(), "name": job.name}, **series})
+                        full=not zoom, ancestors=[Ancestor(a.pk, a.last_seq, step) for a, step in lineage])
+    return JsonResponse({"job": {**job.summary(), "name": job.name},
+                         "lineage": [{"id": a.pk, "name": a.name, "to_step": step} for a, step in lineage], **series})
 
 
 @login_required

@@ -200,3 +200,10 @@ def test_chat_template_variables_from_the_config_reach_the_rollouts_template(tin
     agent = build_agent(config, ReplayEngine(tokenizer, lambda prompt: "4"))
     prompt = agent.runner.renderer.render([{"role": "user", "content": "2+2?"}], add_generation_prompt=True)
     assert prompt.endswith("<|im_start|>assistant\n<think></think>")
+
+
+def test_log_samples_takes_minus_one_for_every_trajectory_and_refuses_below_it():
+    assert load_config(None, ["log_samples=-1"]).log_samples == -1
+    with pytest.raises(ConfigError, match=r"log_samples=-2 must be -1 \(all\), 0 \(none\) or a count"):
+        load_config(None, ["log_samples=-2"])
+

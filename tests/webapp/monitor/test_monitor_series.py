@@ -146,3 +146,72 @@ async def test_a_history_of_large_events_reaches_the_socket_in_pages_under_the_b
                 assert e["data"]["message"].startswith("m")
     assert seqs == list(range(1, 20))
     await comm.disconnect()
+
+
+def _resumed(parent: Any, step: int, **fields: Any) -> Any:
+    """A job resumed from ``parent``'s checkpoint of ``step`` (rows only: the history is what is tested)."""
+    from webapp.jobs.models import Checkpoint, Status, TrainingJob
+
+    checkpoint = Checkpoint.objects.create(job=parent, step=step, path=f"/runs/{parent.pk}/step-{step}")
+    return TrainingJob.objects.create(**{"team": parent.team, "created_by": parent.created_by,
+                                         "name": f"{parent.name} (resumed)", "status": Status.RUNNING,
+                                         "config": {"steps": 30}, "resumed_from": checkpoint, **fields})
+
+
+@pytest.mark.django_db
+def test_a_resumed_jobs_history_is_its_parents_up_to_the_resume_step_then_its_own(alice: Any,
+                                                                                   alice_job: Any) -> None:
+    seed_long_job(alice_job, 14)  # the parent ran to step 14 but its last checkpoint is step 10
+    child = _resumed(alice_job, 10)
+    seed_long_job(child, 5, start_step=11, seed=1)
+    answer = signed_in(alice).get(f"/monitor/jobs/{child.pk}/series.json").json()
+    reward = answer["metrics"]["reward/mean"]
+    assert reward["x"] == list(range(1, 16))
+    parent_rewards = {e.step: e.data["reward/mean"] for e in alice_job.events.filter(type="metrics")}
+    own_rewards = {e.step: e.data["reward/mean"] for e in child.events.filter(type="metrics")}
+    assert reward["y"] == [parent_rewards[s] for s in range(1, 11)] + [own_rewards[s] for s in range(11, 16)]
+    assert answer["metrics"]["reward/std"]["x"] == reward["x"], "the band follows the joined line"
+    assert answer["lineage"] == [{"id": alice_job.pk, "name": alice_job.name, "to_step": 10}]
+    assert answer["starts"] == [1, 11]
+    # Everything else is the job's own: its seq range, its samples.
+    child.refresh_from_db()
+    assert answer["last_seq"] == child.last_seq and [s for s, _ in answer["samples"]] == list(range(11, 16))
+    # A zoom into the parent's part answers from the parent's events.
+    zoom = signed_in(alice).get(f"/monitor/jobs/{child.pk}/series.json?from=8&to=12&keys=reward_mean").json()
+    assert zoom["metrics"]["reward/mean"]["x"] == [8, 9, 10, 11, 12]
+
+
+@pytest.mark.django_db
+def test_a_resume_chain_shows_every_ancestors_steps_in_order(alice: Any, alice_job: Any) -> None:
+    seed_long_job(alice_job, 6)
+    child = _resumed(alice_job, 4)
+    seed_long_job(child, 6, start_step=5)
+    grandchild = _resumed(child, 8)
+    seed_long_job(grandchild, 2, start_step=9)
+    answer = signed_in(alice).get(f"/monitor/jobs/{grandchild.pk}/series.json").json()
+    assert answer["metrics"]["accuracy"]["x"] == list(range(1, 11))
+    assert [a["id"] for a in answer["lineage"]] == [alice_job.pk, child.pk]
+    assert answer["starts"] == [1, 5, 9]
+
+
+@pytest.mark.django_db
+def test_a_job_resumed_from_another_teams_checkpoint_shows_only_its_own_history(alice: Any, bob: Any,
+                                                                                  alice_job: Any) -> None:
+    from webapp.accounts.models import Team
+
+    seed_long_job(alice_job, 10)
+    bobs = _resumed(alice_job, 10, team=Team.objects.of(bob).get(), created_by=bob)
+    seed_long_job(bobs, 3, start_step=11)
+    answer = signed_in(bob).get(f"/monitor/jobs/{bobs.pk}/series.json").json()
+    assert answer["metrics"]["reward/mean"]["x"] == [11, 12, 13]
+    assert answer["lineage"] == []
+
+
+@pytest.mark.django_db
+def test_a_run_without_points_yet_starts_at_the_step_after_its_parents_checkpoint(alice: Any,
+                                                                                    alice_job: Any) -> None:
+    assert signed_in(alice).get(f"/monitor/jobs/{alice_job.pk}/series.json").json()["starts"] == [1]
+    seed_long_job(alice_job, 6)
+    child = _resumed(alice_job, 4)
+    answer = signed_in(alice).get(f"/monitor/jobs/{child.pk}/series.json").json()
+    assert answer["starts"] == [1, 5] and answer["metrics"]["reward/mean"]["x"] == [1, 2, 3, 4]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,15 +14,47 @@ from webapp.monitor.tokens import token_texts, with_token_texts
 pytestmark = pytest.mark.django_db
 
 
-@pytest.mark.slow  # builds the tiny model once per session (~7 s, more on a busy machine)
-def test_each_token_id_is_decoded_on_its_own_with_the_models_tokenizer(tiny_model_dir: Any) -> None:
-    from transformers import AutoTokenizer
+# A real byte-level BPE tokenizer (the tiny model's, as the shipped calculator warm start saved it).
+WARM_START = Path(__file__).resolve().parents[3] / "examples" / "calculator" / "warm_start"
+MULTI_BYTE = "Le café coûte 3 € · 中文 · 🙂 ok"
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    ids = tokenizer.encode("What is 17 * 23? Use the calculator.")
-    texts = token_texts(ids, str(tiny_model_dir))
-    assert texts == [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
-    assert "".join(texts) == tokenizer.decode(ids, skip_special_tokens=False)
+
+def byte_level_tokenizer() -> Any:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(WARM_START / "tokenizer.json"))
+
+
+def test_characters_spanning_several_byte_level_tokens_are_decoded_whole() -> None:
+    tok = byte_level_tokenizer()
+    ids = tok.encode(MULTI_BYTE).ids
+    assert any("\ufffd" in tok.decode([i]) for i in ids), "the string must split characters across tokens"
+    texts = token_texts(ids, str(WARM_START))
+    assert texts is not None and len(texts) == len(ids)
+    assert "".join(texts) == MULTI_BYTE
+    assert not any("\ufffd" in t for t in texts)
+    assert {"é", "€", "中", "文", "🙂"} <= set(texts), "each character is one token's text, not split"
+
+
+def test_each_mask_span_is_decoded_on_its_own_and_joins_to_its_segment_text() -> None:
+    tok = byte_level_tokenizer()
+    prompt, reply = tok.encode("Question: 中文?").ids, tok.encode(" Réponse 🙂").ids
+    ids = prompt + reply
+    mask = [0] * len(prompt) + [1] * len(reply)
+    texts = token_texts(ids, str(WARM_START), mask)
+    assert texts is not None
+    assert "".join(texts[:len(prompt)]) == tok.decode(prompt)
+    assert "".join(texts[len(prompt):]) == tok.decode(reply)
+    assert not any("\ufffd" in t for t in texts)
+
+
+def test_a_reply_cut_inside_a_character_keeps_the_one_incomplete_character_visible() -> None:
+    tok = byte_level_tokenizer()
+    ids = tok.encode("ok 🙂").ids
+    cut = ids[:-1]  # the emoji's last byte never came (max_new_tokens reached)
+    texts = token_texts(cut, str(WARM_START))
+    assert texts is not None and "".join(texts) == tok.decode(cut)
+    assert "".join(texts).startswith("ok ")
 
 
 def test_a_trajectory_without_a_local_model_is_served_unchanged(tmp_path: Any) -> None:
@@ -46,6 +79,7 @@ def test_events_json_adds_token_texts_to_trainer_samples_from_the_jobs_model(ali
     client.force_login(alice)
     event = client.get(f"/monitor/jobs/{alice_job.pk}/events.json?types=samples").json()["events"][0]
     served = event["data"]["trajectories"][0]
-    assert served["tokens"] == [tokenizer.decode([i]) for i in ids]
+    assert "".join(served["tokens"][:3]) == tokenizer.decode(ids[:3])
+    assert "".join(served["tokens"][3:]) == tokenizer.decode(ids[3:])
     stored = alice_job.events.get(type="samples").data["trajectories"][0]
     assert "tokens" not in stored, "the stored row stays as the trainer wrote it"
