@@ -120,7 +120,7 @@ def test_a_demonstrations_file_is_counted_and_must_be_in_the_teams_folders(
 def test_a_demonstrations_path_written_behind_the_api_is_refused_on_the_worker(team_a: Any, runs_dir: Path) -> None:
     from webapp.jobs.paths import PathRefused, check_config
 
-    with pytest.raises(PathRefused, match="sft.demos_path"):
+    with pytest.raises(PathRefused, match=r"sft\.demos_path"):
         check_config({"sft": {"demos_path": str(runs_dir / "team-b" / "demos.jsonl")}}, team_a)
 
 
