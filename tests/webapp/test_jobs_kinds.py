@@ -155,10 +155,11 @@ def test_resuming_keeps_the_kind_and_an_sft_then_rl_job_resumes_its_rl_from_the_
     assert grandchild["config"]["model"]["path"] == warm_start and grandchild["kind"] == "sft_then_rl"
 
 
-def test_a_warm_start_job_has_no_resume(alice_api: Any, team_a: Any, alice: Any) -> None:
+def test_a_warm_start_job_has_no_resume(alice_api: Any, alice_client: Any, team_a: Any, alice: Any) -> None:
     job = finished_job(team_a, alice, Kind.SFT, Status.FAILED)
     response = alice_api.post(f"/api/jobs/{job.pk}/resume/")
     assert response.status_code == 409 and "has no resume" in response.json()["detail"]
+    assert 'id="resume-button"' not in alice_client.get(reverse("monitor:dashboard", args=[job.pk])).content.decode()
 
 
 def test_the_dashboard_offers_resume_for_a_failed_job_with_a_checkpoint(alice_client: Any, team_a: Any,

@@ -138,8 +138,10 @@ class TrainingJob(models.Model):
 
     @property
     def can_resume(self) -> bool:
-        """Failed or cancelled with a checkpoint to continue from (``actions.do_resume_job``'s rule)."""
-        return self.status in (Status.FAILED, Status.CANCELLED) and self.checkpoints.exists()
+        """Failed or cancelled with a checkpoint to continue from, and not a warm start, which has no resume
+        (``actions.do_resume_job``'s rule)."""
+        return (self.kind != Kind.SFT and self.status in (Status.FAILED, Status.CANCELLED)
+                and self.checkpoints.exists())
 
     @property
     def duration(self) -> float | None:
