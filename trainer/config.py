@@ -215,6 +215,17 @@ class SFTConfig:
     schedule: Literal["constant", "linear", "cosine"] = _f("constant", "SFT learning-rate schedule after warm-up "
                                                           "(a decay to 0 over all epochs settles the copy).")
     output_dir: str | None = _f(None, "Where the SFT model is saved; None = <output_dir>/sft.")
+    demos_path: str | None = _f(None, "JSONL of written demonstrations, one a line: a task sample (its `question`, "
+                                      "`answer`, ...) with `messages`, the conversation to imitate (user, assistant "
+                                      "and tool turns, as agentfly.tasks.arithmetic.demonstration writes them); the "
+                                      "first `num_demos` are used. None = generate them for data.task (arithmetic, "
+                                      "wiki_qa).")
+
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps of the warm start: ``epochs`` passes over ``num_demos`` in batches of ``batch_size``
+        (fewer when a ``demos_path`` file holds fewer demonstrations)."""
+        return self.epochs * -(-self.num_demos // self.batch_size)
 
 
 @dataclass

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +65,13 @@ def demonstration_conversations(config: Config) -> list[tuple[dict[str, Any], li
     ``sft.num_demos`` training questions; its wrong answers are other questions' answers.
     """
     s = config.sft
+    if s.demos_path:
+        return _written_conversations(s.demos_path, s.num_demos)
     if config.data.task == "wiki_qa":
         return _wiki_qa_conversations(config)
     if config.data.task != "arithmetic":
         raise ConfigError(f"data.task={config.data.task!r}: SFT demonstrations are generated for 'arithmetic' and "
-                          "'wiki_qa' only")
+                          "'wiki_qa' only; give a JSONL file of written ones in sft.demos_path", key="sft.demos_path")
     from agentfly.tasks import arithmetic
 
     samples = arithmetic.generate(s.num_demos, seed=config.data.seed, split="sft")
@@ -89,6 +91,24 @@ def demonstration_conversations(config: Config) -> list[tuple[dict[str, Any], li
         else:
             messages = arithmetic.demonstration(sample)
         pairs.append((sample, messages))
+    return pairs
+
+
+def _written_conversations(path: str, limit: int) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """The first ``limit`` demonstrations of the JSONL file ``path``: each line a sample with its ``messages``."""
+    from agentfly.tasks.io import load_jsonl
+
+    pairs = []
+    for lineno, line in enumerate(load_jsonl(path)[:limit], 1):
+        messages = line.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            messages = []
+        if "assistant" not in [m.get("role") for m in messages] or "question" not in line:
+            raise ConfigError(f"sft.demos_path={path}: demonstration {lineno} needs a 'question' and 'messages', a "
+                              "list of {role, content} turns with at least one assistant turn", key="sft.demos_path")
+        pairs.append(({k: v for k, v in line.items() if k != "messages"}, messages))
+    if not pairs:
+        raise ConfigError(f"sft.demos_path={path} holds no demonstrations", key="sft.demos_path")
     return pairs
 
 
@@ -145,8 +165,13 @@ def sft_loss(model: Any, trajectories: Sequence[Any], pad_id: int, device: torch
     return -algos.masked_mean(logp, batch.mask)
 
 
-def run_sft(config: Config, sinks: Sequence[Sink] = ()) -> dict[str, Any]:
-    """Train on the demonstrations, save the model, evaluate it greedily; returns metrics and the path."""
+def run_sft(config: Config, sinks: Sequence[Sink] = (), should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """Train on the demonstrations, save the model, evaluate it greedily; returns the run's ``state``
+    (``succeeded``, or ``cancelled``), its ``step``, ``metrics`` and the saved model's ``path``.
+
+    should_stop: checked between optimizer steps (the web app's cancel flag). A stopped warm start saves
+    nothing: it has no resume, and half of one is not the model the run was asked for.
+    """
     s = config.sft
     out = Path(s.output_dir or Path(config.output_dir) / "sft")
     out.mkdir(parents=True, exist_ok=True)
@@ -168,6 +193,9 @@ def run_sft(config: Config, sinks: Sequence[Sink] = ()) -> dict[str, Any]:
         for epoch in range(s.epochs):
             order = torch.randperm(len(trajectories), generator=order_rng).tolist()
             for i in range(0, len(order), s.batch_size):
+                if should_stop is not None and should_stop():
+                    events.status(step, "cancelled", f"SFT stopped after {step} of {total_steps} steps; nothing saved")
+                    return {"state": "cancelled", "step": step, "metrics": {}, "path": None}
                 chunk = [trajectories[j] for j in order[i:i + s.batch_size]]
                 loss = sft_loss(model, chunk, pad_id, device)
                 optimizer.zero_grad(set_to_none=True)
@@ -193,7 +221,7 @@ def run_sft(config: Config, sinks: Sequence[Sink] = ()) -> dict[str, Any]:
         events.metrics(step, metrics)
         events.checkpoint(step, out, metrics.get("eval/accuracy"))
         events.status(step, "succeeded", f"saved {out}")
-        return {"metrics": metrics, "path": str(out)}
+        return {"state": "succeeded", "step": step, "metrics": metrics, "path": str(out)}
     except BaseException as exc:
         events.status(0, "failed", f"{type(exc).__name__}: {exc}")
         raise

@@ -343,7 +343,7 @@ def test_each_trainer_key_the_form_maps_is_one_it_fills_from_that_field(alice: A
                                                                         entries: tuple[Any, Any]) -> None:
     from webapp.jobs.forms import FIELD_OF_KEY, LaunchForm, field_of
 
-    form = LaunchForm(launch_data(team_a, *entries, queue="gpu"), user=alice)
+    form = LaunchForm(launch_data(team_a, *entries, queue="gpu", kind="sft_then_rl"), user=alice)  # every section
     assert form.is_valid(), form.errors
     config = form.trainer_config()
     for key, field in FIELD_OF_KEY.items():

@@ -15,7 +15,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from webapp.accounts.models import Team
-from webapp.jobs.models import Checkpoint, Status, TrainingJob
+from webapp.jobs import paths
+from webapp.jobs.models import Checkpoint, Kind, Status, TrainingJob
 from webapp.jobs.tasks import run_job
 from webapp.jobs.worker import status_event
 from webapp.monitor.events import append_events
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 def do_launch_job(
     *, user: object, team: Team, name: str, config: dict[str, Any], queue: str,
     tool_versions: list[Version], reward_version: Version | None, resources: dict[str, Any] | None = None,
-    launch_key: str = "", resumed_from: Checkpoint | None = None,
+    launch_key: str = "", resumed_from: Checkpoint | None = None, kind: str = Kind.RL,
 ) -> tuple[TrainingJob, bool]:
     """Create a queued job and send it to its queue; return ``(job, created)``.
 
@@ -44,7 +45,7 @@ def do_launch_job(
     try:
         with transaction.atomic():
             job = TrainingJob.objects.create(
-                team=team, created_by=user, name=name, queue=queue, launch_key=launch_key,
+                team=team, created_by=user, name=name, queue=queue, launch_key=launch_key, kind=kind,
                 reward_version=reward_version, resumed_from=resumed_from,
                 config={**config, "resources": resources or {}},
             )
@@ -99,18 +100,32 @@ def do_resume_job(*, user: object, job: TrainingJob) -> tuple[TrainingJob, bool]
     """Start a new job that continues ``job`` from its last checkpoint; return ``(new_job, created)``.
 
     Resuming twice returns the first resumed job while it is queued, running or succeeded, so a retried
-    click does not train the same continuation twice.
+    click does not train the same continuation twice. The new job keeps the kind: an sft_then_rl job's
+    checkpoints are its RL phase's, so its continuation trains RL from the warm start's weights.
     """
     if job.status not in (Status.FAILED, Status.CANCELLED):
         raise NotResumable(f"job #{job.pk} is {job.status}; only failed or cancelled jobs can be resumed")
+    if job.kind == Kind.SFT:
+        raise NotResumable(f"job #{job.pk} is a warm start (sft), which has no resume; launch it again")
     checkpoint = job.last_checkpoint
     if checkpoint is None:
         raise NotResumable(f"job #{job.pk} wrote no checkpoint, so there is nothing to resume from; launch it again")
+    config = {k: v for k, v in job.config.items() if k != "resources"} | {"resume_from": checkpoint.path}
+    if job.kind == Kind.SFT_THEN_RL:
+        config["model"] = {**(job.config.get("model") or {}), "path": warm_start_model(job), "build_tiny": False}
     return do_launch_job(
-        user=user, team=job.team, name=f"{job.name} (resumed)"[:100],
-        config={k: v for k, v in job.config.items() if k != "resources"} | {"resume_from": checkpoint.path},
+        user=user, team=job.team, name=f"{job.name} (resumed)"[:100], config=config, kind=job.kind,
         queue=job.queue, tool_versions=list(job.tool_versions.all()), reward_version=job.reward_version,
         resources=job.config.get("resources") or {}, launch_key=f"resume-{checkpoint.pk}", resumed_from=checkpoint,
     )
+
+
+def warm_start_model(job: TrainingJob) -> str:
+    """Where the RL phase of sft_then_rl ``job`` got its weights: the model its warm start saved
+    (``<job dir>/sft``, as ``trainer.sft.run_sft`` places it), or, for a job that was itself a resume, the
+    model its config already names."""
+    if job.config.get("resume_from"):
+        return str((job.config.get("model") or {})["path"])
+    return str((job.config.get("sft") or {}).get("output_dir") or paths.job_dir(job) / "sft")
 
 

@@ -12,8 +12,8 @@ class CheckpointInline(TeamScoped, admin.TabularInline):
 
 @admin.register(TrainingJob)
 class TrainingJobAdmin(TeamScopedAdmin):
-    list_display = ["id", "name", "team", "status", "queue", "step", "total_steps", "created_at"]
-    list_filter = ["status", "queue"]
+    list_display = ["id", "name", "team", "kind", "status", "queue", "step", "total_steps", "created_at"]
+    list_filter = ["status", "kind", "queue"]
     search_fields = ["name"]
     readonly_fields = ["celery_task_id", "worker", "heartbeat_at", "last_seq", "started_at", "finished_at"]
     inlines = [CheckpointInline]

@@ -16,7 +16,7 @@ from webapp.accounts.models import Team
 from webapp.inputs import PG_BIGINT_MAX, query_int
 from webapp.jobs import actions
 from webapp.jobs.forms import MODEL_SOURCES, TASKS, TRACKERS, LaunchForm
-from webapp.jobs.models import Checkpoint, Queue, TrainingJob
+from webapp.jobs.models import Checkpoint, Kind, Queue, TrainingJob
 from webapp.monitor.events import events_after, requested_types
 from webapp.monitor.models import EventType
 from webapp.schema import detail_response
@@ -39,7 +39,7 @@ class JobSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = TrainingJob
-        fields = ["id", "name", "team", "created_by", "status", "queue", "config", "tool_versions",
+        fields = ["id", "name", "team", "created_by", "kind", "status", "queue", "config", "tool_versions",
                   "reward_version", "resumed_from", "cancel_requested", "step", "total_steps", "final_metrics",
                   "error", "last_seq", "created_at", "started_at", "finished_at", "heartbeat_at"]
 
@@ -69,6 +69,18 @@ class LaunchSerializer(serializers.Serializer):
 
     name = serializers.CharField(max_length=100)
     team = serializers.CharField(help_text="Team slug.")
+    kind = serializers.ChoiceField(
+        choices=Kind.choices, default=Kind.RL,
+        help_text="rl (RL with `algorithm`), sft (a supervised warm start; its model is the job's checkpoint) or "
+                  "sft_then_rl (the warm start, then RL from its weights, RL's steps counted after the warm start's).")
+    demos_path = serializers.CharField(
+        required=False, allow_blank=True,
+        help_text="sft, sft_then_rl: JSONL of written demonstrations (a task sample with its `messages` a line), in "
+                  "the team's folder or AGENTFLY_ALLOWED_PATHS; empty generates them for the arithmetic task.")
+    sft_demos = bounded(serializers.IntegerField, "sft_demos", 64)
+    sft_epochs = bounded(serializers.IntegerField, "sft_epochs", 2)
+    sft_batch_size = bounded(serializers.IntegerField, "sft_batch_size", 8)
+    sft_learning_rate = bounded(serializers.FloatField, "sft_learning_rate", 2e-3)
     model_source = serializers.ChoiceField(choices=MODEL_SOURCES, default="tiny")
     model_path = serializers.CharField(required=False, allow_blank=True)
     task = serializers.ChoiceField(choices=TASKS, default="arithmetic")
@@ -146,7 +158,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         job, created = actions.do_launch_job(
             user=request.user, team=d["team"], name=d["name"], config=form.trainer_config(), queue=d["queue"],
             tool_versions=[t.current_version for t in d["tools"]], reward_version=d["reward"].current_version,
-            resources=d["resources"], launch_key=d["launch_key"],
+            resources=d["resources"], launch_key=d["launch_key"], kind=d["kind"],
         )
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 

@@ -1,5 +1,11 @@
 """What a job runs on the worker: ``trainer.train`` with the job's sinks, cancel flag and checkpoint hook.
 
+A job's kind picks the body: ``rl`` trains with ``trainer.train``; ``sft`` runs the supervised warm start
+(``trainer.sft.run_sft``), whose saved model is the job's checkpoint; ``sft_then_rl`` runs the warm start,
+then RL from the weights it saved, its steps (events, progress, checkpoints) counted on after the warm
+start's so the job has one step axis. A resumed ``sft_then_rl`` job is in its RL phase: its config already
+names the warm start's model and the RL checkpoint to resume from (``actions.do_resume_job``).
+
 The trainer knows nothing of Django. It streams typed events (``trainer.events.Event``) to the sinks it is
 given and checks ``should_stop`` between steps. ``CheckpointWatcher`` is one more sink that turns the
 trainer's ``metrics`` events into job progress and its ``checkpoint`` events (one per save, with the path)
@@ -119,12 +125,109 @@ def trainer_config(config: dict[str, Any], output_dir: Path) -> Config:
     return from_dict(Config, data).validate()
 
 
-def run(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink], should_stop: Callable[[], bool],
-        on_checkpoint: OnCheckpoint, on_step: OnStep) -> Outcome:
-    """Train as ``config`` says until done or ``should_stop()``; resume from ``config["resume_from"]``.
+class Offset:
+    """A sink that shifts each event's step by ``steps``: an sft_then_rl job's RL phase, counted on after its
+    warm start, so its charts continue the warm start's instead of drawing over them."""
+
+    def __init__(self, sink: Sink, steps: int) -> None:
+        self.sink, self.steps = sink, steps
+
+    def emit(self, event: Event) -> None:
+        step = event.get("step")
+        shifted = {**event, "step": step + self.steps} if isinstance(step, int) else event
+        self.sink.emit(shifted)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        pass
+
+
+class WarmStartPhase:
+    """A sink for the warm start of an sft_then_rl job: its ``succeeded`` is the end of a phase, not of the
+    job, so it is logged instead of sent as a status (the page would show the job finished)."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+
+    def emit(self, event: Event) -> None:
+        data = event.get("data") or {}
+        if event["type"] == "status" and data.get("state") == "succeeded":
+            event = {**event, "type": "log",  # type: ignore[typeddict-item]
+                     "data": {"level": "info", "message": f"warm start done ({data.get('message', '')}); RL starts "
+                                                          "from its weights"}}
+        self.sink.emit(event)
+
+    def close(self) -> None:
+        pass
+
+
+def run(config: dict[str, Any], *, kind: str = "rl", output_dir: Path, sinks: Sequence[Sink],
+        should_stop: Callable[[], bool], on_checkpoint: OnCheckpoint, on_step: OnStep) -> Outcome:
+    """Run the job's ``kind`` (rl, sft, sft_then_rl) as ``config`` says until done or ``should_stop()``.
 
     The caller keeps ownership of ``sinks`` (closes them). Raises ``TrackingError`` when progress or
     checkpoints could not be stored.
+    """
+    if kind == "rl":
+        return run_rl(config, output_dir=output_dir, sinks=sinks, should_stop=should_stop,
+                      on_checkpoint=on_checkpoint, on_step=on_step)
+    if kind == "sft":
+        outcome, _ = run_warm_start(config, output_dir=output_dir, sinks=sinks, should_stop=should_stop,
+                                    on_checkpoint=on_checkpoint, on_step=on_step)
+        return outcome
+    if kind == "sft_then_rl":
+        return run_sft_then_rl(config, output_dir=output_dir, sinks=sinks, should_stop=should_stop,
+                               on_checkpoint=on_checkpoint, on_step=on_step)
+    raise ValueError(f"Unknown job kind {kind!r}; use rl, sft or sft_then_rl")
+
+
+def warm_start_steps(config: dict[str, Any]) -> int:
+    """The warm start's optimizer steps as the config sets them: the RL phase's step offset."""
+    from trainer.config import SFTConfig, from_dict
+
+    return int(from_dict(SFTConfig, config.get("sft") or {}, "sft.").total_steps)
+
+
+def run_warm_start(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink],
+                   should_stop: Callable[[], bool], on_checkpoint: OnCheckpoint,
+                   on_step: OnStep) -> tuple[Outcome, str | None]:
+    """``trainer.sft.run_sft`` into ``<output_dir>/sft``: its loss and evaluation to the sinks, its steps as
+    progress, its saved model as a checkpoint. Returns the outcome and the saved model's path (None when
+    cancelled: a stopped warm start saves nothing)."""
+    from trainer.sft import run_sft
+
+    watcher = CheckpointWatcher(on_checkpoint, on_step)
+    result = run_sft(trainer_config(config, output_dir), sinks=[*map(Lent, sinks), watcher],
+                     should_stop=lambda: watcher.error is not None or should_stop())
+    if watcher.error is not None:
+        raise TrackingError(watcher.error)
+    outcome = Outcome(cancelled=result["state"] == "cancelled", final_metrics=dict(result["metrics"]),
+                      last_step=int(result["step"]))
+    return outcome, result["path"]
+
+
+def run_sft_then_rl(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink],
+                    should_stop: Callable[[], bool], on_checkpoint: OnCheckpoint, on_step: OnStep) -> Outcome:
+    """The warm start, then RL from its weights, RL's steps after the warm start's. A config that resumes
+    (``resume_from``) is past its warm start: it trains RL only, from the model its config names."""
+    offset = warm_start_steps(config)
+    warm: dict[str, Any] = {}
+    if not config.get("resume_from"):
+        # The warm start's model is not an RL checkpoint: resuming the job continues RL, never the warm start.
+        sft, path = run_warm_start(config, output_dir=output_dir, sinks=[WarmStartPhase(s) for s in sinks],
+                                   should_stop=should_stop, on_checkpoint=lambda *_: None, on_step=on_step)
+        if sft.cancelled or path is None:
+            return sft
+        warm = {k if k.startswith("sft/") else f"sft/{k}": v for k, v in sft.final_metrics.items()}
+        config = {**config, "model": {**(config.get("model") or {}), "path": path, "build_tiny": False}}
+    rl = run_rl(config, output_dir=output_dir, sinks=[Offset(s, offset) for s in sinks], should_stop=should_stop,
+                on_checkpoint=lambda step, path, metrics: on_checkpoint(offset + step, path, metrics),
+                on_step=lambda step: on_step(offset + step))
+    return Outcome(cancelled=rl.cancelled, final_metrics={**warm, **rl.final_metrics}, last_step=offset + rl.last_step)
+
+
+def run_rl(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink], should_stop: Callable[[], bool],
+           on_checkpoint: OnCheckpoint, on_step: OnStep) -> Outcome:
+    """Train RL as ``config`` says until done or ``should_stop()``; resume from ``config["resume_from"]``.
     A config with ``ranks`` > 1 runs as a ``torchrun`` process group (``run_ranks``).
     """
     if int(config.get("ranks", 1)) > 1:

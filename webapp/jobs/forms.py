@@ -19,7 +19,7 @@ from trainer.config import ALGORITHMS, Config, ConfigError, from_dict
 from webapp import inputs
 from webapp.accounts.models import Team
 from webapp.jobs import paths
-from webapp.jobs.models import Queue
+from webapp.jobs.models import Kind, Queue, kind_choices_text
 from webapp.registry.models import Entry
 
 MODEL_SOURCES = (("tiny", "Tiny model built on the worker (CPU demo)"), ("path", "Local model directory"))
@@ -36,6 +36,8 @@ FIELD_OF_KEY = {
     "rollout.prompts_per_step": "prompts_per_step", "rollout.group_size": "group_size",
     "rollout.temperature": "temperature", "rollout.max_new_tokens": "max_new_tokens",
     "algorithm.name": "algorithm", "optim.lr": "learning_rate", "resources": "resources", "trackers": "trackers",
+    "sft.demos_path": "demos_path", "sft.num_demos": "sft_demos", "sft.epochs": "sft_epochs",
+    "sft.batch_size": "sft_batch_size", "sft.lr": "sft_learning_rate",
 }
 
 
@@ -78,6 +80,23 @@ class EntryMultipleChoiceField(forms.ModelMultipleChoiceField):
 class LaunchForm(forms.Form):
     name = forms.CharField(max_length=100, help_text="Shown in job lists.")
     team = forms.ModelChoiceField(queryset=Team.objects.none(), empty_label=None)
+    # What the job trains (models.Kind). The warm start's fields below matter for sft and sft_then_rl only.
+    kind = forms.ChoiceField(
+        choices=Kind.choices, initial=Kind.RL, required=False, label="Kind of job",
+        error_messages={"invalid_choice": f"%(value)s is not a kind of job; choose {kind_choices_text()}."},
+        help_text="rl trains with the algorithm below; sft makes a supervised warm start (a model directory "
+                  "listed as the job's checkpoint); sft_then_rl makes the warm start, then trains RL from it.")
+    demos_path = forms.CharField(
+        required=False, max_length=500, label="Demonstrations file",
+        help_text="JSONL of written demonstrations for sft and sft_then_rl: one task sample a line with its "
+                  "\"messages\" (the conversation to imitate). Empty: generated for the arithmetic task.")
+    # Optional (left out: the initial value), so a launch that predates them, or posts no warm start, still is valid.
+    sft_demos = forms.IntegerField(min_value=1, max_value=1_000_000, initial=64, required=False, label="Demonstrations",
+                                   help_text="Demonstrations the warm start trains on (the first ones of the file).")
+    sft_epochs = forms.IntegerField(min_value=1, max_value=1000, initial=2, required=False, label="SFT epochs")
+    sft_batch_size = forms.IntegerField(min_value=1, max_value=1024, initial=8, required=False, label="SFT batch size")
+    sft_learning_rate = forms.FloatField(min_value=1e-9, max_value=1.0, initial=2e-3, required=False,
+                                         label="SFT learning rate")
     model_source = forms.ChoiceField(choices=MODEL_SOURCES, initial="tiny")
     model_path = forms.CharField(required=False, max_length=500,
                                  help_text="A directory with config.json on the workers' shared disk.")
@@ -118,6 +137,7 @@ class LaunchForm(forms.Form):
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.user = user
+        self.demos_in_file = 0  # counted by check_warm_start
         self.fields["team"].queryset = Team.objects.of(user).select_related("group")
         visible = Entry.objects.visible_to(user).ready().select_related("team", "current_version")
         self.fields["tools"].queryset = visible.tools()
@@ -146,6 +166,12 @@ class LaunchForm(forms.Form):
 
     def clean_task_path(self) -> str:
         return allowed_path(self.cleaned_data.get("task_path", ""), self.cleaned_data.get("team"))
+
+    def clean_kind(self) -> str:
+        return self.cleaned_data.get("kind") or Kind.RL  # left out: RL, as before kinds existed
+
+    def clean_demos_path(self) -> str:
+        return allowed_path(self.cleaned_data.get("demos_path", ""), self.cleaned_data.get("team"))
 
     def clean_eval_path(self) -> str:
         return allowed_path(self.cleaned_data.get("eval_path", ""))
@@ -197,6 +223,7 @@ class LaunchForm(forms.Form):
                                   "The evaluation file")
         self.check_resource_names(data)
         self.check_queue_has_worker(data.get("queue"))
+        self.check_warm_start(data)
         self.check_ranks(data)
         tools = data.get("tools") or []
         self.check_registrable_code(data)
@@ -256,7 +283,61 @@ class LaunchForm(forms.Form):
             "trackers": list(d.get("trackers") or []),
             # Not a trainer key: the worker turns it into a torchrun process group (webapp.jobs.body).
             **({"ranks": d["gpus"]} if d.get("gpus", 1) > 1 else {}),
+            **self.warm_start_config(),
         }
+
+    def warm_start_config(self) -> dict[str, Any]:
+        """The ``sft`` section of an sft or sft_then_rl job: its demonstrations all as written (the trainer's
+        deliberately wrong ones are a research device, not what a team's warm start wants)."""
+        d = self.cleaned_data
+        if d.get("kind", Kind.RL) == Kind.RL:
+            return {}
+        demos = d["sft_demos"]
+        if d.get("demos_path"):
+            demos = min(demos, self.demos_in_file)  # so the job's progress counts the steps it will take
+        return {"sft": {"num_demos": demos, "epochs": d["sft_epochs"], "batch_size": d["sft_batch_size"],
+                        "lr": d["sft_learning_rate"], "wrong_fraction": 0.0, "demos_path": d.get("demos_path") or None}}
+
+    def check_warm_start(self, data: dict[str, Any]) -> None:
+        """An sft or sft_then_rl job has demonstrations: written ones in a JSONL file in the team's allowed
+        folders, or generated ones (the arithmetic task). The warm start runs as one process."""
+        for name in ("sft_demos", "sft_epochs", "sft_batch_size", "sft_learning_rate"):
+            if data.get(name) is None and name not in self.errors:
+                data[name] = self.fields[name].initial
+        kind = data.get("kind")
+        if kind not in (Kind.SFT, Kind.SFT_THEN_RL):
+            return
+        path = data.get("demos_path", "")
+        if path or data.get("task") == "jsonl":
+            self.check_jsonl_file("demos_path", path, "A JSONL task has no generated demonstrations; give a JSONL "
+                                  "file of written ones.", "The demonstrations file")
+            if "demos_path" not in self.errors:
+                self.demos_in_file = self.count_demonstrations(path)
+        if kind == Kind.SFT and (data.get("gpus") or 1) > 1:
+            self.add_error("gpus", "A warm start (sft) runs as one process; set 1 rank, or choose sft_then_rl, "
+                                   "whose RL phase uses the ranks.")
+
+    def count_demonstrations(self, path: str) -> int:
+        """Lines of the demonstrations file, each checked to be an object with ``messages`` (the trainer reads
+        them only on the worker, after the model is built)."""
+        count = 0
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    self.add_error("demos_path", f"Line {lineno} is not JSON: {exc.msg}.")
+                    return 0
+                if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list) or "question" not in obj:
+                    self.add_error("demos_path", f"Line {lineno} needs a \"question\" and \"messages\" (a list of "
+                                                 "{role, content} turns).")
+                    return 0
+                count += 1
+        if not count:
+            self.add_error("demos_path", "The demonstrations file is empty.")
+        return count
 
     def check_jsonl_file(self, field: str, path: str, missing: str, what: str) -> None:
         """``path`` (of ``field``) names a JSON lines file on this server; an earlier error on the field stays."""
@@ -293,7 +374,7 @@ class LaunchForm(forms.Form):
         devices: asked of them (``webapp.jobs.queues.most_ranks``), so a job never waits for a host that
         does not exist."""
         ranks, prompts, queue = data.get("gpus"), data.get("prompts_per_step"), data.get("queue")
-        if ranks is None or ranks == 1:
+        if ranks is None or ranks == 1 or "gpus" in self.errors:
             return
         if prompts is not None and prompts % ranks:
             self.add_error("gpus", f"{ranks} ranks cannot share {prompts} prompts per step evenly (a group of "

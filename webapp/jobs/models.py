@@ -32,6 +32,21 @@ class Queue(models.TextChoices):
     GPU = "gpu", "GPU"
 
 
+class Kind(models.TextChoices):
+    """What a job trains: RL, a supervised warm start (``trainer.sft``), or the warm start and then RL from
+    its weights (one job, two phases: SFT's steps, then RL's, counted on from there)."""
+
+    RL = "rl", "RL"
+    SFT = "sft", "SFT"
+    SFT_THEN_RL = "sft_then_rl", "SFT then RL"
+
+
+def kind_choices_text() -> str:
+    """The kinds as a user types them: ``rl, sft or sft_then_rl``."""
+    values = [str(v) for v in Kind.values]
+    return f"{', '.join(values[:-1])} or {values[-1]}"
+
+
 class JobQuerySet(models.QuerySet["TrainingJob"]):
     def visible_to(self, user: object) -> JobQuerySet:
         return self.filter(team__in=Team.objects.of(user))
@@ -44,6 +59,8 @@ class TrainingJob(models.Model):
     name = models.CharField(max_length=100)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
     queue = models.CharField(max_length=10, choices=Queue.choices, default=Queue.CPU)
+    kind = models.CharField(max_length=12, choices=Kind.choices, default=Kind.RL,
+                            help_text="rl, sft (a warm start), or sft_then_rl (RL from the warm start's weights).")
     config = models.JSONField(help_text="The validated launch configuration the worker runs.")
     tool_versions = models.ManyToManyField(Version, blank=True, related_name="jobs_as_tool")
     reward_version = models.ForeignKey(Version, null=True, blank=True, on_delete=models.PROTECT,
@@ -85,9 +102,23 @@ class TrainingJob(models.Model):
         return f"agentfly-job-{self.pk}"
 
     @property
+    def sft_steps(self) -> int:
+        """The warm start's optimizer steps (``trainer.config.SFTConfig.total_steps``); 0 for an RL job. An
+        sft_then_rl job's RL steps are counted after them."""
+        if self.kind == Kind.RL or not isinstance(self.config, dict):
+            return 0
+        from trainer.config import ConfigError, SFTConfig, from_dict
+
+        try:
+            return int(from_dict(SFTConfig, self.config.get("sft") or {}, "sft.").total_steps)
+        except ConfigError:  # a config written behind the API: the worker fails the job with this error
+            return 0
+
+    @property
     def total_steps(self) -> int:
-        """The step the job trains to: its config's ``steps``."""
-        return int(self.config.get("steps", 0)) if isinstance(self.config, dict) else 0
+        """The step the job trains to: its config's ``steps`` of RL, after the warm start's steps."""
+        rl = int(self.config.get("steps", 0)) if isinstance(self.config, dict) else 0
+        return self.sft_steps + (0 if self.kind == Kind.SFT else rl)
 
     @property
     def is_stale(self) -> bool:
@@ -104,6 +135,13 @@ class TrainingJob(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.status in FINISHED
+
+    @property
+    def can_resume(self) -> bool:
+        """Failed or cancelled with a checkpoint to continue from, and not a warm start, which has no resume
+        (``actions.do_resume_job``'s rule)."""
+        return (self.kind != Kind.SFT and self.status in (Status.FAILED, Status.CANCELLED)
+                and self.checkpoints.exists())
 
     @property
     def duration(self) -> float | None:

@@ -83,7 +83,8 @@ def config_paths(config: dict[str, Any]) -> list[tuple[str, str]]:
     model, data = config.get("model") or {}, config.get("data") or {}
     found = [("model.path", model.get("path")), ("data.eval_path", data.get("eval_path")),
              ("resume_from", config.get("resume_from")), ("deepspeed", config.get("deepspeed")),
-             ("sft.output_dir", (config.get("sft") or {}).get("output_dir"))]
+             ("sft.output_dir", (config.get("sft") or {}).get("output_dir")),
+             ("sft.demos_path", (config.get("sft") or {}).get("demos_path"))]
     if data.get("task") not in BUILTIN_TASKS:
         found.append(("data.task", data.get("task")))
     return [(name, str(value)) for name, value in found if value]

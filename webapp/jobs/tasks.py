@@ -123,7 +123,7 @@ def run_job(job_id: int) -> str:
             for warning in worker.record_versions_used(job_id, describe_components(job.config)):
                 sink.emit({"type": "log", "level": "warning", "message": warning})
             outcome = body.run(
-                job.config, output_dir=output_dir, sinks=[sink], should_stop=heartbeat.cancelled.is_set,
+                job.config, kind=job.kind, output_dir=output_dir, sinks=[sink], should_stop=heartbeat.cancelled.is_set,
                 on_checkpoint=lambda step, path, metrics: on_checkpoint(job_id, sink, step, path, metrics),
                 on_step=lambda step: off_loop(worker.record_progress, job_id, step),
             )

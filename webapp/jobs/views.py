@@ -38,7 +38,7 @@ def launch(request: HttpRequest) -> HttpResponse:
             job, created = actions.do_launch_job(
                 user=request.user, team=d["team"], name=d["name"], config=form.trainer_config(), queue=d["queue"],
                 tool_versions=[t.current_version for t in d["tools"]], reward_version=d["reward"].current_version,
-                resources=d["resources"], launch_key=d["launch_key"],
+                resources=d["resources"], launch_key=d["launch_key"], kind=d["kind"],
             )
             if created:
                 messages.success(request, f"Job #{job.pk} is queued on the {job.queue} queue.")

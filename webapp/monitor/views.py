@@ -49,7 +49,10 @@ def _job_context(job: TrainingJob) -> dict[str, Any]:
 @login_required
 def dashboard(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_object_or_404(TrainingJob.objects.visible_to(request.user).select_related("team__group"), pk=pk)
-    return render(request, "monitor/dashboard.html", {"job": job, "monitor_config": _job_context(job)})
+    # Resume queues work for the job's team: offered to its members only, and only where there is a checkpoint.
+    can_resume = job.can_resume and job.team.has_member(request.user)
+    return render(request, "monitor/dashboard.html", {"job": job, "monitor_config": _job_context(job),
+                                                      "can_resume": can_resume})
 
 
 def parse_job_ids(values: list[str]) -> list[int]:

@@ -58,3 +58,23 @@ def test_sft_trains_exactly_the_assistant_tokens(tiny_model_dir: Path) -> None:
     for (_, messages), t in zip(demonstration_conversations(config), trajectories, strict=True):
         trained = tokenizer.decode([i for i, m in zip(t.token_ids, t.loss_mask, strict=True) if m])
         assert trained == "".join(m["content"] + "<|im_end|>" for m in messages if m["role"] == "assistant")
+
+
+def test_written_demonstrations_replay_with_the_assistant_tokens_trained(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from agentfly.tasks import arithmetic
+    from trainer.config import load_config
+    from trainer.sft import demonstration_trajectories
+
+    samples = arithmetic.generate(3, seed=5, split="sft")
+    written = [arithmetic.demonstration(samples[0]), arithmetic.demonstration(samples[1], use_tool=False,
+                                                                              answer="I think 7"),
+               arithmetic.demonstration(samples[2])]
+    path = tmp_path / "demos.jsonl"
+    path.write_text("".join(json.dumps({**s, "messages": m}) + "\n" for s, m in zip(samples, written, strict=True)))
+    config = load_config(None, [f"model.path={tiny_model_dir}", f"sft.demos_path={path}", "data.task=any.jsonl"])
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for messages, t in zip(written, demonstration_trajectories(config, tokenizer), strict=True):
+        trained = tokenizer.decode([i for i, m in zip(t.token_ids, t.loss_mask, strict=True) if m])
+        assert trained == "".join(m["content"] + "<|im_end|>" for m in messages if m["role"] == "assistant")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +83,33 @@ def test_wrong_answers_and_guesses_are_never_the_right_answer() -> None:
 def test_fractions_outside_zero_to_one_are_rejected(key: str) -> None:
     with pytest.raises(ConfigError, match=f"sft.{key}"):
         load_config(None, [f"sft.{key}=1.5"])
+
+
+def test_written_demonstrations_come_from_the_file_as_written(tmp_path: Path) -> None:
+    from agentfly.tasks import arithmetic
+
+    samples = arithmetic.generate(5, seed=3, split="sft")
+    path = tmp_path / "demos.jsonl"
+    path.write_text("".join(json.dumps({**s, "messages": arithmetic.demonstration(s)}) + "\n" for s in samples))
+    pairs = conversations(f"sft.demos_path={path}", "sft.num_demos=3", "sft.wrong_fraction=0.5", "data.task=my.jsonl")
+    assert pairs == [(s, arithmetic.demonstration(s)) for s in samples[:3]]  # the first 3, none made wrong
+
+
+@pytest.mark.parametrize("line", ['{"question": "1+1?"}', '{"question": "1+1?", "messages": [{"role": "user"}]}',
+                                  '{"messages": [{"role": "assistant", "content": "2"}]}'])
+def test_a_written_demonstration_without_a_question_or_an_assistant_turn_is_refused(tmp_path: Path,
+                                                                                    line: str) -> None:
+    path = tmp_path / "demos.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(ConfigError, match="demonstration 1 needs a 'question' and 'messages'"):
+        conversations(f"sft.demos_path={path}")
+
+
+def test_a_task_without_generated_demonstrations_asks_for_a_file() -> None:
+    with pytest.raises(ConfigError, match=r"give a JSONL file of written ones in sft\.demos_path") as caught:
+        conversations("data.task=tasks.jsonl")
+    assert caught.value.key == "sft.demos_path"
+
+
+def test_the_warm_starts_steps_are_epochs_of_batches() -> None:
+    assert load_config(None, ["sft.num_demos=20", "sft.epochs=3", "sft.batch_size=8"]).sft.total_steps == 9
