@@ -10,6 +10,10 @@
     eval         greedy held-out accuracy (every `eval.every` steps and at the end)
     checkpoint   safetensors + optimizer/scheduler/RNG/data position (every `save_every` steps and at the end)
 
+With ``rollout.mode: async`` the rollout and reward stages run on a producer thread ahead of the update
+(``trainer.producer``); the step waits for its batch (``wait_for_batch``), and ``weight_sync`` publishes a
+copy of the new weights to the producer.
+
 Each stage's seconds are reported as ``time/<stage>`` in the step's metrics event. What a run is built from
 (model, data, engine, agent, resource pools) is in ``trainer.builders``; the padded batch and the forward pass
 in ``trainer.batch``; the optimizer, its schedule and the torch/DeepSpeed ``Update`` in ``trainer.optim``.
