@@ -419,7 +419,7 @@ class Trainer:
                 # process doing every prompt would.
                 trajectories = agent.run_sync(samples, group_size=r.group_size,
                                               sampling=self._sampling(round_index, step),
-                                                   first_index=first * r.group_size)
+                                              first_index=first * r.group_size)
             everything += trajectories
             with timer("reward"):
                 shaped = self._shaped_rewards(trajectories)
@@ -513,8 +513,8 @@ class Trainer:
         seconds for this batch (it ran them while earlier updates did) and its idle seconds since the last
         step; over ranks: sums for means and counts, maxima for maxima and times."""
         assert self.producer is not None
-        lags = [self.step - 1 - int(t.policy_version if t.policy_version is not None else self.step - 1)
-                for t in trained]  # self.step has counted this update already
+        start = self.step - 1  # the version this update started from (self.step has counted it already)
+        lags = [start - (t.policy_version if t.policy_version is not None else start) for t in trained]
         idle, self._producer_idle = self.producer.idle_seconds - self._producer_idle, self.producer.idle_seconds
         summed = dist.all_reduce_sum(torch.tensor([float(sum(lags)), float(len(lags)), float(dropped)],
                                                   dtype=torch.float64)).tolist()
@@ -660,7 +660,8 @@ class Trainer:
             terms["logprob_mismatch"] = w_tok * float(algos.masked_mean(gap, mask))
         old = logp.detach() if micro.old_logp is None else micro.old_logp
         # The engine's logprobs are the behaviour policy's; weigh each token by pi_old / pi_behaviour.
-        is_w, im = algos.off_policy_weights(a.resolved_off_policy_correction(cfg.rollout.mode), old, mb.rollout_logprobs, mask,
+        correction = a.resolved_off_policy_correction(cfg.rollout.mode)
+        is_w, im = algos.off_policy_weights(correction, old, mb.rollout_logprobs, mask,
                                             cap=a.tis_cap, band=(a.mis_band[0], a.mis_band[1]))
         loss, pm = algos.clipped_policy_loss(
             logp, old, micro.advantages, mask, clip_low=a.clip_low, clip_high=a.resolved_clip_high,
