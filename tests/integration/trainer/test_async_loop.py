@@ -40,7 +40,8 @@ def _prompts(events: list[dict]) -> dict[int, list[str]]:
 def test_an_async_run_trains_batches_at_most_max_staleness_versions_old_with_tis(
     tiny_model_dir, tmp_path, tiny_overrides
 ):
-    events = _run(tiny_overrides(tiny_model_dir, tmp_path, REWARD, "steps=4", *ASYNC))
+    # A large step size: each update moves the policy far enough that a one-version-old batch is off-policy.
+    events = _run(tiny_overrides(tiny_model_dir, tmp_path, REWARD, "steps=4", "optim.lr=0.01", *ASYNC))
     steps = _steps(events)
     assert sorted(steps) == [1, 2, 3, 4]
     # The first batch is sampled by the starting weights, before any update: on-policy.
@@ -53,6 +54,10 @@ def test_an_async_run_trains_batches_at_most_max_staleness_versions_old_with_tis
         # auto is TIS in async mode: its weights and truncated share are measured.
         assert s["off_policy/weight_max"] <= 2.0 + 1e-6
         assert 0.0 <= s["off_policy/truncated_fraction"] <= 1.0
+    # The first batch's weights are the trainer's (ratio 1 up to numerics); later ones were sampled by the
+    # weights before the last update, and the importance weights measure that gap against their logprobs.
+    assert steps[1]["off_policy/weight_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert max(abs(steps[s]["off_policy/weight_mean"] - 1.0) for s in (2, 3, 4)) > 1e-3
     status = [e["data"]["state"] for e in events if e["type"] == "status"]
     assert status[-1] == "succeeded"
 
