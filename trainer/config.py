@@ -113,6 +113,14 @@ class RolloutConfig:
     top_p: float = _f(1.0, "Nucleus sampling; < 1 makes rollouts off-policy (the ratio does not see it).")
     top_k: int = _f(0, "Top-k sampling; 0 is off.")
     max_new_tokens: int = _f(64, "Most tokens one assistant turn may produce.")
+    mode: Literal["sync", "async"] = _f(
+        "sync", "sync: a step rolls out, then updates, the engine idle during the update. async: a producer "
+        "thread with its own copy of the weights samples the batches of the next steps while the trainer "
+        "updates (one core generates while another trains); each trajectory records the policy version that "
+        "sampled it and the loss corrects the gap (algorithm.off_policy_correction, tis by default).")
+    max_staleness: int = _f(1, "async: the most policy versions a batch may lag the update it trains (k): the "
+                               "producer samples steps s+1..s+k while step s updates, and a batch older than k "
+                               "versions is dropped (counted in rollout/dropped_stale), never trained on.")
 
 
 @dataclass
@@ -151,11 +159,12 @@ class AlgorithmConfig:
     overlong_buffer: int = _f(0, "Overlong shaping buffer in tokens (DAPO: 4096 of 20480); 0 is off.")
     overlong_max_tokens: int = _f(256, "Overlong shaping: response length that gets the full penalty.")
     overlong_penalty: float = _f(1.0, "Overlong shaping: the largest penalty.")
-    off_policy_correction: Literal["none", "tis", "mis"] = _f(
-        "none", "Importance weights between the trainer's policy and the engine's behaviour logprobs (the vLLM "
+    off_policy_correction: Literal["auto", "none", "tis", "mis"] = _f(
+        "auto", "Importance weights between the trainer's policy and the engine's behaviour logprobs (the vLLM "
         "logprob mismatch; \"Your efficient RL framework secretly brings you off-policy RL training\", Yao et "
         "al. 2025; verl's rollout_is): tis truncates each token's ratio at tis_cap, mis masks out tokens whose "
-        "ratio leaves mis_band; none trains as if on-policy.")
+        "ratio leaves mis_band; none trains as if on-policy; auto is tis with rollout.mode=async (rollouts sampled by "
+        "older weights) and none in sync mode.")
     tis_cap: float = _f(2.0, "TIS: the largest importance weight (the note and verl use 2).")
     mis_band: list[float] = _f([0.5, 2.0], "MIS: [low, high]; tokens whose ratio leaves it get weight 0.")
 
@@ -171,6 +180,12 @@ class AlgorithmConfig:
             return self.loss_agg
         return {"grpo": "seq-mean-token-mean", "rloo": "seq-mean-token-mean",
                 "dr_grpo": "seq-mean-token-sum-norm"}.get(self.name, "token-mean")
+
+    def resolved_off_policy_correction(self, mode: str) -> str:
+        """The correction applied: ``auto`` is TIS for asynchronous rollouts and none for synchronous ones."""
+        if self.off_policy_correction != "auto":
+            return self.off_policy_correction
+        return "tis" if mode == "async" else "none"
 
     @property
     def resolved_dynamic_sampling(self) -> bool:
@@ -316,6 +331,15 @@ class Config:
         if a.overlong_buffer and a.overlong_buffer > a.overlong_max_tokens:
             raise ConfigError(f"algorithm.overlong_buffer={a.overlong_buffer} must be <= "
                               f"algorithm.overlong_max_tokens={a.overlong_max_tokens}", key="algorithm.overlong_buffer")
+        if r.max_staleness < 1:
+            raise ConfigError(f"rollout.max_staleness={r.max_staleness} must be >= 1 (the producer runs at least "
+                              "one step ahead); for on-policy training use rollout.mode=sync",
+                              key="rollout.max_staleness")
+        if r.mode == "async" and self.engine != "hf":
+            raise ConfigError(f"rollout.mode=async runs the producer on its own HF engine copy; engine="
+                              f"{self.engine} is not supported there yet: set engine=hf, or rollout.mode=sync "
+                              "(with algorithm.off_policy_correction=tis for vLLM's logprob mismatch)",
+                              key="rollout.mode")
         if a.tis_cap <= 0:
             raise ConfigError(f"algorithm.tis_cap={a.tis_cap} must be > 0 (the note uses 2)", key="algorithm.tis_cap")
         if len(a.mis_band) != 2 or not 0 <= a.mis_band[0] <= 1 <= a.mis_band[1]:

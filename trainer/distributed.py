@@ -116,27 +116,38 @@ def _active() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized() and world_size() > 1
 
 
-def _all_reduce(tensor: torch.Tensor, op: Any) -> torch.Tensor:
+def _all_reduce(tensor: torch.Tensor, op: Any, group: Any = None) -> torch.Tensor:
     if not _active():
         return tensor
     out = tensor.detach().clone()
-    if torch.distributed.get_backend() == "nccl":
+    if group is None and torch.distributed.get_backend() == "nccl":  # a side group is gloo: CPU tensors
         out = out.cuda()
-    torch.distributed.all_reduce(out, op=op)
+    torch.distributed.all_reduce(out, op=op, group=group)
     return out.to(tensor.device)
 
 
-def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+def all_reduce_sum(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
     """The element-wise sum of ``tensor`` over all ranks (the tensor itself in a single process).
 
     Sums and counts are what ranks reduce, never means: a mean of per-rank means weighs a rank with few
-    tokens as much as one with many, and the N-rank loss would no longer be the one-process loss."""
-    return _all_reduce(tensor, torch.distributed.ReduceOp.SUM)
+    tokens as much as one with many, and the N-rank loss would no longer be the one-process loss.
+    group: a side process group (``side_group``) instead of the default one."""
+    return _all_reduce(tensor, torch.distributed.ReduceOp.SUM, group)
 
 
-def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+def all_reduce_max(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
     """The element-wise maximum over all ranks (stage times: a step waits for its slowest rank)."""
-    return _all_reduce(tensor, torch.distributed.ReduceOp.MAX)
+    return _all_reduce(tensor, torch.distributed.ReduceOp.MAX, group)
+
+
+def side_group() -> Any:
+    """A second gloo process group over all ranks (None in a single process), for collectives issued from
+    another thread (the asynchronous rollout producer's): on the default group they would interleave with
+    the trainer's gradient all-reduce, which pairs collectives across ranks by issue order, and deadlock or
+    mix up. Every rank must call it, at the same point (creating a group is itself a collective)."""
+    if not _active():
+        return None
+    return torch.distributed.new_group(backend="gloo")
 
 
 def all_gather_object(obj: Any) -> list[Any]:

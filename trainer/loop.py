@@ -10,6 +10,10 @@
     eval         greedy held-out accuracy (every `eval.every` steps and at the end)
     checkpoint   safetensors + optimizer/scheduler/RNG/data position (every `save_every` steps and at the end)
 
+With ``rollout.mode: async`` the rollout and reward stages run on a producer thread ahead of the update
+(``trainer.producer``); the step waits for its batch (``wait_for_batch``), and ``weight_sync`` publishes a
+copy of the new weights to the producer.
+
 Each stage's seconds are reported as ``time/<stage>`` in the step's metrics event. What a run is built from
 (model, data, engine, agent, resource pools) is in ``trainer.builders``; the padded batch and the forward pass
 in ``trainer.batch``; the optimizer, its schedule and the torch/DeepSpeed ``Update`` in ``trainer.optim``.
@@ -50,6 +54,7 @@ from trainer.checkpoint import load_state, partial_path, rng_state, save_checkpo
 from trainer.config import Config, ConfigError, save_config
 from trainer.events import EventStream, JSONLSink, RunState, Sink
 from trainer.optim import Actor, DeepSpeedUpdate, make_scheduler, make_update
+from trainer.producer import ProducedBatch, RolloutProducer
 from trainer.trackers import tracker_sinks
 
 if TYPE_CHECKING:
@@ -239,6 +244,11 @@ class Trainer:
         self.share_prefix = not self.zero3
         self.engine: Engine = engine if engine is not None else build_engine(config, self.model, self.tokenizer)
         self.separate_engine = engine is not None or config.engine != "hf"  # holds its own copy of the weights
+        if config.rollout.mode == "async" and (engine is not None or self.zero3):
+            why = "a caller-built engine" if engine is not None else "DeepSpeed ZeRO-3 (its weights are sharded)"
+            raise ConfigError(f"rollout.mode=async copies the policy into its own HF engine, which {why} does not "
+                              "allow; use rollout.mode=sync" + ("" if engine is not None else
+                                                                 ", or a ZeRO stage below 3"), key="rollout.mode")
         self.agent: Agent = build_agent(config, self.engine)
         # build_agent gives the agent build_resources' engine (or none): the trainer reports and closes it.
         self.resources = cast("ResourceEngine | None", self.agent.runner.resources)
@@ -249,6 +259,10 @@ class Trainer:
         self.eval_samples = held_out[: config.eval.size or config.data.eval_size]
         self.step = 0
         self.best: float | None = None
+        self.producer: RolloutProducer | None = None  # rollout.mode=async, while train() runs
+        self._producer_engine: Engine | None = None
+        self._producer_resources: ResourceEngine | None = None
+        self._producer_idle = 0.0  # the producer's idle seconds already reported
         if resume is not None:
             self._resume(resume)
 
@@ -310,6 +324,11 @@ class Trainer:
         self._sync_weights()
         saved = int(state.get("world_size", 1))
         note = f" (saved by {saved} ranks)" if saved != self.world else ""
+        ahead = state.get("producer")
+        if ahead is not None and int(ahead["next_step"]) > self.step:
+            # Sampled ahead but never trained: sampled again from the trained cursor, same prompts and seeds.
+            note += (f"; the producer had sampled to step {ahead['next_step']}, those batches are sampled again "
+                     f"from step {self.step}")
         self.events.log(self.step, f"resumed from {ckpt} at step {self.step} on {self.world} ranks{note}")
 
     def _sync_weights(self) -> None:
@@ -336,6 +355,8 @@ class Trainer:
         if self.main:
             state = {"scheduler": self.scheduler.state_dict(), "data": self.cursor.state_dict(), "best": self.best,
                      "world_size": self.world}
+            if self.producer is not None:  # "data" is the cursor after the last trained batch; this, the ahead
+                state["producer"] = self.producer.state_dict()
             if not deepspeed:  # replicated on every rank, so rank 0's is everyone's
                 state["optimizer"] = self.optimizer.state_dict()
             extra: dict[str, torch.nn.Module] | None = (
@@ -349,12 +370,13 @@ class Trainer:
         return path
 
     # -------------------------------------------------------------------------------------- stages
-    def _sampling(self, round_index: int) -> Any:
+    def _sampling(self, round_index: int, step: int | None = None) -> Any:
         import agentfly as af
 
         r = self.config.rollout
+        step = self.step if step is None else step
         # A seed per (run seed, step, refill round): rollouts are reproducible, which resume relies on.
-        seed = (self.config.seed * 1_000_003 + self.step * 101 + round_index) % (2**31)
+        seed = (self.config.seed * 1_000_003 + step * 101 + round_index) % (2**31)
         return af.Sampling(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                            max_new_tokens=r.max_new_tokens, seed=seed)
 
@@ -367,9 +389,13 @@ class Trainer:
                                                        a.overlong_penalty)
         return rewards.tolist()
 
-    def collect(self, timer: StageTimer) -> Collected:
+    def collect(self, timer: StageTimer, *, agent: Agent | None = None, cursor: DataCursor | None = None,
+                step: int | None = None, group: Any = None) -> Collected:
         """Rollouts for one step; with dynamic sampling, rounds of fresh prompts until the batch has
         ``prompts_per_step`` groups whose rewards differ (or ``max_sample_batches`` rounds were made).
+
+        The asynchronous producer passes its own ``agent`` (engine copy), ``cursor``, the ``step`` the batch
+        is for, and its side process ``group`` for the cross-rank counts; by default, the trainer's own.
 
         Across ranks every rank takes the same ``prompts_per_step`` prompts from the shared order and rolls
         out its own slice of them; a round's kept count and the stop are decided on the whole batch, and the
@@ -384,14 +410,16 @@ class Trainer:
         everything: list[Trajectory] = []
         rounds = a.max_sample_batches if a.resolved_dynamic_sampling else 1
         n = r.prompts_per_step * r.group_size
+        agent = self.agent if agent is None else agent
+        cursor = self.cursor if cursor is None else cursor
         for round_index in range(rounds):
-            samples = self.cursor.take(r.prompts_per_step)[first:first + share]
+            samples = cursor.take(r.prompts_per_step)[first:first + share]
             with timer("rollout"):
                 # Seeds follow the rollout's index in the whole round, so rank r samples its prompts as one
                 # process doing every prompt would.
-                trajectories = self.agent.run_sync(samples, group_size=r.group_size,
-                                                   sampling=self._sampling(round_index),
-                                                   first_index=first * r.group_size)
+                trajectories = agent.run_sync(samples, group_size=r.group_size,
+                                              sampling=self._sampling(round_index, step),
+                                              first_index=first * r.group_size)
             everything += trajectories
             with timer("reward"):
                 shaped = self._shaped_rewards(trajectories)
@@ -404,7 +432,7 @@ class Trainer:
                 kept.append([(t, s, g) for t, s, g, k in zip(trajectories, shaped, groups, keep, strict=True) if k])
                 mine = torch.zeros(self.world, dtype=torch.float64)
                 mine[self.rank] = len(kept[-1])
-                counts.append([int(c) for c in dist.all_reduce_sum(mine).tolist()])
+                counts.append([int(c) for c in dist.all_reduce_sum(mine, group).tolist()])
             if sum(map(sum, counts)) >= n:
                 break
         rows: list[tuple[Trajectory, float, int]] = []
@@ -413,7 +441,7 @@ class Trainer:
             ahead = before + sum(round_counts[: self.rank])
             rows += round_rows[: max(0, min(len(round_rows), n - ahead))]
             before += sum(round_counts)
-        sampled = float(dist.all_reduce_sum(torch.tensor(float(len(everything)), dtype=torch.float64)))
+        sampled = float(dist.all_reduce_sum(torch.tensor(float(len(everything)), dtype=torch.float64), group))
         extra = {"rollout/rounds": float(round_index + 1),
                  "rollout/kept_fraction": sum(map(sum, counts)) / max(sampled, 1.0)}
         return Collected(everything, [t for t, _, _ in rows], [s for _, s, _ in rows], [g for _, _, g in rows],
@@ -425,7 +453,15 @@ class Trainer:
         timer = StageTimer()
         step_start, cpu_start = time.perf_counter(), time.process_time()
         self.model.eval()  # dropout off: rollout and training logprobs must be the same function
-        collected = self.collect(timer)
+        produced: ProducedBatch | None = None
+        dropped = 0
+        if self.producer is None:
+            collected = self.collect(timer)
+        else:
+            with timer("wait_for_batch"):  # the trainer's idle time: the producer is behind
+                produced, dropped = self.producer.get(self.step)
+            self.cursor.load_state_dict(produced.cursor)  # the trained position, what a checkpoint saves
+            collected = produced.collected
         everything = collected.everything
         # Every rank's trajectories count in the metrics (gathered as a few numbers each).
         rows = [row for part in dist.all_gather_object([summary(t) for t in everything]) for row in part]
@@ -443,6 +479,10 @@ class Trainer:
         with timer("weight_sync"):
             if self.separate_engine:
                 self._sync_weights()
+            elif self.producer is not None and self.step + 1 < cfg.steps:
+                # A copy, so the producer can swap it in while the next update changes the trainer's own.
+                self.producer.publish({k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                                      self.step + 1)
         self.step += 1
         metrics |= {"lr": float(self.scheduler.get_last_lr()[0]), "step": float(self.step)}
         # A step waits for its slowest rank: stage times are the maximum over ranks, CPU seconds the sum.
@@ -451,6 +491,8 @@ class Trainer:
                                                    [time.perf_counter() - step_start], dtype=torch.float64)).tolist()
         metrics |= {f"time/{k}": v for k, v in zip(names, slowest, strict=False)}
         metrics["time/step"] = slowest[-1]
+        if produced is not None:
+            metrics |= self._async_metrics(produced, dropped, collected.trajectories)
         gen_tokens = float(dist.all_reduce_sum(torch.tensor(float(sum(t.num_trained_tokens for t in everything)),
                                                             dtype=torch.float64)))
         metrics["tokens_per_second"] = gen_tokens / max(metrics.get("time/rollout", 0.0), 1e-9)
@@ -461,9 +503,29 @@ class Trainer:
         if cfg.log_samples and self.main:
             shown = everything if cfg.log_samples < 0 else everything[: cfg.log_samples]
             self.events.samples(self.step, [t.to_dict(self.tokenizer) for t in shown])
-        self.events.resources(self.step, self.engine.stats(),
+        engine = self.engine if self._producer_engine is None else self._producer_engine  # the one generating
+        self.events.resources(self.step, engine.stats(),
                               self.resources.stats() if self.resources is not None else None)
         return metrics
+
+    def _async_metrics(self, produced: ProducedBatch, dropped: int, trained: Sequence[Trajectory]
+                       ) -> dict[str, float]:
+        """Staleness of the trained rows (versions behind this update), dropped batches, the producer's stage
+        seconds for this batch (it ran them while earlier updates did) and its idle seconds since the last
+        step; over ranks: sums for means and counts, maxima for maxima and times."""
+        assert self.producer is not None
+        start = self.step - 1  # the version this update started from (self.step has counted it already)
+        lags = [start - (t.policy_version if t.policy_version is not None else start) for t in trained]
+        idle, self._producer_idle = self.producer.idle_seconds - self._producer_idle, self.producer.idle_seconds
+        summed = dist.all_reduce_sum(torch.tensor([float(sum(lags)), float(len(lags)), float(dropped)],
+                                                  dtype=torch.float64)).tolist()
+        names = sorted(produced.times)
+        top = dist.all_reduce_max(torch.tensor([float(max(lags, default=0)), idle] +
+                                               [produced.times[k] for k in names], dtype=torch.float64)).tolist()
+        out = {"rollout/staleness_mean": summed[0] / max(summed[1], 1.0), "rollout/staleness_max": top[0],
+               "rollout/dropped_stale": summed[2], "time/producer_idle": top[1],
+               "rollout/policy_version": float(produced.version)}
+        return out | {f"time/{k}": v for k, v in zip(names, top[2:], strict=True)}
 
     def _update(self, trajectories: Sequence[Trajectory], rewards: Sequence[float], groups: Sequence[int],
                 timer: StageTimer, placeholder: bool = False) -> dict[str, float]:
@@ -479,8 +541,9 @@ class Trainer:
             # logprobs (detached, in the update) are the old ones, so no extra forward is spent. Otherwise the
             # HF engine's own logprobs serve (same module, same weights; `logprob_mismatch` shows the gap),
             # and another engine's are recomputed by the trainer (verl's old_log_prob stage).
+            # Asynchronous rollouts were sampled by older weights: the update's own start is recomputed too.
             on_policy = a.epochs == 1 and a.minibatches == 1
-            recompute = not on_policy and self.separate_engine
+            recompute = not on_policy and (self.separate_engine or cfg.rollout.mode == "async")
             need_values = self.value_head is not None
             old_logp: torch.Tensor | None = None if on_policy else batch.rollout_logprobs
             values = None
@@ -505,7 +568,8 @@ class Trainer:
                 a.name, token_rewards, mask, batch.group_ids, values=values, std_normalize=a.std_normalize,
                 gamma=a.gamma, lam=a.lam, whiten=a.whiten_advantages,
                 reduce=dist.all_reduce_sum if self.world > 1 else None)
-        with timer("update"), _torch_threads(cfg.update_threads):
+        # Thread counts are process-wide: in async mode the producer's core is not the update's to take.
+        with timer("update"), _torch_threads(cfg.update_threads if cfg.rollout.mode == "sync" else 0):
             metrics |= self._optimise(batch, old_logp, ref_logp, advantages, values, returns, placeholder)
         return metrics
 
@@ -597,7 +661,8 @@ class Trainer:
             terms["logprob_mismatch"] = w_tok * float(algos.masked_mean(gap, mask))
         old = logp.detach() if micro.old_logp is None else micro.old_logp
         # The engine's logprobs are the behaviour policy's; weigh each token by pi_old / pi_behaviour.
-        is_w, im = algos.off_policy_weights(a.off_policy_correction, old, mb.rollout_logprobs, mask,
+        correction = a.resolved_off_policy_correction(cfg.rollout.mode)
+        is_w, im = algos.off_policy_weights(correction, old, mb.rollout_logprobs, mask,
                                             cap=a.tis_cap, band=(a.mis_band[0], a.mis_band[1]))
         loss, pm = algos.clipped_policy_loss(
             logp, old, micro.advantages, mask, clip_low=a.clip_low, clip_high=a.resolved_clip_high,
@@ -635,6 +700,34 @@ class Trainer:
         return metrics
 
     # -------------------------------------------------------------------------------------- the run
+    def _start_producer(self) -> RolloutProducer:
+        """rollout.mode=async: a producer thread with its own copy of the policy, HF engine, agent (and
+        resource pools) and data cursor, starting at this step with the weights of this version."""
+        from agentfly.engines.hf import HFEngine
+
+        group = dist.side_group()  # every rank makes it here, at the same point
+        model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        engine = HFEngine(model=model, tokenizer=self.tokenizer)
+        agent = build_agent(self.config, engine)
+        self._producer_engine = engine
+        self._producer_resources = cast("ResourceEngine | None", agent.runner.resources)
+        self._producer_idle = 0.0
+        cursor = DataCursor(self.cursor.samples, self.config.data.seed, self.config.data.shuffle)
+        cursor.load_state_dict(self.cursor.state_dict())
+
+        def collect(step: int, at: DataCursor) -> tuple[Collected, dict[str, float]]:
+            timer = StageTimer()
+            return self.collect(timer, agent=agent, cursor=at, step=step, group=group), timer.times
+
+        return RolloutProducer(collect, engine.update_weights, cursor, step=self.step, version=self.step,
+                               last_step=self.config.steps, max_staleness=self.config.rollout.max_staleness).start()
+
+    def _stop_producer(self) -> None:
+        if self.producer is not None:
+            self.producer.close()
+        if self._producer_resources is not None:
+            self._producer_resources.close()
+
     def train(self, should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
         """Run to ``steps`` (or the time budget); returns the final metrics and the last checkpoint path.
 
@@ -648,6 +741,8 @@ class Trainer:
         eval_metrics: dict[str, float] = {}
         state: RunState = "succeeded"
         try:
+            if cfg.rollout.mode == "async":
+                self.producer = self._start_producer()
             while self.step < cfg.steps:
                 # Decided together: a rank that stopped alone would leave the others waiting in a collective.
                 stop, over = dist.all_reduce_max(torch.tensor([
@@ -688,6 +783,7 @@ class Trainer:
             self.events.status(self.step, "failed", f"{type(exc).__name__}: {exc}")
             raise
         finally:
+            self._stop_producer()
             if self.resources is not None:
                 self.resources.close()  # kills sandboxes and environments; the rollouts have all ended
             self.events.close()

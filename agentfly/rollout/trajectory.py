@@ -60,6 +60,9 @@ class Trajectory:
     temperature: float = 1.0
     model: str | None = None  # the model path or name, so tokens can be decoded later
     timings: dict[str, float] = field(default_factory=dict)
+    # The trainer's policy version (updates applied) of the weights that sampled it; None when no trainer
+    # counts (asynchronous training measures staleness with it).
+    policy_version: int | None = None
 
     # ---------------------------------------------------------------- building (the mask is born here)
     def extend_prompt(self, ids: list[int]) -> None:

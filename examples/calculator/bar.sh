@@ -4,12 +4,19 @@
 #   bash examples/calculator/bar.sh            # ~45 minutes on 2 CPU cores; results in runs/calculator/bar.jsonl
 #   SEEDS="0" bash examples/calculator/bar.sh  # one seed
 #   SKIP_SFT=1 bash examples/calculator/bar.sh # reuse the SFT model already in runs/calculator/sft
+#   MODE=async bash examples/calculator/bar.sh # GRPO with rollout.mode=async, max_staleness=1 (bar-async.jsonl)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 AGENTFLY=${AGENTFLY:-.venv/bin/agentfly}
 SEEDS=${SEEDS:-"0 1 2"}
+MODE=${MODE:-sync}  # sync or async (rollouts of the next step run during the update)
+case "$MODE" in
+    sync) RUN=grpo; SUFFIX=""; MODE_SET=() ;;
+    async) RUN=grpo-async; SUFFIX=-async; MODE_SET=(--set rollout.mode=async --set rollout.max_staleness=1) ;;
+    *) echo "MODE=$MODE: use sync or async" >&2; exit 2 ;;
+esac
 OUT=runs/calculator
-RESULTS=$OUT/bar.jsonl
+RESULTS=$OUT/bar$SUFFIX.jsonl  # bar.jsonl, or bar-async.jsonl
 mkdir -p "$OUT"
 : > "$RESULTS"
 
@@ -24,8 +31,9 @@ record sft "$("$AGENTFLY" eval $OUT/sft --split test | tail -n 1)" $(( $(date +%
 
 for seed in $SEEDS; do
     start=$(date +%s)
-    "$AGENTFLY" train examples/calculator/grpo.yaml --set seed="$seed" --set output_dir=$OUT/grpo-seed$seed
-    record "grpo-seed$seed" "$("$AGENTFLY" eval $OUT/grpo-seed$seed --split test | tail -n 1)" $(( $(date +%s) - start ))
+    "$AGENTFLY" train examples/calculator/grpo.yaml --set seed="$seed" --set output_dir=$OUT/$RUN-seed$seed \
+        "${MODE_SET[@]}"
+    record "$RUN-seed$seed" "$("$AGENTFLY" eval $OUT/$RUN-seed$seed --split test | tail -n 1)" $(( $(date +%s) - start ))
 done
 
 python3 - "$RESULTS" <<'PY'

@@ -15,7 +15,7 @@ from trainer.config import ALGORITHMS
 from webapp.accounts.models import Team
 from webapp.inputs import PG_BIGINT_MAX, query_int
 from webapp.jobs import actions
-from webapp.jobs.forms import MODEL_SOURCES, TASKS, TRACKERS, LaunchForm
+from webapp.jobs.forms import MODEL_SOURCES, ROLLOUT_MODES, TASKS, TRACKERS, LaunchForm
 from webapp.jobs.models import Checkpoint, Kind, Queue, TrainingJob
 from webapp.monitor.events import events_after, requested_types
 from webapp.monitor.models import EventType
@@ -104,6 +104,9 @@ class LaunchSerializer(serializers.Serializer):
     resources = serializers.DictField(default=dict)
     queue = serializers.ChoiceField(choices=Queue.choices, default=Queue.CPU)
     gpus = bounded(serializers.IntegerField, "gpus", 1)
+    rollout_mode = serializers.ChoiceField(choices=[m for m, _ in ROLLOUT_MODES], default="sync",
+                                           help_text="async: rollouts of the next steps run during the update.")
+    max_staleness = bounded(serializers.IntegerField, "max_staleness", 1)
     launch_key = serializers.CharField(required=False, allow_blank=True, max_length=64)
     trackers = serializers.ListField(child=serializers.ChoiceField(choices=TRACKERS), default=list,
                                      help_text="Experiment trackers that also get the metrics.")

@@ -38,7 +38,9 @@ FIELD_OF_KEY = {
     "algorithm.name": "algorithm", "optim.lr": "learning_rate", "resources": "resources", "trackers": "trackers",
     "sft.demos_path": "demos_path", "sft.num_demos": "sft_demos", "sft.epochs": "sft_epochs",
     "sft.batch_size": "sft_batch_size", "sft.lr": "sft_learning_rate",
+    "rollout.mode": "rollout_mode", "rollout.max_staleness": "max_staleness",
 }
+ROLLOUT_MODES = (("sync", "sync: roll out, then update"), ("async", "async: roll out the next steps during the update"))
 
 
 def field_of(key: str | None) -> str | None:
@@ -132,6 +134,13 @@ class LaunchForm(forms.Form):
     gpus = forms.IntegerField(min_value=1, max_value=64, initial=1, required=False, label="Ranks (GPUs)",
                               help_text="Data-parallel ranks of the job, one process each: GPUs on the gpu queue, "
                                         "CPU processes on the cpu queue. They must divide the prompts per step.")
+    rollout_mode = forms.ChoiceField(
+        choices=ROLLOUT_MODES, initial="sync", required=False, label="Rollout mode",
+        help_text="async: a producer with its own copy of the weights samples the next steps' batches while the "
+                  "update runs (off-policy by up to max staleness versions, corrected by truncated importance "
+                  "sampling).")
+    max_staleness = forms.IntegerField(min_value=1, max_value=16, initial=1, required=False,
+                                       help_text="async: the most policy versions a trained batch may lag.")
     launch_key = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
@@ -178,6 +187,12 @@ class LaunchForm(forms.Form):
 
     def clean_gpus(self) -> int:
         return self.cleaned_data.get("gpus") or 1  # left empty: one rank, as before the field existed
+
+    def clean_rollout_mode(self) -> str:
+        return self.cleaned_data.get("rollout_mode") or "sync"  # left empty: as before the field existed
+
+    def clean_max_staleness(self) -> int:
+        return self.cleaned_data.get("max_staleness") or 1
 
     def clean_resources(self) -> dict[str, Any]:
         text = self.cleaned_data.get("resources", "").strip()
@@ -276,6 +291,8 @@ class LaunchForm(forms.Form):
                 "group_size": d["group_size"],
                 "temperature": d["temperature"],
                 "max_new_tokens": d["max_new_tokens"],
+                "mode": d.get("rollout_mode") or "sync",
+                "max_staleness": d.get("max_staleness") or 1,
             },
             "algorithm": {"name": d["algorithm"]},
             "optim": {"lr": d["learning_rate"]},

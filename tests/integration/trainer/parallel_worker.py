@@ -105,6 +105,19 @@ def resumed(model_dir: str, out: Path, extra: Sequence[str]) -> dict[str, Any]:
     return {"step": step, "whole": a, "again": b}
 
 
+def async_run(model_dir: str, out: Path, extra: Sequence[str]) -> dict[str, Any]:
+    """A whole run in ``rollout.mode=async`` with the real HF engine (each rank's producer samples its share
+    with its own copy of the weights); the run's end and its step metrics (rank 0's events)."""
+    from trainer.config import load_config
+    from trainer.events import read_events
+    from trainer.loop import Trainer
+
+    result = Trainer(load_config(None, overrides(model_dir, out, *extra))).train()
+    events = read_events(out / "events.jsonl") if (out / "events.jsonl").is_file() else []
+    steps = [e["data"] for e in events if e["type"] == "metrics" and "time/step" in e["data"]]
+    return {"step": result["step"], "state": result["state"], "steps": steps}
+
+
 def main(model_dir: str, out_dir: str, cases_path: str) -> None:
     from trainer import distributed as dist
 
@@ -112,10 +125,12 @@ def main(model_dir: str, out_dir: str, cases_path: str) -> None:
     dist.init_process_group()
     out = Path(out_dir)
     for case in json.loads(Path(cases_path).read_text()):
-        run = resumed if case.get("resume") else one_step
+        run = resumed if case.get("resume") else async_run if case.get("async") else one_step
         result = run(model_dir, out / case["name"], case["overrides"])
         if dist.rank() == 0:
             torch.save(result, out / f"{case['name']}.pt")
+        elif case.get("async"):  # every rank's end, to show none was left waiting
+            torch.save(result, out / f"{case['name']}-rank{dist.rank()}.pt")
         dist.barrier()
     dist.destroy_process_group()
 

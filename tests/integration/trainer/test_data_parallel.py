@@ -108,6 +108,23 @@ def test_a_2_rank_ddp_run_resumed_at_step_k_reproduces_step_k_plus_1(ddp_runs: P
     assert relative_difference(got["again"], got["whole"]) < 1e-6
 
 
+@pytest.mark.slow
+def test_an_async_2_rank_run_trains_a_few_steps_and_every_rank_ends(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # Real HF rollouts on each rank's producer thread; DAPO's refill rounds make the producers' cross-rank
+    # counts (their side group) run while the trainers' gradient all-reduce does.
+    extra = ["rollout.mode=async", "rollout.max_staleness=1", "steps=3", "algorithm.name=dapo",
+             "rollout.group_size=2", "rollout.reward=parallel_worker:even_words", "rollout.max_new_tokens=8",
+             "optim.lr=0.001"]
+    out = launch(tmp_path, tiny_model_dir, [{"name": "async", "async": True, "overrides": extra}])
+    main, other = torch.load(out / "async.pt", weights_only=False), torch.load(out / "async-rank1.pt",
+                                                                              weights_only=False)
+    assert (main["step"], main["state"]) == (other["step"], other["state"]) == (3, "succeeded")
+    assert [s["step"] for s in main["steps"]] == [1.0, 2.0, 3.0]
+    for s in main["steps"]:
+        assert s["rollout/staleness_max"] <= 1.0 and s["rollout/dropped_stale"] == 0.0
+        assert "off_policy/weight_mean" in s and s["rollout/rounds"] >= 1
+
+
 def test_rank_0_alone_writes_events_and_each_rank_its_rng_state(ddp_runs: Path) -> None:
     run = ddp_runs / "resume" / "whole"
     steps = [e["step"] for e in read_events(run / "events.jsonl", "metrics") if "time/rollout" in e["data"]]

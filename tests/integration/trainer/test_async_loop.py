@@ -1,0 +1,81 @@
+"""Asynchronous training (``rollout.mode=async``) on the tiny model: a producer thread samples ahead, every
+trained batch is at most ``max_staleness`` versions old, the loss is corrected with TIS by default, and a
+resumed run trains the prompts the uninterrupted one did."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainer.checkpoint import load_state
+from trainer.config import load_config
+from trainer.events import CallbackSink
+from trainer.loop import Trainer
+
+REWARD = "rollout.reward=rewards_for_tests:answer_length"
+ASYNC = ("rollout.mode=async", "rollout.max_staleness=1")
+
+
+def _run(config_overrides: list[str], resume: str | None = None) -> list[dict]:
+    events: list[dict] = []
+    Trainer(load_config(None, config_overrides), sinks=[CallbackSink(events.append)], resume=resume).train()
+    return events
+
+
+def _steps(events: list[dict]) -> dict[int, dict]:
+    return {e["step"]: e["data"] for e in events if e["type"] == "metrics" and "time/step" in e["data"]}
+
+
+def _prompts(events: list[dict]) -> dict[int, list[str]]:
+    """The task samples each step trained on, from its ``samples`` event (every trajectory is logged)."""
+    return {
+        e["step"]: sorted(json.dumps(t["sample"], sort_keys=True) for t in e["data"]["trajectories"])
+        for e in events
+        if e["type"] == "samples"
+    }
+
+
+@pytest.mark.slow
+def test_an_async_run_trains_batches_at_most_max_staleness_versions_old_with_tis(
+    tiny_model_dir, tmp_path, tiny_overrides
+):
+    # A large step size: each update moves the policy far enough that a one-version-old batch is off-policy.
+    events = _run(tiny_overrides(tiny_model_dir, tmp_path, REWARD, "steps=4", "optim.lr=0.01", *ASYNC))
+    steps = _steps(events)
+    assert sorted(steps) == [1, 2, 3, 4]
+    # The first batch is sampled by the starting weights, before any update: on-policy.
+    assert steps[1]["rollout/staleness_max"] == 0.0
+    for s in steps.values():
+        assert 0.0 <= s["rollout/staleness_mean"] <= s["rollout/staleness_max"] <= 1.0
+        assert s["rollout/dropped_stale"] == 0.0
+        assert s["time/wait_for_batch"] >= 0.0 and s["time/producer_idle"] >= 0.0
+        assert s["time/rollout"] > 0.0  # the producer's generation time of that batch
+        # auto is TIS in async mode: its weights and truncated share are measured.
+        assert s["off_policy/weight_max"] <= 2.0 + 1e-6
+        assert 0.0 <= s["off_policy/truncated_fraction"] <= 1.0
+    # The first batch's weights are the trainer's (ratio 1 up to numerics); later ones were sampled by the
+    # weights before the last update, and the importance weights measure that gap against their logprobs.
+    assert steps[1]["off_policy/weight_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert max(abs(steps[s]["off_policy/weight_mean"] - 1.0) for s in (2, 3, 4)) > 1e-3
+    status = [e["data"]["state"] for e in events if e["type"] == "status"]
+    assert status[-1] == "succeeded"
+
+
+@pytest.mark.slow
+def test_an_async_run_resumed_at_step_2_trains_the_prompts_of_the_uninterrupted_run(
+    tiny_model_dir, tmp_path, tiny_overrides
+):
+    common = (REWARD, "steps=4", "save_every=2", "keep_last=5", "log_samples=4", *ASYNC)
+    whole = _run(tiny_overrides(tiny_model_dir, tmp_path / "whole", *common))
+    ckpt = tmp_path / "whole" / "checkpoint-000002"
+    state = load_state(ckpt)
+    # The checkpoint's cursor is after the 2 trained batches of 2 prompts, whatever the producer had drawn.
+    assert state["data"] == {"epoch": 0, "position": 4}
+    assert state["producer"]["next_step"] >= 2
+    assert state["producer"]["cursor"]["position"] == 2 * state["producer"]["next_step"]
+    resumed = _run(tiny_overrides(tiny_model_dir, tmp_path / "resumed", *common), resume=str(ckpt))
+    before, after = _prompts(whole), _prompts(resumed)
+    assert sorted(after) == [3, 4]
+    assert after[3] == before[3] and after[4] == before[4]
+    assert after[3] != before[2]  # no batch trained twice
