@@ -19,7 +19,20 @@
   // The job and its trainer share one status vocabulary (trainer/events.py RUN_STATES).
   let cancelRequested = cancelButton.textContent.trim().startsWith("Cancelling");
 
+  // The Resume form is in the page, hidden, while the job runs (members only, never for a warm start job); it
+  // shows once the job ends failed or cancelled with a checkpoint, as it would after a reload.
+  const resumeForm = document.getElementById("resume-form");
+  let resumeStep = resumeForm && resumeForm.querySelector("#resume-step").textContent.trim() !== ""
+    ? Number(resumeForm.querySelector("#resume-step").textContent) : null;
+
+  function setCheckpoint(step) {
+    if (!resumeForm || typeof step !== "number") return;
+    resumeStep = step;
+    resumeForm.querySelector("#resume-step").textContent = String(step);
+  }
+
   function setStatus(status) {
+    if (resumeForm) resumeForm.hidden = !((status === "failed" || status === "cancelled") && resumeStep !== null);
     badge.className = `badge big ${status}`;
     badge.dataset.status = status;
     badge.textContent = status.charAt(0).toUpperCase() + status.slice(1);
@@ -428,7 +441,7 @@
         case "samples": indexSamples(event.step, event.seq); break;
         case "resources": if (event.stub) break; addResources(event); break;
         case "status": setStatus(data.state); appendLog(event); break;
-        case "checkpoint": appendLog(event); break;
+        case "checkpoint": setCheckpoint(data.step); appendLog(event); break;
         case "log": appendLog(event); break;
         default: break;
       }

@@ -98,6 +98,10 @@ def test_the_dashboard_grows_live_shows_rollouts_and_pools_and_cancels_the_job(
     assert not page.errors, page.errors
     job = off_loop(lambda: TrainingJob.objects.get(pk=job_id))
     assert job.status == Status.CANCELLED and job.step < 300
+    # The cancelled job saved a checkpoint on its way out: Resume is offered at once, without a reload, from it.
+    wait_for_js(page, "!document.getElementById('resume-form').hidden", timeout=30_000)
+    last = off_loop(lambda: TrainingJob.objects.get(pk=job_id).last_checkpoint)
+    assert page.inner_text("#resume-button") == f"Resume from step {last.step}"
     assert (ARTIFACTS / "monitor-dashboard.png").stat().st_size > 10_000
 
 

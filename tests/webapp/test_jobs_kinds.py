@@ -166,9 +166,10 @@ def test_the_dashboard_offers_resume_for_a_failed_job_with_a_checkpoint(alice_cl
                                                                         alice: Any) -> None:
     job = finished_job(team_a, alice, Kind.RL, Status.FAILED)
     page = alice_client.get(reverse("monitor:dashboard", args=[job.pk])).content.decode()
-    assert 'id="resume-button"' in page and "Resume from step 3" in page
+    assert 'id="resume-button"' in page and 'Resume from step <span id="resume-step">3</span>' in page
     form = page[page.rindex("<form", 0, page.index('id="resume-button"')):page.index('id="resume-button"')]
     assert f'action="{reverse("jobs:resume", args=[job.pk])}"' in form and 'name="csrfmiddlewaretoken"' in form
+    assert " hidden" not in form[:form.index(">")]
     response = alice_client.post(reverse("jobs:resume", args=[job.pk]))
     assert response.status_code == 302
     assert TrainingJob.objects.get(resumed_from__job=job).config["resume_from"].endswith("checkpoint-000003")
@@ -177,10 +178,13 @@ def test_the_dashboard_offers_resume_for_a_failed_job_with_a_checkpoint(alice_cl
 def test_the_dashboard_offers_no_resume_for_a_running_job_or_one_without_a_checkpoint(
         alice_client: Any, team_a: Any, alice: Any) -> None:
     running = finished_job(team_a, alice, Kind.RL, Status.RUNNING)
+    page = alice_client.get(reverse("monitor:dashboard", args=[running.pk])).content.decode()
+    # A running job's form is in the page but hidden: the page shows it if the job ends failed or cancelled.
+    tag = page[page.index('<form method="post" action="' + reverse("jobs:resume", args=[running.pk])):]
+    assert 'id="cancel-button"' in page and " hidden>" in tag[:tag.index(">") + 1]
     bare = TrainingJob.objects.create(team=team_a, created_by=alice, name="y", config={}, status=Status.CANCELLED)
-    for job in (running, bare):
-        page = alice_client.get(reverse("monitor:dashboard", args=[job.pk])).content.decode()
-        assert 'id="cancel-button"' in page and 'id="resume-button"' not in page
+    page = alice_client.get(reverse("monitor:dashboard", args=[bare.pk])).content.decode()
+    assert 'id="cancel-button"' in page and 'id="resume-button"' not in page
 
 
 def test_the_dashboard_of_another_teams_failed_job_offers_no_resume(bob_client: Any, team_a: Any,

@@ -17,7 +17,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 
 from webapp.inputs import PG_BIGINT_MAX, query_int
-from webapp.jobs.models import TrainingJob
+from webapp.jobs.models import Kind, TrainingJob
 from webapp.monitor.events import events_after, requested_types
 from webapp.monitor.models import EventType, JobEvent
 from webapp.monitor.series import DEFAULT_POINTS, MAX_POINTS, Ancestor, job_series
@@ -50,9 +50,13 @@ def _job_context(job: TrainingJob) -> dict[str, Any]:
 def dashboard(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_object_or_404(TrainingJob.objects.visible_to(request.user).select_related("team__group"), pk=pk)
     # Resume queues work for the job's team: offered to its members only, and only where there is a checkpoint.
-    can_resume = job.can_resume and job.team.has_member(request.user)
+    member = job.team.has_member(request.user)
+    can_resume = job.can_resume and member
+    # A live job that may yet fail or be cancelled gets the form hidden; the page shows it when the job ends so
+    # with a checkpoint, without a reload.
+    offer_resume = can_resume or (member and job.is_active and job.kind != Kind.SFT)
     return render(request, "monitor/dashboard.html", {"job": job, "monitor_config": _job_context(job),
-                                                      "can_resume": can_resume})
+                                                      "can_resume": can_resume, "offer_resume": offer_resume})
 
 
 def parse_job_ids(values: list[str]) -> list[int]:
