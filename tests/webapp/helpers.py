@@ -107,11 +107,14 @@ def worker_env(runs: Path) -> dict[str, str]:
     from django.db import connection
 
     db = connection.settings_dict
+    if connection.vendor == "sqlite":  # the demo's settings: the worker opens the session's test file
+        url = f"sqlite:///{db['NAME']}"
+    else:
+        url = f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     env = dict(os.environ)
     env.update({
         "SECRET_KEY": settings.SECRET_KEY,  # a worker holds one; what it runs must not see it
-        "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/"
-                        f"{db['NAME']}",
+        "DATABASE_URL": url,
         "AGENTFLY_RUNS_DIR": str(runs),
         "PYTHONPATH": str(ROOT),
         "OMP_NUM_THREADS": "1",
