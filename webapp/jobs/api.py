@@ -92,6 +92,7 @@ class LaunchSerializer(serializers.Serializer):
     resources = serializers.DictField(default=dict)
     queue = serializers.ChoiceField(choices=Queue.choices, default=Queue.CPU)
     gpus = bounded(serializers.IntegerField, "gpus", 1)
+    nodes = bounded(serializers.IntegerField, "nodes", 1)
     launch_key = serializers.CharField(required=False, allow_blank=True, max_length=64)
     trackers = serializers.ListField(child=serializers.ChoiceField(choices=TRACKERS), default=list,
                                      help_text="Experiment trackers that also get the metrics.")
