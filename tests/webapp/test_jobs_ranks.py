@@ -225,9 +225,13 @@ def test_a_killed_worker_takes_its_ranks_with_it_and_the_job_fails_in_the_heartb
              "the resumed job's first step", 0.5)
     events = alice_api.get(f"/api/jobs/{resumed['id']}/events/?type=metrics&limit=5000").json()["events"]
     assert min(e["step"] for e in events) == last.step + 1
-    alice_api.post(f"/api/jobs/{resumed['id']}/cancel/")
-    ended = wait_for(lambda: job_in(alice_api, resumed["id"], *Status.values[2:]), 120, "the cancel", 0.5)
-    assert ended["status"] == "cancelled"
+
+    # A SIGKILLed torchrun cannot stop its ranks; they die with it (trainer.distributed.die_with_launcher).
+    second_dir = paths.job_dir(TrainingJob.objects.get(pk=resumed["id"]))
+    os.kill(wait_for(lambda: torchrun_pids(second_dir), 30, "the resumed job's torchrun")[0], signal.SIGKILL)
+    wait_for(lambda: rank_pids(second_dir) == [], 30, "the ranks to die with their torchrun", 0.3)
+    ended = wait_for(lambda: job_in(alice_api, resumed["id"], *Status.values[2:]), 60, "the job to fail", 0.5)
+    assert ended["status"] == "failed" and "torchrun was killed by SIGKILL" in ended["error"], ended["error"]
 
 
 def test_more_nodes_than_the_queue_has_hosts_are_refused_with_the_hosts_it_has(

@@ -277,6 +277,10 @@ def run_ranks(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink]
     if watcher.error is not None:
         raise TrackingError(watcher.error)
     out = result_file.read_text(errors="replace")
+    if proc.returncode < 0:  # torchrun itself was killed; its ranks die with it (die_with_launcher)
+        raise RuntimeError(f"torchrun was killed by {signal.Signals(-proc.returncode).name}, and its {ranks} ranks "
+                           f"with it; the last checkpoint is kept, resume the job to continue "
+                           f"(all output: {log_file})")
     if proc.returncode != 0:
         text = log_file.read_text(errors="replace")
         # The rank's own error, not torchrun's summary of it (which names only the exit code).
