@@ -179,5 +179,6 @@ def test_the_lifecycle_holds_on_the_demos_sqlite(tmp_path: Path) -> None:
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-x", "-q", "-s", "--timeout", "5000",
          f"{Path(__file__).relative_to(ROOT)}", "-k", "not holds_on_the_demos_sqlite"],
         cwd=ROOT, env=env, capture_output=True, text=True)
+    print(*(line for line in done.stdout.splitlines() if "AGENTFLY_STRESS_SEED" in line), sep="\n")
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert "2 passed" in done.stdout, done.stdout[-3000:]
