@@ -195,7 +195,9 @@ def test_a_killed_worker_takes_its_ranks_with_it_and_the_job_fails_in_the_heartb
         try:
             doomed.wait_ready()
             answering(doomed)
-            job = launch(alice_api, builtins, steps=40)
+            # Far more steps than the ranks could train while the test waits for them to die: ranks left alive
+            # would still be training, not finished.
+            job = launch(alice_api, builtins, steps=1000)
             run_dir = paths.job_dir(TrainingJob.objects.get(pk=job["id"]))
             wait_for(lambda: TrainingJob.objects.get(pk=job["id"]).checkpoints.filter(step__gte=2).exists(), 240,
                      "a checkpoint at step 2", 0.3)
