@@ -70,9 +70,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.help_config:
         print("\n".join(describe()))
         return 0
-    from trainer.distributed import is_main_process
+    from trainer.distributed import die_with_launcher, is_main_process
     from trainer.loop import train
 
+    die_with_launcher()
     config = _load(args)
     stop = Path(args.stop_file) if args.stop_file else None
     result = train(config, resume=args.resume, should_stop=(lambda: stop.exists()) if stop else None)

@@ -32,6 +32,25 @@ AUTO_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "t
 
 
 # ---------------------------------------------------------------------------------------------- process info
+def die_with_launcher() -> None:
+    """Under ``torchrun`` (which sets ``TORCHELASTIC_RUN_ID``), have the kernel SIGTERM this rank when its
+    launcher dies. torchrun stops its ranks when it is itself stopped, but a SIGKILLed torchrun (the OOM
+    killer, a killed job) cannot, and its ranks would train on unseen or wait in a collective forever,
+    holding their devices. A no-op off Linux and outside torchrun (the ``deepspeed`` launcher's ranks are
+    its ``pdsh``/local children and are left to it)."""
+    import sys
+
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() == 1:  # the launcher died before the call: this rank was already handed to init
+        raise SystemExit("torchrun exited before this rank started; nothing to train with")
+
+
 def rank() -> int:
     """This process's global rank (0 without a launcher)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():

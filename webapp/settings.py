@@ -9,6 +9,7 @@ inside tasks, the web process never does.
 from __future__ import annotations
 
 import os
+import socket
 from datetime import timedelta
 from pathlib import Path
 
@@ -283,6 +284,9 @@ AGENTFLY_MAX_JSON_DEPTH = env_int("AGENTFLY_MAX_JSON_DEPTH", 64)
 # Refuse a launch on the gpu queue while no Celery worker consumes it (asked of the workers, cached briefly).
 AGENTFLY_CHECK_GPU_WORKERS = env_bool("AGENTFLY_CHECK_GPU_WORKERS", True)
 AGENTFLY_WORKER_CHECK_CACHE_SECONDS = env_float("AGENTFLY_WORKER_CHECK_CACHE_SECONDS", 30.0)
+# A multi-node job's first node hosts the ranks' rendezvous (torchrun's TCP store) at this worker's address,
+# which the other nodes' workers must reach: set it on each GPU host (its name or IP on the cluster network).
+AGENTFLY_NODE_ADDRESS = env_str("AGENTFLY_NODE_ADDRESS", socket.getfqdn())
 # Content-Security-Policy (django-csp): scripts only from this origin, never inline or eval'd. Styles allow
 # 'unsafe-inline' because Plotly writes style attributes and <style> elements at run time; a style cannot run
 # code. Websockets (the dashboard's live stream) connect to this host.

@@ -2,7 +2,8 @@
 
 Django is configured here (not in a pytest.ini) so the library's tests never need it. The tests run against
 the real PostgreSQL (``DATABASE_URL``, default ``postgres://postgres@127.0.0.1:5432/agentfly``) in a test
-database of their own, and the real Redis (``REDIS_URL``, default database 13 so a developer's demo worker
+database of their own (or, with ``DATABASE_URL=sqlite:///FILE``, on the demo's SQLite settings in a file
+beside ``FILE``, shared with the worker), and the real Redis (``REDIS_URL``, default database 13 so a developer's demo worker
 on database 0 never steals a test's task). Personas: alice is in team A, bob in team B.
 
 The ``worker`` fixture starts ``celery -A webapp worker`` as a subprocess against the test database, and
@@ -71,6 +72,10 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
     db = settings.DATABASES["default"]
     if db["ENGINE"].endswith("postgresql"):
         db.setdefault("TEST", {})["NAME"] = f"test_{db['NAME']}_webapp"
+    elif db["ENGINE"].endswith("sqlite3"):
+        # The demo's settings (``DATABASE_URL=sqlite:///...``): a test file beside the demo's, never in memory,
+        # so the session's worker opens the same database (WAL, busy timeout: ``webapp/settings.py``).
+        db.setdefault("TEST", {})["NAME"] = str(Path(db["NAME"]).with_name(f"test_{Path(db['NAME']).stem}.sqlite3"))
 
 
 @pytest.fixture(scope="session")

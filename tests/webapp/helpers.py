@@ -22,8 +22,10 @@ PASSWORD = "correct horse battery staple"
 class Worker:
     """A ``celery worker`` subprocess; ``kill()`` ends it the way a crashed machine would (SIGKILL)."""
 
-    def __init__(self, queues: str, env: dict[str, str], log: Path) -> None:
-        self.name = f"test-{queues.replace(',', '-')}-{uuid.uuid4().hex[:6]}@%h"
+    def __init__(self, queues: str, env: dict[str, str], log: Path, host: str = "%h") -> None:
+        # ``host``: the host the worker's name says it is on (Celery's ``%h``, this machine, by default);
+        # two workers named for two hosts stand in for two machines in the multi-node tests.
+        self.name = f"test-{queues.replace(',', '-')}-{uuid.uuid4().hex[:6]}@{host}"
         self.log = log
         self._fh = log.open("wb")
         self.proc = subprocess.Popen(
@@ -107,11 +109,14 @@ def worker_env(runs: Path) -> dict[str, str]:
     from django.db import connection
 
     db = connection.settings_dict
+    if connection.vendor == "sqlite":  # the demo's settings: the worker opens the session's test file
+        url = f"sqlite:///{db['NAME']}"
+    else:
+        url = f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     env = dict(os.environ)
     env.update({
         "SECRET_KEY": settings.SECRET_KEY,  # a worker holds one; what it runs must not see it
-        "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/"
-                        f"{db['NAME']}",
+        "DATABASE_URL": url,
         "AGENTFLY_RUNS_DIR": str(runs),
         "PYTHONPATH": str(ROOT),
         "OMP_NUM_THREADS": "1",

@@ -130,6 +130,14 @@ def test_a_warm_start_runs_as_one_process(alice_client: Any, team_a: Any, entrie
     assert "A warm start (sft) runs as one process" in " ".join(response.context["form"].errors["gpus"])
 
 
+@pytest.mark.parametrize("kind", ["sft", "sft_then_rl"])
+def test_a_warm_start_job_runs_on_one_host(alice_client: Any, team_a: Any, entries: tuple[Any, Any],
+                                           kind: str) -> None:
+    response = alice_client.post(reverse("jobs:launch"), launch_data(team_a, *entries, kind=kind, nodes=2))
+    assert "runs on one host; set 1 node" in " ".join(response.context["form"].errors["nodes"])
+    assert not TrainingJob.objects.exists()
+
+
 # ----------------------------------------------------------------------------------------------- resume
 def finished_job(team: Any, user: Any, kind: str, status: str, **config: Any) -> TrainingJob:
     job = TrainingJob.objects.create(team=team, created_by=user, name="x", kind=kind, status=status,

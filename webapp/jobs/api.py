@@ -107,6 +107,7 @@ class LaunchSerializer(serializers.Serializer):
     rollout_mode = serializers.ChoiceField(choices=[m for m, _ in ROLLOUT_MODES], default="sync",
                                            help_text="async: rollouts of the next steps run during the update.")
     max_staleness = bounded(serializers.IntegerField, "max_staleness", 1)
+    nodes = bounded(serializers.IntegerField, "nodes", 1)
     launch_key = serializers.CharField(required=False, allow_blank=True, max_length=64)
     trackers = serializers.ListField(child=serializers.ChoiceField(choices=TRACKERS), default=list,
                                      help_text="Experiment trackers that also get the metrics.")

@@ -118,7 +118,7 @@ def trainer_config(config: dict[str, Any], output_dir: Path) -> Config:
     """The job's stored config as a validated ``trainer.config.Config`` writing into ``output_dir``."""
     from trainer.config import Config, from_dict
 
-    data = {k: v for k, v in config.items() if k not in ("resume_from", "ranks")}
+    data = {k: v for k, v in config.items() if k not in ("resume_from", "ranks", "nodes")}
     data["output_dir"] = str(output_dir)
     # The dashboard's rollout viewer lists every trajectory of a step, fetched one step at a time.
     data.setdefault("log_samples", -1)
@@ -161,15 +161,19 @@ class WarmStartPhase:
 
 
 def run(config: dict[str, Any], *, kind: str = "rl", output_dir: Path, sinks: Sequence[Sink],
-        should_stop: Callable[[], bool], on_checkpoint: OnCheckpoint, on_step: OnStep) -> Outcome:
-    """Run the job's ``kind`` (rl, sft, sft_then_rl) as ``config`` says until done or ``should_stop()``.
+        should_stop: Callable[[], bool], on_checkpoint: OnCheckpoint, on_step: OnStep,
+        node: Node | None = None) -> Outcome:
+    """Run the job's ``kind`` (rl, sft, sft_then_rl) as ``config`` says until done or ``should_stop()``;
+    with ``node``, as the first node of a multi-node job (rl only: a warm start runs on one host).
 
     The caller keeps ownership of ``sinks`` (closes them). Raises ``TrackingError`` when progress or
     checkpoints could not be stored.
     """
     if kind == "rl":
         return run_rl(config, output_dir=output_dir, sinks=sinks, should_stop=should_stop,
-                      on_checkpoint=on_checkpoint, on_step=on_step)
+                      on_checkpoint=on_checkpoint, on_step=on_step, node=node)
+    if node is not None:
+        raise ValueError(f"a {kind} job runs on one host; launch it with nodes=1")
     if kind == "sft":
         outcome, _ = run_warm_start(config, output_dir=output_dir, sinks=sinks, should_stop=should_stop,
                                     on_checkpoint=on_checkpoint, on_step=on_step)
@@ -226,13 +230,14 @@ def run_sft_then_rl(config: dict[str, Any], *, output_dir: Path, sinks: Sequence
 
 
 def run_rl(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink], should_stop: Callable[[], bool],
-           on_checkpoint: OnCheckpoint, on_step: OnStep) -> Outcome:
+           on_checkpoint: OnCheckpoint, on_step: OnStep, node: Node | None = None) -> Outcome:
     """Train RL as ``config`` says until done or ``should_stop()``; resume from ``config["resume_from"]``.
-    A config with ``ranks`` > 1 runs as a ``torchrun`` process group (``run_ranks``).
+    A config with ``ranks`` > 1 runs as a ``torchrun`` process group (``run_ranks``); with ``node``, as the
+    first node of a multi-node job.
     """
-    if int(config.get("ranks", 1)) > 1:
+    if int(config.get("ranks", 1)) > 1 or node is not None:
         return run_ranks(config, output_dir=output_dir, sinks=sinks, should_stop=should_stop,
-                         on_checkpoint=on_checkpoint, on_step=on_step)
+                         on_checkpoint=on_checkpoint, on_step=on_step, node=node)
     from trainer import train
 
     watcher = CheckpointWatcher(on_checkpoint, on_step)
@@ -246,40 +251,105 @@ def run_rl(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink], s
                    last_step=step)
 
 
-def run_ranks(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink], should_stop: Callable[[], bool],
-              on_checkpoint: OnCheckpoint, on_step: OnStep, poll: float = 0.5) -> Outcome:
-    """``config["ranks"]`` ranks of ``agentfly train`` under ``torchrun``, in a process group of their own.
+def die_with(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that has the kernel SIGTERM the child when ``parent`` dies, however it dies.
 
-    Rank 0 alone writes ``events.jsonl``; this process follows it and hands each event to the sinks (the
-    database sink included), so the job's events are rank 0's. Cancel writes the stop file the ranks check
-    together between steps (they end with a checkpoint, as one process does). A rank that dies makes
-    ``torchrun`` stop the others and exit non-zero: the job fails with its output, and the checkpoints
-    already written stay (``resume`` continues from the last)."""
+    ``torchrun`` runs in a session of its own (so cancel and errors can signal the whole group), which also
+    keeps it out of the worker's process group: without this, a SIGKILLed worker (OOM, a crashed host's
+    supervisor) left its ranks training on, unseen, until the heartbeat sweep failed the job, and they
+    kept the job's devices. On SIGTERM ``torchrun`` stops its ranks (SIGTERM, then SIGKILL after 30 s).
+    The signal follows the thread that forks, which is the task's own thread for as long as it waits.
+    ``prctl`` is looked up here, before the fork: the child only calls it (no import, no lookup while
+    another thread might hold a lock the fork copied)."""
+    import ctypes
     import os
     import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return lambda: None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
+
+    def tether() -> None:
+        prctl(pr_set_pdeathsig, sigterm, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the call: we were already handed to init
+            os._exit(1)
+
+    return tether
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of a multi-node job: ``rank`` of ``count`` hosts, meeting at the first one's ``endpoint``."""
+
+    rank: int
+    count: int
+    endpoint: str  # HOST:PORT of the first node's rendezvous (torchrun's TCP store)
+
+
+# How long the first node waits for the others to join before the job fails (torchrun's rendezvous).
+NODE_JOIN_TIMEOUT_S = 120
+
+
+def start_torchrun(config: dict[str, Any], output_dir: Path, node: Node | None) -> tuple[Any, Path, Path]:
+    """Start this host's ``torchrun`` for the job: ``config["ranks"]`` ranks, one node (``--standalone``) or
+    node ``node.rank`` of ``node.count``. Returns the process, its stderr log and its stdout file.
+
+    Several nodes use torchrun's ``static`` rendezvous, which keeps the node rank it is given (``c10d``
+    orders nodes as they join), so global rank 0, which alone writes events, is on the first node: the
+    node whose task follows ``events.jsonl`` into the database."""
+    import os
     import subprocess
     import sys
 
     from trainer.config import save_config
 
-    ranks = int(config["ranks"])
-    launch = output_dir / "launch.yaml"
+    ranks = int(config.get("ranks", 1))
+    suffix = f"-node-{node.rank}" if node is not None and node.rank else ""  # the folder may be shared
+    launch = output_dir / f"launch{suffix}.yaml"
     save_config(trainer_config(config, output_dir), launch)
-    stop_file = output_dir / "STOP"
-    stop_file.unlink(missing_ok=True)
-    events = output_dir / "events.jsonl"
-    start_at = events.stat().st_size if events.exists() else 0  # a resumed job appends to its run's file
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
-           "--monitor-interval", "1", "-m", "trainer.cli", "train", str(launch), "--stop-file", str(stop_file)]
+    if node is None:
+        where = ["--standalone"]
+    else:
+        where = ["--nnodes", str(node.count), "--node-rank", str(node.rank), "--rdzv-backend", "static",
+                 "--rdzv-endpoint", node.endpoint, "--rdzv-conf", f"timeout={NODE_JOIN_TIMEOUT_S}"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *where, "--nproc_per_node", str(ranks),
+           "--monitor-interval", "1", "-m", "trainer.cli", "train", str(launch), "--stop-file",
+           str(output_dir / "STOP")]
     if config.get("resume_from"):
         cmd += ["--resume", str(config["resume_from"])]
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)  # torchrun sets them; stale ones would point the ranks elsewhere
-    log = (output_dir / "ranks.log").open("ab")
-    result_file = output_dir / "ranks.out"  # rank 0 prints the run's result line there
-    out_file = result_file.open("wb")
-    proc = subprocess.Popen(cmd, stdout=out_file, stderr=log, env=env, start_new_session=True)
+    log_file, out_file = output_dir / f"ranks{suffix}.log", output_dir / f"ranks{suffix}.out"
+    with log_file.open("ab") as log, out_file.open("wb") as out:  # rank 0 prints the run's result line to out
+        proc = subprocess.Popen(cmd, stdout=out, stderr=log, env=env, start_new_session=True,
+                                preexec_fn=die_with(os.getpid()))
+    return proc, log_file, out_file
+
+
+def run_ranks(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink], should_stop: Callable[[], bool],
+              on_checkpoint: OnCheckpoint, on_step: OnStep, node: Node | None = None,
+              poll: float = 0.5) -> Outcome:
+    """``config["ranks"]`` ranks of ``agentfly train`` under ``torchrun``, in a process group of their own
+    (with ``node``: the first node's ranks of a multi-node job, the others run by ``run_node``).
+
+    Rank 0 alone writes ``events.jsonl``; this process follows it and hands each event to the sinks (the
+    database sink included), so the job's events are rank 0's. Cancel writes the stop file the ranks check
+    together between steps (they end with a checkpoint, as one process does). A rank that dies makes
+    ``torchrun`` stop the others and exit non-zero: the job fails with its output, and the checkpoints
+    already written stay (``resume`` continues from the last). ``torchrun`` dies with this process
+    (``die_with``): a worker that is killed takes its ranks with it, and its job fails in the sweep."""
+    import os
+    import signal
+
+    ranks = int(config.get("ranks", 1)) * (node.count if node else 1)
+    stop_file = output_dir / "STOP"
+    stop_file.unlink(missing_ok=True)
+    events = output_dir / "events.jsonl"
+    start_at = events.stat().st_size if events.exists() else 0  # a resumed job appends to its run's file
+    proc, log_file, result_file = start_torchrun(config, output_dir, node)
     watcher = CheckpointWatcher(on_checkpoint, on_step)
     targets = [*sinks, watcher]
     offset, pending = start_at, b""
@@ -313,14 +383,15 @@ def run_ranks(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink]
         os.killpg(proc.pid, signal.SIGTERM)  # every rank: they share the group torchrun leads
         proc.wait(30)
         raise
-    finally:
-        log.close()
-        out_file.close()
     if watcher.error is not None:
         raise TrackingError(watcher.error)
     out = result_file.read_text(errors="replace")
+    if proc.returncode < 0:  # torchrun itself was killed; its ranks die with it (die_with_launcher)
+        raise RuntimeError(f"torchrun was killed by {signal.Signals(-proc.returncode).name}, and its {ranks} ranks "
+                           f"with it; the last checkpoint is kept, resume the job to continue "
+                           f"(all output: {log_file})")
     if proc.returncode != 0:
-        text = (output_dir / "ranks.log").read_text(errors="replace")
+        text = log_file.read_text(errors="replace")
         # The rank's own error, not torchrun's summary of it (which names only the exit code).
         errors = [line.strip() for line in text.splitlines()
                   if re.match(r"^\s*(\[rank\d+\]:)?\s*[\w.]+(Error|Exception|Interrupt): ", line)
@@ -328,8 +399,32 @@ def run_ranks(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink]
         cause = errors[-1] if errors else f"...{text[-800:]}"
         raise RuntimeError(f"a rank of the {ranks}-rank run failed (torchrun exit {proc.returncode}), so torchrun "
                            f"stopped the others; the last checkpoint is kept, resume the job to continue. "
-                           f"Cause: {cause} (all output: {output_dir / 'ranks.log'})")
+                           f"Cause: {cause} (all output: {log_file})")
     lines = [line for line in out.splitlines() if line.startswith("{")]
     result = json.loads(lines[-1]) if lines else {}
     return Outcome(cancelled=result.get("state") == "cancelled", final_metrics=dict(watcher.last_metrics),
                    last_step=int(result.get("step", watcher.last_step)))
+
+
+def run_node(config: dict[str, Any], *, output_dir: Path, node: Node, job_ended: Callable[[], bool],
+             poll: float = 2.0) -> int:
+    """Node ``node.rank`` (> 0) of a multi-node job: this host's ranks, until they exit; returns torchrun's
+    exit code. They write no events (global rank 0 is on the first node) and stop with the others: cancel
+    reaches them through the ranks' joint stop decision, and a failure anywhere breaks the collectives of
+    all. If the job ends without them noticing (its first node's worker died), they are stopped here."""
+    import os
+    import signal
+
+    proc, _, _ = start_torchrun(config, output_dir, node)
+    try:
+        while proc.poll() is None:
+            if job_ended():
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(60)
+                break
+            time.sleep(poll)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+        raise
+    return int(proc.returncode)

@@ -141,6 +141,9 @@ class LaunchForm(forms.Form):
                   "sampling).")
     max_staleness = forms.IntegerField(min_value=1, max_value=16, initial=1, required=False,
                                        help_text="async: the most policy versions a trained batch may lag.")
+    nodes = forms.IntegerField(min_value=1, max_value=16, initial=1, required=False, label="Nodes (hosts)",
+                               help_text="Hosts the job runs on, each with the ranks above (one torchrun per "
+                                         "host, on different workers of the queue).")
     launch_key = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
@@ -193,6 +196,9 @@ class LaunchForm(forms.Form):
 
     def clean_max_staleness(self) -> int:
         return self.cleaned_data.get("max_staleness") or 1
+
+    def clean_nodes(self) -> int:
+        return self.cleaned_data.get("nodes") or 1  # left empty: one host
 
     def clean_resources(self) -> dict[str, Any]:
         text = self.cleaned_data.get("resources", "").strip()
@@ -301,6 +307,7 @@ class LaunchForm(forms.Form):
             # Not a trainer key: the worker turns it into a torchrun process group (webapp.jobs.body).
             **({"ranks": d["gpus"]} if d.get("gpus", 1) > 1 else {}),
             **self.warm_start_config(),
+            **({"nodes": d["nodes"]} if d.get("nodes", 1) > 1 else {}),
         }
 
     def warm_start_config(self) -> dict[str, Any]:
@@ -333,6 +340,9 @@ class LaunchForm(forms.Form):
         if kind == Kind.SFT and (data.get("gpus") or 1) > 1:
             self.add_error("gpus", "A warm start (sft) runs as one process; set 1 rank, or choose sft_then_rl, "
                                    "whose RL phase uses the ranks.")
+        if (data.get("nodes") or 1) > 1:
+            self.add_error("nodes", "A warm start job (sft, sft_then_rl) runs on one host; set 1 node, or make the "
+                                    "warm start first and launch RL from it on several nodes.")
 
     def count_demonstrations(self, path: str) -> int:
         """Lines of the demonstrations file, each checked to be an object with ``messages`` (the trainer reads
@@ -387,20 +397,24 @@ class LaunchForm(forms.Form):
                                     "queue, or start one on a GPU host: celery -A webapp worker -Q gpu.")
 
     def check_ranks(self, data: dict[str, Any]) -> None:
-        """Each rank rolls out ``prompts_per_step / gpus`` prompts, and the queue's workers must have the
-        devices: asked of them (``webapp.jobs.queues.most_ranks``), so a job never waits for a host that
-        does not exist."""
-        ranks, prompts, queue = data.get("gpus"), data.get("prompts_per_step"), data.get("queue")
-        if ranks is None or ranks == 1 or "gpus" in self.errors:
+        """Each of the ``gpus * nodes`` ranks rolls out an equal share of the prompts per step, and the
+        queue's workers must have the devices, on as many hosts as the job has nodes: asked of them
+        (``webapp.jobs.queues``), so a job never waits for a host that does not exist."""
+        ranks, nodes = data.get("gpus"), data.get("nodes") or 1
+        prompts, queue = data.get("prompts_per_step"), data.get("queue")
+        if ranks is None or ranks * nodes == 1 or "gpus" in self.errors:
             return
-        if prompts is not None and prompts % ranks:
-            self.add_error("gpus", f"{ranks} ranks cannot share {prompts} prompts per step evenly (a group of "
-                                   f"rollouts never straddles ranks); use a number of ranks that divides {prompts}, "
-                                   f"or make the prompts per step a multiple of {ranks}.")
+        world = ranks * nodes
+        field = "gpus" if nodes == 1 else "nodes"
+        if prompts is not None and prompts % world:
+            what = f"{ranks} ranks" if nodes == 1 else f"{nodes} nodes of {ranks} ranks ({world} in all)"
+            self.add_error(field, f"{what} cannot share {prompts} prompts per step evenly (a group of "
+                                  f"rollouts never straddles ranks); use a number of ranks that divides {prompts}, "
+                                  f"or make the prompts per step a multiple of {world}.")
             return
         if queue is None:
             return
-        from webapp.jobs.queues import most_ranks
+        from webapp.jobs.queues import hosts_with, most_ranks
 
         have = most_ranks(queue)
         what = "GPUs" if queue == Queue.GPU else "CPU cores"
@@ -408,11 +422,18 @@ class LaunchForm(forms.Form):
             self.add_error("gpus", f"The workers of the {queue} queue report at most {have} {what} on one host; ask "
                                    f"for {max(have, 1)} ranks or fewer, or start a worker on a host with {ranks} "
                                    f"{what}: celery -A webapp worker -Q {queue}.")
+            return
+        if nodes > 1 and len(hosts := hosts_with(queue, ranks)) < nodes:
+            self.add_error("nodes", f"The workers of the {queue} queue report {len(hosts)} host(s) with {ranks} "
+                                    f"{what} ({', '.join(sorted(hosts)) or 'none'}); ask for {max(len(hosts), 1)} "
+                                    f"nodes or fewer, or start a worker on another host: "
+                                    f"celery -A webapp worker -Q {queue} -n NAME@HOST.")
 
     def validate_with_trainer(self) -> None:
         """The trainer's own rules (``Config.validate``: group sizes, pool sizes, ...), its message on the field
         of the key it names, so the form never keeps a second copy of them."""
         try:
-            from_dict(Config, {k: v for k, v in self.trainer_config().items() if k != "ranks"}).validate()
+            from_dict(Config, {k: v for k, v in self.trainer_config().items()
+                               if k not in ("ranks", "nodes")}).validate()
         except ConfigError as exc:
             self.add_error(field_of(exc.key), str(exc))

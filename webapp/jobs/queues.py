@@ -49,7 +49,7 @@ def forget() -> None:
 
 
 # ------------------------------------------------------------------------------------------ devices
-_devices: dict[str, tuple[float, int]] = {}
+_devices: dict[str, tuple[float, dict[str, Any]]] = {}
 
 
 def local_devices() -> dict[str, int]:
@@ -64,11 +64,11 @@ def local_devices() -> dict[str, int]:
     return {"gpus": gpus, "cpus": os.cpu_count() or 1}
 
 
-def most_ranks(queue: str, timeout: float = 3.0) -> int:
-    """The most ranks one job on ``queue`` can get, as the workers consuming it report (``agentfly_devices``):
-    GPUs on the ``gpu`` queue, CPU cores elsewhere; 0 when no worker answers. Cached like ``queue_has_worker``."""
+def device_replies(timeout: float = 3.0) -> dict[str, Any]:
+    """Every worker's ``agentfly_devices`` answer, by worker name; cached like ``queue_has_worker`` (an empty
+    answer is not: a worker that was busy answers the next launch)."""
     now = time.monotonic()
-    hit = _devices.get(queue)
+    hit = _devices.get("replies")
     if hit is not None and now - hit[0] < settings.AGENTFLY_WORKER_CHECK_CACHE_SECONDS:
         return hit[1]
     from webapp.celery import app
@@ -82,9 +82,27 @@ def most_ranks(queue: str, timeout: float = 3.0) -> int:
             log.warning("could not ask the workers what devices they have", exc_info=True)
         if replies:
             break
-    key = "gpus" if queue == "gpu" else "cpus"
-    best = max((int(r.get(key, 0)) for r in replies.values() if isinstance(r, dict) and queue in r.get("queues", [])),
-               default=0)
-    if best:  # no answer is not cached: a worker that was busy answers the next launch
-        _devices[queue] = (now, best)
-    return best
+    replies = {name: r for name, r in replies.items() if isinstance(r, dict)}
+    if replies:
+        _devices["replies"] = (now, replies)
+    return replies
+
+
+def _device_key(queue: str) -> str:
+    return "gpus" if queue == "gpu" else "cpus"
+
+
+def most_ranks(queue: str) -> int:
+    """The most ranks one job on ``queue`` can get on one host, as the workers consuming it report
+    (``agentfly_devices``): GPUs on the ``gpu`` queue, CPU cores elsewhere; 0 when no worker answers."""
+    key = _device_key(queue)
+    return max((int(r.get(key, 0)) for r in device_replies().values() if queue in r.get("queues", [])), default=0)
+
+
+def hosts_with(queue: str, ranks: int) -> set[str]:
+    """The hosts with a worker on ``queue`` that can give ``ranks`` ranks: how many nodes a job may ask for.
+    A host is the part after ``@`` of the worker's name (``celery worker -n NAME@HOST``; Celery's default
+    is the machine's hostname), so two workers of one machine count once unless named as two hosts."""
+    key = _device_key(queue)
+    return {str(r.get("host", name.partition("@")[2])) for name, r in device_replies().items()
+            if queue in r.get("queues", []) and int(r.get(key, 0)) >= ranks}

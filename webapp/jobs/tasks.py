@@ -95,6 +95,29 @@ def on_checkpoint(job_id: int, sink: Any, step: int, path: str, metrics: dict[st
                "message": f"checkpoint saved at step {step}: {path}"})
 
 
+def start_nodes(job: TrainingJob, leader: str) -> Any:
+    """For a job of ``nodes`` > 1: send one ``run_node`` task per other node to the job's queue, each to
+    join this worker's rendezvous, and return this (the first) node; ``None`` for a one-node job."""
+    from webapp.jobs import body
+
+    nodes = int(job.config.get("nodes", 1))
+    if nodes == 1:
+        return None
+    endpoint = f"{settings.AGENTFLY_NODE_ADDRESS}:{free_port()}"
+    for rank in range(1, nodes):
+        run_node.apply_async(args=[job.pk, rank, endpoint, leader], queue=job.queue,
+                             task_id=f"{job.celery_task_id}-node-{rank}")
+    return body.Node(0, nodes, endpoint)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
 @shared_task(name="webapp.jobs.tasks.run_job", acks_late=True,
              time_limit=settings.JOB_TIME_LIMIT, soft_time_limit=settings.JOB_SOFT_TIME_LIMIT)
 def run_job(job_id: int) -> str:
@@ -122,8 +145,14 @@ def run_job(job_id: int) -> str:
             paths.check_config(job.config, job.team)  # again here: the config may have been written behind the API
             for warning in worker.record_versions_used(job_id, describe_components(job.config)):
                 sink.emit({"type": "log", "level": "warning", "message": warning})
+            here = run_job.request.hostname or worker.worker_name()
+            node = start_nodes(job, here)
+            if node is not None:
+                sink.emit({"type": "log", "level": "info", "message": f"node 0 of {node.count} runs on worker "
+                                                                      f"{here}; rendezvous at {node.endpoint}"})
             outcome = body.run(
                 job.config, kind=job.kind, output_dir=output_dir, sinks=[sink], should_stop=heartbeat.cancelled.is_set,
+                node=node,
                 on_checkpoint=lambda step, path, metrics: on_checkpoint(job_id, sink, step, path, metrics),
                 on_step=lambda step: off_loop(worker.record_progress, job_id, step),
             )
@@ -145,12 +174,47 @@ def run_job(job_id: int) -> str:
 
 @inspect_command()
 def agentfly_devices(state: Any) -> dict[str, Any]:
-    """Answers ``webapp.jobs.queues.most_ranks``: the queues this worker consumes, and its GPUs and CPU
-    cores (what one job's ranks can have here)."""
+    """Answers ``webapp.jobs.queues.most_ranks`` and ``hosts_with``: the queues this worker consumes, its
+    host (the part of its name after ``@``), and its GPUs and CPU cores (what one node's ranks can have)."""
     from webapp.jobs.queues import local_devices
 
     queues = [q.name for q in state.consumer.task_consumer.queues]
-    return {"queues": queues, **local_devices()}
+    return {"queues": queues, "host": host_of(state.consumer.hostname), **local_devices()}
+
+
+def host_of(worker_name: str) -> str:
+    """``NAME@HOST`` -> ``HOST``: the host a Celery worker's name says it runs on."""
+    return worker_name.partition("@")[2] or worker_name
+
+
+@shared_task(name="webapp.jobs.tasks.run_node", bind=True, acks_late=True, max_retries=120,
+             time_limit=settings.JOB_TIME_LIMIT, soft_time_limit=settings.JOB_SOFT_TIME_LIMIT)
+def run_node(self: Any, job_id: int, node_rank: int, endpoint: str, leader: str) -> str:
+    """Node ``node_rank`` (> 0) of a multi-node job: this host's ``torchrun`` joins the first node's
+    rendezvous at ``endpoint``. The first node's task (``run_job``) owns the job's row and events; this one
+    only runs ranks, and stops them when the job ends. A node belongs on another host than the leader (or
+    its ranks would share the leader's devices): a copy taken on the leader's host goes back to the queue."""
+    from webapp.jobs import body
+    from webapp.monitor.events import append_events
+
+    job = TrainingJob.objects.filter(pk=job_id).first()
+    if job is None or job.status != Status.RUNNING:
+        return "gone"
+    here = self.request.hostname or worker.worker_name()
+    if host_of(here) == host_of(leader):
+        if self.request.retries >= 120:  # a minute: the leader's rendezvous times out and fails the job
+            return "unplaced"
+        raise self.retry(countdown=0.5)
+    append_events(job_id, [{"type": "log", "level": "info", "step": job.step,
+                            "message": f"node {node_rank} of {job.config['nodes']} runs on worker {here}"}])
+    output_dir = paths.job_dir(job)
+
+    def job_ended() -> bool:
+        return not TrainingJob.objects.filter(pk=job_id, status=Status.RUNNING).exists()
+
+    body.run_node(job.config, output_dir=output_dir, node=body.Node(node_rank, int(job.config["nodes"]), endpoint),
+                  job_ended=job_ended)
+    return "done"
 
 
 @shared_task(name="webapp.jobs.tasks.fail_stale_jobs", ignore_result=True)
