@@ -66,10 +66,16 @@ def load_policy(config: Config, device: torch.device, path: str | None = None) -
                                 "or set model.build_tiny=true to build the tiny CPU model there")
     if config.model.build_tiny:
         ensure_tiny(config, path)
+    gguf: dict[str, Any] = {}
+    if config.model.gguf_file is not None:
+        if not (Path(path) / config.model.gguf_file).is_file():
+            raise FileNotFoundError(f"model.gguf_file {config.model.gguf_file!r} is not in model.path {path!r}; "
+                                    f"name a .gguf file there (found: {sorted(p.name for p in Path(path).glob('*.gguf'))})")
+        gguf = {"gguf_file": config.model.gguf_file}
     dtype = getattr(torch, config.model.dtype)
-    loaded: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    loaded: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **gguf)
     model = loaded.to(device)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path, **gguf)
     if config.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if config.model.lora.enabled:

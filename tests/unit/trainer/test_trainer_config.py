@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from trainer.config import ALGORITHMS, Config, ConfigError, describe, load_config, parse_override
 
@@ -180,3 +181,19 @@ def test_learning_rate_schedules_warm_up_then_decay():
                                                0.03806], abs=1e-5)
     assert factors("linear") == pytest.approx([0.5, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125])
     assert factors("constant") == pytest.approx([0.5, 1.0] + [1.0] * 8)
+
+
+def test_a_gguf_model_needs_build_tiny_off_and_the_hf_engine_and_a_file_that_is_there(tmp_path):
+    from trainer.builders import load_policy
+
+    with pytest.raises(ConfigError, match=r"set model\.build_tiny=false") as exc:
+        load_config(None, [f"model.path={tmp_path}", "model.gguf_file=m.gguf"])
+    assert exc.value.key == "model.build_tiny"
+    with pytest.raises(ConfigError, match="no GGUF loader") as exc:
+        load_config(None, [f"model.path={tmp_path}", "model.gguf_file=m.gguf", "model.build_tiny=false",
+                           "engine=vllm"])
+    assert exc.value.key == "engine"
+    (tmp_path / "other.gguf").write_bytes(b"")
+    config = load_config(None, [f"model.path={tmp_path}", "model.gguf_file=m.gguf", "model.build_tiny=false"])
+    with pytest.raises(FileNotFoundError, match=r"'m\.gguf' is not in model\.path .*found: \['other\.gguf'\]"):
+        load_policy(config, torch.device("cpu"))
