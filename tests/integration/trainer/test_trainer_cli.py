@@ -47,18 +47,42 @@ def test_train_runs_two_steps_and_writes_events_and_a_checkpoint(tiny_model_dir,
 
 
 @pytest.mark.timeout(900)  # two runs of the CLI, each allowed 300 s
-def test_eval_reports_greedy_accuracy_of_a_checkpoint(tiny_model_dir, tmp_path, agentfly, tiny_overrides):
+def test_eval_reports_pass_at_1_pass_at_k_turns_and_tool_errors_per_split_as_a_table_and_json(
+        tiny_model_dir, tmp_path, agentfly, tiny_overrides):
     out = tmp_path / "run"
     sets = tiny_overrides(tiny_model_dir, out, "steps=1")
     assert agentfly("train", *[a for s in sets for a in ("--set", s)]).returncode == 0
-    proc = agentfly("eval", str(out / "checkpoint-latest"), "--split", "test", "--n", "3")
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text("".join(json.dumps({"id": f"h{i}", "question": q, "answer": a, "type": kind}) + "\n"
+                                for i, (q, a, kind) in enumerate([("What is 2+3?", "5", "add"),
+                                                                   ("What is 4*5?", "20", "mul"),
+                                                                   ("What is 7+8?", "15", "add")])))
+    report = tmp_path / "eval.json"
+    proc = agentfly("eval", str(out / "checkpoint-latest"), "--split", "test", "--n", "3", "--k", "1", "2",
+                    "--samples", "3", "--temperature", "1.0", "--json", str(report),
+                    "--set", f"data.eval_path={held_out}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    lines = proc.stdout.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert result == json.loads(report.read_text())
     assert result["n"] == 3 and result["eval/rollout_errors"] == 0.0
     # Every greedy answer is cut at eval.max_new_tokens=8, before any final answer, so none can be right; the
     # accuracy is the share of full rewards, which math_equal (0 or 1) makes the mean reward.
     assert result["eval/finish/length"] == 1.0
-    assert result["eval/accuracy"] == result["eval/reward/mean"] == 0.0
+    assert result["eval/accuracy"] == result["eval/reward/mean"] == result["eval/pass@1"] == 0.0
+    assert result["eval/sampled/pass@1"] == result["eval/sampled/pass@2"] == 0.0
+    assert (result["eval/sampled/n"], result["eval/sampled/temperature"]) == (3, 1.0)
+    assert result["eval/mean_turns"] == 1.0  # cut in its first turn
+    assert 0.0 <= result["eval/tool_error_rate"] <= 1.0
+    # The samples' "type" field makes the splits.
+    assert result["group_by"] == "field 'type'"
+    assert {k: v["eval/problems"] for k, v in result["splits"].items()} == {"add": 2, "mul": 1}
+    header, rule, *rows = lines[: lines.index("splits by field 'type'")]
+    for column in ("pass@1 (greedy)", "pass@1 (n=3, T=1)", "pass@2 (n=3, T=1)", "mean turns", "tool-error rate"):
+        assert column in header
+    assert set(rule) == {"-", " "}
+    assert [r.split()[:2] for r in rows] == [["all", "3"], ["add", "2"], ["mul", "1"]]
+    assert rows[0].split()[2:6] == ["0.000", "0.000", "0.000", "1.00"]
 
 
 def test_a_bad_key_exits_with_status_2_and_names_the_fix(tmp_path, agentfly):

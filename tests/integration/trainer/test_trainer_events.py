@@ -46,3 +46,25 @@ def test_with_the_vllm_engine_the_resources_events_carry_its_stats(tiny_model_di
     # Before Engine.stats(), the trainer read a dataclass's as_dict() and got {} from vLLM's plain dict.
     assert resources["engine"]["sequences"] == 4 and resources["engine"]["generated_tokens"] > 0
     assert resources["engine"]["steps"] >= 1
+
+
+def test_the_periodic_eval_logs_pass_at_1_turns_and_tool_errors_and_pass_at_k_only_when_configured(
+        tiny_model_dir, tiny_overrides, tmp_path):
+    def evals(*extra: str) -> list[dict]:
+        events: list[Event] = []
+        config = load_config(None, tiny_overrides(tiny_model_dir, tmp_path / f"run{len(extra)}", "eval.every=1",
+                                                  "data.eval_size=2", *extra))
+        Trainer(config, sinks=[CallbackSink(events.append)]).train()
+        return [dict(e["data"], step=e["step"]) for e in events if e["type"] == "metrics" and "eval/accuracy" in e["data"]]
+
+    plain = evals()
+    assert [m["step"] for m in plain] == [1, 2]  # every step, the last one being the final evaluation
+    for m in plain:
+        assert m["eval/pass@1"] == m["eval/accuracy"] and m["eval/mean_turns"] >= 1
+        assert 0.0 <= m["eval/tool_error_rate"] <= 1.0
+        assert not any(k.startswith("eval/sampled/") for k in m)  # pass@k costs rollouts: off by default
+    sampled = evals("eval.pass_k=[1, 2]", "eval.samples=3", "eval.temperature=0.9")
+    assert [m["step"] for m in sampled] == [1, 2]
+    for m in sampled:
+        assert 0.0 <= m["eval/sampled/pass@1"] <= m["eval/sampled/pass@2"] <= 1.0
+        assert (m["eval/sampled/n"], m["eval/sampled/temperature"]) == (3, 0.9)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from trainer.config import ALGORITHMS, Config, ConfigError, describe, load_config, parse_override
 
@@ -207,3 +208,18 @@ def test_log_samples_takes_minus_one_for_every_trajectory_and_refuses_below_it()
     with pytest.raises(ConfigError, match=r"log_samples=-2 must be -1 \(all\), 0 \(none\) or a count"):
         load_config(None, ["log_samples=-2"])
 
+
+def test_a_gguf_model_needs_build_tiny_off_and_the_hf_engine_and_a_file_that_is_there(tmp_path):
+    from trainer.builders import load_policy
+
+    with pytest.raises(ConfigError, match=r"set model\.build_tiny=false") as exc:
+        load_config(None, [f"model.path={tmp_path}", "model.gguf_file=m.gguf"])
+    assert exc.value.key == "model.build_tiny"
+    with pytest.raises(ConfigError, match="no GGUF loader") as exc:
+        load_config(None, [f"model.path={tmp_path}", "model.gguf_file=m.gguf", "model.build_tiny=false",
+                           "engine=vllm"])
+    assert exc.value.key == "engine"
+    (tmp_path / "other.gguf").write_bytes(b"")
+    config = load_config(None, [f"model.path={tmp_path}", "model.gguf_file=m.gguf", "model.build_tiny=false"])
+    with pytest.raises(FileNotFoundError, match=r"'m\.gguf' is not in model\.path .*found: \['other\.gguf'\]"):
+        load_policy(config, torch.device("cpu"))
