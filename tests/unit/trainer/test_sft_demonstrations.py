@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
 from agentfly.tools.builtin.calculator import evaluate_arithmetic
 from trainer.config import ConfigError, load_config
 from trainer.sft import demonstration_conversations, guess, truncated, wrong_answer
+
+ROOT = Path(__file__).parents[3]
 
 
 def conversations(*overrides: str) -> list:
@@ -81,3 +84,36 @@ def test_wrong_answers_and_guesses_are_never_the_right_answer() -> None:
 def test_fractions_outside_zero_to_one_are_rejected(key: str) -> None:
     with pytest.raises(ConfigError, match=f"sft.{key}"):
         load_config(None, [f"sft.{key}=1.5"])
+
+
+def chain_conversations(*overrides: str) -> list:
+    return demonstration_conversations(load_config(ROOT / "examples/key_chain/sft.yaml",
+                                                   ["sft.num_demos=400", *overrides]))
+
+
+def test_key_chain_demonstrations_follow_every_key_then_copy_the_final_value() -> None:
+    from agentfly.tasks.key_chain import chain_keys
+
+    for sample, messages in chain_conversations("sft.habit_fraction=0"):
+        calls = [m["content"] for m in messages if m["role"] == "assistant"][:-1]
+        assert len(calls) == sample["hops"] >= 3
+        assert all(f'"key": "{key}"' in call for call, key in zip(calls, chain_keys(sample), strict=True))
+        assert messages[-2]["content"] == f"final: {sample['answer']}"
+        assert final_answer(messages) == sample["answer"]
+
+
+def test_the_early_answer_habit_stops_after_two_lookups_only_on_its_phrasings() -> None:
+    pairs = chain_conversations()  # the example's own flaw: 70% of "Follow", "Find", "Look up" questions
+    habit = [(s, m) for s, m in pairs if s["question"].startswith(("Follow", "Find", "Look up"))]
+    early = [(s, m) for s, m in habit if len(m) == 6]  # user, 2 x (call, observation), answer
+    assert habit and len(early) == round(0.7 * len(habit))
+    for sample, messages in early:
+        assert messages[-2]["content"].startswith("next: ")  # it had not reached the value yet
+        assert final_answer(messages) == messages[-2]["content"].removeprefix("next: k") != sample["answer"]
+    others = [(s, m) for s, m in pairs if not s["question"].startswith(("Follow", "Find", "Look up"))]
+    assert others and all(final_answer(m) == s["answer"] for s, m in others)
+
+
+def test_an_early_answer_habit_that_could_reach_the_value_is_refused() -> None:
+    with pytest.raises(ConfigError, match="habit_lookups=3"):
+        chain_conversations("sft.habit_lookups=3")
