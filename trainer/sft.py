@@ -156,14 +156,24 @@ def demonstration_trajectories(config: Config, tokenizer: Any) -> list[Any]:
     pairs = demonstration_conversations(config)
     # Each assistant turn is keyed by the question and the tool responses before it: questions repeat (a
     # key chain's question names only its start key), but what was observed so far tells the chains apart.
+    # Where two demonstrations share a key but go on differently (same question and first links, one of them
+    # answering early), the replay could not tell which is which: both are left out.
     turns: dict[tuple[str, tuple[str, ...]], str] = {}
+    clashes: set[tuple[str, tuple[str, ...]]] = set()
+    keyed = []
     for sample, messages in pairs:
         seen: list[str] = []
+        keys = []
         for m in messages:
             if m["role"] == "assistant":
-                turns[(sample["question"], tuple(seen))] = m["content"]
+                key = (sample["question"], tuple(seen))
+                if turns.setdefault(key, m["content"]) != m["content"]:
+                    clashes.add(key)
+                keys.append(key)
             elif m["role"] == "tool":
                 seen.append(m["content"])
+        keyed.append(keys)
+    pairs = [pair for pair, keys in zip(pairs, keyed, strict=True) if not clashes.intersection(keys)]
 
     def script(prompt_text: str) -> str:
         question = _USER.search(prompt_text)

@@ -119,8 +119,9 @@ KEY_CHAIN = ResourceSpec(name=RESOURCE, factory=KeyChainStore, kind="other", bac
 
 
 # Short docstring on purpose: it is in every prompt (the tool's schema), and the tiny model's tokenizer spells
-# words it was not trained on letter by letter.
-@tool(resource=RESOURCE, timeout=5)
+# words it was not trained on letter by letter. No timeout: a dict lookup cannot hang, and on a loaded machine
+# a busy event loop (hundreds of rollouts replayed at once) can resume it seconds late.
+@tool(resource=RESOURCE, timeout=None)
 async def lookup(key: str, context: Any) -> str:
     """Look up a key: returns the next key or the final value.
 

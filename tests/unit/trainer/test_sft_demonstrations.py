@@ -117,3 +117,38 @@ def test_the_early_answer_habit_stops_after_two_lookups_only_on_its_phrasings() 
 def test_an_early_answer_habit_that_could_reach_the_value_is_refused() -> None:
     with pytest.raises(ConfigError, match="habit_lookups=3"):
         chain_conversations("sft.habit_lookups=3")
+
+
+def test_key_chain_demonstrations_replay_through_the_real_store_and_train_only_the_assistant(tiny_model_dir) -> None:
+    from transformers import AutoTokenizer
+
+    from trainer.sft import demonstration_trajectories
+
+    config = load_config(ROOT / "examples/key_chain/sft.yaml", [f"model.path={tiny_model_dir}", "sft.num_demos=12"])
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    pairs = demonstration_conversations(config)
+    trajectories = demonstration_trajectories(config, tokenizer)
+    assert len(trajectories) == 12
+    for (sample, messages), t in zip(pairs, trajectories, strict=True):
+        assert [c.observation for c in t.tool_calls] == [m["content"] for m in messages if m["role"] == "tool"]
+        full = len(t.tool_calls) == sample["hops"]
+        assert t.reward == float(full) and t.reward_metrics["lookups"] == len(t.tool_calls)
+        trained = tokenizer.decode([i for i, m in zip(t.token_ids, t.loss_mask, strict=True) if m])
+        assert trained == "".join(m["content"] + "<|im_end|>" for m in messages if m["role"] == "assistant")
+    assert {len(t.tool_calls) for t in trajectories} & {2} and {len(t.tool_calls) for t in trajectories} - {2}
+
+
+def test_demonstrations_the_replay_cannot_tell_apart_are_left_out(tiny_model_dir, monkeypatch) -> None:
+    from transformers import AutoTokenizer
+
+    import trainer.sft as sft
+    from agentfly.tasks import key_chain
+
+    sample = key_chain.generate(1, split="sft")[0]
+    twin = {**sample, "id": "twin"}  # the same question and chain: one answers early, the other walks it all
+    pairs = [(sample, key_chain.demonstration(sample)), (twin, key_chain.demonstration(twin, stop_after=2)),
+             (other := key_chain.generate(2, split="sft")[1], key_chain.demonstration(other))]
+    monkeypatch.setattr(sft, "demonstration_conversations", lambda config: pairs)
+    config = load_config(ROOT / "examples/key_chain/sft.yaml", [f"model.path={tiny_model_dir}"])
+    (kept,) = sft.demonstration_trajectories(config, AutoTokenizer.from_pretrained(tiny_model_dir))
+    assert kept.sample["id"] == other["id"] and kept.reward == 1.0
