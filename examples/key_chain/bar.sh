@@ -22,13 +22,13 @@ record() {  # record NAME JSON_LINE_FROM_EVAL [SECONDS]
 
 start=$(date +%s)
 if [ -n "${SFT:-}" ]; then "$AGENTFLY" sft examples/key_chain/sft.yaml; START=$OUT/sft; fi
-record start "$("$AGENTFLY" eval $START --split test | tail -n 1)" $(( $(date +%s) - start ))
+record start "$("$AGENTFLY" eval $START --split test --n 500 | tail -n 1)" $(( $(date +%s) - start ))
 
 for seed in $SEEDS; do
     start=$(date +%s)
     "$AGENTFLY" train examples/key_chain/grpo.yaml --set seed="$seed" --set model.path=$START \
         --set output_dir=$OUT/grpo-seed$seed
-    record "grpo-seed$seed" "$("$AGENTFLY" eval $OUT/grpo-seed$seed --split test | tail -n 1)" $(( $(date +%s) - start ))
+    record "grpo-seed$seed" "$("$AGENTFLY" eval $OUT/grpo-seed$seed --split test --n 500 | tail -n 1)" $(( $(date +%s) - start ))
 done
 
 python3 - "$RESULTS" <<'PY'
