@@ -17,15 +17,16 @@ WARM_START = ROOT / "examples/key_chain/warm_start"
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_short_grpo_run_from_the_warm_start_raises_the_mean_reward_on_a_fixed_seed(tmp_path: Path) -> None:
-    # The same 8 training problems every step, so the rise is the policy's and not an easier draw of problems.
+    # The same 8 training problems every step, so the rise is the policy's and not an easier draw of problems;
+    # grpo.yaml's learning rate (at 5x it the reward rose to 0.98 in three steps, then collapsed to 0).
     events: list[dict] = []
     config = load_config(ROOT / "examples/key_chain/grpo.yaml", [
-        f"model.path={WARM_START}", f"output_dir={tmp_path}", "seed=0", "steps=10", "max_minutes=null",
+        f"model.path={WARM_START}", f"output_dir={tmp_path}", "seed=0", "steps=6", "max_minutes=null",
         "threads=1", "update_threads=1", "progress=false", "data.train_size=8", "rollout.prompts_per_step=8",
-        "rollout.group_size=8", "optim.lr=0.0005", "data.eval_size=8", "save_every=0"])
+        "rollout.group_size=8", "data.eval_size=8", "save_every=0"])
     Trainer(config, sinks=[CallbackSink(events.append)]).train()
     steps = [e["data"] for e in events if e["type"] == "metrics" and "time/rollout" in e["data"]]
     rewards = [s["reward/mean"] for s in steps]
-    assert len(rewards) == 10
-    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert len(rewards) == 6
+    first, last = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
     assert last > first + 0.1, rewards
