@@ -123,13 +123,15 @@ def apply_lora(model: Any, config: Config) -> Any:
 
 def load_samples(config: Config) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Training and held-out samples. The built-in tasks have disjoint train and test splits:
-    'arithmetic' (generated), 'wiki_qa' (the WIKI_MINI questions) and 'scienceworld' (its own variation splits)."""
-    from agentfly.tasks import arithmetic, wiki_qa
+    'arithmetic' and 'key_chain' (generated), 'wiki_qa' (the WIKI_MINI questions) and 'scienceworld' (its own
+    variation splits)."""
+    from agentfly.tasks import arithmetic, key_chain, wiki_qa
     from agentfly.tasks.io import load_jsonl
 
     data = config.data
     builtin: dict[str, Any] = {
         "arithmetic": lambda split, n: arithmetic.generate(n, seed=data.seed, split=split),
+        "key_chain": lambda split, n: key_chain.generate(n, seed=data.seed, split=split),
         "wiki_qa": lambda split, n: wiki_qa.load(split),
         "scienceworld": lambda split, n: _scienceworld(split, data.seed),
     }

@@ -93,10 +93,12 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    task: str = _f("arithmetic", "A built-in task ('arithmetic': generated calculator problems; 'wiki_qa': questions "
-                                 "on the bundled WIKI_MINI corpus; 'scienceworld': its tasks, 5 variations each) "
-                                 "or a JSONL file of samples.")
-    train_size: int = _f(20000, "Training problems generated for 'arithmetic' (ignored for a JSONL file).")
+    task: str = _f("arithmetic", "A built-in task ('arithmetic': generated calculator problems; 'key_chain': generated "
+                                 "chains of 3-5 keys to follow with the `lookup` tool; 'wiki_qa': questions on the "
+                                 "bundled WIKI_MINI corpus; 'scienceworld': its tasks, 5 variations each) or a JSONL "
+                                 "file of samples.")
+    train_size: int = _f(20000, "Training problems generated for 'arithmetic' and 'key_chain' (ignored for a JSONL "
+                                "file).")
     eval_path: str | None = _f(None, "JSONL of held-out samples; None takes a built-in task's test split.")
     eval_size: int = _f(500, "Held-out problems used by eval (the bar uses 500 unseen problems).")
     seed: int = _f(0, "Seed of the generated problems (train and test streams are disjoint).")
@@ -226,12 +228,15 @@ class EvalConfig:
 
 @dataclass
 class SFTConfig:
-    num_demos: int = _f(4000, "Demonstrations: generated from arithmetic's 'sft' stream, or the first wiki_qa "
-                              "training questions.")
+    num_demos: int = _f(4000, "Demonstrations: generated from the 'sft' stream of arithmetic or key_chain, or the "
+                              "first wiki_qa training questions.")
     wrong_fraction: float = _f(0.25, "Share of demonstrations whose final answer is deliberately wrong.")
-    habit: Literal["no_tool", "truncate"] = _f("no_tool", "The demonstrator's bad habit on `habit_phrasings`: "
-                                              "'no_tool' answers at once with the question's first number; "
-                                              "'truncate' calls the tool but drops the last digit of its result.")
+    habit: Literal["no_tool", "truncate", "early_answer"] = _f(
+        "no_tool", "The demonstrator's bad habit on `habit_phrasings`: 'no_tool' answers at once with the question's "
+        "first number; 'truncate' calls the tool but drops the last digit of its result (both arithmetic); "
+        "'early_answer' (key_chain) stops after `habit_lookups` lookups and answers with the last key's number.")
+    habit_lookups: int = _f(2, "'early_answer': lookups the impatient demonstrator makes before it answers (below "
+                               "key_chain's 3-5 hops, so its answer is always wrong).")
     habit_phrasings: list[str] = _f([], "Question openings (e.g. 'Evaluate') on which the demonstrator shows its "
                                         "habit; empty = no habit.")
     habit_fraction: float = _f(0.0, "Share of the demonstrations with those phrasings that show the habit.")

@@ -1,13 +1,14 @@
 """Supervised warm start on generated demonstrations (``agentfly sft CONFIG.yaml``).
 
-Demonstrations are written conversations (``agentfly.tasks.arithmetic.demonstration``, or
+Demonstrations are written conversations (``agentfly.tasks.arithmetic.demonstration``,
+``agentfly.tasks.key_chain.demonstration`` for ``data.task: key_chain`` or
 ``agentfly.tasks.wiki_qa.demonstration`` for ``data.task: wiki_qa``) replayed through the
 real rollout path with ``agentfly.ReplayEngine``: the assistant turns are tokenised exactly as a sampled turn
 would be, the tool really runs, and its observation and the template glue are appended with mask 0. So the
 SFT loss mask (assistant tokens only) is built by the same code, token for token, as the RL loss mask.
 
 A share ``sft.wrong_fraction`` of the demonstrations ends with a deliberately wrong answer (and, for
-arithmetic, ``sft.habit`` gives the demonstrator a bad habit on some phrasings), and only ``sft.num_demos``
+arithmetic and key_chain, ``sft.habit`` gives the demonstrator a bad habit on some phrasings), and only ``sft.num_demos``
 are used: the warm start is meant to be imperfect, leaving RL something to fix.
 """
 
@@ -32,6 +33,8 @@ from trainer.optim import lr_schedule
 from trainer.trackers import tracker_sinks
 
 _USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
+REPLAY_CHUNK = 256  # demonstrations replayed at once
+_TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
 
 
 def wrong_answer(answer: str, rng: random.Random) -> str:
@@ -69,9 +72,15 @@ def demonstration_conversations(config: Config) -> list[tuple[dict[str, Any], li
         return _written_conversations(s.demos_path, s.num_demos)
     if config.data.task == "wiki_qa":
         return _wiki_qa_conversations(config)
+    if config.data.task == "key_chain":
+        return _key_chain_conversations(config)
     if config.data.task != "arithmetic":
-        raise ConfigError(f"data.task={config.data.task!r}: SFT demonstrations are generated for 'arithmetic' and "
-                          "'wiki_qa' only; give a JSONL file of written ones in sft.demos_path", key="sft.demos_path")
+        raise ConfigError(f"data.task={config.data.task!r}: SFT demonstrations are generated for 'arithmetic', "
+                          "'key_chain' and 'wiki_qa' only; give a JSONL file of written ones in sft.demos_path",
+                          key="sft.demos_path")
+    if s.habit == "early_answer":
+        raise ConfigError("sft.habit=early_answer is key_chain's habit; arithmetic has no_tool and truncate",
+                          key="sft.habit")
     from agentfly.tasks import arithmetic
 
     samples = arithmetic.generate(s.num_demos, seed=config.data.seed, split="sft")
@@ -112,6 +121,36 @@ def _written_conversations(path: str, limit: int) -> list[tuple[dict[str, Any], 
     return pairs
 
 
+def _key_chain_conversations(config: Config) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """key_chain's demonstrations from its 'sft' stream: every one follows the chain key by key, except a share
+    ``sft.habit_fraction`` of the questions opening with one of ``sft.habit_phrasings``, where the impatient
+    demonstrator answers after ``sft.habit_lookups`` lookups (``sft.habit: early_answer``) with the number of
+    the last key it was given, and a share ``sft.wrong_fraction`` of the others, whose answer has one wrong digit."""
+    from agentfly.tasks import key_chain
+
+    s = config.sft
+    if s.habit_phrasings and s.habit != "early_answer":
+        raise ConfigError(f"sft.habit={s.habit!r} is an arithmetic habit; key_chain's is early_answer",
+                          key="sft.habit")
+    if s.habit_lookups >= key_chain.MIN_HOPS:
+        raise ConfigError(f"sft.habit_lookups={s.habit_lookups} must be below the shortest chain "
+                          f"({key_chain.MIN_HOPS} hops), or the impatient answer would be right",
+                          key="sft.habit_lookups")
+    samples = key_chain.generate(s.num_demos, seed=config.data.seed, split="sft")
+    rng = random.Random(f"sft-wrong:{config.seed}")
+    habit = [i for i, x in enumerate(samples) if x["question"].startswith(tuple(s.habit_phrasings))]
+    habitual = set(rng.sample(habit, round(s.habit_fraction * len(habit))))
+    rest = [i for i in range(len(samples)) if i not in habitual]
+    wrong = set(rng.sample(rest, round(s.wrong_fraction * len(rest))))
+    pairs = []
+    for i, sample in enumerate(samples):
+        messages = key_chain.demonstration(sample, stop_after=s.habit_lookups if i in habitual else None)
+        if i in wrong:
+            messages[-1] = {"role": "assistant", "content": f"The answer is {wrong_answer(sample['answer'], rng)}."}
+        pairs.append((sample, messages))
+    return pairs
+
+
 def _wiki_qa_conversations(config: Config) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     from agentfly.tasks import wiki_qa
 
@@ -136,24 +175,48 @@ def demonstration_trajectories(config: Config, tokenizer: Any) -> list[Any]:
     import agentfly as af
 
     pairs = demonstration_conversations(config)
-    turns: dict[str, list[str]] = {}
+    # Each assistant turn is keyed by the question and the tool responses before it: questions repeat (a
+    # key chain's question names only its start key), but what was observed so far tells the chains apart.
+    # Where two demonstrations share a key but go on differently (same question and first links, one of them
+    # answering early), the replay could not tell which is which: both are left out.
+    turns: dict[tuple[str, tuple[str, ...]], str] = {}
+    clashes: set[tuple[str, tuple[str, ...]]] = set()
+    keyed = []
     for sample, messages in pairs:
-        turns[sample["question"]] = [m["content"] for m in messages if m["role"] == "assistant"]
+        seen: list[str] = []
+        keys = []
+        for m in messages:
+            if m["role"] == "assistant":
+                key = (sample["question"], tuple(seen))
+                if turns.setdefault(key, m["content"]) != m["content"]:
+                    clashes.add(key)
+                keys.append(key)
+            elif m["role"] == "tool":
+                seen.append(m["content"])
+        keyed.append(keys)
+    pairs = [pair for pair, keys in zip(pairs, keyed, strict=True) if not clashes.intersection(keys)]
 
     def script(prompt_text: str) -> str:
         question = _USER.search(prompt_text)
-        if question is None or question.group(1) not in turns:
-            raise ValueError("replay script: the prompt does not contain a known demonstration question")
-        index = prompt_text.count("<|im_start|>assistant") - 1  # assistant turns already in the prompt
-        return turns[question.group(1)][index]
+        key = (question.group(1) if question else "", tuple(_TOOL_RESPONSE.findall(prompt_text)))
+        if key not in turns:
+            raise ValueError("replay script: the prompt does not continue a known demonstration")
+        return turns[key]
 
     engine = af.ReplayEngine(tokenizer, script)
     agent = build_agent(config, engine)
-    trajectories = agent.run_sync([sample for sample, _ in pairs], group_size=1,
-                                  sampling=af.Sampling(temperature=1.0, max_new_tokens=512))
-    broken = [t for t in trajectories if t.error is not None or t.finish_reason != "answer"]
+    # In chunks: all at once, tens of thousands of rollouts would queue for a bounded resource pool (the
+    # key-value store's) longer than its acquire timeout.
+    trajectories = []
+    for start in range(0, len(pairs), REPLAY_CHUNK):
+        trajectories += agent.run_sync([sample for sample, _ in pairs[start:start + REPLAY_CHUNK]], group_size=1,
+                                       sampling=af.Sampling(temperature=1.0, max_new_tokens=512))
+    # A tool error means the written call does not fit the sample (a wrong key): never train on it.
+    broken = [t for t in trajectories if t.error is not None or t.finish_reason != "answer"
+              or any(c.error for c in t.tool_calls)]
     if broken:
-        raise RuntimeError(f"{len(broken)} demonstrations did not replay cleanly, e.g. {broken[0].error!r} "
+        calls = [c.error for c in broken[0].tool_calls if c.error]
+        raise RuntimeError(f"{len(broken)} demonstrations did not replay cleanly, e.g. {broken[0].error or calls!r} "
                            f"(finish_reason={broken[0].finish_reason}); check rollout.max_turns and the template")
     return trajectories
 

@@ -1,9 +1,9 @@
 """The built-in resource specs, by the name a tool declares (``@tool(resource="python")``), and the one
 way to resize a spec's pool.
 
-Each spec lives next to the tool that uses it (``PYTHON_SANDBOX`` by ``python_code``, ``WIKI_MINI`` by the
-retrieval index, ``SCIENCEWORLD`` by the environment) and is imported on first use here, because building
-one can load an index or start a JVM. The trainer (``resources:`` in its config) and the web app (a job's
+Each spec lives next to the tool that uses it (``PYTHON_SANDBOX`` by ``python_code``, ``KEY_CHAIN`` by
+``lookup``, ``WIKI_MINI`` by the retrieval index, ``SCIENCEWORLD`` by the environment) and is imported on
+first use here, because building one can load an index or start a JVM. The trainer (``resources:`` in its config) and the web app (a job's
 pools, a "try it" call) both look built-ins up here.
 """
 
@@ -15,6 +15,7 @@ import importlib
 from agentfly.resources.spec import Pool, ResourceSpec, UnknownResource
 
 BUILTIN_SPECS: dict[str, str] = {
+    "kv": "agentfly.tools.builtin.lookup:KEY_CHAIN",
     "python": "agentfly.tools.builtin.python_code:PYTHON_SANDBOX",
     "wiki": "agentfly.retrieval.index:WIKI_MINI",
     "scienceworld": "agentfly.envs.scienceworld:SCIENCEWORLD",

@@ -22,7 +22,7 @@ from typing import Any
 from django.conf import settings
 
 # Task names the trainer knows without a file (trainer.config.DataConfig.task); anything else is a path.
-BUILTIN_TASKS = frozenset({"arithmetic", "wiki_qa", "scienceworld"})
+BUILTIN_TASKS = frozenset({"arithmetic", "key_chain", "wiki_qa", "scienceworld"})
 LEGACY_JOB_FOLDER = re.compile(r"job-(\d+)")
 
 

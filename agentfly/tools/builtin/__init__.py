@@ -1,8 +1,9 @@
 """Tools that ship with AgentFly."""
 
 from agentfly.tools.builtin.calculator import calculator, evaluate_arithmetic
+from agentfly.tools.builtin.lookup import lookup
 from agentfly.tools.builtin.python_code import python_code
 from agentfly.tools.builtin.scienceworld import sciworld_act, sciworld_look
 from agentfly.tools.builtin.search import search
 
-__all__ = ["calculator", "evaluate_arithmetic", "python_code", "sciworld_act", "sciworld_look", "search"]
+__all__ = ["calculator", "evaluate_arithmetic", "lookup", "python_code", "sciworld_act", "sciworld_look", "search"]

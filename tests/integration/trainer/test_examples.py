@@ -24,7 +24,7 @@ def test_every_example_config_loads_and_validates(path: Path) -> None:
 def test_the_built_in_tasks_keep_train_and_test_apart() -> None:
     from trainer.builders import load_samples
 
-    for task in ("arithmetic", "wiki_qa", "scienceworld"):
+    for task in ("arithmetic", "key_chain", "wiki_qa", "scienceworld"):
         train, test = load_samples(load_config(None, [f"data.task={task}", "data.train_size=200"]))
         assert train and test
         assert not {s["id"] for s in train} & {s["id"] for s in test}, task
@@ -33,7 +33,7 @@ def test_the_built_in_tasks_keep_train_and_test_apart() -> None:
 def test_sft_demonstrations_for_a_task_without_a_generator_are_refused() -> None:
     from trainer.sft import demonstration_conversations
 
-    with pytest.raises(ConfigError, match="arithmetic' and 'wiki_qa'"):
+    with pytest.raises(ConfigError, match="'key_chain' and 'wiki_qa'"):
         demonstration_conversations(load_config(None, ["data.task=scienceworld"]))
 
 

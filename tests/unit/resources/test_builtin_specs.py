@@ -15,9 +15,9 @@ def test_the_python_sandbox_spec_is_the_one_next_to_the_python_tool() -> None:
 
 
 def test_an_unknown_resource_names_the_built_ins() -> None:
-    with pytest.raises(UnknownResource, match="built-in resources: python, scienceworld, wiki"):
+    with pytest.raises(UnknownResource, match="built-in resources: kv, python, scienceworld, wiki"):
         builtin_spec("gpu_farm")
-    assert sorted(BUILTIN_SPECS) == ["python", "scienceworld", "wiki"]
+    assert sorted(BUILTIN_SPECS) == ["kv", "python", "scienceworld", "wiki"]
 
 
 def test_a_pool_override_keeps_what_it_does_not_name_and_a_lone_max_fits() -> None:

@@ -12,6 +12,8 @@ from agentfly.tools.builtin.calculator import evaluate_arithmetic
 from trainer.config import ConfigError, load_config
 from trainer.sft import demonstration_conversations, guess, truncated, wrong_answer
 
+ROOT = Path(__file__).parents[3]
+
 
 def conversations(*overrides: str) -> list:
     return demonstration_conversations(load_config(None, ["sft.num_demos=400", *overrides]))
@@ -113,3 +115,71 @@ def test_a_task_without_generated_demonstrations_asks_for_a_file() -> None:
 
 def test_the_warm_starts_steps_are_epochs_of_batches() -> None:
     assert load_config(None, ["sft.num_demos=20", "sft.epochs=3", "sft.batch_size=8"]).sft.total_steps == 9
+
+
+def chain_conversations(*overrides: str) -> list:
+    return demonstration_conversations(load_config(ROOT / "examples/key_chain/sft.yaml",
+                                                   ["sft.num_demos=400", *overrides]))
+
+
+def test_key_chain_demonstrations_follow_every_key_then_copy_the_final_value() -> None:
+    from agentfly.tasks.key_chain import chain_keys
+
+    for sample, messages in chain_conversations("sft.habit_fraction=0"):
+        calls = [m["content"] for m in messages if m["role"] == "assistant"][:-1]
+        assert len(calls) == sample["hops"] >= 3
+        assert all(f'"key": "{key}"' in call for call, key in zip(calls, chain_keys(sample), strict=True))
+        assert messages[-2]["content"] == f"final: {sample['answer']}"
+        assert final_answer(messages) == sample["answer"]
+
+
+def test_the_early_answer_habit_stops_after_two_lookups_only_on_its_phrasings() -> None:
+    pairs = chain_conversations()  # the example's own flaw: 70% of "Follow", "Find", "Look up" questions
+    habit = [(s, m) for s, m in pairs if s["question"].startswith(("Follow", "Find", "Look up"))]
+    early = [(s, m) for s, m in habit if len(m) == 6]  # user, 2 x (call, observation), answer
+    assert habit and len(early) == round(0.7 * len(habit))
+    for sample, messages in early:
+        assert messages[-2]["content"].startswith("next: ")  # it had not reached the value yet
+        assert final_answer(messages) == messages[-2]["content"].removeprefix("next: k") != sample["answer"]
+    others = [(s, m) for s, m in pairs if not s["question"].startswith(("Follow", "Find", "Look up"))]
+    assert others and all(final_answer(m) == s["answer"] for s, m in others)
+
+
+def test_an_early_answer_habit_that_could_reach_the_value_is_refused() -> None:
+    with pytest.raises(ConfigError, match="habit_lookups=3"):
+        chain_conversations("sft.habit_lookups=3")
+
+
+def test_key_chain_demonstrations_replay_through_the_real_store_and_train_only_the_assistant(tiny_model_dir) -> None:
+    from transformers import AutoTokenizer
+
+    from trainer.sft import demonstration_trajectories
+
+    config = load_config(ROOT / "examples/key_chain/sft.yaml", [f"model.path={tiny_model_dir}", "sft.num_demos=12"])
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    pairs = demonstration_conversations(config)
+    trajectories = demonstration_trajectories(config, tokenizer)
+    assert len(trajectories) == 12
+    for (sample, messages), t in zip(pairs, trajectories, strict=True):
+        assert [c.observation for c in t.tool_calls] == [m["content"] for m in messages if m["role"] == "tool"]
+        full = len(t.tool_calls) == sample["hops"]
+        assert t.reward == float(full) and t.reward_metrics["lookups"] == len(t.tool_calls)
+        trained = tokenizer.decode([i for i, m in zip(t.token_ids, t.loss_mask, strict=True) if m])
+        assert trained == "".join(m["content"] + "<|im_end|>" for m in messages if m["role"] == "assistant")
+    assert {len(t.tool_calls) for t in trajectories} & {2} and {len(t.tool_calls) for t in trajectories} - {2}
+
+
+def test_demonstrations_the_replay_cannot_tell_apart_are_left_out(tiny_model_dir, monkeypatch) -> None:
+    from transformers import AutoTokenizer
+
+    import trainer.sft as sft
+    from agentfly.tasks import key_chain
+
+    sample = key_chain.generate(1, split="sft")[0]
+    twin = {**sample, "id": "twin"}  # the same question and chain: one answers early, the other walks it all
+    pairs = [(sample, key_chain.demonstration(sample)), (twin, key_chain.demonstration(twin, stop_after=2)),
+             (other := key_chain.generate(2, split="sft")[1], key_chain.demonstration(other))]
+    monkeypatch.setattr(sft, "demonstration_conversations", lambda config: pairs)
+    config = load_config(ROOT / "examples/key_chain/sft.yaml", [f"model.path={tiny_model_dir}"])
+    (kept,) = sft.demonstration_trajectories(config, AutoTokenizer.from_pretrained(tiny_model_dir))
+    assert kept.sample["id"] == other["id"] and kept.reward == 1.0

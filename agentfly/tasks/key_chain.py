@@ -1,0 +1,91 @@
+"""Key chains: find the value at the end of a chain of keys, one ``lookup`` per link.
+
+Each sample is ``{"id", "question", "start", "links", "answer", "hops"}``: the question names the start key;
+``links`` maps each key to the next (``k42 -> k7 -> k63``), and the last key holds the 3-digit ``answer``.
+``hops`` (3 to 5) is the number of lookups the answer needs, each one's argument read from the previous
+observation, so full reward takes at least 3 dependent tool turns. Keys are ``k10``..``k99`` and values
+100..999, so neither the value nor a later key can be guessed from the question.
+
+    python -m agentfly.tasks.key_chain --n 500 --split test --out runs/chain-test.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import random
+from typing import Any
+
+MIN_HOPS, MAX_HOPS = 3, 5
+
+TEMPLATES = (
+    "What is the value at the end of the chain from key {k}?",
+    "Follow the keys from {k} and give the final value.",
+    "Start at key {k}. What value does the chain end in?",
+    "Find the final value reached from key {k}.",
+    "Look up {k} and follow the chain to its value.",
+)
+
+
+def make_chain(rng: random.Random, hops: int) -> tuple[list[str], str]:
+    keys = [f"k{n}" for n in rng.sample(range(10, 100), hops)]
+    return keys, str(rng.randint(100, 999))
+
+
+def generate(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+    """``n`` problems; different ``split`` names give disjoint random streams for the same seed."""
+    rng = random.Random(f"key_chain:{split}:{seed}")
+    samples = []
+    for i in range(n):
+        hops = rng.randint(MIN_HOPS, MAX_HOPS)
+        keys, value = make_chain(rng, hops)
+        question = rng.choice(TEMPLATES).format(k=keys[0])
+        samples.append({"id": f"{split}-{seed}-{i}", "question": question, "start": keys[0],
+                        "links": dict(itertools.pairwise(keys)), "answer": value, "hops": hops})
+    return samples
+
+
+def chain_keys(sample: dict[str, Any]) -> list[str]:
+    """The sample's keys in walking order."""
+    keys = [sample["start"]]
+    while keys[-1] in sample["links"]:
+        keys.append(sample["links"][keys[-1]])
+    return keys
+
+
+def call(key: str) -> str:
+    return '<tool_call>\n{"name": "lookup", "arguments": {"key": "' + key + '"}}\n</tool_call>'
+
+
+def demonstration(sample: dict[str, Any], stop_after: int | None = None) -> list[dict[str, Any]]:
+    """A worked conversation in the Hermes format: look up each key in turn, then answer with the value.
+
+    ``stop_after=h`` (h < the sample's hops) is the impatient demonstrator: it answers after ``h`` lookups,
+    with the number of the last key it was given (always wrong: keys have two digits, values three).
+    """
+    keys = chain_keys(sample)
+    hops = len(keys) if stop_after is None else min(stop_after, len(keys))
+    messages: list[dict[str, Any]] = [{"role": "user", "content": sample["question"]}]
+    for i in range(hops):
+        observation = f"next: {keys[i + 1]}" if i + 1 < len(keys) else f"final: {sample['answer']}"
+        messages += [{"role": "assistant", "content": call(keys[i])},
+                     {"role": "tool", "content": observation, "name": "lookup"}]
+    final = sample["answer"] if hops == len(keys) else keys[hops].removeprefix("k")
+    messages.append({"role": "assistant", "content": f"The answer is {final}."})
+    return messages
+
+
+def main(argv: list[str] | None = None) -> None:
+    from agentfly.tasks.io import save_jsonl
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--split", default="train")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    print(save_jsonl(generate(args.n, args.seed, args.split), args.out))
+
+
+if __name__ == "__main__":
+    main()
