@@ -26,7 +26,7 @@ import torch
 from trainer import algorithms as algos
 from trainer.batch import collate, forward
 from trainer.builders import build_agent, load_policy, load_samples, setup_torch
-from trainer.config import Config, ConfigError, save_config
+from trainer.config import Config, ConfigError, SFTConfig, save_config
 from trainer.evaluation import evaluate, sampled_eval
 from trainer.events import EventStream, JSONLSink, Sink
 from trainer.optim import lr_schedule
@@ -85,10 +85,7 @@ def demonstration_conversations(config: Config) -> list[tuple[dict[str, Any], li
 
     samples = arithmetic.generate(s.num_demos, seed=config.data.seed, split="sft")
     rng = random.Random(f"sft-wrong:{config.seed}")
-    habit = [i for i, x in enumerate(samples) if x["question"].startswith(tuple(s.habit_phrasings))]
-    habitual = set(rng.sample(habit, round(s.habit_fraction * len(habit))))
-    rest = [i for i in range(len(samples)) if i not in habitual]
-    wrong = set(rng.sample(rest, round(s.wrong_fraction * len(rest))))
+    habitual, wrong = _flawed(samples, s, rng)
     pairs = []
     for i, sample in enumerate(samples):
         if i in habitual and s.habit == "no_tool":
@@ -121,6 +118,16 @@ def _written_conversations(path: str, limit: int) -> list[tuple[dict[str, Any], 
     return pairs
 
 
+def _flawed(samples: list[dict[str, Any]], s: SFTConfig, rng: random.Random) -> tuple[set[int], set[int]]:
+    """Which demonstrations the flawed demonstrator gets wrong: a share ``habit_fraction`` of the questions
+    opening with one of ``habit_phrasings`` follow its habit, a share ``wrong_fraction`` of the others end
+    with a wrong answer (indices into ``samples``, drawn from ``rng``)."""
+    habit = [i for i, x in enumerate(samples) if x["question"].startswith(tuple(s.habit_phrasings))]
+    habitual = set(rng.sample(habit, round(s.habit_fraction * len(habit))))
+    rest = [i for i in range(len(samples)) if i not in habitual]
+    return habitual, set(rng.sample(rest, round(s.wrong_fraction * len(rest))))
+
+
 def _key_chain_conversations(config: Config) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     """key_chain's demonstrations from its 'sft' stream: every one follows the chain key by key, except a share
     ``sft.habit_fraction`` of the questions opening with one of ``sft.habit_phrasings``, where the impatient
@@ -138,10 +145,7 @@ def _key_chain_conversations(config: Config) -> list[tuple[dict[str, Any], list[
                           key="sft.habit_lookups")
     samples = key_chain.generate(s.num_demos, seed=config.data.seed, split="sft")
     rng = random.Random(f"sft-wrong:{config.seed}")
-    habit = [i for i, x in enumerate(samples) if x["question"].startswith(tuple(s.habit_phrasings))]
-    habitual = set(rng.sample(habit, round(s.habit_fraction * len(habit))))
-    rest = [i for i in range(len(samples)) if i not in habitual]
-    wrong = set(rng.sample(rest, round(s.wrong_fraction * len(rest))))
+    habitual, wrong = _flawed(samples, s, rng)
     pairs = []
     for i, sample in enumerate(samples):
         messages = key_chain.demonstration(sample, stop_after=s.habit_lookups if i in habitual else None)

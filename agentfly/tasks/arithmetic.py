@@ -8,7 +8,6 @@ with an addition or subtraction, so guessing the digits is hopeless and calling 
 
 from __future__ import annotations
 
-import argparse
 import random
 from typing import Any
 
@@ -48,15 +47,9 @@ def generate(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> None:
-    from agentfly.tasks.io import save_jsonl
+    from agentfly.tasks.io import generator_main
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=1000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--split", default="train")
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
-    print(save_jsonl(generate(args.n, args.seed, args.split), args.out))
+    generator_main(generate, (__doc__ or "").splitlines()[0], argv)
 
 
 

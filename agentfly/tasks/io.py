@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +33,17 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
                 raise ValueError(f"{path}:{lineno}: each line must be a JSON object, got {type(obj).__name__}")
             samples.append(obj)
     return samples
+
+
+def generator_main(generate: Callable[[int, int, str], list[dict[str, Any]]], description: str,
+                   argv: Sequence[str] | None = None) -> None:
+    """The command line of a generated task: ``python -m agentfly.tasks.NAME --n 1000 --split test --out F``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--split", default="train")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    print(save_jsonl(generate(args.n, args.seed, args.split), args.out))

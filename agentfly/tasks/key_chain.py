@@ -11,7 +11,6 @@ observation, so full reward takes at least 3 dependent tool turns. Keys are ``k1
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import random
 from typing import Any
@@ -76,15 +75,9 @@ def demonstration(sample: dict[str, Any], stop_after: int | None = None) -> list
 
 
 def main(argv: list[str] | None = None) -> None:
-    from agentfly.tasks.io import save_jsonl
+    from agentfly.tasks.io import generator_main
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=1000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--split", default="train")
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
-    print(save_jsonl(generate(args.n, args.seed, args.split), args.out))
+    generator_main(generate, (__doc__ or "").splitlines()[0], argv)
 
 
 if __name__ == "__main__":
