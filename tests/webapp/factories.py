@@ -31,3 +31,14 @@ def launch_data(team_: Any, tool: Entry, reward: Entry, /, **overrides: Any) -> 
     }
     data.update(overrides)
     return data
+
+
+def launch_tiny_job(api: Any, builtins: dict[str, Any], **fields: Any) -> int:
+    """A tiny calculator job launched through the API (one prompt x 2 rollouts a step, a checkpoint every
+    step); ``fields`` override the payload. Returns the job's id."""
+    payload = {"name": "tiny", "team": "team-a", "tools": [builtins["calculator"].pk],
+               "reward": builtins["math_equal"].pk, "steps": 6, "prompts_per_step": 1, "group_size": 2,
+               "max_turns": 1, "max_new_tokens": 4, "eval_size": 1, "save_every": 1, **fields}
+    response = api.post("/api/jobs/", payload, format="json")
+    assert response.status_code == 201, response.content
+    return int(response.json()["id"])

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
+from tests.webapp.factories import launch_tiny_job
 from tests.webapp.helpers import wait_for
 from webapp.jobs.models import FINISHED, Status, TrainingJob
 
@@ -25,12 +26,8 @@ STEPS = 30
 
 
 def launch(api: Any, builtins: dict[str, Any], **fields: Any) -> int:
-    payload = {"name": "cancel me", "team": "team-a", "tools": [builtins["calculator"].pk],
-               "reward": builtins["math_equal"].pk, "steps": STEPS, "prompts_per_step": 1, "group_size": 2,
-               "max_turns": 1, "max_new_tokens": 8, "eval_size": 2, "save_every": 1, **fields}
-    response = api.post("/api/jobs/", payload, format="json")
-    assert response.status_code == 201, response.content
-    return int(response.json()["id"])
+    return launch_tiny_job(api, builtins, **{"name": "cancel me", "steps": STEPS, "max_new_tokens": 8, "eval_size": 2,
+                                            **fields})
 
 
 def row(job_id: int) -> TrainingJob:

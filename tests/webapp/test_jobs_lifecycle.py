@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from tests.webapp.factories import launch_tiny_job
 from tests.webapp.helpers import ROOT, wait_for
 from webapp.jobs import paths
 from webapp.jobs.models import FINISHED, Status, TrainingJob
@@ -37,12 +38,7 @@ CANCELS = int(os.environ.get("AGENTFLY_STRESS_CANCELS", "50"))  # fewer only whi
 
 
 def launch(api: Any, builtins: dict[str, Any], **fields: Any) -> int:
-    payload = {"name": "lifecycle", "team": "team-a", "tools": [builtins["calculator"].pk],
-               "reward": builtins["math_equal"].pk, "steps": 6, "prompts_per_step": 1, "group_size": 2,
-               "max_turns": 1, "max_new_tokens": 4, "eval_size": 1, "save_every": 1, **fields}
-    response = api.post("/api/jobs/", payload, format="json")
-    assert response.status_code == 201, response.content
-    return int(response.json()["id"])
+    return launch_tiny_job(api, builtins, **{"name": "lifecycle", **fields})
 
 
 def row(job_id: int) -> TrainingJob:
