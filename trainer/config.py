@@ -69,6 +69,8 @@ class TinyModelConfig:
     num_heads: int = _f(4, "Attention heads (head size = hidden_size / num_heads; vLLM's CPU backend needs >= 32).")
     num_kv_heads: int = _f(2, "Key/value heads (grouped-query attention); must divide num_heads.")
     intermediate_size: int = _f(512, "MLP width.")
+    max_position_embeddings: int = _f(1024, "Longest sequence (prompt, observations and turns) the tiny model and its "
+                                            "tokenizer take; ScienceWorld's room descriptions need about 4096.")
     init_std: float = _f(0.02, "Standard deviation of the initial weights. The Hugging Face default 0.02 leaves "
                                "attention nearly uniform at this width, and the model then needs thousands of steps "
                                "before it learns to copy; 0.06 learns copying in a few hundred (docs/benchmarks.md).")
@@ -198,7 +200,10 @@ class EvalConfig:
 @dataclass
 class SFTConfig:
     num_demos: int = _f(4000, "Demonstrations: generated from arithmetic's 'sft' stream, or the first wiki_qa "
-                              "training questions.")
+                              "training questions, or the first of the `demos` file.")
+    demos: str | None = _f(None, "JSONL of written demonstrations, one {'sample': ..., 'messages': [...]} a line (e.g. "
+                                 "examples/scienceworld/make_demos.py: the simulator's gold actions), used as they "
+                                 "are instead of generated ones; None = generate them for `data.task`.")
     wrong_fraction: float = _f(0.25, "Share of demonstrations whose final answer is deliberately wrong.")
     habit: Literal["no_tool", "truncate"] = _f("no_tool", "The demonstrator's bad habit on `habit_phrasings`: "
                                               "'no_tool' answers at once with the question's first number; "

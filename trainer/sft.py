@@ -65,6 +65,8 @@ def demonstration_conversations(config: Config) -> list[tuple[dict[str, Any], li
     ``sft.num_demos`` training questions; its wrong answers are other questions' answers.
     """
     s = config.sft
+    if s.demos:
+        return _written_conversations(config)
     if config.data.task == "wiki_qa":
         return _wiki_qa_conversations(config)
     if config.data.task != "arithmetic":
@@ -92,6 +94,21 @@ def demonstration_conversations(config: Config) -> list[tuple[dict[str, Any], li
     return pairs
 
 
+def _written_conversations(config: Config) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """The first ``sft.num_demos`` lines of ``sft.demos``, as written (no deliberate flaws are added)."""
+    from agentfly.tasks.io import load_jsonl
+
+    s = config.sft
+    if s.habit_phrasings or s.wrong_fraction:
+        raise ConfigError("sft.demos: written demonstrations are used as they are; set sft.wrong_fraction: 0 and "
+                          "leave sft.habit_phrasings empty")
+    rows = load_jsonl(str(s.demos))[: s.num_demos]
+    bad = [i for i, row in enumerate(rows) if not isinstance(row.get("sample"), dict) or not row.get("messages")]
+    if bad:
+        raise ConfigError(f"sft.demos={s.demos!r}: line {bad[0] + 1} is not {{'sample': {{...}}, 'messages': [...]}}")
+    return [(row["sample"], row["messages"]) for row in rows]
+
+
 def _wiki_qa_conversations(config: Config) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     from agentfly.tasks import wiki_qa
 
@@ -116,9 +133,16 @@ def demonstration_trajectories(config: Config, tokenizer: Any) -> list[Any]:
     import agentfly as af
 
     pairs = demonstration_conversations(config)
+    # The script knows a rollout only by its prompt, so demonstrations that share a question (ScienceWorld
+    # variations with one task description) are replayed in separate rounds, each question once a round.
+    rounds: list[list[tuple[dict[str, Any], list[dict[str, Any]]]]] = []
+    for pair in pairs:
+        question = _question(pair[1])
+        free = next((r for r in rounds if all(_question(m) != question for _, m in r)), None)
+        if free is None:
+            rounds.append(free := [])
+        free.append(pair)
     turns: dict[str, list[str]] = {}
-    for sample, messages in pairs:
-        turns[sample["question"]] = [m["content"] for m in messages if m["role"] == "assistant"]
 
     def script(prompt_text: str) -> str:
         question = _USER.search(prompt_text)
@@ -129,13 +153,22 @@ def demonstration_trajectories(config: Config, tokenizer: Any) -> list[Any]:
 
     engine = af.ReplayEngine(tokenizer, script)
     agent = build_agent(config, engine)
-    trajectories = agent.run_sync([sample for sample, _ in pairs], group_size=1,
-                                  sampling=af.Sampling(temperature=1.0, max_new_tokens=512))
+    trajectories = []
+    for round_pairs in rounds:
+        turns.clear()
+        for _, messages in round_pairs:
+            turns[_question(messages)] = [m["content"] for m in messages if m["role"] == "assistant"]
+        trajectories += agent.run_sync([sample for sample, _ in round_pairs], group_size=1,
+                                       sampling=af.Sampling(temperature=1.0, max_new_tokens=512))
     broken = [t for t in trajectories if t.error is not None or t.finish_reason != "answer"]
     if broken:
         raise RuntimeError(f"{len(broken)} demonstrations did not replay cleanly, e.g. {broken[0].error!r} "
                            f"(finish_reason={broken[0].finish_reason}); check rollout.max_turns and the template")
     return trajectories
+
+
+def _question(messages: list[dict[str, Any]]) -> str:
+    return str(next(m["content"] for m in messages if m["role"] == "user"))
 
 
 def sft_loss(model: Any, trajectories: Sequence[Any], pad_id: int, device: torch.device) -> torch.Tensor:
