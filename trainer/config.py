@@ -69,6 +69,8 @@ class TinyModelConfig:
     num_heads: int = _f(4, "Attention heads (head size = hidden_size / num_heads; vLLM's CPU backend needs >= 32).")
     num_kv_heads: int = _f(2, "Key/value heads (grouped-query attention); must divide num_heads.")
     intermediate_size: int = _f(512, "MLP width.")
+    max_position_embeddings: int = _f(1024, "Longest sequence (prompt, observations and turns) the tiny model and its "
+                                            "tokenizer take; ScienceWorld's room descriptions need about 4096.")
     init_std: float = _f(0.02, "Standard deviation of the initial weights. The Hugging Face default 0.02 leaves "
                                "attention nearly uniform at this width, and the model then needs thousands of steps "
                                "before it learns to copy; 0.06 learns copying in a few hundred (docs/benchmarks.md).")
@@ -229,7 +231,7 @@ class EvalConfig:
 @dataclass
 class SFTConfig:
     num_demos: int = _f(4000, "Demonstrations: generated from the 'sft' stream of arithmetic or key_chain, or the "
-                              "first wiki_qa training questions.")
+                              "first wiki_qa training questions, or the first lines of the `demos_path` file.")
     wrong_fraction: float = _f(0.25, "Share of demonstrations whose final answer is deliberately wrong.")
     habit: Literal["no_tool", "truncate", "early_answer"] = _f(
         "no_tool", "The demonstrator's bad habit on `habit_phrasings`: 'no_tool' answers at once with the question's "
@@ -247,11 +249,13 @@ class SFTConfig:
     schedule: Literal["constant", "linear", "cosine"] = _f("constant", "SFT learning-rate schedule after warm-up "
                                                           "(a decay to 0 over all epochs settles the copy).")
     output_dir: str | None = _f(None, "Where the SFT model is saved; None = <output_dir>/sft.")
-    demos_path: str | None = _f(None, "JSONL of written demonstrations, one a line: a task sample (its `question`, "
-                                      "`answer`, ...) with `messages`, the conversation to imitate (user, assistant "
-                                      "and tool turns, as agentfly.tasks.arithmetic.demonstration writes them); the "
-                                      "first `num_demos` are used. None = generate them for data.task (arithmetic, "
-                                      "wiki_qa).")
+    demos_path: str | None = _f(None, "JSONL of written demonstrations, one a line: a task sample (its `question` "
+                                      "or `prompt`, `answer`, ...) with `messages`, the conversation to imitate (user, "
+                                      "assistant and tool turns, as agentfly.tasks.arithmetic.demonstration or "
+                                      "examples/scienceworld/make_demos.py write them), or {'sample': ..., 'messages': "
+                                      "...}; the first `num_demos` are used as written (the deliberate flaws above "
+                                      "are for generated ones). None = generate them for data.task (arithmetic, "
+                                      "key_chain, wiki_qa).")
 
     @property
     def total_steps(self) -> int:

@@ -34,7 +34,6 @@ from trainer.trackers import tracker_sinks
 
 _USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
 REPLAY_CHUNK = 256  # demonstrations replayed at once
-_TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
 
 
 def wrong_answer(answer: str, rng: random.Random) -> str:
@@ -101,7 +100,8 @@ def demonstration_conversations(config: Config) -> list[tuple[dict[str, Any], li
 
 
 def _written_conversations(path: str, limit: int) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
-    """The first ``limit`` demonstrations of the JSONL file ``path``: each line a sample with its ``messages``."""
+    """The first ``limit`` demonstrations of the JSONL file ``path``, as written: each line a sample with its
+    ``messages`` (or ``{"sample": ..., "messages": ...}``), a conversation with a user and an assistant turn."""
     from agentfly.tasks.io import load_jsonl
 
     pairs = []
@@ -109,10 +109,14 @@ def _written_conversations(path: str, limit: int) -> list[tuple[dict[str, Any], 
         messages = line.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             messages = []
-        if "assistant" not in [m.get("role") for m in messages] or "question" not in line:
-            raise ConfigError(f"sft.demos_path={path}: demonstration {lineno} needs a 'question' and 'messages', a "
-                              "list of {role, content} turns with at least one assistant turn", key="sft.demos_path")
-        pairs.append(({k: v for k, v in line.items() if k != "messages"}, messages))
+        sample = line["sample"] if isinstance(line.get("sample"), dict) else {k: v for k, v in line.items()
+                                                                              if k != "messages"}
+        roles = [m.get("role") for m in messages]
+        if "assistant" not in roles or "user" not in roles or not ({"question", "prompt"} & sample.keys()):
+            raise ConfigError(f"sft.demos_path={path}: demonstration {lineno} needs a 'question' (or 'prompt') and "
+                              "'messages', a list of {role, content} turns with a user and an assistant turn",
+                              key="sft.demos_path")
+        pairs.append((sample, messages))
     if not pairs:
         raise ConfigError(f"sft.demos_path={path} holds no demonstrations", key="sft.demos_path")
     return pairs
@@ -179,42 +183,44 @@ def demonstration_trajectories(config: Config, tokenizer: Any) -> list[Any]:
     import agentfly as af
 
     pairs = demonstration_conversations(config)
-    # Each assistant turn is keyed by the question and the tool responses before it: questions repeat (a
-    # key chain's question names only its start key), but what was observed so far tells the chains apart.
-    # Where two demonstrations share a key but go on differently (same question and first links, one of them
-    # answering early), the replay could not tell which is which: both are left out.
-    turns: dict[tuple[str, tuple[str, ...]], str] = {}
-    clashes: set[tuple[str, tuple[str, ...]]] = set()
-    keyed = []
-    for sample, messages in pairs:
-        seen: list[str] = []
-        keys = []
-        for m in messages:
-            if m["role"] == "assistant":
-                key = (sample["question"], tuple(seen))
-                if turns.setdefault(key, m["content"]) != m["content"]:
-                    clashes.add(key)
-                keys.append(key)
-            elif m["role"] == "tool":
-                seen.append(m["content"])
-        keyed.append(keys)
-    pairs = [pair for pair, keys in zip(pairs, keyed, strict=True) if not clashes.intersection(keys)]
+    # The script knows a rollout by its prompt (its question and the assistant turns so far), so
+    # demonstrations that share a question (key chains from one start key, ScienceWorld variations of one task
+    # description) are replayed in separate rounds, each question once a round.
+    rounds: list[list[int]] = []  # indices into pairs
+    asked: list[set[str]] = []  # the questions of each round
+    for index, (_, messages) in enumerate(pairs):
+        question = _question(messages)
+        free = next((i for i, questions in enumerate(asked) if question not in questions), None)
+        if free is None:
+            rounds.append([])
+            asked.append(set())
+            free = len(rounds) - 1
+        rounds[free].append(index)
+        asked[free].add(question)
+    turns: dict[str, list[str]] = {}
 
     def script(prompt_text: str) -> str:
         question = _USER.search(prompt_text)
-        key = (question.group(1) if question else "", tuple(_TOOL_RESPONSE.findall(prompt_text)))
-        if key not in turns:
-            raise ValueError("replay script: the prompt does not continue a known demonstration")
-        return turns[key]
+        if question is None or question.group(1) not in turns:
+            raise ValueError("replay script: the prompt does not contain a known demonstration question")
+        index = prompt_text.count("<|im_start|>assistant") - 1  # assistant turns already in the prompt
+        return turns[question.group(1)][index]
 
     engine = af.ReplayEngine(tokenizer, script)
     agent = build_agent(config, engine)
-    # In chunks: all at once, tens of thousands of rollouts would queue for a bounded resource pool (the
-    # key-value store's) longer than its acquire timeout.
-    trajectories = []
-    for start in range(0, len(pairs), REPLAY_CHUNK):
-        trajectories += agent.run_sync([sample for sample, _ in pairs[start:start + REPLAY_CHUNK]], group_size=1,
-                                       sampling=af.Sampling(temperature=1.0, max_new_tokens=512))
+    replayed: dict[int, Any] = {}
+    for indices in rounds:
+        turns.clear()
+        for i in indices:
+            turns[_question(pairs[i][1])] = [m["content"] for m in pairs[i][1] if m["role"] == "assistant"]
+        # In chunks: all at once, tens of thousands of rollouts would queue for a bounded resource pool (the
+        # key-value store's) longer than its acquire timeout.
+        for start in range(0, len(indices), REPLAY_CHUNK):
+            chunk = indices[start:start + REPLAY_CHUNK]
+            done = agent.run_sync([pairs[i][0] for i in chunk], group_size=1,
+                                  sampling=af.Sampling(temperature=1.0, max_new_tokens=512))
+            replayed.update(zip(chunk, done, strict=True))
+    trajectories = [replayed[i] for i in range(len(pairs))]  # in the demonstrations' order
     # A tool error means the written call does not fit the sample (a wrong key): never train on it.
     broken = [t for t in trajectories if t.error is not None or t.finish_reason != "answer"
               or any(c.error for c in t.tool_calls)]
@@ -223,6 +229,10 @@ def demonstration_trajectories(config: Config, tokenizer: Any) -> list[Any]:
         raise RuntimeError(f"{len(broken)} demonstrations did not replay cleanly, e.g. {broken[0].error or calls!r} "
                            f"(finish_reason={broken[0].finish_reason}); check rollout.max_turns and the template")
     return trajectories
+
+
+def _question(messages: list[dict[str, Any]]) -> str:
+    return str(next(m["content"] for m in messages if m["role"] == "user"))
 
 
 def sft_loss(model: Any, trajectories: Sequence[Any], pad_id: int, device: torch.device) -> torch.Tensor:

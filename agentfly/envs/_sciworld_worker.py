@@ -64,6 +64,14 @@ def main() -> None:
         return {"ok": True, "train": list(env.get_variations_train()), "dev": list(env.get_variations_dev()),
                 "test": list(env.get_variations_test())}
 
+    def gold(req: dict[str, Any]) -> dict[str, Any]:
+        # The simulator's own solution of this variation (not necessarily the shortest), for demonstrations;
+        # it leaves no episode loaded, so a rollout's next action needs its own load.
+        env.load(req["task"], int(req["variation"]), req.get("simplification", "easy"), generateGoldPath=True)
+        state["task"] = None
+        return {"ok": True, "actions": list(env.get_gold_action_sequence()),
+                "task_description": env.get_task_description()}
+
     def tasks(req: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True, "tasks": list(env.get_task_names())}
 
@@ -83,7 +91,7 @@ def main() -> None:
                                  "filesystem": "unrestricted", "workdir": config.get("workdir")}})
     try:
         serve(channel, {"load": load, "step": step, "look": look, "variations": variations, "tasks": tasks,
-                        "describe": describe, "unload": unload, "ping": ping})
+                        "describe": describe, "gold": gold, "unload": unload, "ping": ping})
     finally:
         env.close()
 

@@ -108,6 +108,14 @@ class ScienceWorld:
         self.score, self.done, self.moves = float(reply.get("score", 0)), False, 0
         return str(reply["observation"])
 
+    async def gold_actions(self, task: str, variation: int = 0) -> tuple[list[str], str]:
+        """The simulator's gold action sequence for ``task``/``variation`` (under this instance's
+        simplification) and the task description; it unloads any episode, so ``load`` before acting."""
+        reply = await self._ask({"op": "gold", "task": task, "variation": int(variation),
+                                 "simplification": self.simplification})
+        self.loaded = None
+        return [str(a) for a in reply["actions"]], str(reply["task_description"])
+
     async def act(self, action: str) -> str:
         """Take one action; returns the observation and updates ``score``, ``done`` and ``moves``."""
         reply = await self._ask({"op": "step", "action": action})

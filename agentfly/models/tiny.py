@@ -51,7 +51,7 @@ def training_corpus(seed: int, n: int = 3000) -> list[str]:
     return texts
 
 
-def train_tokenizer(texts: list[str], vocab_size: int) -> Any:
+def train_tokenizer(texts: list[str], vocab_size: int, model_max_length: int = 1024) -> Any:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -74,7 +74,7 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Any:
         pad_token="<|endoftext|>",
         additional_special_tokens=["<|im_start|>"],
         chat_template=chat_template(),
-        model_max_length=1024,
+        model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,
     )
     fast.add_tokens(MARKUP_TOKENS)
@@ -113,7 +113,7 @@ def build_tiny(
         return path
     if hidden_size % num_heads or num_heads % num_kv_heads:
         raise ValueError("hidden_size must divide by num_heads, and num_heads by num_kv_heads")
-    tokenizer = train_tokenizer(training_corpus(seed), vocab_size)
+    tokenizer = train_tokenizer(training_corpus(seed), vocab_size, max_position_embeddings)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     eot = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = Qwen2Config(

@@ -37,6 +37,20 @@ def test_sft_demonstrations_for_a_task_without_a_generator_are_refused() -> None
         demonstration_conversations(load_config(None, ["data.task=scienceworld"]))
 
 
+def test_written_sft_demonstrations_are_used_as_they_are_and_never_given_deliberate_flaws(tmp_path: Path) -> None:
+    from trainer.sft import demonstration_conversations
+
+    demos = tmp_path / "demos.jsonl"
+    row = {"sample": {"id": "a", "prompt": "Go."}, "messages": [{"role": "user", "content": "Go."},
+                                                              {"role": "assistant", "content": "Done."}]}
+    demos.write_text(json.dumps(row) + "\n" + json.dumps({"sample": {"id": "b"}}) + "\n")
+    # The default wrong_fraction (0.25) is for generated demonstrations: written ones stay as written.
+    config = load_config(None, [f"sft.demos_path={demos}", "sft.num_demos=1"])
+    assert demonstration_conversations(config) == [(row["sample"], row["messages"])]
+    with pytest.raises(ConfigError, match="demonstration 2 needs a 'question' \\(or 'prompt'\\) and 'messages'"):
+        demonstration_conversations(load_config(None, [f"sft.demos_path={demos}"]))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # two runs of the CLI, each allowed 300 s
 def test_the_retrieval_example_warm_starts_and_trains_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path,

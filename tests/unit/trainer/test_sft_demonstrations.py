@@ -103,7 +103,7 @@ def test_a_written_demonstration_without_a_question_or_an_assistant_turn_is_refu
                                                                                     line: str) -> None:
     path = tmp_path / "demos.jsonl"
     path.write_text(line + "\n")
-    with pytest.raises(ConfigError, match="demonstration 1 needs a 'question' and 'messages'"):
+    with pytest.raises(ConfigError, match=r"demonstration 1 needs a 'question' \(or 'prompt'\) and 'messages'"):
         conversations(f"sft.demos_path={path}")
 
 
@@ -169,7 +169,7 @@ def test_key_chain_demonstrations_replay_through_the_real_store_and_train_only_t
     assert {len(t.tool_calls) for t in trajectories} & {2} and {len(t.tool_calls) for t in trajectories} - {2}
 
 
-def test_demonstrations_the_replay_cannot_tell_apart_are_left_out(tiny_model_dir, monkeypatch) -> None:
+def test_demonstrations_that_share_a_question_are_each_replayed_as_written(tiny_model_dir, monkeypatch) -> None:
     from transformers import AutoTokenizer
 
     import trainer.sft as sft
@@ -181,5 +181,9 @@ def test_demonstrations_the_replay_cannot_tell_apart_are_left_out(tiny_model_dir
              (other := key_chain.generate(2, split="sft")[1], key_chain.demonstration(other))]
     monkeypatch.setattr(sft, "demonstration_conversations", lambda config: pairs)
     config = load_config(ROOT / "examples/key_chain/sft.yaml", [f"model.path={tiny_model_dir}"])
-    (kept,) = sft.demonstration_trajectories(config, AutoTokenizer.from_pretrained(tiny_model_dir))
-    assert kept.sample["id"] == other["id"] and kept.reward == 1.0
+    replayed = sft.demonstration_trajectories(config, AutoTokenizer.from_pretrained(tiny_model_dir))
+    by_id = {t.sample["id"]: t for t in replayed}
+    assert sorted(by_id) == sorted([sample["id"], "twin", other["id"]])
+    assert len(by_id[sample["id"]].tool_calls) == sample["hops"] and by_id[sample["id"]].reward == 1.0
+    assert len(by_id["twin"].tool_calls) == 2 and by_id["twin"].reward == 0.0  # its early answer, as written
+    assert by_id[other["id"]].reward == 1.0
