@@ -73,6 +73,10 @@ def test_the_key_chain_job_launched_from_the_form_shows_success_rising_more_call
     assert turns and len(turns) == len(calls), "the turns line is drawn with the calls"
     axis = page.evaluate("() => document.getElementById('chart-tool_calls').layout.yaxis.title.text")
     assert "turns" in axis and "calls" in axis, axis
+    # The rollouts' stores come from the worker's kv pool: made once, leased by every rollout's first lookup.
+    wait_for_js(page, "() => document.querySelectorAll('#pool-stats tbody tr').length > 0", timeout=60_000)
+    pool = [c.strip() for c in page.locator("#pool-stats tbody tr").first.locator("td").all_inner_texts()]
+    assert pool[0] == "kv" and int(pool[5]) >= 1, pool  # name, ..., created
     page.screenshot(path=str(ARTIFACTS / "key-chain-dashboard.png"), full_page=True)
 
     # The viewer, best trajectory first: at least 3 lookups, each answered from the rollout's store, the walk
