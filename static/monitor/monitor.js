@@ -124,7 +124,9 @@
     { id: "entropy", title: "Entropy", keys: ["entropy"], y: { title: "entropy (nats per token)", rangemode: "tozero" } },
     { id: "clip", title: "Clip fraction", keys: ["clip_fraction"], y: { title: "share of tokens clipped", rangemode: "tozero" } },
     { id: "length", title: "Response length", keys: ["response_length_mean"], y: { title: "tokens", rangemode: "tozero" } },
-    { id: "tool_calls", title: "Tool calls per trajectory", keys: ["tool_calls_mean"], y: { title: "calls", rangemode: "tozero" } },
+    // Calls and turns together: a multi-turn agent that learns to keep using its tool shows both rising.
+    { id: "tool_calls", title: "Tool calls and turns per trajectory", keys: ["tool_calls_mean"], lines: ["turns_mean"],
+      y: { title: "calls, turns (mean per trajectory)", rangemode: "tozero" } },
     { id: "tool_errors", title: "Tool errors per trajectory", keys: ["tool_errors_mean"], y: { title: "failed calls", rangemode: "tozero" } },
     { id: "tokens_per_s", title: "Generation throughput", keys: ["tokens_per_second"], y: { title: "tokens / s", rangemode: "tozero" } },
     { id: "lr", title: "Learning rate", keys: ["lr"], y: { title: "learning rate", tickformat: ".1e", rangemode: "tozero" } },

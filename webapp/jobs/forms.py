@@ -23,7 +23,11 @@ from webapp.jobs.models import Kind, Queue, kind_choices_text
 from webapp.registry.models import Entry
 
 MODEL_SOURCES = (("tiny", "Tiny model built on the worker (CPU demo)"), ("path", "Local model directory"))
-TASKS = (("arithmetic", "Arithmetic with a calculator (generated)"), ("jsonl", "JSONL file of samples"))
+TASKS = (("arithmetic", "Arithmetic with a calculator (generated)"),
+         ("key_chain", "Key chain: follow keys through the rollout's key-value store (generated, multi-turn)"),
+         ("jsonl", "JSONL file of samples"))
+# Tasks the trainer generates itself (trainer.builders.load_samples), with their own disjoint test split.
+GENERATED_TASKS = frozenset({"arithmetic", "key_chain"})
 TRACKERS = (("tensorboard", "TensorBoard"), ("wandb", "Weights & Biases"), ("mlflow", "MLflow"))
 
 # The form field that fills each trainer config key (``LaunchForm.trainer_config``), so a ``ConfigError`` lands
@@ -91,7 +95,7 @@ class LaunchForm(forms.Form):
     demos_path = forms.CharField(
         required=False, max_length=500, label="Demonstrations file",
         help_text="JSONL of written demonstrations for sft and sft_then_rl: one task sample a line with its "
-                  "\"messages\" (the conversation to imitate). Empty: generated for the arithmetic task.")
+                  "\"messages\" (the conversation to imitate). Empty: generated for the arithmetic and key-chain tasks.")
     # Optional (left out: the initial value), so a launch that predates them, or posts no warm start, still is valid.
     sft_demos = forms.IntegerField(min_value=1, max_value=1_000_000, initial=64, required=False, label="Demonstrations",
                                    help_text="Demonstrations the warm start trains on (the first ones of the file).")
@@ -107,7 +111,7 @@ class LaunchForm(forms.Form):
     eval_path = forms.CharField(required=False, max_length=500,
                                 help_text="JSONL of held-out samples; required for a JSONL task.")
     task_size = forms.IntegerField(min_value=1, max_value=1_000_000, initial=200,
-                                   help_text="Problems generated for the arithmetic task.")
+                                   help_text="Problems generated for a generated task (arithmetic, key chain).")
     tools = EntryMultipleChoiceField(queryset=Entry.objects.none(), required=False,
                                      widget=forms.CheckboxSelectMultiple)
     reward = EntryChoiceField(queryset=Entry.objects.none())
@@ -285,7 +289,7 @@ class LaunchForm(forms.Form):
             "progress": False,
             "model": {"path": tiny_model_path(seed, d["team"]) if tiny else d["model_path"], "build_tiny": tiny,
                       "tiny_seed": seed},
-            "data": {"task": "arithmetic" if d["task"] == "arithmetic" else d["task_path"],
+            "data": {"task": d["task"] if d["task"] in GENERATED_TASKS else d["task_path"],
                      "eval_path": (d.get("eval_path") or None) if d["task"] == "jsonl" else None,
                      "train_size": d["task_size"], "eval_size": d["eval_size"], "seed": seed},
             "eval": {"size": d["eval_size"], "max_new_tokens": d["max_new_tokens"]},
