@@ -92,7 +92,7 @@ class EvalRun:
         calls = sum(len(t.tool_calls) for t in greedy)
         out |= {
             f"{prefix}problems": float(len(greedy)),
-            f"{prefix}pass@1": float(np.mean([t.reward >= FULL_REWARD for t in greedy])),
+            f"{prefix}pass_at_1": float(np.mean([t.reward >= FULL_REWARD for t in greedy])),
             f"{prefix}mean_turns": float(np.mean([t.num_turns for t in greedy])),
             # A rate over calls, not trajectories; no call at all is no failed call.
             f"{prefix}tool_error_rate": sum(t.tool_errors for t in greedy) / calls if calls else 0.0,
@@ -102,7 +102,7 @@ class EvalRun:
             correct = [sum(t.reward >= FULL_REWARD for t in self.sampled_trajectories[i * n:(i + 1) * n])
                        for i in idx]
             for k in self.sampled.ks:
-                out[f"{prefix}sampled/pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for c in correct]))
+                out[f"{prefix}sampled/pass_at_{k}"] = float(np.mean([pass_at_k(n, c, k) for c in correct]))
             out[f"{prefix}sampled/n"] = float(n)
             out[f"{prefix}sampled/temperature"] = self.sampled.temperature
         return out
@@ -173,11 +173,11 @@ def table(rep: dict[str, Any]) -> str:
     """The report as a fixed-width text table: one row for all problems, then one per split."""
     first = rep["all"]
     cols: list[tuple[str, str, str]] = [("problems", "eval/problems", "{:.0f}"),
-                                        ("pass@1 (greedy)", "eval/pass@1", "{:.3f}")]
+                                        ("pass@1 (greedy)", "eval/pass_at_1", "{:.3f}")]
     if "eval/sampled/n" in first:
         label = f"(n={first['eval/sampled/n']:.0f}, T={first['eval/sampled/temperature']:g})"
-        cols += [(f"pass@{key.rsplit('@', 1)[1]} {label}", key, "{:.3f}")
-                 for key in first if key.startswith("eval/sampled/pass@")]
+        cols += [(f"pass@{key.rsplit('_', 1)[1]} {label}", key, "{:.3f}")
+                 for key in first if key.startswith("eval/sampled/pass_at_")]
     cols += [("mean turns", "eval/mean_turns", "{:.2f}"), ("tool-error rate", "eval/tool_error_rate", "{:.3f}")]
     rows = [["all", *(fmt.format(first[key]) for _, key, fmt in cols)]]
     rows += [[name, *(fmt.format(m[key]) for _, key, fmt in cols)] for name, m in rep["splits"].items()]

@@ -74,7 +74,7 @@ def while_a_checkpoint_is_written(job_id: int, rng: random.Random) -> None:
 def during_the_final_evaluation(job_id: int, rng: random.Random) -> None:
     job = row(job_id)
     wait_for(lambda: row(job_id).step >= job.total_steps, 120, "the last step", 0.02)
-    time.sleep(rng.uniform(0, 0.3))
+    time.sleep(rng.uniform(0, 0.2))
 
 
 Moment = Callable[[int, random.Random], None]
@@ -83,8 +83,9 @@ MOMENTS: list[tuple[Moment, dict[str, Any]]] = [
     (before_the_first_step, {}),
     (mid_step, {}),
     (while_a_checkpoint_is_written, {}),
-    # Two steps, then an evaluation long enough (32 prompts) for a cancel to land inside it.
-    (during_the_final_evaluation, {"steps": 2, "eval_size": 32}),
+    # Two steps, then an evaluation long enough for a cancel to land inside it on a quiet machine too (256
+    # prompts of up to 16 tokens: about a second; 32 prompts of 4 tokens were over before the cancel came).
+    (during_the_final_evaluation, {"steps": 2, "eval_size": 256, "max_new_tokens": 16}),
 ]
 
 

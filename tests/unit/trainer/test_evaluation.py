@@ -66,20 +66,20 @@ def test_the_figures_of_hand_built_trajectories_for_all_problems_and_per_split()
                traj(0.5, 1, [])]
     run = EvalRun(SAMPLES, greedy, Sampled([1, 2], n=2, temperature=0.7), sampled)
     m = run.metrics()
-    assert m["eval/pass@1"] == pytest.approx(2 / 3)
+    assert m["eval/pass_at_1"] == pytest.approx(2 / 3)
     assert m["eval/mean_turns"] == pytest.approx(2.0)
     assert m["eval/tool_error_rate"] == pytest.approx(1 / 3)  # one of three calls failed
-    assert m["eval/sampled/pass@1"] == pytest.approx((1.0 + 0.5 + 0.0) / 3)
-    assert m["eval/sampled/pass@2"] == pytest.approx((1.0 + 1.0 + 0.0) / 3)  # a reward of 0.5 is not a pass
+    assert m["eval/sampled/pass_at_1"] == pytest.approx((1.0 + 0.5 + 0.0) / 3)
+    assert m["eval/sampled/pass_at_2"] == pytest.approx((1.0 + 1.0 + 0.0) / 3)  # a reward of 0.5 is not a pass
     assert m["eval/sampled/n"] == 2 and m["eval/sampled/temperature"] == 0.7
 
     rep = report(run, split_field(SAMPLES), "unused")
     assert rep["group_by"] == "field 'split'"
     assert list(rep["splits"]) == ["easy", "hard"]
     hard = rep["splits"]["hard"]
-    assert (hard["eval/problems"], hard["eval/pass@1"], hard["eval/mean_turns"]) == (2, 0.5, 2.0)
+    assert (hard["eval/problems"], hard["eval/pass_at_1"], hard["eval/mean_turns"]) == (2, 0.5, 2.0)
     assert hard["eval/tool_error_rate"] == pytest.approx(1 / 2)
-    assert hard["eval/sampled/pass@2"] == pytest.approx(0.5)
+    assert hard["eval/sampled/pass_at_2"] == pytest.approx(0.5)
     assert rep["splits"]["easy"]["eval/tool_error_rate"] == 0.0
 
     text = table(rep)
