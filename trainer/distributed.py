@@ -75,9 +75,10 @@ def is_main_process() -> bool:
     return rank() == 0
 
 
-def _free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now ("" for every interface: a rendezvous other hosts connect to)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -101,7 +102,7 @@ def init_process_group(backend: str | None = None) -> None:
     present = [n for n in names if n in os.environ]
     if not present or present == ["LOCAL_RANK"]:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
+                          MASTER_PORT=str(free_port()))
     elif missing := [n for n in names if n not in os.environ and n != "LOCAL_RANK"]:
         raise RuntimeError(
             f"torch.distributed: {', '.join(present)} set but {', '.join(missing)} missing; start the run with "

@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.webapp.helpers import wait_for_js
+from tests.webapp.helpers import sign_in_with_the_form, wait_for_js
 from tests.webapp.test_demo_stop import descendants, start_demo_in_background
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -61,11 +61,7 @@ def test_the_demo_dashboard_shows_the_reward_rising_while_the_job_runs(tmp_path:
         url = dashboard_url(proc)
         base = f"http://127.0.0.1:{port}"
         page = browser_page
-        page.goto(f"{base}/login/")
-        page.fill("#id_username", "demo")
-        page.fill("#id_password", "agentfly-demo")
-        page.click("button[type=submit]")
-        page.wait_for_url(lambda u: "/login/" not in u)
+        sign_in_with_the_form(page, base, "demo", "agentfly-demo")
         page.goto(url)
         wait_for_js(page, f"() => {{ const r = ({REWARD})(); return r && r.y.length >= {FIRST}; }}", timeout=600_000)
         first = page.evaluate(REWARD)

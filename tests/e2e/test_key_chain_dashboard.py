@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.webapp.helpers import PASSWORD, ROOT, Daphne, off_loop, wait_for_js
+from tests.webapp.helpers import ROOT, Daphne, off_loop, sign_in_with_the_form, wait_for_js
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
@@ -37,10 +37,7 @@ def test_the_key_chain_job_launched_from_the_form_shows_success_rising_more_call
     page, web = browser_page, daphne.url
     ARTIFACTS.mkdir(exist_ok=True)
     page.set_default_timeout(30_000)
-    page.goto(f"{web}/login/?next=/jobs/launch/")
-    page.fill("#id_username", "alice")
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
+    sign_in_with_the_form(page, web, next_path="/jobs/launch/")
     expect(page.locator("h1")).to_have_text("Launch a training job")
 
     # The recipe of examples/key_chain/grpo.yaml, smaller: 8 prompts (the same 8 every step, as the example's

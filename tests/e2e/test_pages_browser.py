@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.webapp.factories import builtin_entries
-from tests.webapp.helpers import PASSWORD, Daphne
+from tests.webapp.helpers import Daphne, sign_in_with_the_form
 
 
 def watch_for_problems(page: Any, base: str) -> list[str]:
@@ -36,14 +36,6 @@ def running_job(alice_for_the_server: Any, transactional_db: None) -> Any:
                                       config={"steps": 100}, status="running")
 
 
-def sign_in(page: Any, base: str, username: str = "alice") -> None:
-    page.goto(f"{base}/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(lambda url: "/login/" not in url)
-
-
 @pytest.mark.slow
 def test_the_landing_page_says_what_agentfly_is_and_loads_cleanly_for_a_visitor(
         daphne: Daphne, browser_page: Any) -> None:
@@ -62,7 +54,7 @@ def test_the_landing_pages_demo_button_launches_the_calculator_job_for_the_users
         alice_for_the_server: Any, calculator_entries: Any, daphne: Daphne, browser_page: Any) -> None:
     page = browser_page
     problems = watch_for_problems(page, daphne.url)
-    sign_in(page, daphne.url)
+    sign_in_with_the_form(page, daphne.url)
     page.goto(f"{daphne.url}/")
     page.click("#launch-demo")
     page.wait_for_url(lambda url: "/jobs/" in url and url.rstrip("/").split("/")[-1].isdigit())
@@ -76,7 +68,7 @@ def test_the_landing_pages_demo_button_launches_the_calculator_job_for_the_users
 def test_the_launch_form_loads_cleanly_with_tools_as_checked_checkboxes(
         alice_for_the_server: Any, calculator_entries: Any, daphne: Daphne, browser_page: Any) -> None:
     page = browser_page
-    sign_in(page, daphne.url)
+    sign_in_with_the_form(page, daphne.url)
     problems = watch_for_problems(page, daphne.url)
     page.goto(f"{daphne.url}/jobs/launch/")
     page.wait_for_load_state("networkidle")
@@ -89,7 +81,7 @@ def test_the_launch_form_loads_cleanly_with_tools_as_checked_checkboxes(
 def test_cancel_on_the_job_page_asks_first_and_a_dismissed_question_cancels_nothing(
         running_job: Any, daphne: Daphne, browser_page: Any) -> None:
     job, page = running_job, browser_page
-    sign_in(page, daphne.url)
+    sign_in_with_the_form(page, daphne.url)
     problems = watch_for_problems(page, daphne.url)
     page.goto(f"{daphne.url}{job.get_absolute_url()}")
     asked: list[str] = []

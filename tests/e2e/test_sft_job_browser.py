@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.webapp.helpers import PASSWORD, ROOT, Daphne
+from tests.webapp.helpers import ROOT, Daphne, sign_in_with_the_form
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
@@ -22,10 +22,7 @@ def test_a_user_launches_an_sft_job_from_the_launch_form_and_sees_it_succeed(
     page, web_server = browser_page, daphne.url
     ARTIFACTS.mkdir(exist_ok=True)
     page.set_default_timeout(30_000)
-    page.goto(f"{web_server}/login/?next=/jobs/launch/")
-    page.fill("#id_username", "alice")
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
+    sign_in_with_the_form(page, web_server, next_path="/jobs/launch/")
     expect(page.locator("h1")).to_have_text("Launch a training job")
 
     page.fill("#id_name", "warm start from the browser")

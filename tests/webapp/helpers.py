@@ -172,3 +172,14 @@ def sign_in(page: Any, user: Any, base_url: str) -> None:
         return client.cookies[settings.SESSION_COOKIE_NAME].value
 
     page.context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "url": base_url, "value": off_loop(session_key)}])
+
+
+def sign_in_with_the_form(page: Any, base_url: str, username: str = "alice", password: str = PASSWORD,
+                          next_path: str | None = None) -> None:
+    """Sign in as a user does, through the login form (``sign_in`` above sets the session cookie instead),
+    and wait until the page has left the form (for ``next_path`` when given)."""
+    page.goto(f"{base_url}/login/" + (f"?next={next_path}" if next_path else ""))
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(lambda url: "/login/" not in url)

@@ -104,5 +104,10 @@ def hosts_with(queue: str, ranks: int) -> set[str]:
     A host is the part after ``@`` of the worker's name (``celery worker -n NAME@HOST``; Celery's default
     is the machine's hostname), so two workers of one machine count once unless named as two hosts."""
     key = _device_key(queue)
-    return {str(r.get("host", name.partition("@")[2])) for name, r in device_replies().items()
+    return {str(r.get("host", host_of(name))) for name, r in device_replies().items()
             if queue in r.get("queues", []) and int(r.get(key, 0)) >= ranks}
+
+
+def host_of(worker_name: str) -> str:
+    """``NAME@HOST`` -> ``HOST``: the host a Celery worker's name says it runs on."""
+    return worker_name.partition("@")[2] or worker_name

@@ -21,6 +21,7 @@ from django.db import connection
 
 from webapp.jobs import paths, worker
 from webapp.jobs.models import Status, TrainingJob
+from webapp.jobs.queues import host_of
 
 log = logging.getLogger(__name__)
 
@@ -98,24 +99,17 @@ def on_checkpoint(job_id: int, sink: Any, step: int, path: str, metrics: dict[st
 def start_nodes(job: TrainingJob, leader: str) -> Any:
     """For a job of ``nodes`` > 1: send one ``run_node`` task per other node to the job's queue, each to
     join this worker's rendezvous, and return this (the first) node; ``None`` for a one-node job."""
-    from webapp.jobs import body
-
     nodes = int(job.config.get("nodes", 1))
     if nodes == 1:
         return None
-    endpoint = f"{settings.AGENTFLY_NODE_ADDRESS}:{free_port()}"
+    from trainer.distributed import free_port
+    from webapp.jobs import body
+
+    endpoint = f"{settings.AGENTFLY_NODE_ADDRESS}:{free_port('')}"  # the other hosts connect to it
     for rank in range(1, nodes):
         run_node.apply_async(args=[job.pk, rank, endpoint, leader], queue=job.queue,
                              task_id=f"{job.celery_task_id}-node-{rank}")
     return body.Node(0, nodes, endpoint)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
 
 
 @shared_task(name="webapp.jobs.tasks.run_job", acks_late=True,
@@ -180,11 +174,6 @@ def agentfly_devices(state: Any) -> dict[str, Any]:
 
     queues = [q.name for q in state.consumer.task_consumer.queues]
     return {"queues": queues, "host": host_of(state.consumer.hostname), **local_devices()}
-
-
-def host_of(worker_name: str) -> str:
-    """``NAME@HOST`` -> ``HOST``: the host a Celery worker's name says it runs on."""
-    return worker_name.partition("@")[2] or worker_name
 
 
 @shared_task(name="webapp.jobs.tasks.run_node", bind=True, acks_late=True, max_retries=120,
