@@ -57,16 +57,17 @@ def run_texts(tok: Any, ids: list[int]) -> list[str]:
 
     out: list[str] = []
     prefix = read = 0
+    before = ""  # decode(ids[prefix:read]), redone only when the window moves
     for i in range(len(ids)):
-        before = decode(ids[prefix:read])
         after = decode(ids[prefix:i + 1])
         if len(after) > len(before) and not after.endswith("\ufffd"):
             out.append(after[len(before):])
             prefix, read = read, i + 1
+            before = decode(ids[prefix:read])
         else:
             out.append("")
     if read < len(ids):  # bytes that never made a character: shown as they decode, on the last token
-        out[-1] = decode(ids[prefix:])[len(decode(ids[prefix:read])):]
+        out[-1] = decode(ids[prefix:])[len(before):]
     return out
 
 
