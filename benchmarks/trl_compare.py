@@ -259,10 +259,9 @@ def run_trl_learning(args: argparse.Namespace, python: Path, model: Path, train:
         for f in model.iterdir():
             if f.is_file() and not (Path(save["path"]) / f.name).exists() and f.suffix != ".safetensors":
                 shutil.copy(f, Path(save["path"]) / f.name)
-    last = result["saves"][-1] if result["saves"] else {"seconds": float("nan"), "trained_tokens": 0}
     return {"framework": result["framework"], "saves": result["saves"],
             "train_seconds": result["train_seconds_without_saves"], "trained_tokens": sum(result["trained_tokens"]),
-            "steps": len(result["step_times"]), "last_save": last}
+            "steps": len(result["step_times"])}
 
 
 def held_out_accuracy(checkpoint: str, test: Path, n: int) -> float:
