@@ -22,6 +22,7 @@ Run ``python -m agentfly.engines.hf MODEL_DIR "prompt"`` to sample from a local 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 import time
@@ -103,13 +104,113 @@ def _kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
-def _cache_of(kv: Sequence[tuple[torch.Tensor, torch.Tensor]], config: Any) -> Any:
+def _is_prefix_view(view: torch.Tensor | None, buffer: torch.Tensor | None) -> bool:
+    return (view is not None and buffer is not None and view.data_ptr() == buffer.data_ptr()
+            and view.shape[:2] == buffer.shape[:2] and view.stride() == buffer.stride())
+
+
+def _grown(filled: torch.Tensor | None, new: torch.Tensor, capacity: int) -> torch.Tensor:
+    """A buffer of ``capacity`` columns holding ``filled`` (None: nothing yet) at its start."""
+    shape = list(new.shape)
+    shape[-2] = capacity
+    buf = torch.empty(shape, dtype=new.dtype, device=new.device)
+    if filled is not None:
+        buf[:, :, : filled.shape[-2]] = filled
+    return buf
+
+
+@functools.cache
+def _growing_layer() -> type:
+    """``DynamicLayer`` that appends in place: keys and values live in a buffer with room to grow
+    [B, H, capacity, D], and ``keys``/``values`` are views of its filled columns.
+
+    ``DynamicLayer`` concatenates at every decode step, which copies the whole cache of every row: at 128 rows
+    of the tiny model that copy took a third of the decode step. Here a step writes one column, and the
+    buffer grows by half its size when full (amortised O(1) per token). Anything that replaces ``keys``
+    (``batch_select_indices`` when rows leave, the engine dropping padding columns) is adopted as the filled
+    part at the next ``update``, which then moves it into a new buffer.
+    """
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingDynamicLayer(DynamicLayer):  # type: ignore[no-untyped-call]
+        _kbuf: torch.Tensor | None = None
+        _vbuf: torch.Tensor | None = None
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+            if not self.is_initialized or self.keys is None or self.keys.numel() == 0:
+                self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
+                self.keys = self.values = self._kbuf = self._vbuf = None
+                filled = 0
+            else:
+                filled = self.keys.shape[-2]
+                if not (_is_prefix_view(self.keys, self._kbuf) and _is_prefix_view(self.values, self._vbuf)):
+                    self._kbuf = self._vbuf = None  # replaced from outside: move it into a new buffer
+            need = filled + key_states.shape[-2]
+            if self._kbuf is None or self._vbuf is None or need > self._kbuf.shape[-2]:
+                capacity = need + max(need // 2, 16)
+                self._kbuf = _grown(self.keys, key_states, capacity)
+                self._vbuf = _grown(self.values, value_states, capacity)
+            self._kbuf[:, :, filled:need] = key_states
+            self._vbuf[:, :, filled:need] = value_states
+            self.keys, self.values = self._kbuf[:, :, :need], self._vbuf[:, :, :need]
+            return self.keys, self.values
+
+    return GrowingDynamicLayer
+
+
+def _gqa_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+              is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention, but with grouped-query heads handed to SDPA as they are
+    (``enable_gqa``) when a padding mask is given too. transformers copies every key/value head
+    ``num_key_value_groups`` times in that case on the CPU (``repeat_kv``): with a decode batch's KV cache
+    that copy, made at every step of every layer, cost as much as the attention itself. Same numbers,
+    gradients included."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if getattr(module, "num_key_value_groups", 1) > 1 and attention_mask is not None and not kwargs.get(
+            "output_attentions"):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True)
+        return out.transpose(1, 2).contiguous(), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  is_causal=is_causal, **kwargs)
+
+
+def use_native_gqa(model: Any) -> None:
+    """Switch a grouped-query model on transformers' ``sdpa`` attention to ``_gqa_sdpa`` (registered as
+    ``agentfly_sdpa``); any other model or attention implementation is left as it is."""
+    config = model.config
+    heads, kv_heads = getattr(config, "num_attention_heads", 0), getattr(config, "num_key_value_heads", 0)
+    if getattr(config, "_attn_implementation", None) != "sdpa" or not kv_heads or kv_heads >= heads:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register("agentfly_sdpa", _gqa_sdpa)
+    AttentionMaskInterface.register("agentfly_sdpa", sdpa_mask)
+    model.set_attn_implementation("agentfly_sdpa")
+
+
+def _new_cache(config: Any, kv: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()) -> Any:
+    """An empty ``DynamicCache`` (or one holding ``kv``) whose full-attention layers append in place
+    (``_growing_layer``); sliding-window layers keep transformers' own."""
     from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
 
     cache = DynamicCache(config=config)
-    for i, (k, v) in enumerate(kv):
-        cache.update(k, v, i)
+    layers: list[Any] = cache.layers
+    for i, layer in enumerate(layers):
+        if type(layer) is DynamicLayer:
+            layers[i] = layer = _growing_layer()()
+        if i < len(kv):
+            layer.update(*kv[i])
     return cache
+
+
+def _cache_of(kv: Sequence[tuple[torch.Tensor, torch.Tensor]], config: Any) -> Any:
+    return _new_cache(config, kv)
 
 
 def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
@@ -212,6 +313,7 @@ class HFEngine(Engine):
             raise ValueError("HFEngine(model=<module>) needs tokenizer=")
         self.model: Any = model
         self.tokenizer: Any = tokenizer
+        use_native_gqa(model)
         self.device = next(model.parameters()).device
         self.stop_token_ids = _eos_ids(model, tokenizer)
         if not self.stop_token_ids:
@@ -537,12 +639,13 @@ class HFEngine(Engine):
         cache = None
         if shared >= self.min_shared_prefix:
             prefix = torch.tensor([first[:shared]], dtype=torch.long, device=self.device)
-            cache = self.model(input_ids=prefix, use_cache=True, logits_to_keep=1).past_key_values
+            cache = self.model(input_ids=prefix, past_key_values=_new_cache(self.model.config), use_cache=True,
+                               logits_to_keep=1).past_key_values
             self.counters.prefill_tokens += shared
             if len(distinct) > 1:
                 cache.batch_repeat_interleave(len(distinct))
         else:
-            shared = 0
+            shared, cache = 0, _new_cache(self.model.config)
         width = max(len(p) for p in distinct) - shared
         ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long)
         own = torch.zeros((len(distinct), width), dtype=torch.long)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -360,3 +361,54 @@ async def test_a_synchronous_batch_is_refused_while_awaited_calls_decode_and_the
         engine.generate_batch([prompts[0]], [long])
     assert len((await asyncio.wait_for(pending, timeout=30)).token_ids) == 40
     assert [len(g.token_ids) for g in engine.generate_batch([prompts[1]], [long])] == [40]
+
+
+def test_a_decode_step_appends_to_the_kv_cache_in_place_instead_of_copying_it(
+    tiny_model: Any, tiny_tokenizer: Any, prompts: list[list[int]]
+) -> None:
+    # transformers' DynamicCache concatenates at every step, copying every row's whole cache: the engine's
+    # layers write the new column into a buffer with room to grow, so the buffer moves only when it grows.
+    seen: list[tuple[int, int]] = []
+
+    class Watched(HFEngine):
+        def _decode_step(self) -> list[Any]:
+            assert self._running is not None
+            layer = self._running.cache.layers[0]
+            seen.append((layer.keys.data_ptr(), layer.keys.shape[-2]))
+            return super()._decode_step()
+
+    engine = Watched(tiny_model, tiny_tokenizer)
+    sampling = af.Sampling(temperature=1.0, max_new_tokens=60)
+    gens = engine.generate_batch([prompts[3]] * 2, [sampling.replace(seed=1), sampling.replace(seed=2)])
+    steps = min(len(g.token_ids) for g in gens)
+    assert steps > 20
+    moves = sum(a[0] != b[0] for a, b in itertools.pairwise(seen[:steps]))  # both rows still decoding
+    assert moves <= 3, f"the cache moved {moves} times in {steps} steps"
+    for gen in gens:
+        assert gen.logprobs == pytest.approx(direct_logprobs(tiny_model, prompts[3], gen.token_ids).tolist(), abs=1e-4)
+
+
+def test_a_grouped_query_model_attends_with_its_kv_heads_as_they_are_and_computes_the_same_numbers(
+    tiny_model_dir: Path, tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations import sdpa_attention
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert model.config.num_key_value_heads < model.config.num_attention_heads  # the tiny model is GQA
+    ids = torch.randint(3, 400, (3, 24))
+    mask = torch.ones(3, 24, dtype=torch.long)
+    mask[1, :9] = 0  # padding: the case where transformers copies the KV heads on the CPU
+    plain = model(input_ids=ids, attention_mask=mask).logits
+    plain.square().sum().backward()
+    plain_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+
+    HFEngine(model, tiny_tokenizer)
+    assert model.config._attn_implementation == "agentfly_sdpa"
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda *a: pytest.fail("KV heads were copied"))
+    native = model(input_ids=ids, attention_mask=mask).logits
+    native.square().sum().backward()
+    assert torch.allclose(native, plain, atol=1e-6)
+    for a, b in zip(plain_grads, (p.grad for p in model.parameters()), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
