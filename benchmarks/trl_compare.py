@@ -57,6 +57,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks.time_to_accuracy import EXAMPLE, checkpoint_times, held_out_accuracy, time_to_target  # noqa: E402
+
 TRL_SIDE = REPO / "benchmarks" / "trl_side"
 REQUIREMENTS = TRL_SIDE / "requirements.txt"
 
@@ -189,7 +192,6 @@ def run_ours(args: argparse.Namespace) -> None:
 
 # ------------------------------------------------------------------------------------------ learning
 WARM_START = REPO / "examples" / "calculator" / "warm_start"
-EXAMPLE = REPO / "examples" / "calculator" / "grpo.yaml"
 
 
 def run_ours_learning(args: argparse.Namespace, mode: str, model: Path, train: Path, test: Path, work: Path
@@ -217,29 +219,9 @@ def run_ours_learning(args: argparse.Namespace, mode: str, model: Path, train: P
                               env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     if done.returncode != 0:
         raise RuntimeError(f"AgentFly ({mode}) failed (exit {done.returncode}); see {log}")
-    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines() if line.strip()]
-    begin = next(e["time"] for e in events if e["type"] == "status" and "training from step" in e["data"].get(
-        "message", ""))
-    paused, tokens, saves = 0.0, 0, []
-    trained_at: dict[int, float] = {}
-    tokens_at: dict[int, int] = {}
-    for e in events:
-        data = e["data"]
-        if e["type"] != "metrics":
-            continue
-        if "time/step" in data:
-            tokens += round(data.get("response_length/mean", 0.0) * args.prompts * args.group)
-            trained_at[e["step"]] = e["time"] - begin - paused
-            tokens_at[e["step"]] = tokens
-        paused += data.get("time/checkpoint", 0.0) + data.get("time/eval", 0.0)
-    for ckpt in sorted(out.glob("checkpoint-[0-9]*")):
-        step = int(ckpt.name.split("-")[1])
-        if step in trained_at:
-            saves.append({"step": step, "seconds": trained_at[step], "path": str(ckpt),
-                          "trained_tokens": tokens_at[step]})
-    last = max(trained_at)
-    return {"framework": f"agentfly {mode}", "saves": saves, "train_seconds": trained_at[last],
-            "trained_tokens": tokens_at[last], "steps": last}
+    saves, seconds, tokens, steps = checkpoint_times(out, args.prompts * args.group)
+    return {"framework": f"agentfly {mode}", "saves": saves, "train_seconds": seconds, "trained_tokens": tokens,
+            "steps": steps}
 
 
 def run_trl_learning(args: argparse.Namespace, python: Path, model: Path, train: Path, work: Path
@@ -262,43 +244,6 @@ def run_trl_learning(args: argparse.Namespace, python: Path, model: Path, train:
     return {"framework": result["framework"], "saves": result["saves"],
             "train_seconds": result["train_seconds_without_saves"], "trained_tokens": sum(result["trained_tokens"]),
             "steps": len(result["step_times"])}
-
-
-def held_out_accuracy(checkpoint: str, test: Path, n: int) -> float:
-    """Greedy accuracy on the held-out problems, AgentFly's evaluator for both sides (``agentfly eval``'s path)."""
-    import torch
-
-    from agentfly.engines.hf import HFEngine
-    from agentfly.tasks.io import load_jsonl
-    from trainer.builders import build_agent, load_policy, setup_torch
-    from trainer.config import load_config
-    from trainer.loop import evaluate
-
-    config = load_config(str(EXAMPLE), [f"model.path={checkpoint}", f"data.eval_path={test}", f"data.eval_size={n}",
-                                        "threads=2"])
-    model, tokenizer = load_policy(config, setup_torch(config), path=checkpoint)
-    model.eval()
-    agent = build_agent(config, HFEngine(model=model, tokenizer=tokenizer))
-    with torch.inference_mode():
-        metrics, _ = evaluate(agent, load_jsonl(test)[:n], config.eval.max_new_tokens, config.eval.batch_size)
-    return float(metrics["eval/accuracy"])
-
-
-def time_to_target(side: dict[str, Any], test: Path, n: int, target: float) -> None:
-    """Scores the side's saves in order until one reaches ``target``, then its last save; fills in
-    ``reached`` (training seconds at the first save at or above the target, or None) and ``final``."""
-    side["reached"], side["reached_step"], side["curve"] = None, None, []
-    saves = side["saves"]
-    for i, save in enumerate(saves):
-        if side["reached"] is not None and i != len(saves) - 1:
-            continue
-        acc = held_out_accuracy(save["path"], test, n)
-        side["curve"].append((save["step"], round(save["seconds"], 1), acc))
-        print(f"  {side['framework']}: step {save['step']} at {save['seconds']:.0f} s: {acc:.3f}", file=sys.stderr,
-              flush=True)
-        if side["reached"] is None and acc >= target:
-            side["reached"], side["reached_step"] = save["seconds"], save["step"]
-    side["final"] = side["curve"][-1][2] if side["curve"] else float("nan")
 
 
 def learning(args: argparse.Namespace, python: Path) -> None:
