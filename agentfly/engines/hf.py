@@ -109,13 +109,26 @@ def _is_prefix_view(view: torch.Tensor | None, buffer: torch.Tensor | None) -> b
             and view.shape[:2] == buffer.shape[:2] and view.stride() == buffer.stride())
 
 
-def _grown(filled: torch.Tensor | None, new: torch.Tensor, capacity: int) -> torch.Tensor:
-    """A buffer of ``capacity`` columns holding ``filled`` (None: nothing yet) at its start."""
-    shape = list(new.shape)
-    shape[-2] = capacity
-    buf = torch.empty(shape, dtype=new.dtype, device=new.device)
-    if filled is not None:
-        buf[:, :, : filled.shape[-2]] = filled
+def _headroom(need: int) -> int:
+    """Columns to allocate for ``need``: half as many again (at least 16), so appends amortise to O(1)."""
+    return need + max(need // 2, 16)
+
+
+def _stacked(parts: Sequence[torch.Tensor], width: int, extra: int = 0) -> torch.Tensor:
+    """One buffer [sum of rows, H, capacity, D] holding ``parts`` (each [R, H, T, D]) right-aligned in the
+    first ``width`` columns, zeros on their left (padding is masked, but must be finite: a masked score of
+    garbage times zero can still be NaN), with room to grow after them (``extra`` columns about to be
+    appended, and headroom). One copy of each part."""
+    first = parts[0]
+    rows = sum(p.shape[0] for p in parts)
+    buf = torch.empty((rows, first.shape[1], _headroom(width + extra), first.shape[3]), dtype=first.dtype,
+                      device=first.device)
+    r = 0
+    for part in parts:
+        n, t = part.shape[0], part.shape[2]
+        buf[r: r + n, :, : width - t] = 0
+        buf[r: r + n, :, width - t: width] = part
+        r += n
     return buf
 
 
@@ -126,15 +139,23 @@ def _growing_layer() -> type:
 
     ``DynamicLayer`` concatenates at every decode step, which copies the whole cache of every row: at 128 rows
     of the tiny model that copy took a third of the decode step. Here a step writes one column, and the
-    buffer grows by half its size when full (amortised O(1) per token). Anything that replaces ``keys``
-    (``batch_select_indices`` when rows leave, the engine dropping padding columns) is adopted as the filled
-    part at the next ``update``, which then moves it into a new buffer.
+    buffer grows by half its size when full (amortised O(1) per token). Rows leaving (``batch_select_indices``)
+    and leading padding columns dropped (``drop_leading``) keep a buffer with its room; anything else that
+    replaces ``keys`` is adopted as the filled part at the next ``update``, which moves it into a new buffer.
     """
     from transformers.cache_utils import DynamicLayer
 
     class GrowingDynamicLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         _kbuf: torch.Tensor | None = None
         _vbuf: torch.Tensor | None = None
+        keys: Any
+        values: Any
+
+        def adopt(self, kbuf: torch.Tensor, vbuf: torch.Tensor, filled: int) -> None:
+            """Hold these buffers, their first ``filled`` columns being the cache."""
+            self.dtype, self.device, self.is_initialized = kbuf.dtype, kbuf.device, True
+            self._kbuf, self._vbuf = kbuf, vbuf
+            self.keys, self.values = kbuf[:, :, :filled], vbuf[:, :, :filled]
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                    ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,15 +169,38 @@ def _growing_layer() -> type:
                     self._kbuf = self._vbuf = None  # replaced from outside: move it into a new buffer
             need = filled + key_states.shape[-2]
             if self._kbuf is None or self._vbuf is None or need > self._kbuf.shape[-2]:
-                capacity = need + max(need // 2, 16)
-                self._kbuf = _grown(self.keys, key_states, capacity)
-                self._vbuf = _grown(self.values, value_states, capacity)
+                self._kbuf = _grown(self.keys, key_states, _headroom(need))
+                self._vbuf = _grown(self.values, value_states, _headroom(need))
             self._kbuf[:, :, filled:need] = key_states
             self._vbuf[:, :, filled:need] = value_states
             self.keys, self.values = self._kbuf[:, :, :need], self._vbuf[:, :, :need]
             return self.keys, self.values
 
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            if self._kbuf is None or self._vbuf is None or not _is_prefix_view(self.keys, self._kbuf):
+                super().batch_select_indices(indices)
+                return
+            filled = self.keys.shape[-2]  # one copy of the kept rows, room included
+            self.adopt(self._kbuf.index_select(0, indices), self._vbuf.index_select(0, indices), filled)
+
+        def drop_leading(self, columns: int) -> None:
+            """Forget the first ``columns`` columns (padding every row has): a view, nothing is copied."""
+            if self._kbuf is None or self._vbuf is None or not _is_prefix_view(self.keys, self._kbuf):
+                self.keys, self.values = self.keys[:, :, columns:], self.values[:, :, columns:]
+                return
+            self.adopt(self._kbuf[:, :, columns:], self._vbuf[:, :, columns:], self.keys.shape[-2] - columns)
+
     return GrowingDynamicLayer
+
+
+def _grown(filled: torch.Tensor | None, new: torch.Tensor, capacity: int) -> torch.Tensor:
+    """A buffer of ``capacity`` columns holding ``filled`` (None: nothing yet) at its start."""
+    shape = list(new.shape)
+    shape[-2] = capacity
+    buf = torch.empty(shape, dtype=new.dtype, device=new.device)
+    if filled is not None:
+        buf[:, :, : filled.shape[-2]] = filled
+    return buf
 
 
 def _gqa_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -193,9 +237,9 @@ def use_native_gqa(model: Any) -> None:
     model.set_attn_implementation("agentfly_sdpa")
 
 
-def _new_cache(config: Any, kv: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()) -> Any:
-    """An empty ``DynamicCache`` (or one holding ``kv``) whose full-attention layers append in place
-    (``_growing_layer``); sliding-window layers keep transformers' own."""
+def _new_cache(config: Any) -> Any:
+    """An empty ``DynamicCache`` whose full-attention layers append in place (``_growing_layer``);
+    sliding-window layers keep transformers' own."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
@@ -203,14 +247,23 @@ def _new_cache(config: Any, kv: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()
     layers: list[Any] = cache.layers
     for i, layer in enumerate(layers):
         if type(layer) is DynamicLayer:
-            layers[i] = layer = _growing_layer()()
-        if i < len(kv):
-            layer.update(*kv[i])
+            layers[i] = _growing_layer()()
     return cache
 
 
-def _cache_of(kv: Sequence[tuple[torch.Tensor, torch.Tensor]], config: Any) -> Any:
-    return _new_cache(config, kv)
+def _stacked_cache(parts: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]], width: int, config: Any,
+                   extra: int = 0) -> Any:
+    """A cache holding the rows of every part (each a list of per-layer (keys, values)) one after the other,
+    each right-aligned in ``width`` columns behind zeros (``_stacked``): the layout of a merged batch."""
+    cache = _new_cache(config)
+    for i, layer in enumerate(cache.layers):
+        keys = _stacked([p[i][0] for p in parts], width, extra)
+        values = _stacked([p[i][1] for p in parts], width, extra)
+        if hasattr(layer, "adopt"):
+            layer.adopt(keys, values, width)
+        else:  # a sliding-window layer: transformers' own update
+            layer.update(keys[:, :, :width], values[:, :, :width])
+    return cache
 
 
 def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
@@ -497,7 +550,10 @@ class HFEngine(Engine):
             if first:
                 run.mask = run.mask[:, first:]
                 for layer in run.cache.layers:
-                    layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+                    if hasattr(layer, "drop_leading"):
+                        layer.drop_leading(first)
+                    else:
+                        layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
         run.mask = torch.cat([run.mask, torch.ones((len(run.rows), 1), dtype=run.mask.dtype, device=self.device)], 1)
         run.positions = run.positions + 1
         outputs = self.model(input_ids=next_tokens.unsqueeze(-1), attention_mask=run.mask, position_ids=run.positions,
@@ -524,15 +580,9 @@ class HFEngine(Engine):
     def _merge(self, parts: Sequence[_Running]) -> _Running:
         """One batch from several: each part's cache and mask left-padded to the longest, then stacked."""
         width = max(p.mask.shape[1] for p in parts)
-        kvs = [_kv(p.cache) for p in parts]
-        merged = [
-            (torch.cat([_left_pad(kv[layer][0], width, 2) for kv in kvs]),
-             torch.cat([_left_pad(kv[layer][1], width, 2) for kv in kvs]))
-            for layer in range(len(kvs[0]))
-        ]
         return _Running(
             rows=[r for p in parts for r in p.rows],
-            cache=_cache_of(merged, self.model.config),
+            cache=_stacked_cache([_kv(p.cache) for p in parts], width, self.model.config),
             mask=torch.cat([_left_pad(p.mask, width, 1) for p in parts]),
             positions=torch.cat([p.positions for p in parts]),
             logits=torch.cat([p.logits for p in parts]),
@@ -586,10 +636,6 @@ class HFEngine(Engine):
         token, the observation, the template glue) run through the model. Layout per row:
         ``[padding | its cached KV | padding | its new tokens]``, positions counted over real tokens only."""
         past_width = max(n for _, _, n in reuse)
-        layers = len(reuse[0][1])
-        past = [(torch.cat([_left_pad(kv[layer][0], past_width, 2) for _, kv, _ in reuse]),
-                 torch.cat([_left_pad(kv[layer][1], past_width, 2) for _, kv, _ in reuse]))
-                for layer in range(layers)]
         new = [row.request.prompt[n:] for row, _, n in reuse]
         width = max(map(len, new))
         ids = torch.full((len(reuse), width), self.pad_id, dtype=torch.long)
@@ -601,7 +647,9 @@ class HFEngine(Engine):
         mask = mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past_width:]
         outputs = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions,
-                             past_key_values=_cache_of(past, self.model.config), use_cache=True, logits_to_keep=1)
+                             past_key_values=_stacked_cache([kv for _, kv, _ in reuse], past_width, self.model.config,
+                                                            extra=width),
+                             use_cache=True, logits_to_keep=1)
         st = self.counters
         st.prefill_tokens += sum(map(len, new))
         st.prefill_tokens_saved += sum(n for _, _, n in reuse)
