@@ -356,11 +356,6 @@ class Config:
             raise ConfigError(f"rollout.max_staleness={r.max_staleness} must be >= 1 (the producer runs at least "
                               "one step ahead); for on-policy training use rollout.mode=sync",
                               key="rollout.max_staleness")
-        if r.mode == "async" and self.engine != "hf":
-            raise ConfigError(f"rollout.mode=async runs the producer on its own HF engine copy; engine="
-                              f"{self.engine} is not supported there yet: set engine=hf, or rollout.mode=sync "
-                              "(with algorithm.off_policy_correction=tis for vLLM's logprob mismatch)",
-                              key="rollout.mode")
         if a.tis_cap <= 0:
             raise ConfigError(f"algorithm.tis_cap={a.tis_cap} must be > 0 (the note uses 2)", key="algorithm.tis_cap")
         if len(a.mis_band) != 2 or not 0 <= a.mis_band[0] <= 1 <= a.mis_band[1]:

@@ -235,7 +235,7 @@ class Trainer:
         self.separate_engine = engine is not None or config.engine != "hf"  # holds its own copy of the weights
         if config.rollout.mode == "async" and (engine is not None or self.zero3):
             why = "a caller-built engine" if engine is not None else "DeepSpeed ZeRO-3 (its weights are sharded)"
-            raise ConfigError(f"rollout.mode=async copies the policy into its own HF engine, which {why} does not "
+            raise ConfigError(f"rollout.mode=async gives the producer an engine of its own, which {why} does not "
                               "allow; use rollout.mode=sync" + ("" if engine is not None else
                                                                  ", or a ZeRO stage below 3"), key="rollout.mode")
         self.agent: Agent = build_agent(config, self.engine)
@@ -252,6 +252,7 @@ class Trainer:
         self._producer_engine: Engine | None = None
         self._producer_resources: ResourceEngine | None = None
         self._producer_idle = 0.0  # the producer's idle seconds already reported
+        self._hf_eval_agent: Agent | None = None  # async with a separate engine: evaluations run on this
         if resume is not None:
             self._resume(resume)
 
@@ -466,12 +467,14 @@ class Trainer:
         else:
             metrics["update/skipped"] = 1.0
         with timer("weight_sync"):
-            if self.separate_engine:
+            if self.producer is not None:
+                if self.step + 1 < cfg.steps:
+                    # A copy, so the producer can swap it in (between two of its batches, never while its
+                    # engine decodes) while the next update changes the trainer's own.
+                    self.producer.publish({k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                                          self.step + 1)
+            elif self.separate_engine:
                 self._sync_weights()
-            elif self.producer is not None and self.step + 1 < cfg.steps:
-                # A copy, so the producer can swap it in while the next update changes the trainer's own.
-                self.producer.publish({k: v.detach().clone() for k, v in self.model.state_dict().items()},
-                                      self.step + 1)
         self.step += 1
         metrics |= {"lr": float(self.scheduler.get_last_lr()[0]), "step": float(self.step)}
         # A step waits for its slowest rank: stage times are the maximum over ranks, CPU seconds the sum.
@@ -685,19 +688,38 @@ class Trainer:
         pass@k (``trainer.evaluation``); on rank 0 only (the other ranks get ``{}`` and go on to the next step)."""
         if not self.main:
             return {}
-        metrics, _ = evaluate(self.agent, self.eval_samples, self.config.eval.max_new_tokens,
+        metrics, _ = evaluate(self._eval_agent(), self.eval_samples, self.config.eval.max_new_tokens,
                               self.config.eval.batch_size, sampled_eval(self.config))
         return metrics
 
+    def _eval_agent(self) -> Agent:
+        """The agent evaluations run on: the trainer's own, except while an asynchronous producer drives the
+        separate engine (vLLM), which no other thread may step: then an HF engine over the trainer's module
+        (the weights just trained, exactly), built once."""
+        if self.producer is None or not self.separate_engine:
+            return self.agent
+        if self._hf_eval_agent is None:
+            from agentfly.engines.hf import HFEngine
+
+            self._hf_eval_agent = build_agent(self.config, HFEngine(model=self.model, tokenizer=self.tokenizer))
+        return self._hf_eval_agent
+
     # -------------------------------------------------------------------------------------- the run
     def _start_producer(self) -> RolloutProducer:
-        """rollout.mode=async: a producer thread with its own copy of the policy, HF engine, agent (and
-        resource pools) and data cursor, starting at this step with the weights of this version."""
+        """rollout.mode=async: a producer thread with its own engine, agent (and resource pools) and data
+        cursor, starting at this step with the weights of this version. With ``engine: hf`` the engine is a
+        new HF engine on a copy of the policy; a separate engine (vLLM) already holds its own copy of the
+        weights, so the producer takes it over: from here on only the producer's thread drives it and loads
+        new weights into it (``load_weights`` between two batches), and the trainer evaluates on an HF
+        engine over its own module (``_eval_agent``)."""
         from agentfly.engines.hf import HFEngine
 
         group = dist.side_group()  # every rank makes it here, at the same point
-        model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        engine = HFEngine(model=model, tokenizer=self.tokenizer)
+        if self.separate_engine:
+            engine: Engine = self.engine
+        else:
+            model = copy.deepcopy(self.model).eval().requires_grad_(False)
+            engine = HFEngine(model=model, tokenizer=self.tokenizer)
         agent = build_agent(self.config, engine)
         self._producer_engine = engine
         self._producer_resources = cast("ResourceEngine | None", agent.runner.resources)
@@ -717,6 +739,8 @@ class Trainer:
             self.producer.close()
         if self._producer_resources is not None:
             self._producer_resources.close()
+        if self._hf_eval_agent is not None and self._hf_eval_agent.runner.resources is not None:
+            self._hf_eval_agent.runner.resources.close()
 
     def train(self, should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
         """Run to ``steps`` (or the time budget); returns the final metrics and the last checkpoint path.

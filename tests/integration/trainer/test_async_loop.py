@@ -79,3 +79,49 @@ def test_an_async_run_resumed_at_step_2_trains_the_prompts_of_the_uninterrupted_
     assert sorted(after) == [3, 4]
     assert after[3] == before[3] and after[4] == before[4]
     assert after[3] != before[2]  # no batch trained twice
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_an_async_run_on_vllm_samples_on_the_producer_loads_each_new_version_there_and_evaluates_on_hf(
+    tiny_model_dir, tmp_path, tiny_overrides
+):
+    pytest.importorskip("vllm")
+    import threading
+
+    events: list[dict] = []
+    config = load_config(None, tiny_overrides(tiny_model_dir, tmp_path, REWARD, "engine=vllm", "steps=3",
+                                              "optim.lr=0.01", "eval.every=1", *ASYNC))
+    trainer = Trainer(config, sinks=[CallbackSink(events.append)])
+    vllm = trainer.engine
+    loads: list[tuple[str, float]] = []
+    generating: set[str] = set()
+    load, generate = vllm.update_weights, vllm.generate
+
+    def update_weights(state):  # what the producer loads into vLLM, and from which thread
+        loads.append((threading.current_thread().name, float(next(iter(state.values())).float().sum())))
+        load(state)
+
+    async def spied_generate(prompt_ids, sampling):
+        generating.add(threading.current_thread().name)
+        return await generate(prompt_ids, sampling)
+
+    vllm.update_weights, vllm.generate = update_weights, spied_generate
+    trainer.train()
+
+    steps = _steps(events)
+    assert sorted(steps) == [1, 2, 3]
+    assert steps[1]["rollout/staleness_max"] == 0.0
+    assert all(s["rollout/staleness_max"] <= 1.0 and s["rollout/dropped_stale"] == 0.0 for s in steps.values())
+    # vLLM sampled every batch on the producer's thread; the trainer never stepped it (its evaluations ran on
+    # an HF engine over its own module), and every new version reached vLLM through load_weights, there.
+    assert generating == {"rollout-producer"}
+    assert loads and {name for name, _ in loads} == {"rollout-producer"}
+    assert len({checksum for _, checksum in loads}) == len(loads)  # each load a new version
+    # The first batch was sampled by vLLM with the starting weights: its logprobs are the trainer's, up to
+    # vLLM's own kernels.
+    assert steps[1]["logprob_mismatch"] < 0.05
+    evals = [e["step"] for e in events if e["type"] == "metrics" and "eval/accuracy" in e["data"]]
+    assert evals == [1, 2, 3]
+    resources = [e["data"]["engine"] for e in events if e["type"] == "resources"]
+    assert all("steps" in r for r in resources)  # the producer's engine is vLLM: its own stats
