@@ -739,8 +739,9 @@ class Trainer:
             self.producer.close()
         if self._producer_resources is not None:
             self._producer_resources.close()
-        if self._hf_eval_agent is not None and self._hf_eval_agent.runner.resources is not None:
-            self._hf_eval_agent.runner.resources.close()
+        eval_resources = cast("ResourceEngine | None", self._hf_eval_agent and self._hf_eval_agent.runner.resources)
+        if eval_resources is not None:
+            eval_resources.close()
 
     def train(self, should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
         """Run to ``steps`` (or the time budget); returns the final metrics and the last checkpoint path.
