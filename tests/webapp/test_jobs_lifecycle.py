@@ -81,7 +81,9 @@ Moment = Callable[[int, random.Random], None]
 MOMENTS: list[tuple[Moment, dict[str, Any]]] = [
     (at_launch, {}),
     (before_the_first_step, {}),
-    (mid_step, {}),
+    # Twelve steps: the rest of a six-step job (steps of about 0.1 s since the engine stopped copying its
+    # KV cache) could be over before mid_step's random wait of up to 0.4 s ended.
+    (mid_step, {"steps": 12}),
     (while_a_checkpoint_is_written, {}),
     # Two steps, then an evaluation long enough for a cancel to land inside it on a quiet machine too (256
     # prompts of up to 16 tokens: about a second; 32 prompts of 4 tokens were over before the cancel came).
