@@ -169,8 +169,9 @@ def _growing_layer() -> type:
                     self._kbuf = self._vbuf = None  # replaced from outside: move it into a new buffer
             need = filled + key_states.shape[-2]
             if self._kbuf is None or self._vbuf is None or need > self._kbuf.shape[-2]:
-                self._kbuf = _grown(self.keys, key_states, _headroom(need))
-                self._vbuf = _grown(self.values, value_states, _headroom(need))
+                new = key_states.shape[-2]
+                self._kbuf = _stacked([self.keys if filled else key_states[:, :, :0]], filled, extra=new)
+                self._vbuf = _stacked([self.values if filled else value_states[:, :, :0]], filled, extra=new)
             self._kbuf[:, :, filled:need] = key_states
             self._vbuf[:, :, filled:need] = value_states
             self.keys, self.values = self._kbuf[:, :, :need], self._vbuf[:, :, :need]
@@ -191,16 +192,6 @@ def _growing_layer() -> type:
             self.adopt(self._kbuf[:, :, columns:], self._vbuf[:, :, columns:], self.keys.shape[-2] - columns)
 
     return GrowingDynamicLayer
-
-
-def _grown(filled: torch.Tensor | None, new: torch.Tensor, capacity: int) -> torch.Tensor:
-    """A buffer of ``capacity`` columns holding ``filled`` (None: nothing yet) at its start."""
-    shape = list(new.shape)
-    shape[-2] = capacity
-    buf = torch.empty(shape, dtype=new.dtype, device=new.device)
-    if filled is not None:
-        buf[:, :, : filled.shape[-2]] = filled
-    return buf
 
 
 def _gqa_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
