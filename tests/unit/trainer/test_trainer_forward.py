@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agentfly.rollout.trajectory import Trajectory
-from trainer.batch import collate, forward, shared_prefix_length
+from trainer.batch import collate, forward, group_prefixes, length_buckets, shared_prefix_length
 from trainer.builders import DataCursor
 
 torch.set_num_threads(1)
@@ -67,6 +67,67 @@ def test_shared_prefix_forward_gives_the_same_logprobs_and_gradients_as_a_plain_
     assert torch.allclose(lp_a, lp_b, atol=1e-5)
     assert torch.allclose(ent_a, ent_b, atol=1e-5)
     assert torch.allclose(g_a, g_b, rtol=1e-4, atol=1e-6)
+
+
+def _grouped_batch(system: int):
+    """Three GRPO groups of four rows after a ``system``-token prompt every row shares: two groups whose rows
+    share their question (30 and 25 tokens), and one whose rows were given different questions and answer at
+    length (so that the rows' own tokens fall in two length buckets)."""
+    shared = list(range(3, 3 + system))
+    trajectories, group_ids = [], []
+    for g, question in enumerate((list(range(100, 130)), list(range(200, 225)), None)):
+        for r in range(4):
+            own = question if question is not None else list(range(300 + 7 * r, 305 + 7 * r))
+            response = [400 + 3 * g + r + k for k in range(2 + r)]
+            trajectories.append(_trajectory([*shared, *own], response, [500 + r, 501], [510 + g] * (1, 2, 60)[g]))
+            group_ids.append(g)
+    return collate(trajectories, [float(i % 3) for i in range(12)], group_ids, pad_id=0,
+                   device=torch.device("cpu"))
+
+
+def test_each_group_shares_its_question_up_to_its_first_sampled_token():
+    batch = _grouped_batch(system=20)
+    groups = group_prefixes(batch, start=20)
+    assert groups is not None
+    assert groups.lengths.tolist() == [30, 25, 0] and groups.leaders.tolist() == [0, 4, 8]
+    assert groups.row_group.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    # Groups of one row, or too little to save, are computed row by row.
+    assert group_prefixes(batch.rows(torch.tensor([0, 4, 8])), start=20) is None
+    assert group_prefixes(batch, start=20, minimum_saved=1000) is None
+
+
+def test_rows_are_padded_only_to_their_buckets_longest_where_a_bucket_saves_more_than_a_pass_costs():
+    assert length_buckets([40] * 6 + [30] * 4, pass_cost=64) == [list(range(10))]  # 40 padded < a pass
+    assert length_buckets([10, 40, 11, 41, 12, 42], pass_cost=4) == [[5, 3, 1], [4, 2, 0]]
+    assert length_buckets([40] * 6 + [10] * 4, pass_cost=64) == [list(range(6)), list(range(6, 10))]
+    assert length_buckets([7] * 5) == [[0, 1, 2, 3, 4]]
+    batch = _grouped_batch(system=20)
+    groups = group_prefixes(batch, start=20)
+    assert groups is not None
+    own = batch.attention_mask.sum(1) - 20 - groups.lengths[groups.row_group]
+    assert [sorted(b) for b in length_buckets(own.tolist())] == [[8, 9, 10, 11], list(range(8))]
+
+
+@pytest.mark.parametrize("system", [20, 0])
+def test_computing_each_groups_question_once_gives_the_same_logprobs_values_and_gradients(tiny_model_dir, system):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    head = torch.nn.Linear(model.config.hidden_size, 1)
+    batch = _grouped_batch(system)
+    assert group_prefixes(batch, start=system) is not None
+    results = []
+    for share_prefix in (True, False):
+        model.zero_grad()
+        logp, ent, h = forward(model, batch, temperature=0.7, entropy=True, hidden=True, share_prefix=share_prefix)
+        mask = batch.mask.bool()
+        values = head(h).squeeze(-1)  # type: ignore[arg-type]
+        (logp[mask].sum() + ent[mask].sum() + values[mask].sum()).backward()  # type: ignore[index]
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results.append((logp[mask].detach(), ent[mask].detach(), values[mask].detach(), grads))  # type: ignore[index]
+    for shared, plain in zip(*results, strict=True):
+        assert shared.shape == plain.shape  # float32 sums in another order: equal to 1e-6 of the largest
+        assert torch.allclose(shared, plain, rtol=1e-4, atol=1e-6 * float(plain.abs().max()))
 
 
 def test_the_data_cursor_resumes_mid_epoch_in_the_same_order():
