@@ -139,7 +139,8 @@ def _growing_layer() -> type:
 
     ``DynamicLayer`` concatenates at every decode step, which copies the whole cache of every row: at 128 rows
     of the tiny model that copy took a third of the decode step. Here a step writes one column, and the
-    buffer grows by half its size when full (amortised O(1) per token). Rows leaving (``batch_select_indices``)
+    buffer grows by half its size when full (amortised O(1) per token). Rows leaving (``keep_rows``: the rows
+    behind the new end move into the slots left, nothing else is copied; or ``batch_select_indices``)
     and leading padding columns dropped (``drop_leading``) keep a buffer with its room; anything else that
     replaces ``keys`` is adopted as the filled part at the next ``update``, which moves it into a new buffer.
     """
@@ -183,6 +184,19 @@ def _growing_layer() -> type:
                 return
             filled = self.keys.shape[-2]  # one copy of the kept rows, room included
             self.adopt(self._kbuf.index_select(0, indices), self._vbuf.index_select(0, indices), filled)
+
+        def keep_rows(self, order: torch.Tensor, moved: torch.Tensor, sources: torch.Tensor) -> None:
+            """Keep rows ``order`` (the new row j is the old row ``order[j]``), where the kept rows are the
+            first ``len(order)`` but for ``moved``, which take the rows ``sources`` from behind them: only
+            those rows are copied, and the buffer is narrowed (a view), its room kept."""
+            if self._kbuf is None or self._vbuf is None or not _is_prefix_view(self.keys, self._kbuf):
+                super().batch_select_indices(order)
+                return
+            filled, n = self.keys.shape[-2], order.numel()
+            if moved.numel():
+                self._kbuf[moved] = self._kbuf[sources]
+                self._vbuf[moved] = self._vbuf[sources]
+            self.adopt(self._kbuf[:n], self._vbuf[:n], filled)
 
         def drop_leading(self, columns: int) -> None:
             """Forget the first ``columns`` columns (padding every row has): a view, nothing is copied."""
@@ -255,6 +269,20 @@ def _stacked_cache(parts: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]],
         else:  # a sliding-window layer: transformers' own update
             layer.update(keys[:, :, :width], values[:, :, :width])
     return cache
+
+
+def _compaction(keep: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+    """Rows ``keep`` (ascending) packed into the first ``len(keep)`` slots by moving the fewest: each slot
+    left by a finished row takes a kept row from behind the new end. Returns the new order (slot j holds the
+    old row ``order[j]``), the slots written and the rows copied into them."""
+    n = len(keep)
+    kept = set(keep)
+    moved = [i for i in range(n) if i not in kept]
+    sources = [i for i in keep if i >= n]
+    order = list(range(n))
+    for slot, source in zip(moved, sources, strict=True):
+        order[slot] = source
+    return order, moved, sources
 
 
 def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
@@ -530,12 +558,19 @@ class HFEngine(Engine):
             self._running = None
             return finished
         if len(keep) < len(run.rows):
-            index = torch.tensor(keep, device=self.device)
-            run.cache.batch_select_indices(index)
+            order, moved, sources = _compaction(keep)
+            index = torch.tensor(order, device=self.device)
+            moved_t = torch.tensor(moved, dtype=torch.long, device=self.device)
+            sources_t = torch.tensor(sources, dtype=torch.long, device=self.device)
+            for layer in run.cache.layers:
+                if hasattr(layer, "keep_rows"):
+                    layer.keep_rows(index, moved_t, sources_t)
+                else:
+                    layer.batch_select_indices(index)
             run.mask = run.mask.index_select(0, index)
             run.positions = run.positions.index_select(0, index)
             next_tokens = next_tokens.index_select(0, index)
-            run.rows = [run.rows[i] for i in keep]
+            run.rows = [run.rows[i] for i in order]
             # Columns that were padding for every row left (the finished rows were the longest): drop them.
             first = int(run.mask.any(0).nonzero()[0])
             if first:

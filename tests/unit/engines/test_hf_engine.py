@@ -388,6 +388,37 @@ def test_a_decode_step_appends_to_the_kv_cache_in_place_instead_of_copying_it(
         assert gen.logprobs == pytest.approx(direct_logprobs(tiny_model, prompts[3], gen.token_ids).tolist(), abs=1e-4)
 
 
+def test_rows_leaving_the_batch_copy_only_the_rows_that_move_into_their_slots(
+    tiny_model: Any, tiny_tokenizer: Any, prompts: list[list[int]]
+) -> None:
+    from agentfly.engines.hf import _compaction
+
+    # Kept rows 0, 2, 5, 6 of 7: rows 5 and 6 move into the slots of rows 1 and 3; rows 0 and 2 stay.
+    assert _compaction([0, 2, 5, 6]) == ([0, 5, 2, 6], [1, 3], [5, 6])
+    assert _compaction([0, 1, 2]) == ([0, 1, 2], [], [])
+    assert _compaction([4]) == ([4], [0], [4])
+    seen: list[tuple[int, int]] = []
+
+    class Watched(HFEngine):
+        def _decode_step(self) -> list[Any]:
+            assert self._running is not None
+            layer = self._running.cache.layers[0]
+            seen.append((layer._kbuf.data_ptr(), len(self._running.rows)))
+            return super()._decode_step()
+
+    engine = Watched(tiny_model, tiny_tokenizer)
+    budgets = [4, 9, 14, 19, 24, 29, 34, 39]  # rows leave one by one, from the front of the batch
+    samplings = [af.Sampling(temperature=1.0, max_new_tokens=n, seed=i) for i, n in enumerate(budgets)]
+    gens = engine.generate_batch([prompts[i % 4] for i in range(len(budgets))], samplings)
+    leaves = [(a, b) for a, b in itertools.pairwise(seen) if b[1] < a[1]]
+    assert len(leaves) >= 4
+    # The buffer stays where it is when rows leave (it moves only to grow, at most twice here).
+    assert sum(a[0] != b[0] for a, b in leaves) <= 2
+    for i, gen in enumerate(gens):  # and every row still samples exactly its own continuation
+        assert gen.logprobs == pytest.approx(direct_logprobs(tiny_model, prompts[i % 4], gen.token_ids).tolist(),
+                                             abs=1e-4)
+
+
 def test_a_grouped_query_model_attends_with_its_kv_heads_as_they_are_and_computes_the_same_numbers(
     tiny_model_dir: Path, tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
