@@ -55,10 +55,22 @@ class _Row:
     result: Generation | None = None
 
 
+@dataclass(eq=False)
+class _Prefix:
+    """A prompt prefix every row of a batch starts with (the system prompt and tool schemas), its KV held once
+    [1, KV heads, P, D] per layer instead of in every row; attention reads it once for all rows
+    (``_prefix_attention``)."""
+
+    ids: tuple[int, ...]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    version: int  # the weights it was computed with (``HFEngine._weights_version``)
+
+
 @dataclass
 class _Running:
     """The decoding batch: KV cache laid out ``[left padding | row's tokens]`` per row, its attention mask
-    [R, L], each row's last position [R, 1] and its next-token logits [R, V]."""
+    [R, L], each row's last position [R, 1] and its next-token logits [R, V]. With a ``prefix``, every row's
+    tokens start after it: the cache, the mask and the columns hold the rest, positions count it."""
 
     rows: list[_Row]
     cache: Any
@@ -66,6 +78,7 @@ class _Running:
     positions: torch.Tensor
     logits: torch.Tensor
     key: Sampling
+    prefix: _Prefix | None = None
 
 
 @dataclass
@@ -227,19 +240,79 @@ def _gqa_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
                                   is_causal=is_causal, **kwargs)
 
 
-def use_native_gqa(model: Any) -> None:
-    """Switch a grouped-query model on transformers' ``sdpa`` attention to ``_gqa_sdpa`` (registered as
-    ``agentfly_sdpa``); any other model or attention implementation is left as it is."""
+_SHARED = threading.local()  # .prefix: the _Prefix of the batch this thread's engine is running, or None
+
+
+def _prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, prefix_key: torch.Tensor,
+                      prefix_value: torch.Tensor, mask: torch.Tensor | None, scaling: float | None) -> torch.Tensor:
+    """Attention of every row's queries [B, H, q, D] over a prefix all rows share ([1, KV, P, D], visible to
+    every query) and then their own keys [B, KV, S, D] (``mask`` [B, 1, q, S] as transformers builds it, or
+    None: causal). One softmax over both, so the same numbers as attending over each row's whole cache; but
+    the prefix is read once for the batch as one matrix product per head, where a cache holding it in every
+    row streams it B times at every decode step. Returns [B, q, H, D]."""
+    B, H, q, D = query.shape
+    kv, S, P = key.shape[1], key.shape[2], prefix_key.shape[2]
+    g = H // kv
+    scale = scaling if scaling is not None else D ** -0.5
+    grouped = query.reshape(B, kv, g * q, D)  # query head kv * g + j attends with key head kv (GQA)
+    flat = grouped.transpose(0, 1).reshape(kv, B * g * q, D)
+    shared = torch.bmm(flat, prefix_key[0].transpose(-1, -2)).view(kv, B, g * q, P).transpose(0, 1)
+    scores = torch.cat([shared, torch.matmul(grouped, key.transpose(-1, -2))], -1).mul_(scale)
+    own = scores[..., P:]
+    if mask is None and q > 1:
+        mask = torch.ones(q, S, dtype=torch.bool, device=query.device).tril(S - q)[None, None]
+    if mask is not None:
+        m = mask.unsqueeze(2).expand(mask.shape[0], 1, g, q, S).reshape(mask.shape[0], 1, g * q, S)
+        if m.dtype == torch.bool:
+            own.masked_fill_(~m, float("-inf"))
+        else:
+            own.add_(m)
+    probs = torch.softmax(scores, -1)
+    out = torch.matmul(probs[..., P:], value)
+    head_first = probs[..., :P].transpose(0, 1).reshape(kv, B * g * q, P)
+    out += torch.bmm(head_first, prefix_value[0]).view(kv, B, g * q, D).transpose(0, 1)
+    return out.reshape(B, H, q, D).transpose(1, 2).contiguous()
+
+
+def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+               is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """``agentfly_sdpa``: ``_prefix_attention`` while this thread's engine runs a batch with a shared
+    prefix, else ``_gqa_sdpa`` (anything else calling the module, the trainer's update included, gets SDPA)."""
+    prefix: _Prefix | None = getattr(_SHARED, "prefix", None)
+    if prefix is None or kwargs.get("output_attentions"):
+        return _gqa_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                         is_causal=is_causal, **kwargs)
+    prefix_key, prefix_value = prefix.kv[module.layer_idx]
+    return _prefix_attention(query, key, value, prefix_key, prefix_value, attention_mask, scaling), None
+
+
+def use_native_gqa(model: Any) -> bool:
+    """Switch a model on transformers' ``sdpa`` attention to ``_attention`` (registered as ``agentfly_sdpa``):
+    grouped-query heads go to SDPA as they are (``_gqa_sdpa``), and a shared prefix is attended once for the
+    batch (``_prefix_attention``). Any other attention implementation is left as it is. Returns whether the
+    model now runs on ``agentfly_sdpa``."""
     config = model.config
-    heads, kv_heads = getattr(config, "num_attention_heads", 0), getattr(config, "num_key_value_heads", 0)
-    if getattr(config, "_attn_implementation", None) != "sdpa" or not kv_heads or kv_heads >= heads:
-        return
+    impl = getattr(config, "_attn_implementation", None)
+    if impl == "agentfly_sdpa":
+        return True
+    if impl != "sdpa":
+        return False
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register("agentfly_sdpa", _gqa_sdpa)
+    AttentionInterface.register("agentfly_sdpa", _attention)
     AttentionMaskInterface.register("agentfly_sdpa", sdpa_mask)
     model.set_attn_implementation("agentfly_sdpa")
+    return True
+
+
+def _full_attention_only(config: Any) -> bool:
+    """Every layer attends over the whole sequence (no sliding window): a prefix can be held apart."""
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return all(t == "full_attention" for t in types)
+    return not getattr(config, "sliding_window", None) or not getattr(config, "use_sliding_window", True)
 
 
 def _new_cache(config: Any) -> Any:
@@ -385,7 +458,9 @@ class HFEngine(Engine):
             raise ValueError("HFEngine(model=<module>) needs tokenizer=")
         self.model: Any = model
         self.tokenizer: Any = tokenizer
-        use_native_gqa(model)
+        # A prefix shared by a batch's rows is held once and attended once (``_Prefix``) where the attention is
+        # ours and no layer has a sliding window; otherwise it is copied into every row's cache.
+        self._hold_prefix = use_native_gqa(model) and _full_attention_only(model.config)
         self.device = next(model.parameters()).device
         self.stop_token_ids = _eos_ids(model, tokenizer)
         if not self.stop_token_ids:
@@ -403,8 +478,11 @@ class HFEngine(Engine):
         self._drainer: asyncio.Task[None] | None = None
         self._lock = threading.RLock()  # one decode step at a time on the shared module
         # Finished turns' KV by the token ids it covers (prompt + sampled tokens but the last, never fed).
-        self._prefix: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+        # Each entry: the batch prefix it continues (None: its KV covers every token) and the KV after it.
+        self._prefix: OrderedDict[tuple[int, ...], tuple[_Prefix | None, list[tuple[torch.Tensor, torch.Tensor]]]] = (
+            OrderedDict())
         self._prefix_size = 0
+        self._shared: OrderedDict[tuple[int, ...], _Prefix] = OrderedDict()  # batch prefixes, by their token ids
         self._weights_seen = self._weights_version()
 
     # ------------------------------------------------------------------ async API
@@ -508,15 +586,19 @@ class HFEngine(Engine):
             self.clear_prefix_cache()
             self._weights_seen = version
         hits = [(row, self._lookup(row.request.prompt)) for row in rows]
-        reuse = [(row, kv, n) for row, (kv, n) in hits if n > 0]
-        fresh = [row for row, (_, n) in hits if n == 0]
+        fresh = [row for row, (_, _, n) in hits if n == 0]
         parts: list[_Running] = [] if self._running is None else [self._running]
         key = _batch_key(rows[0].request.sampling)
         if fresh:
-            logits, cache, mask, pos = self._prefill([r.request.prompt for r in fresh])
-            parts.append(_Running(fresh, cache, mask, pos, logits, key))
-        if reuse:
-            parts.append(self._prefill_reusing(reuse, key))
+            parts.append(self._prefill(fresh, key))
+        by_prefix: dict[int, list[tuple[_Row, list[tuple[torch.Tensor, torch.Tensor]], int]]] = {}
+        prefixes: dict[int, _Prefix | None] = {}
+        for row, (prefix, kv, n) in hits:
+            if n > 0:
+                by_prefix.setdefault(id(prefix), []).append((row, kv, n))
+                prefixes[id(prefix)] = prefix
+        for ident, reuse in by_prefix.items():
+            parts.append(self._prefill_reusing(reuse, key, prefixes[ident]))
         st.batches += 1
         self._running = parts[0] if len(parts) == 1 else self._merge(parts)
         st.max_batch = max(st.max_batch, len(self._running.rows))
@@ -582,8 +664,9 @@ class HFEngine(Engine):
                         layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
         run.mask = torch.cat([run.mask, torch.ones((len(run.rows), 1), dtype=run.mask.dtype, device=self.device)], 1)
         run.positions = run.positions + 1
-        outputs = self.model(input_ids=next_tokens.unsqueeze(-1), attention_mask=run.mask, position_ids=run.positions,
-                             past_key_values=run.cache, use_cache=True, logits_to_keep=1)
+        outputs = self._forward(run.prefix, input_ids=next_tokens.unsqueeze(-1), attention_mask=run.mask,
+                                position_ids=run.positions, past_key_values=run.cache, use_cache=True,
+                                logits_to_keep=1)
         run.cache = outputs.past_key_values
         run.logits = outputs.logits[:, -1, :].float()
         return finished
@@ -603,8 +686,20 @@ class HFEngine(Engine):
         next_tokens = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
         return next_tokens.clamp(max=logp_all.shape[-1] - 1)
 
+    def _forward(self, prefix: _Prefix | None, **inputs: Any) -> Any:
+        """The model on ``inputs``, attending over ``prefix`` first when there is one (``_attention``)."""
+        _SHARED.prefix = prefix
+        try:
+            return self.model(**inputs)
+        finally:
+            _SHARED.prefix = None
+
     def _merge(self, parts: Sequence[_Running]) -> _Running:
-        """One batch from several: each part's cache and mask left-padded to the longest, then stacked."""
+        """One batch from several: each part's cache and mask left-padded to the longest, then stacked. Parts
+        on different prefixes first take theirs into their rows (``_with_prefix_in_rows``)."""
+        prefix = parts[0].prefix
+        if any(p.prefix is not prefix for p in parts):
+            parts, prefix = [self._with_prefix_in_rows(p) for p in parts], None
         width = max(p.mask.shape[1] for p in parts)
         return _Running(
             rows=[r for p in parts for r in p.rows],
@@ -613,13 +708,27 @@ class HFEngine(Engine):
             positions=torch.cat([p.positions for p in parts]),
             logits=torch.cat([p.logits for p in parts]),
             key=parts[0].key,
+            prefix=prefix,
         )
 
+    def _with_prefix_in_rows(self, part: _Running) -> _Running:
+        """``part`` with its prefix's KV copied in front of every row's (``[prefix | padding | row]``), so it
+        can share a batch with rows on another prefix."""
+        if part.prefix is None:
+            return part
+        R, P = len(part.rows), len(part.prefix.ids)
+        kv = [(torch.cat([pk.expand(R, -1, -1, -1), k], 2), torch.cat([pv.expand(R, -1, -1, -1), v], 2))
+              for (pk, pv), (k, v) in zip(part.prefix.kv, _kv(part.cache), strict=True)]
+        mask = torch.cat([torch.ones((R, P), dtype=part.mask.dtype, device=self.device), part.mask], 1)
+        cache = _stacked_cache([kv], mask.shape[1], self.model.config)
+        return _Running(part.rows, cache, mask, part.positions, part.logits, part.key, None)
+
     # ------------------------------------------------------------------ KV reuse across turns
-    def _lookup(self, prompt: list[int]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
-        """The stored KV of the longest earlier turn whose tokens start ``prompt``, and how many of its
-        tokens to reuse (at least one prompt token is always run, for the next-token logits); ``([], 0)``
-        when none. The entry is taken out: the row's longer KV replaces it when the turn ends."""
+    def _lookup(self, prompt: list[int]) -> tuple[_Prefix | None, list[tuple[torch.Tensor, torch.Tensor]], int]:
+        """The stored KV of the longest earlier turn whose tokens start ``prompt`` (the batch prefix it
+        continues, and its KV after that prefix), and how many of its tokens to reuse, prefix included (at
+        least one prompt token is always run, for the next-token logits); ``(None, [], 0)`` when none. The
+        entry is taken out: the row's longer KV replaces it when the turn ends."""
         n = len(prompt)
         best: tuple[int, ...] | None = None
         for key in self._prefix:
@@ -629,13 +738,14 @@ class HFEngine(Engine):
                     and key[k // 2] == prompt[k // 2] and tuple(prompt[:k]) == key):
                 best = key
         if best is None:
-            return [], 0
-        kv = self._prefix.pop(best)
+            return None, [], 0
+        prefix, kv = self._prefix.pop(best)
         self._prefix_size -= len(best)
         use = min(len(best), n - 1)
-        if use <= 0:
-            return [], 0
-        return [(k[:, :, :use], v[:, :, :use]) for k, v in kv], use
+        held = len(prefix.ids) if prefix is not None else 0
+        if use <= held:
+            return None, [], 0
+        return prefix, [(k[:, :, :use - held], v[:, :, :use - held]) for k, v in kv], use
 
     def _remember(self, run: _Running, i: int) -> None:
         """Keep the KV of finished row ``i`` (its real columns only) for the conversation's next turn."""
@@ -646,10 +756,11 @@ class HFEngine(Engine):
         cols = run.mask[i].nonzero().squeeze(-1)
         kv = [(k[i: i + 1].index_select(2, cols), v[i: i + 1].index_select(2, cols)) for k, v in _kv(run.cache)]
         key = tuple(row.request.prompt + row.tokens[:-1])
-        assert kv[0][0].shape[2] == len(key), "a row's real KV columns must be its prompt and fed tokens"
+        held = len(run.prefix.ids) if run.prefix is not None else 0
+        assert kv[0][0].shape[2] + held == len(key), "a row's real KV columns must be its prompt and fed tokens"
         if key in self._prefix:
             self._prefix_size -= len(key)
-        self._prefix[key] = kv
+        self._prefix[key] = (run.prefix, kv)
         self._prefix.move_to_end(key)
         self._prefix_size += len(key)
         while self._prefix_size > self.prefix_cache_tokens:
@@ -657,52 +768,59 @@ class HFEngine(Engine):
             self._prefix_size -= len(old)
 
     def _prefill_reusing(self, reuse: Sequence[tuple[_Row, list[tuple[torch.Tensor, torch.Tensor]], int]],
-                         key: Sampling) -> _Running:
+                         key: Sampling, prefix: _Prefix | None) -> _Running:
         """Prefill rows whose conversation's earlier turn left its KV: only the new tokens (the last sampled
         token, the observation, the template glue) run through the model. Layout per row:
-        ``[padding | its cached KV | padding | its new tokens]``, positions counted over real tokens only."""
-        past_width = max(n for _, _, n in reuse)
+        ``[padding | its cached KV | padding | its new tokens]`` after ``prefix`` (the batch prefix the kept
+        KV continues), positions counted over real tokens only."""
+        held = len(prefix.ids) if prefix is not None else 0
+        past_width = max(n for _, _, n in reuse) - held
         new = [row.request.prompt[n:] for row, _, n in reuse]
         width = max(map(len, new))
         ids = torch.full((len(reuse), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(reuse), past_width + width), dtype=torch.long)
         for r, ((_, _, n), tokens) in enumerate(zip(reuse, new, strict=True)):
             ids[r, width - len(tokens):] = torch.tensor(tokens, dtype=torch.long)
-            mask[r, past_width - n: past_width] = 1
+            mask[r, past_width - (n - held): past_width] = 1
             mask[r, past_width + width - len(tokens):] = 1
         mask = mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past_width:]
-        outputs = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions,
-                             past_key_values=_stacked_cache([kv for _, kv, _ in reuse], past_width, self.model.config,
-                                                            extra=width),
-                             use_cache=True, logits_to_keep=1)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past_width:] + held
+        outputs = self._forward(prefix, input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions,
+                                past_key_values=_stacked_cache([kv for _, kv, _ in reuse], past_width,
+                                                               self.model.config, extra=width),
+                                use_cache=True, logits_to_keep=1)
         st = self.counters
         st.prefill_tokens += sum(map(len, new))
         st.prefill_tokens_saved += sum(n for _, _, n in reuse)
         st.prefix_cache_hits += len(reuse)
         return _Running([row for row, _, _ in reuse], outputs.past_key_values, mask, positions[:, -1:],
-                        outputs.logits[:, -1, :].float(), key)
+                        outputs.logits[:, -1, :].float(), key, prefix)
 
     def clear_prefix_cache(self) -> None:
         """Forget the KV kept from earlier turns (it belongs to the weights that computed it)."""
         self._prefix.clear()
         self._prefix_size = 0
+        self._shared.clear()
 
     def _weights_version(self) -> int:
         # Every in-place write to a parameter (an optimizer step on the trainer's shared module, a copy in
         # ``update_weights``) bumps its version counter, so the sum changes whenever the weights may have.
         return sum(p._version for p in self.model.parameters())
 
-    def _prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
-        """Run the prompts through the model once; returns the next-token logits [R, V], the KV cache, the
-        attention mask [R, T] and each row's last position [R, 1].
+    def _prefill(self, rows: Sequence[_Row], key: Sampling) -> _Running:
+        """Run the rows' prompts through the model once; returns them as a batch (next-token logits, KV cache,
+        attention mask [R, T], each row's last position).
 
         Work is shared where prompts share tokens: identical prompts (the ``group_size`` samples of one task)
         are computed once, and the prefix common to every prompt (system prompt and tool schemas) is computed
-        once at batch size 1; both are broadcast through the cache. A row's cache is laid out as
-        ``[shared prefix | left padding | its own suffix]`` with the padding masked and positions counted over
+        once at batch size 1. Where the engine holds prefixes apart (``_Prefix``), that prefix stays out of
+        the rows' caches, the running batch's prefix serves when every prompt starts with it, and a prefix's
+        KV is kept for the next admission with the same tokens (``_shared_prefix``); otherwise the prefix is
+        broadcast into every row's cache. A row's cache is laid out ``[shared prefix | left padding | its own
+        suffix]`` (no prefix columns when it is held apart) with the padding masked and positions counted over
         real tokens only, so every row sees exactly its own prompt.
         """
+        prompts = [r.request.prompt for r in rows]
         unique: dict[tuple[int, ...], int] = {}
         row_to_unique = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
         distinct = list(unique)
@@ -710,26 +828,39 @@ class HFEngine(Engine):
         first = distinct[0]
         for p in distinct[1:]:
             shared = next((k for k in range(shared) if p[k] != first[k]), shared)
-        cache = None
-        if shared >= self.min_shared_prefix:
+        held: _Prefix | None = None
+        cache = _new_cache(self.model.config)
+        if self._hold_prefix:
+            running = self._running.prefix if self._running is not None else None
+            if (running is not None and running.version == self._weights_seen and len(running.ids) <= shared
+                    and first[:len(running.ids)] == running.ids):
+                held = running
+            elif shared >= self.min_shared_prefix:
+                held = self._shared_prefix(first[:shared])
+            shared = len(held.ids) if held is not None else 0
+        elif shared >= self.min_shared_prefix:
             prefix = torch.tensor([first[:shared]], dtype=torch.long, device=self.device)
-            cache = self.model(input_ids=prefix, past_key_values=_new_cache(self.model.config), use_cache=True,
+            cache = self.model(input_ids=prefix, past_key_values=cache, use_cache=True,
                                logits_to_keep=1).past_key_values
             self.counters.prefill_tokens += shared
             if len(distinct) > 1:
                 cache.batch_repeat_interleave(len(distinct))
         else:
-            shared, cache = 0, _new_cache(self.model.config)
+            shared = 0
         width = max(len(p) for p in distinct) - shared
         ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long)
         own = torch.zeros((len(distinct), width), dtype=torch.long)
         for u, p in enumerate(distinct):
             ids[u, width - (len(p) - shared):] = torch.tensor(p[shared:], dtype=torch.long)
             own[u, width - (len(p) - shared):] = 1
-        mask = torch.cat([torch.ones((len(distinct), shared), dtype=torch.long), own], dim=1).to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
-        outputs = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+        if held is not None:  # the prefix is not in the rows: their mask and columns start after it
+            mask = own.to(self.device)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0) + shared
+        else:
+            mask = torch.cat([torch.ones((len(distinct), shared), dtype=torch.long), own], dim=1).to(self.device)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+        outputs = self._forward(held, input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions,
+                                past_key_values=cache, use_cache=True, logits_to_keep=1)
         cache = outputs.past_key_values
         self.counters.prefill_tokens += sum(len(p) - shared for p in distinct)
         logits = outputs.logits[:, -1, :].float()
@@ -737,7 +868,23 @@ class HFEngine(Engine):
             index = torch.tensor(row_to_unique, device=self.device)
             cache.batch_select_indices(index)
             logits, mask, positions = logits[index], mask[index], positions[index]
-        return logits, cache, mask, positions[:, -1:]
+        return _Running(list(rows), cache, mask, positions[:, -1:], logits, key, held)
+
+    def _shared_prefix(self, ids: Sequence[int]) -> _Prefix:
+        """The KV of prefix ``ids`` at batch size 1, computed once while the weights stay the same (the last
+        few prefixes are kept: a rollout's later admissions start with the same system prompt)."""
+        key = tuple(ids)
+        prefix = self._shared.get(key)
+        if prefix is None:
+            out = self.model(input_ids=torch.tensor([list(key)], dtype=torch.long, device=self.device),
+                             past_key_values=_new_cache(self.model.config), use_cache=True, logits_to_keep=1)
+            prefix = _Prefix(key, _kv(out.past_key_values), self._weights_seen)
+            self.counters.prefill_tokens += len(key)
+            self._shared[key] = prefix
+            while len(self._shared) > 8:
+                self._shared.popitem(last=False)
+        self._shared.move_to_end(key)
+        return prefix
 
     def stats(self) -> dict[str, float]:
         return self.counters.as_dict()

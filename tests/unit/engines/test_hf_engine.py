@@ -443,3 +443,78 @@ def test_a_grouped_query_model_attends_with_its_kv_heads_as_they_are_and_compute
     assert torch.allclose(native, plain, atol=1e-6)
     for a, b in zip(plain_grads, (p.grad for p in model.parameters()), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("heads,kv_heads,q", [(4, 4, 1), (4, 2, 1), (4, 2, 5), (6, 2, 3)])
+@pytest.mark.parametrize("padded", [True, False])
+def test_a_prefix_held_once_is_attended_like_the_same_keys_in_every_row(heads: int, kv_heads: int, q: int,
+                                                                        padded: bool) -> None:
+    from agentfly.engines.hf import _prefix_attention
+
+    torch.manual_seed(0)
+    B, P, S, D = 3, 7, 9, 8
+    query = torch.randn(B, heads, q, D)
+    pk, pv = torch.randn(1, kv_heads, P, D), torch.randn(1, kv_heads, P, D)
+    key, value = torch.randn(B, kv_heads, S, D), torch.randn(B, kv_heads, S, D)
+    # The rows' own part: left padding (row 1 has 3 columns of it), then causal over the q new tokens.
+    own = torch.ones(B, S, dtype=torch.bool)
+    if padded:
+        own[1, :3] = False
+    causal = torch.ones(q, S, dtype=torch.bool).tril(S - q)
+    mask = (own[:, None, None, :] & causal[None, None]) if padded or q == 1 else None
+    got = _prefix_attention(query, key, value, pk, pv, mask, scaling=None)
+    full_mask = torch.cat([torch.ones(B, 1, q, P, dtype=torch.bool), own[:, None, None, :] & causal[None, None]], -1)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query, torch.cat([pk.expand(B, -1, -1, -1), key], 2), torch.cat([pv.expand(B, -1, -1, -1), value], 2),
+        attn_mask=full_mask, enable_gqa=True).transpose(1, 2)
+    assert got.shape == (B, q, heads, D)
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+async def test_a_system_prompt_is_held_once_for_the_batch_across_turns_joins_and_other_prefixes(
+    tiny_model: Any, tiny_tokenizer: Any
+) -> None:
+    # Rollouts with a long system prompt (the tool schemas): the batch holds its KV once, not in every row.
+    # Their second turns reuse their KV after it; a request on another system prompt joining mid-batch takes
+    # its prefix into the rows. Every row's logprobs still equal a plain forward pass over it alone.
+    from agentfly.tools.builtin.calculator import calculator
+
+    def prompt(question: str, tools: bool = True) -> list[int]:
+        text = tiny_tokenizer.apply_chat_template(
+            [{"role": "system", "content": "You add numbers."}] * (not tools) + [{"role": "user", "content": question}],
+            tools=[calculator.schema] if tools else None, tokenize=False, add_generation_prompt=True)
+        return tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    held: list[tuple[int, int]] = []  # (prefix length, row cache width) at each decode step
+
+    class Watched(HFEngine):
+        def _decode_step(self) -> list[Any]:
+            assert self._running is not None
+            run = self._running
+            held.append((len(run.prefix.ids) if run.prefix else 0, run.cache.layers[0].keys.shape[2]))
+            return super()._decode_step()
+
+    engine = Watched(tiny_model, tiny_tokenizer)
+    sampling = af.Sampling(temperature=1.0, max_new_tokens=12, seed=5)
+    firsts_p = [prompt(q) for q in QUESTIONS[:3]]
+    firsts = await asyncio.gather(*(engine.generate(p, sampling) for p in firsts_p))
+    assert held and all(n > 50 for n, _ in held)  # the system prompt and tool schemas, held apart
+    assert max(width for _, width in held) < min(map(len, firsts_p))  # no row's cache holds them
+    seconds = [next_turn(tiny_tokenizer, p, g, "42") for p, g in zip(firsts_p, firsts, strict=True)]
+    other = prompt("What is 2+2?", tools=False)
+    long = af.Sampling(temperature=1.0, max_new_tokens=30, seed=6)
+    held.clear()
+    head = asyncio.ensure_future(engine.generate(seconds[0], long))
+
+    async def decoding() -> None:
+        while len(held) < 3:
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(decoding(), timeout=30)
+    assert held[-1][0] > 50  # a reused turn continues on the held prefix
+    joined = await asyncio.gather(engine.generate(seconds[1], sampling), engine.generate(other, sampling))
+    turns = [await head, *joined]
+    assert any(n == 0 for n, _ in held)  # the other system prompt joined: every row holds its prefix
+    assert engine.stats()["prefix_cache_hits"] >= 2
+    for p, gen in zip([*firsts_p, seconds[0], seconds[1], other], [*firsts, *turns], strict=True):
+        assert gen.logprobs == pytest.approx(direct_logprobs(tiny_model, p, gen.token_ids).tolist(), abs=1e-4)
