@@ -12,13 +12,14 @@ tiny model's logprobs by teacher forcing. Two updates of the same model run on i
 - **plain floor**: ``collate``, one forward over every position of every row, the logprob of every next
   token, a plain mean (no mask, no advantages, no metrics), backward, AdamW step.
 - **floor**: the same, but with the trainer's forward (``trainer.batch.forward``), which computes the prompt
-  prefix every row shares once and broadcasts its KV cache: the least the trainer's update can cost.
+  prefix every row shares once and each GRPO group's question once, broadcasting their KV caches, and the
+  rows' own tokens in buckets of similar length: the least the trainer's update can cost.
 - **trainer update**: ``Trainer._update``, exactly what a training step runs: collate, advantages from the
   rewards, that forward at the sampling temperature with the entropy, the clipped surrogate over mask-1
   tokens only, the metrics read back, gradient clipping, AdamW step.
 
-Trainer update / floor is what masking and bookkeeping cost; plain floor / floor is what sharing the prefix
-saves.
+Trainer update / floor is what masking and bookkeeping cost; plain floor / floor is what sharing the prefixes
+(and bucketing) saves.
 
 Part 2 (``--no-stages`` skips it) runs ``Trainer.train_step`` a few times with the HF engine sampling from
 the tiny model and reports each timed stage's share of the step (rollout, reward, logprobs, advantages,

@@ -243,31 +243,48 @@ def _gqa_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
 _SHARED = threading.local()  # .prefix: the _Prefix of the batch this thread's engine is running, or None
 
 
+_PREFIX_SCORES_MAX = 1 << 25  # score elements of one layer's attention above which a prefill goes to SDPA
+
+
 def _prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, prefix_key: torch.Tensor,
                       prefix_value: torch.Tensor, mask: torch.Tensor | None, scaling: float | None) -> torch.Tensor:
     """Attention of every row's queries [B, H, q, D] over a prefix all rows share ([1, KV, P, D], visible to
     every query) and then their own keys [B, KV, S, D] (``mask`` [B, 1, q, S] as transformers builds it, or
-    None: causal). One softmax over both, so the same numbers as attending over each row's whole cache; but
-    the prefix is read once for the batch as one matrix product per head, where a cache holding it in every
-    row streams it B times at every decode step. Returns [B, q, H, D]."""
+    None: causal). The same numbers as attending over each row's whole cache. Returns [B, q, H, D].
+
+    The prefix is read once for the batch, as one matrix product per head, and one softmax (in float32)
+    covers both parts: a cache holding the prefix in every row streams it B times at every decode step,
+    which made attention the largest part of a decode step. A prefill whose scores would exceed
+    ``_PREFIX_SCORES_MAX`` elements (long prompts) hands SDPA the prefix broadcast to the rows instead, to
+    keep its memory-efficient kernels.
+    """
     B, H, q, D = query.shape
     kv, S, P = key.shape[1], key.shape[2], prefix_key.shape[2]
+    if mask is None and q > 1:
+        mask = torch.ones(q, S, dtype=torch.bool, device=query.device).tril(S - q)[None, None]
+    if B * H * q * (P + S) > _PREFIX_SCORES_MAX:
+        assert mask is not None
+        visible = (torch.ones if mask.dtype == torch.bool else torch.zeros)(
+            (mask.shape[0], 1, q, P), dtype=mask.dtype, device=mask.device)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, torch.cat([prefix_key.expand(B, -1, -1, -1), key], 2),
+            torch.cat([prefix_value.expand(B, -1, -1, -1), value], 2),
+            attn_mask=torch.cat([visible, mask], -1).expand(B, 1, q, P + S), scale=scaling, enable_gqa=kv != H)
+        return out.transpose(1, 2).contiguous()
     g = H // kv
     scale = scaling if scaling is not None else D ** -0.5
     grouped = query.reshape(B, kv, g * q, D)  # query head kv * g + j attends with key head kv (GQA)
     flat = grouped.transpose(0, 1).reshape(kv, B * g * q, D)
     shared = torch.bmm(flat, prefix_key[0].transpose(-1, -2)).view(kv, B, g * q, P).transpose(0, 1)
-    scores = torch.cat([shared, torch.matmul(grouped, key.transpose(-1, -2))], -1).mul_(scale)
-    own = scores[..., P:]
-    if mask is None and q > 1:
-        mask = torch.ones(q, S, dtype=torch.bool, device=query.device).tril(S - q)[None, None]
+    scores = torch.cat([shared, torch.matmul(grouped, key.transpose(-1, -2))], -1).float().mul_(scale)
     if mask is not None:
+        own = scores[..., P:]
         m = mask.unsqueeze(2).expand(mask.shape[0], 1, g, q, S).reshape(mask.shape[0], 1, g * q, S)
         if m.dtype == torch.bool:
             own.masked_fill_(~m, float("-inf"))
         else:
             own.add_(m)
-    probs = torch.softmax(scores, -1)
+    probs = torch.softmax(scores, -1).to(value.dtype)
     out = torch.matmul(probs[..., P:], value)
     head_first = probs[..., :P].transpose(0, 1).reshape(kv, B * g * q, P)
     out += torch.bmm(head_first, prefix_value[0]).view(kv, B, g * q, D).transpose(0, 1)
