@@ -447,10 +447,15 @@ def test_a_grouped_query_model_attends_with_its_kv_heads_as_they_are_and_compute
 
 @pytest.mark.parametrize("heads,kv_heads,q", [(4, 4, 1), (4, 2, 1), (4, 2, 5), (6, 2, 3)])
 @pytest.mark.parametrize("padded", [True, False])
-def test_a_prefix_held_once_is_attended_like_the_same_keys_in_every_row(heads: int, kv_heads: int, q: int,
-                                                                        padded: bool) -> None:
+@pytest.mark.parametrize("long_prompt", [False, True])
+def test_a_prefix_held_once_is_attended_like_the_same_keys_in_every_row(
+    heads: int, kv_heads: int, q: int, padded: bool, long_prompt: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentfly.engines import hf
     from agentfly.engines.hf import _prefix_attention
 
+    if long_prompt:  # scores past the limit: the SDPA path with the prefix broadcast
+        monkeypatch.setattr(hf, "_PREFIX_SCORES_MAX", 0)
     torch.manual_seed(0)
     B, P, S, D = 3, 7, 9, 8
     query = torch.randn(B, heads, q, D)
