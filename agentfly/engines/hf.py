@@ -7,7 +7,10 @@ rollout back from a tool call joins at the next step instead of waiting for the 
 the batch (and the KV cache) as they finish, so a long tail does not pay for finished rows.
 
 Prefill work is shared: the prefix common to the requests admitted together (system prompt, tool schemas)
-and identical prompts (a GRPO group) are computed once. Across turns, a finished turn's KV (its prompt and
+and identical prompts (a GRPO group) are computed once. That prefix is also held once for the whole batch
+(``_Prefix``), not copied into every row's cache, and each decode step attends to it once for all rows
+(``_prefix_attention``): a step is bound by reading the KV cache, and the system prompt was most of it.
+Across turns, a finished turn's KV (its prompt and
 sampled tokens) is kept in a bounded cache keyed by those token ids; the conversation's next prompt starts
 with them (the rollout layer never re-encodes text), so only the new tokens (the observation and the template
 glue) are prefilled. ``stats()`` counts the tokens saved (``prefill_tokens_saved``). The kept KV is dropped
