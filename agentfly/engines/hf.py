@@ -247,6 +247,7 @@ _SHARED = threading.local()  # .prefix: the _Prefix of the batch this thread's e
 
 
 _PREFIX_SCORES_MAX = 1 << 25  # score elements of one layer's attention above which a prefill goes to SDPA
+_PREFIX_FEW_ROWS = 4  # at this many rows or fewer, copying the prefix in front of each row's keys costs less
 
 
 def _prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, prefix_key: torch.Tensor,
@@ -259,20 +260,23 @@ def _prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     covers both parts: a cache holding the prefix in every row streams it B times at every decode step,
     which made attention the largest part of a decode step. A prefill whose scores would exceed
     ``_PREFIX_SCORES_MAX`` elements (long prompts) hands SDPA the prefix broadcast to the rows instead, to
-    keep its memory-efficient kernels.
+    keep its memory-efficient kernels; so does a batch of at most ``_PREFIX_FEW_ROWS`` rows, where the copy
+    costs less than the dozen extra small operations (one rollout alone: 0.112 s -> 0.09 s).
     """
     B, H, q, D = query.shape
     kv, S, P = key.shape[1], key.shape[2], prefix_key.shape[2]
     if mask is None and q > 1:
         mask = torch.ones(q, S, dtype=torch.bool, device=query.device).tril(S - q)[None, None]
-    if B * H * q * (P + S) > _PREFIX_SCORES_MAX:
-        assert mask is not None
-        visible = (torch.ones if mask.dtype == torch.bool else torch.zeros)(
-            (mask.shape[0], 1, q, P), dtype=mask.dtype, device=mask.device)
+    if B <= _PREFIX_FEW_ROWS or B * H * q * (P + S) > _PREFIX_SCORES_MAX:
+        full = None  # one query token and no padding: it sees every key
+        if mask is not None:
+            visible = (torch.ones if mask.dtype == torch.bool else torch.zeros)(
+                (mask.shape[0], 1, q, P), dtype=mask.dtype, device=mask.device)
+            full = torch.cat([visible, mask], -1).expand(B, 1, q, P + S)
         out = torch.nn.functional.scaled_dot_product_attention(
             query, torch.cat([prefix_key.expand(B, -1, -1, -1), key], 2),
-            torch.cat([prefix_value.expand(B, -1, -1, -1), value], 2),
-            attn_mask=torch.cat([visible, mask], -1).expand(B, 1, q, P + S), scale=scaling, enable_gqa=kv != H)
+            torch.cat([prefix_value.expand(B, -1, -1, -1), value], 2), attn_mask=full, scale=scaling,
+            enable_gqa=kv != H)
         return out.transpose(1, 2).contiguous()
     g = H // kv
     scale = scaling if scaling is not None else D ** -0.5

@@ -448,8 +448,10 @@ def test_a_grouped_query_model_attends_with_its_kv_heads_as_they_are_and_compute
 @pytest.mark.parametrize("heads,kv_heads,q", [(4, 4, 1), (4, 2, 1), (4, 2, 5), (6, 2, 3)])
 @pytest.mark.parametrize("padded", [True, False])
 @pytest.mark.parametrize("long_prompt", [False, True])
+@pytest.mark.parametrize("few_rows", [False, True])
 def test_a_prefix_held_once_is_attended_like_the_same_keys_in_every_row(
-    heads: int, kv_heads: int, q: int, padded: bool, long_prompt: bool, monkeypatch: pytest.MonkeyPatch
+    heads: int, kv_heads: int, q: int, padded: bool, long_prompt: bool, few_rows: bool,
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from agentfly.engines import hf
     from agentfly.engines.hf import _prefix_attention
@@ -457,11 +459,12 @@ def test_a_prefix_held_once_is_attended_like_the_same_keys_in_every_row(
     if long_prompt:  # scores past the limit: the SDPA path with the prefix broadcast
         monkeypatch.setattr(hf, "_PREFIX_SCORES_MAX", 0)
     torch.manual_seed(0)
-    B, P, S, D = 3, 7, 9, 8
+    B, P, S, D = (2 if few_rows else 6), 7, 9, 8
     query = torch.randn(B, heads, q, D)
     pk, pv = torch.randn(1, kv_heads, P, D), torch.randn(1, kv_heads, P, D)
     key, value = torch.randn(B, kv_heads, S, D), torch.randn(B, kv_heads, S, D)
     # The rows' own part: left padding (row 1 has 3 columns of it), then causal over the q new tokens.
+    # Two rows go the path of a few rows (the prefix copied in front of each row's keys), six the other.
     own = torch.ones(B, S, dtype=torch.bool)
     if padded:
         own[1, :3] = False
