@@ -12,8 +12,8 @@ and identical prompts (a GRPO group) are computed once. That prefix is also held
 (``_prefix_attention``): a step is bound by reading the KV cache, and the system prompt was most of it.
 Across turns, a finished turn's KV (its prompt and sampled tokens) is kept in a bounded cache keyed by those
 token ids; the conversation's next prompt starts with them (the rollout layer never re-encodes text), so only
-the new tokens (the observation and the template glue) are prefilled. ``stats()`` counts the tokens saved (``prefill_tokens_saved``). The kept KV is dropped
-when the weights change.
+the new tokens (the observation and the template glue) are prefilled. ``stats()`` counts the tokens saved
+(``prefill_tokens_saved``). The kept KV is dropped when the weights change.
 
 Sampling draws one uniform number per row from that row's own generator when ``Sampling.seed`` is set,
 so a seeded rollout samples the same tokens whatever else shares, joins or leaves its batch.
@@ -614,14 +614,14 @@ class HFEngine(Engine):
         key = _batch_key(rows[0].request.sampling)
         if fresh:
             parts.append(self._prefill(fresh, key))
-        by_prefix: dict[int, list[tuple[_Row, list[tuple[torch.Tensor, torch.Tensor]], int]]] = {}
-        prefixes: dict[int, _Prefix | None] = {}
+        # Reused turns, one prefill for each batch prefix their kept KV continues.
+        Kept = list[tuple[torch.Tensor, torch.Tensor]]
+        by_prefix: dict[int, tuple[_Prefix | None, list[tuple[_Row, Kept, int]]]] = {}
         for row, (prefix, kv, n) in hits:
             if n > 0:
-                by_prefix.setdefault(id(prefix), []).append((row, kv, n))
-                prefixes[id(prefix)] = prefix
-        for ident, reuse in by_prefix.items():
-            parts.append(self._prefill_reusing(reuse, key, prefixes[ident]))
+                by_prefix.setdefault(id(prefix), (prefix, []))[1].append((row, kv, n))
+        for prefix, reuse in by_prefix.values():
+            parts.append(self._prefill_reusing(reuse, key, prefix))
         st.batches += 1
         self._running = parts[0] if len(parts) == 1 else self._merge(parts)
         st.max_batch = max(st.max_batch, len(self._running.rows))
@@ -719,32 +719,32 @@ class HFEngine(Engine):
 
     def _merge(self, parts: Sequence[_Running]) -> _Running:
         """One batch from several: each part's cache and mask left-padded to the longest, then stacked. Parts
-        on different prefixes first take theirs into their rows (``_with_prefix_in_rows``)."""
+        on different prefixes first take theirs into their rows (``_prefix_in_rows``)."""
         prefix = parts[0].prefix
         if any(p.prefix is not prefix for p in parts):
-            parts, prefix = [self._with_prefix_in_rows(p) for p in parts], None
-        width = max(p.mask.shape[1] for p in parts)
+            laid, prefix = [self._prefix_in_rows(p) for p in parts], None
+        else:
+            laid = [(_kv(p.cache), p.mask) for p in parts]
+        width = max(mask.shape[1] for _, mask in laid)
         return _Running(
             rows=[r for p in parts for r in p.rows],
-            cache=_stacked_cache([_kv(p.cache) for p in parts], width, self.model.config),
-            mask=torch.cat([_left_pad(p.mask, width, 1) for p in parts]),
+            cache=_stacked_cache([kv for kv, _ in laid], width, self.model.config),
+            mask=torch.cat([_left_pad(mask, width, 1) for _, mask in laid]),
             positions=torch.cat([p.positions for p in parts]),
             logits=torch.cat([p.logits for p in parts]),
             key=parts[0].key,
             prefix=prefix,
         )
 
-    def _with_prefix_in_rows(self, part: _Running) -> _Running:
-        """``part`` with its prefix's KV copied in front of every row's (``[prefix | padding | row]``), so it
-        can share a batch with rows on another prefix."""
+    def _prefix_in_rows(self, part: _Running) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+        """``part``'s per-layer KV and mask with its prefix copied in front of every row (``[prefix | padding |
+        row]``), so it can share a batch with rows on another prefix; as they are when it has none."""
         if part.prefix is None:
-            return part
+            return _kv(part.cache), part.mask
         R, P = len(part.rows), len(part.prefix.ids)
         kv = [(torch.cat([pk.expand(R, -1, -1, -1), k], 2), torch.cat([pv.expand(R, -1, -1, -1), v], 2))
               for (pk, pv), (k, v) in zip(part.prefix.kv, _kv(part.cache), strict=True)]
-        mask = torch.cat([torch.ones((R, P), dtype=part.mask.dtype, device=self.device), part.mask], 1)
-        cache = _stacked_cache([kv], mask.shape[1], self.model.config)
-        return _Running(part.rows, cache, mask, part.positions, part.logits, part.key, None)
+        return kv, torch.cat([torch.ones((R, P), dtype=part.mask.dtype, device=self.device), part.mask], 1)
 
     # ------------------------------------------------------------------ KV reuse across turns
     def _lookup(self, prompt: list[int]) -> tuple[_Prefix | None, list[tuple[torch.Tensor, torch.Tensor]], int]:
