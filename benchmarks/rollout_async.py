@@ -23,6 +23,11 @@ schedule reaches once a decode step of N rows costs more than a step of one, and
 worst overlap. Sequential time is measured on ``--seq-sample`` rollouts and scaled to N (one at a time is
 linear in N by construction), so that 128 rollouts of 500 ms tools do not spend three minutes sleeping.
 
+``--stagger`` adds what a scheduler could gain by starting the rollouts out of phase: for every point, the
+rollouts start in K cohorts, cohort k after k x gap seconds, for K in 2, 3, 4 and gap in 40 to 160 ms, and
+the fastest of those schedules is printed (``stagger``, its K and gap, and ``ideal / stagger``). It is a search
+by hand over start times that no scheduler knows in advance, so it is an optimistic reference, not a feature.
+
 ``ReplayEngine`` computes each turn's logprobs on the event loop's thread, so generation steps of different
 rollouts never run while a tool call is being dispatched; the HF engine batches them in a worker thread.
 """
@@ -55,6 +60,8 @@ def main(argv: list[str] | None = None) -> float:
                     help="hf: prefill tokens and time with and without KV reuse across turns (tools return at once)")
     ap.add_argument("--engine", choices=("hf", "replay"), default="hf",
                     help="hf: HFEngine, continuous batching, forced decoding; replay: ReplayEngine")
+    ap.add_argument("--stagger", action="store_true",
+                    help="--sweep: also the fastest start schedule of K cohorts spaced by a gap (searched)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -83,9 +90,11 @@ def main(argv: list[str] | None = None) -> float:
         return "The answer is 42."
 
     def run(n: int, concurrency: int, latency: float, repeats: int | None = None,
-            reuse: bool = True, turns: int | None = None) -> tuple[float, list[Any]]:
+            reuse: bool = True, turns: int | None = None, stagger: tuple[int, float] = (1, 0.0),
+            ) -> tuple[float, list[Any]]:
         """Best of ``repeats`` runs of ``n`` rollouts (the machine is shared and noisy); ``turns``: stop each
-        rollout after that many model turns (default: all of them, ``--turns`` + 1)."""
+        rollout after that many model turns (default: all of them, ``--turns`` + 1); ``stagger``: (K, gap),
+        rollout i starts after ``(i * K // n) * gap`` seconds."""
         args.latency = latency
         max_turns = turns or args.turns + 1
         samples = [{"id": i, "question": f"Question {i}?"} for i in range(n)]
@@ -96,7 +105,10 @@ def main(argv: list[str] | None = None) -> float:
             engines.append(engine)
             agent = af.Agent(model=engine, tools=[lookup], max_turns=max_turns, max_concurrency=concurrency)
             start = time.perf_counter()
-            trajs = agent.run_sync(samples, group_size=1, sampling=af.Sampling(temperature=1.0))
+            if stagger[0] > 1:
+                trajs = asyncio.run(staggered(agent, samples, *stagger))
+            else:
+                trajs = agent.run_sync(samples, group_size=1, sampling=af.Sampling(temperature=1.0))
             best = min(best, time.perf_counter() - start)
         assert all(len(t.tool_calls) == min(args.turns, max_turns - 1) and t.tool_errors == 0 for t in trajs)
         return best, trajs
@@ -124,6 +136,17 @@ def main(argv: list[str] | None = None) -> float:
     ratio = t_seq / t_con
     print(f"speed-up concurrent/sequential (n={args.n}, turns={args.turns}, latency={lat}s): {ratio:.1f}x")
     return ratio
+
+
+async def staggered(agent: Any, samples: list[dict[str, Any]], cohorts: int, gap: float) -> list[Any]:
+    """The rollouts of ``samples``, sample i started after ``(i * cohorts // len(samples)) * gap`` seconds."""
+    import agentfly as af
+
+    async def one(i: int, sample: dict[str, Any]) -> Any:
+        await asyncio.sleep(i * cohorts // len(samples) * gap)
+        return await agent.runner.run_one(sample, af.Sampling(temperature=1.0), index=i)
+
+    return list(await asyncio.gather(*(one(i, s) for i, s in enumerate(samples))))
 
 
 def scripted_hf(model: Any, tokenizer: Any, script: Any, prefix_cache_tokens: int = 65_536) -> Any:
@@ -179,7 +202,9 @@ def kv_reuse(args: argparse.Namespace, run: Any, engines: list[Any]) -> float:
 def sweep(args: argparse.Namespace, run: Any) -> float:
     """Overlap at 50 ms and 500 ms tools for 8, 32 and 128 rollouts, against the ideal ``ideal_time``."""
     rows = []
+    staggers: list[tuple[float, tuple[int, float]]] = []
     seq_per_rollout: dict[float, float] = {}
+    run(8, 8, 0.0, repeats=2)  # warm-up: the first runs of a process are slower, and would inflate t_one
     t_one = min(run(1, 1, 0.0, repeats=1)[0] for _ in range(3))  # one rollout's own generation, alone
     # One rollout's first j model turns alone, j = 1 .. turns (what is left of t_one after turn j).
     head_one = {j: min(run(1, 1, 0.0, repeats=1, turns=j)[0] for _ in range(3)) for j in range(1, args.turns + 1)}
@@ -200,6 +225,8 @@ def sweep(args: argparse.Namespace, run: Any) -> float:
             ideal = ideal_time(t_gen, t_one, head, head_one, args.turns, latency)
             rows.append((latency, n, t_gen, seq_per_rollout[latency] * n, t_con, ideal, path,
                          max(t_gen, args.turns * latency + t_gen / n)))
+            if args.stagger:
+                staggers.append(best_stagger(run, n, latency, args.repeats))
     print(f"engine {args.engine}; {args.turns} tool calls per rollout; seconds (sequential: {args.seq_sample} "
           f"timed, scaled to N); one rollout's generation alone: {t_one:.3f} s")
     print(f"{'latency':>8}{'N':>6}{'gen only':>10}{'sequential':>12}{'concurrent':>12}{'ideal':>8}"
@@ -207,9 +234,25 @@ def sweep(args: argparse.Namespace, run: Any) -> float:
     for latency, n, gen, seq, con, ideal, path, ideal_n in rows:
         print(f"{latency * 1000:>6.0f}ms{n:>6}{gen:>10.2f}{seq:>12.2f}{con:>12.2f}{ideal:>8.2f}"
               f"{seq / con:>9.1f}x{ideal / con:>9.2f}{path / con:>9.2f}{ideal_n / con:>10.2f}")
+    if args.stagger:
+        print(f"{'latency':>8}{'N':>6}{'concurrent':>12}{'stagger':>9}{'K':>3}{'gap':>6}{'ideal/stagger':>15}")
+        for (latency, n, _, _, con, ideal, *_), (t, (k, gap)) in zip(rows, staggers, strict=True):
+            print(f"{latency * 1000:>6.0f}ms{n:>6}{con:>12.2f}{t:>9.2f}{k:>3}{gap:>6.2f}{ideal / t:>15.2f}")
     worst = min(row[5] / row[4] for row in rows)
     print(f"worst overlap achieved vs ideal (ideal/concurrent, 1.00 = perfect): {worst:.2f}")
     return worst
+
+
+def best_stagger(run: Any, n: int, latency: float, repeats: int) -> tuple[float, tuple[int, float]]:
+    """The fastest of the start schedules K cohorts x gap (best of ``repeats`` each, alternating)."""
+    grid = [(k, gap) for k in (2, 3, 4) for gap in (0.04, 0.08, 0.12, 0.16)]
+    best: dict[tuple[int, float], float] = {}
+    for _ in range(repeats):
+        for k, gap in grid:
+            t = run(n, n, latency, repeats=1, stagger=(k, gap))[0]
+            best[(k, gap)] = min(best.get((k, gap), float("inf")), t)
+    k_gap = min(best, key=lambda kg: best[kg])
+    return best[k_gap], k_gap
 
 
 def ideal_time(t_gen: float, t_one: float, head: dict[int, float], head_one: dict[int, float], turns: int,
