@@ -199,6 +199,16 @@ def build_agent(config: Config, engine: Engine) -> Agent:
                     chat_template_kwargs=r.chat_template_kwargs)
 
 
+def close_agent(agent: Agent) -> None:
+    """Stop what ``build_agent`` made: the agent's resource pools (on the event loop their instances belong
+    to, ``run_sync``'s, idle between calls), then that loop."""
+    resources = agent.runner.resources
+    close = getattr(resources, "close", None)
+    if callable(close):
+        close()
+    agent.close()
+
+
 def build_engine(config: Config, model: Any, tokenizer: Any) -> Engine:
     """HF shares the trainer's module (weight sync is free); vLLM gets its own copy of the weights."""
     if config.engine == "hf":

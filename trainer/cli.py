@@ -106,7 +106,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
     from agentfly.engines.hf import HFEngine
-    from trainer.builders import build_agent, load_policy, load_samples, setup_torch
+    from trainer.builders import build_agent, close_agent, load_policy, load_samples, setup_torch
     from trainer.checkpoint import resolve
     from trainer.evaluation import report, run_eval, sampled_eval, split_field, table
 
@@ -130,8 +130,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     source = (Path(config.data.eval_path).name if args.split == "test" and config.data.eval_path
               else Path(config.data.task).name if Path(config.data.task).is_file() else f"{config.data.task}:{args.split}")
     agent = build_agent(config, HFEngine(model=model, tokenizer=tokenizer))
-    with torch.inference_mode():
-        run = run_eval(agent, samples, config.eval.max_new_tokens, config.eval.batch_size, sampled_eval(config))
+    try:
+        with torch.inference_mode():
+            run = run_eval(agent, samples, config.eval.max_new_tokens, config.eval.batch_size, sampled_eval(config))
+    finally:
+        close_agent(agent)
     rep = report(run, by, source)
     result: dict[str, Any] = {"checkpoint": str(path), "split": args.split, "n": len(run.greedy), **rep["all"],
                               "group_by": rep["group_by"], "splits": rep["splits"]}

@@ -45,6 +45,7 @@ from trainer.builders import (
     DataCursor,
     build_agent,
     build_engine,
+    close_agent,
     ensure_tiny,
     load_policy,
     load_samples,
@@ -250,7 +251,7 @@ class Trainer:
         self.best: float | None = None
         self.producer: RolloutProducer | None = None  # rollout.mode=async, while train() runs
         self._producer_engine: Engine | None = None
-        self._producer_resources: ResourceEngine | None = None
+        self._producer_agent: Agent | None = None
         self._producer_idle = 0.0  # the producer's idle seconds already reported
         self._hf_eval_agent: Agent | None = None  # async with a separate engine: evaluations run on this
         if resume is not None:
@@ -722,7 +723,7 @@ class Trainer:
             engine = HFEngine(model=model, tokenizer=self.tokenizer)
         agent = build_agent(self.config, engine)
         self._producer_engine = engine
-        self._producer_resources = cast("ResourceEngine | None", agent.runner.resources)
+        self._producer_agent = agent
         self._producer_idle = 0.0
         cursor = DataCursor(self.cursor.samples, self.config.data.seed, self.config.data.shuffle)
         cursor.load_state_dict(self.cursor.state_dict())
@@ -735,13 +736,15 @@ class Trainer:
                                last_step=self.config.steps, max_staleness=self.config.rollout.max_staleness).start()
 
     def _stop_producer(self) -> None:
+        """Stop the producer, then close its agent's and the evaluation agent's pools and event loops (each
+        on the loop its instances belong to, idle once the producer's thread has ended)."""
         if self.producer is not None:
             self.producer.close()
-        if self._producer_resources is not None:
-            self._producer_resources.close()
-        eval_resources = cast("ResourceEngine | None", self._hf_eval_agent and self._hf_eval_agent.runner.resources)
-        if eval_resources is not None:
-            eval_resources.close()
+            if self.producer.running:  # still in a batch past close's timeout: its loop is not ours to close
+                return
+        for agent in (self._producer_agent, self._hf_eval_agent):
+            if agent is not None:
+                close_agent(agent)
 
     def train(self, should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
         """Run to ``steps`` (or the time budget); returns the final metrics and the last checkpoint path.
@@ -799,8 +802,9 @@ class Trainer:
             raise
         finally:
             self._stop_producer()
-            if self.resources is not None:
-                self.resources.close()  # kills sandboxes and environments; the rollouts have all ended
+            # Sandboxes and environments (kept warm across steps on run_sync's loop), then that loop; the
+            # rollouts have all ended.
+            close_agent(self.agent)
             self.events.close()
 
 

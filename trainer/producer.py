@@ -188,6 +188,11 @@ class RolloutProducer:
             "dropped": self.dropped,
         }
 
+    @property
+    def running(self) -> bool:
+        """Whether the producer's thread is still alive."""
+        return self._thread.is_alive()
+
     def close(self, timeout: float = 600.0) -> None:
         """Stop after the batch in progress (and any whose weights are already published, which the other
         ranks' producers sample too) and wait for the thread."""

@@ -25,7 +25,7 @@ import torch
 
 from trainer import algorithms as algos
 from trainer.batch import collate, forward
-from trainer.builders import build_agent, load_policy, load_samples, setup_torch
+from trainer.builders import build_agent, close_agent, load_policy, load_samples, setup_torch
 from trainer.config import Config, ConfigError, SFTConfig, save_config
 from trainer.evaluation import evaluate, sampled_eval
 from trainer.events import EventStream, JSONLSink, Sink
@@ -209,17 +209,20 @@ def demonstration_trajectories(config: Config, tokenizer: Any) -> list[Any]:
     engine = af.ReplayEngine(tokenizer, script)
     agent = build_agent(config, engine)
     replayed: dict[int, Any] = {}
-    for indices in rounds:
-        turns.clear()
-        for i in indices:
-            turns[_question(pairs[i][1])] = [m["content"] for m in pairs[i][1] if m["role"] == "assistant"]
-        # In chunks: all at once, tens of thousands of rollouts would queue for a bounded resource pool (the
-        # key-value store's) longer than its acquire timeout.
-        for start in range(0, len(indices), REPLAY_CHUNK):
-            chunk = indices[start:start + REPLAY_CHUNK]
-            done = agent.run_sync([pairs[i][0] for i in chunk], group_size=1,
-                                  sampling=af.Sampling(temperature=1.0, max_new_tokens=512))
-            replayed.update(zip(chunk, done, strict=True))
+    try:
+        for indices in rounds:
+            turns.clear()
+            for i in indices:
+                turns[_question(pairs[i][1])] = [m["content"] for m in pairs[i][1] if m["role"] == "assistant"]
+            # In chunks: all at once, tens of thousands of rollouts would queue for a bounded resource pool (the
+            # key-value store's) longer than its acquire timeout.
+            for start in range(0, len(indices), REPLAY_CHUNK):
+                chunk = indices[start:start + REPLAY_CHUNK]
+                done = agent.run_sync([pairs[i][0] for i in chunk], group_size=1,
+                                      sampling=af.Sampling(temperature=1.0, max_new_tokens=512))
+                replayed.update(zip(chunk, done, strict=True))
+    finally:
+        close_agent(agent)
     trajectories = [replayed[i] for i in range(len(pairs))]  # in the demonstrations' order
     # A tool error means the written call does not fit the sample (a wrong key): never train on it.
     broken = [t for t in trajectories if t.error is not None or t.finish_reason != "answer"
@@ -292,8 +295,11 @@ def run_sft(config: Config, sinks: Sequence[Sink] = (), should_stop: Callable[[]
 
         _, held_out = load_samples(config)
         agent = build_agent(config, HFEngine(model=model, tokenizer=tokenizer))
-        metrics, _ = evaluate(agent, held_out[: config.eval.size or config.data.eval_size],
-                              config.eval.max_new_tokens, config.eval.batch_size, sampled_eval(config))
+        try:
+            metrics, _ = evaluate(agent, held_out[: config.eval.size or config.data.eval_size],
+                                  config.eval.max_new_tokens, config.eval.batch_size, sampled_eval(config))
+        finally:
+            close_agent(agent)
         metrics |= {"sft/train_seconds": train_seconds, "sft/demonstrations": float(len(trajectories))}
         events.metrics(step, metrics)
         events.checkpoint(step, out, metrics.get("eval/accuracy"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -43,6 +44,9 @@ class Agent:
     resources: the job's ``ResourceEngine`` for tools that declare ``resource=``.
     max_concurrency: rollouts in flight at once (with the pool limits, this bounds memory).
     chat_template_kwargs: extra chat template variables, e.g. ``{"enable_thinking": False}`` (Qwen3).
+
+    ``run_sync`` keeps one event loop for all its calls, so resource instances stay in their pools between
+    calls (a trainer's steps, an evaluation's batches); ``close`` ends that loop.
     """
 
     def __init__(
@@ -80,6 +84,7 @@ class Agent:
             max_length=max_length, system_prompt=system_prompt, resources=resources, model_name=self.model_name,
             chat_template_kwargs=chat_template_kwargs,
         )
+        self._loop: asyncio.Runner | None = None  # run_sync's event loop, made on first use
 
     @property
     def tokenizer(self) -> Any:
@@ -97,5 +102,29 @@ class Agent:
 
     def run_sync(self, samples: Sequence[Mapping[str, Any]], group_size: int = 1,
                  sampling: Sampling | None = None, first_index: int = 0) -> list[Trajectory]:
-        """``run`` for code that is not async (starts and closes an event loop)."""
-        return asyncio.run(self.run(samples, group_size, sampling, first_index))
+        """``run`` for code that is not async. Every call of this agent runs on the same event loop, kept
+        between calls: the resource pools belong to the loop that filled them (``ResourceEngine``), so a
+        simulator or sandbox made in one call serves the next instead of being stopped and started again
+        (asyncio.run per call would do that at every training step)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError("Agent.run_sync was called inside a running event loop; use `await agent.run(...)` "
+                               "there")
+        if self._loop is None:
+            self._loop = asyncio.Runner()
+            weakref.finalize(self, self._loop.close)  # at the latest when the agent goes, or at exit
+        elif self._loop.get_loop().is_running():
+            raise RuntimeError("this Agent's run_sync is already running in another thread; give each thread an "
+                               "Agent of its own (they may share the engine)")
+        return self._loop.run(self.run(samples, group_size, sampling, first_index))
+
+    def close(self) -> None:
+        """End ``run_sync``'s event loop (its pending tasks are cancelled). Close the agent's
+        ``ResourceEngine`` first to stop its instances on the loop they belong to; the agent does not own it.
+        An agent may run again after ``close``, on a new loop (and so with fresh pools)."""
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.close()

@@ -141,14 +141,19 @@ class ResourceEngine:
         _live_engines.discard(self)
 
     def close(self) -> None:
-        """Synchronous stop: ``aclose()`` when no event loop runs here, else a hard kill of every instance."""
+        """Synchronous stop: ``aclose()`` when no event loop runs here (on the loop the instances belong to
+        when it is idle, as ``Agent.run_sync``'s is between calls), else a hard kill of every instance."""
         if self.closed:
             return
         try:
             asyncio.get_running_loop()
         except RuntimeError:
+            loop = self._loop
             with contextlib.suppress(Exception):
-                asyncio.run(self.aclose())
+                if loop is not None and not loop.is_closed() and not loop.is_running():
+                    loop.run_until_complete(self.aclose())
+                else:
+                    asyncio.run(self.aclose())
         self.kill()
 
     def kill(self) -> None:

@@ -64,3 +64,39 @@ async def test_cancelling_a_running_batch_returns_every_sandbox_to_the_pool(tiny
         await engine.settle()
         stats = engine.stats()["python"]
         assert (stats["in_use"], stats["waiting"]) == (0, 0)
+
+
+def test_run_sync_calls_of_one_agent_reuse_the_sandboxes_an_earlier_call_started(tiny_tokenizer: Any) -> None:
+    # A trainer calls run_sync once per step: its pooled sandboxes (or simulators) must outlive the call,
+    # not be stopped and started again at every step.
+    engine = af.ResourceEngine([PY])
+    agent = af.Agent(model=af.ReplayEngine(tiny_tokenizer, script), tools=[python_code], resources=engine,
+                     max_turns=4)
+    pids = []
+    for step in range(3):
+        trajectories = agent.run_sync([{"question": f"#k={k}#"} for k in range(1, 5)])
+        for k, traj in enumerate(trajectories, 1):  # each rollout still sees only its own state
+            assert [c.observation for c in traj.tool_calls] == ["(no output)", f"{k * 10}\n"], step
+        pids.append({slot.resource.pid for slot in engine.pools["python"].instances})
+    stats = engine.stats()["python"]
+    assert stats["acquires"] == 12 and stats["created"] <= 2
+    assert pids[0] and pids[0] == pids[1] == pids[2]
+    sandboxes = [slot.resource for slot in engine.pools["python"].instances]
+    engine.close()  # on the loop the sandboxes belong to, idle between run_sync calls: stopped and waited for
+    assert engine.stats()["python"]["size"] == 0
+    assert not any(box.worker is not None and box.worker.alive for box in sandboxes)
+    agent.close()
+
+
+def test_an_agent_runs_again_after_close_and_refuses_run_sync_inside_a_running_loop(tiny_tokenizer: Any) -> None:
+    agent = af.Agent(model=af.ReplayEngine(tiny_tokenizer, lambda prompt: "done"))
+    assert agent.run_sync([{"question": "a"}])[0].final_answer == "done"
+    agent.close()
+    assert agent.run_sync([{"question": "b"}])[0].final_answer == "done"  # a new loop
+
+    async def inside() -> None:
+        agent.run_sync([{"question": "c"}])
+
+    with pytest.raises(RuntimeError, match=r"inside a running event loop; use `await agent.run\(...\)`"):
+        asyncio.run(inside())
+    agent.close()

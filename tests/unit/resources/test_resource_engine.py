@@ -325,7 +325,7 @@ async def test_a_resource_can_be_held_with_async_with_and_stays_held_until_the_r
         assert engine.stats()["pad"]["in_use"] == 0
 
 
-def test_one_engine_serves_consecutive_event_loops_like_two_run_sync_calls() -> None:
+def test_one_engine_serves_consecutive_event_loops_with_fresh_pools_for_each() -> None:
     engine = ResourceEngine([pad_spec(pool=Pool(1, 2))])
 
     async def rollout() -> Scratchpad:
