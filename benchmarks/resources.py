@@ -7,8 +7,13 @@
 (c) 64 concurrent rollouts (3 Python calls each) against a pool of 8 sandboxes, versus a pool of 64:
     throughput, and the peak memory of all sandbox processes, sampled while it runs; backpressure keeps it
     flat at 8 sandboxes' worth.
+(d) Training steps: consecutive ``Agent.run_sync`` calls (one per step, as the trainer makes them) of
+    ScienceWorld rollouts, scripted (``ReplayEngine``) to act in their simulator, with a pool of 2. The
+    agent keeps one event loop across calls, so the simulators started at the first step serve every later
+    one; the baseline is a fresh event loop per step (``asyncio.run``, as ``run_sync`` did before), whose
+    pools start over. Seconds per step and simulators started, after a first step that both pay.
 
-    python benchmarks/resources.py                 # all three (about two minutes on 2 cores)
+    python benchmarks/resources.py                 # all four (about three minutes on 2 cores)
     python benchmarks/resources.py --only b c      # skip the JVMs
     python benchmarks/resources.py --quick         # small sizes, a smoke run
 """
@@ -172,9 +177,59 @@ async def bench_backpressure(n: int, pool_max: int, calls: int) -> None:
           f"throughput x{unbounded['elapsed'] / bounded['elapsed']:.2f} with backpressure")
 
 
+# ------------------------------------------------------------------------------------------------ (d)
+def bench_steps(steps: int, rollouts: int) -> None:
+    import agentfly as af
+    from agentfly.envs import SCIENCEWORLD
+    from agentfly.envs.scienceworld import java_available
+    from agentfly.tools.builtin.scienceworld import sciworld_act
+
+    if java_available():
+        print(f"(d) skipped: {java_available()}")
+        return
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(af.models.build_tiny(tempfile.mkdtemp(prefix="agentfly-bench-")))
+
+    def script(prompt: str) -> str:
+        if prompt.count("<tool_response>") < 2:
+            return '<tool_call>\n{"name": "sciworld_act", "arguments": {"action": "look around"}}\n</tool_call>'
+        return "done"
+
+    samples = [{"question": "Find a living thing.", "task": "find-living-thing", "variation": 0}] * rollouts
+
+    def run(kept: bool) -> tuple[float, int]:
+        """Seconds per step after the first, and simulators started in all."""
+        engine = ResourceEngine([SCIENCEWORLD.replace(pool=Pool(min=0, max=2))])
+        agent = af.Agent(af.ReplayEngine(tokenizer, script), tools=[sciworld_act], resources=engine, max_turns=3)
+        created, times = 0, []
+        for _ in range(steps):
+            start = time.perf_counter()
+            if kept:
+                trajectories = agent.run_sync(samples)
+            else:
+                created += engine.stats()["scienceworld"]["created"]  # this step's pool replaces the last one's
+                trajectories = asyncio.run(agent.run(samples))
+            times.append(time.perf_counter() - start)
+            bad = [t for t in trajectories if t.error or len(t.tool_calls) != 2 or t.tool_errors]
+            assert not bad, (bad[0].error, [c.error for c in bad[0].tool_calls], bad[0].finish_reason)
+        created += engine.stats()["scienceworld"]["created"]
+        engine.close()
+        agent.close()
+        return statistics.mean(times[1:]), created
+
+    fresh, fresh_made = run(kept=False)
+    kept, kept_made = run(kept=True)
+    print(f"(d) {steps} steps of {rollouts} ScienceWorld rollouts (2 actions each), pool of 2: simulators kept "
+          f"across steps {kept:.2f} s a step ({kept_made} started); baseline, a fresh event loop per step "
+          f"{fresh:.2f} s a step ({fresh_made} started)  -> {fresh / kept:.1f}x faster per step")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", nargs="*", choices=["a", "b", "c"], default=["a", "b", "c"])
+    parser.add_argument("--only", nargs="*", choices=["a", "b", "c", "d"], default=["a", "b", "c", "d"])
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     args = parser.parse_args()
     waiters = 16 if args.quick else 64
@@ -184,6 +239,8 @@ def main() -> None:
         asyncio.run(bench_latency(waiters=waiters, rounds=2 if args.quick else 5, pool_size=8))
     if "c" in args.only:
         asyncio.run(bench_backpressure(n=waiters, pool_max=8, calls=2 if args.quick else 3))
+    if "d" in args.only:
+        bench_steps(steps=2 if args.quick else 4, rollouts=4)
 
 
 if __name__ == "__main__":
