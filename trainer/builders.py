@@ -188,14 +188,17 @@ def build_resources(config: Config, tools: Sequence[Any]) -> ResourceEngine | No
     return ResourceEngine(specs)
 
 
-def build_agent(config: Config, engine: Engine) -> Agent:
+def build_agent(config: Config, engine: Engine, resources: ResourceEngine | None = None) -> Agent:
+    """The config's agent on ``engine``, with the resource pools ``build_resources`` makes for its tools, or
+    with ``resources`` when given (an evaluation that shares the rollout producer's pools)."""
     import agentfly as af
 
     r = config.rollout
     tools = [import_object(spec, "rollout.tools entry") for spec in r.tools]
     reward = import_object(r.reward, "rollout.reward")
     return af.Agent(engine, tools=tools, reward=reward, parser=r.parser, max_turns=r.max_turns,
-                    system_prompt=r.system_prompt, resources=build_resources(config, tools),
+                    system_prompt=r.system_prompt,
+                    resources=resources if resources is not None else build_resources(config, tools),
                     chat_template_kwargs=r.chat_template_kwargs)
 
 

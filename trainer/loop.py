@@ -253,7 +253,7 @@ class Trainer:
         self._producer_engine: Engine | None = None
         self._producer_agent: Agent | None = None
         self._producer_idle = 0.0  # the producer's idle seconds already reported
-        self._hf_eval_agent: Agent | None = None  # async with a separate engine: evaluations run on this
+        self._async_eval_agent: Agent | None = None  # async mode: evaluations run on this (_eval_agent)
         if resume is not None:
             self._resume(resume)
 
@@ -496,9 +496,10 @@ class Trainer:
         if cfg.log_samples and self.main:
             shown = everything if cfg.log_samples < 0 else everything[: cfg.log_samples]
             self.events.samples(self.step, [t.to_dict(self.tokenizer) for t in shown])
-        engine = self.engine if self._producer_engine is None else self._producer_engine  # the one generating
-        self.events.resources(self.step, engine.stats(),
-                              self.resources.stats() if self.resources is not None else None)
+        # The engine and pools the rollouts ran on: the producer's in async mode.
+        engine = self.engine if self._producer_engine is None else self._producer_engine
+        pools = self.resources if self._producer_agent is None else self._producer_agent.runner.resources
+        self.events.resources(self.step, engine.stats(), cast("ResourceEngine", pools).stats() if pools else None)
         return metrics
 
     def _async_metrics(self, produced: ProducedBatch, dropped: int, trained: Sequence[Trajectory]
@@ -689,21 +690,28 @@ class Trainer:
         pass@k (``trainer.evaluation``); on rank 0 only (the other ranks get ``{}`` and go on to the next step)."""
         if not self.main:
             return {}
-        metrics, _ = evaluate(self._eval_agent(), self.eval_samples, self.config.eval.max_new_tokens,
-                              self.config.eval.batch_size, sampled_eval(self.config))
+        with self.producer.paused() if self.producer is not None else contextlib.nullcontext():
+            metrics, _ = evaluate(self._eval_agent(), self.eval_samples, self.config.eval.max_new_tokens,
+                                  self.config.eval.batch_size, sampled_eval(self.config))
         return metrics
 
     def _eval_agent(self) -> Agent:
-        """The agent evaluations run on: the trainer's own, except while an asynchronous producer drives the
-        separate engine (vLLM), which no other thread may step: then an HF engine over the trainer's module
-        (the weights just trained, exactly), built once."""
-        if self.producer is None or not self.separate_engine:
+        """The agent evaluations run on: the trainer's own, except while an asynchronous producer runs. Then
+        it is an agent on the producer's resource pools and event loop (``evaluate`` pauses the producer
+        meanwhile), so that a pool never holds more than its ``max`` instances, and on an engine that holds
+        the weights just trained: the trainer's own HF engine, or, when the producer drives a separate engine
+        (vLLM) that no other thread may step, a new HF engine over the trainer's module. Built once."""
+        if self.producer is None or self._producer_agent is None:
             return self.agent
-        if self._hf_eval_agent is None:
+        if self._async_eval_agent is None:
             from agentfly.engines.hf import HFEngine
 
-            self._hf_eval_agent = build_agent(self.config, HFEngine(model=self.model, tokenizer=self.tokenizer))
-        return self._hf_eval_agent
+            engine = HFEngine(model=self.model, tokenizer=self.tokenizer) if self.separate_engine else self.engine
+            agent = build_agent(self.config, engine,
+                                resources=cast("ResourceEngine | None", self._producer_agent.runner.resources))
+            agent.share_loop(self._producer_agent)
+            self._async_eval_agent = agent
+        return self._async_eval_agent
 
     # -------------------------------------------------------------------------------------- the run
     def _start_producer(self) -> RolloutProducer:
@@ -742,7 +750,7 @@ class Trainer:
             self.producer.close()
             if self.producer.running:  # still in a batch past close's timeout: its loop is not ours to close
                 return
-        for agent in (self._producer_agent, self._hf_eval_agent):
+        for agent in (self._producer_agent, self._async_eval_agent):
             if agent is not None:
                 close_agent(agent)
 

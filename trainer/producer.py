@@ -26,10 +26,11 @@ How it stays correct:
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -122,6 +123,7 @@ class RolloutProducer:
         self._generated = cursor.state_dict()  # the cursor after the last batch produced (next_step - 1)
         self._queue: queue.Queue[ProducedBatch | BaseException | None] = queue.Queue()
         self._stop = threading.Event()
+        self._batch = threading.Lock()  # held while a batch is sampled; ``paused`` takes it
         self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
 
     def start(self) -> RolloutProducer:
@@ -140,7 +142,8 @@ class RolloutProducer:
                 if newer is not None:
                     self._load(newer[1])
                     self.version = newer[0]
-                collected, times = self._collect(step, self.cursor)
+                with self._batch:
+                    collected, times = self._collect(step, self.cursor)
                 for t in collected.everything:
                     t.policy_version = self.version
                 after = self.cursor.state_dict()
@@ -187,6 +190,14 @@ class RolloutProducer:
             "cursor": dict(generated),
             "dropped": self.dropped,
         }
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No batch is sampled inside this block: it waits for the batch in progress to end, and the next
+        one starts after it. The trainer evaluates in it, on the producer's event loop and resource pools, so
+        that a pool never holds more than its ``max`` (``Trainer._eval_agent``)."""
+        with self._batch:
+            yield
 
     @property
     def running(self) -> bool:

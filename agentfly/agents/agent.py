@@ -85,6 +85,7 @@ class Agent:
             chat_template_kwargs=chat_template_kwargs,
         )
         self._loop: asyncio.Runner | None = None  # run_sync's event loop, made on first use
+        self._loop_owner: Agent = self  # share_loop: the agent whose loop this is (it closes it)
 
     @property
     def tokenizer(self) -> Any:
@@ -113,18 +114,33 @@ class Agent:
         else:
             raise RuntimeError("Agent.run_sync was called inside a running event loop; use `await agent.run(...)` "
                                "there")
-        if self._loop is None:
-            self._loop = asyncio.Runner()
-            weakref.finalize(self, self._loop.close)  # at the latest when the agent goes, or at exit
-        elif self._loop.get_loop().is_running():
-            raise RuntimeError("this Agent's run_sync is already running in another thread; give each thread an "
-                               "Agent of its own (they may share the engine)")
-        return self._loop.run(self.run(samples, group_size, sampling, first_index))
+        runner = self._runner()
+        if runner.get_loop().is_running():
+            raise RuntimeError("this Agent's run_sync (or that of an agent sharing its loop) is already running in "
+                               "another thread; give each thread an Agent of its own (they may share the engine)")
+        return runner.run(self.run(samples, group_size, sampling, first_index))
+
+    def _runner(self) -> asyncio.Runner:
+        owner = self._loop_owner
+        if owner._loop is None:
+            owner._loop = asyncio.Runner()
+            weakref.finalize(owner, owner._loop.close)  # at the latest when the agent goes, or at exit
+        return owner._loop
+
+    def share_loop(self, other: Agent) -> None:
+        """Run ``run_sync`` on ``other``'s event loop, so that this agent can use the resource pools that
+        live there (an evaluation beside a rollout producer). The two must not run at the same time (the
+        caller serializes them; a second one refuses); ``other`` closes the loop."""
+        self.close()
+        self._loop_owner = other._loop_owner
 
     def close(self) -> None:
         """End ``run_sync``'s event loop (its pending tasks are cancelled). Close the agent's
         ``ResourceEngine`` first to stop its instances on the loop they belong to; the agent does not own it.
         An agent may run again after ``close``, on a new loop (and so with fresh pools)."""
+        if self._loop_owner is not self:  # a shared loop is its owner's to close
+            self._loop_owner = self
+            return
         loop, self._loop = self._loop, None
         if loop is not None:
             loop.close()

@@ -5,6 +5,7 @@ resumed run trains the prompts the uninterrupted one did."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from trainer.config import load_config
 from trainer.events import CallbackSink
 from trainer.loop import Trainer
 
+ROOT = Path(__file__).resolve().parents[3]
 REWARD = "rollout.reward=rewards_for_tests:answer_length"
 ASYNC = ("rollout.mode=async", "rollout.max_staleness=1")
 
@@ -125,3 +127,32 @@ def test_an_async_run_on_vllm_samples_on_the_producer_loads_each_new_version_the
     assert evals == [1, 2, 3]
     resources = [e["data"]["engine"] for e in events if e["type"] == "resources"]
     assert all("steps" in r for r in resources)  # the producer's engine is vLLM: its own stats
+
+
+def test_an_async_run_that_evaluates_every_step_never_holds_more_pooled_instances_than_the_pool_max(tmp_path):
+    # The producer samples with its pools while the trainer evaluates: both must draw on the same pools, or
+    # a job configured for N simulators runs 2N during every evaluation.
+    from pooled_tools_for_tests import Counted
+
+    Counted.forget()
+    config = load_config(ROOT / "examples/calculator/grpo.yaml", [
+        f"model.path={ROOT / 'examples/calculator/warm_start'}", f"output_dir={tmp_path}", "steps=3", "threads=1",
+        "update_threads=1", "progress=false", "max_minutes=null", "rollout.prompts_per_step=4",
+        "rollout.group_size=2", "data.eval_size=8", "eval.every=1", "save_every=0", *ASYNC,
+        "rollout.tools=[pooled_tools_for_tests:calculator]",
+        "resources={counted: {spec: 'pooled_tools_for_tests:COUNTED', max: 1}}",
+    ])
+    events: list[dict] = []
+    trainer = Trainer(config, sinks=[CallbackSink(events.append)])
+    trainer.train()
+    evals = [e["data"] for e in events if e["type"] == "metrics" and "eval/accuracy" in e["data"]]
+    pools = [e["data"]["pools"]["counted"] for e in events if e["type"] == "resources"]
+    trained = [e["data"] for e in events if e["type"] == "metrics" and "tool_calls/mean" in e["data"]]
+    # The evaluations and the producer's rollouts both called the tool, and it worked: the pool served them.
+    assert len(evals) >= 3 and max(e["eval/tool_calls/mean"] for e in evals) > 0
+    assert max(t["tool_calls/mean"] for t in trained) > 0
+    assert all(e["eval/tool_error_rate"] == 0 for e in evals) and all(t["tool_errors/mean"] == 0 for t in trained)
+    assert pools and max(p["acquires"] for p in pools) > 0  # the producer's pools are the ones reported
+    assert Counted.peak == 1  # never a second instance: one pool, shared
+    assert Counted.started == 1  # kept across steps and evaluations
+    assert Counted.alive == 0  # and stopped when the run ended

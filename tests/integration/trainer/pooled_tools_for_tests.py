@@ -1,0 +1,65 @@
+"""A calculator that holds a pooled instance for its rollout, and a resource that counts how many of its
+instances are alive at once, across every pool and thread of the process (tests of pool limits)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from agentfly.resources import Pool, ResourceSpec
+from agentfly.tools.builtin.calculator import evaluate_arithmetic
+from agentfly.tools.tool import tool
+
+
+class Counted:
+    """A resource instance that does nothing but count itself."""
+
+    kind = "other"
+    lock = threading.Lock()
+    alive = 0
+    peak = 0
+    started = 0
+
+    def __init__(self, spec: Any = None) -> None:
+        self.open = False
+
+    async def start(self) -> None:
+        with Counted.lock:
+            Counted.alive += 1
+            Counted.started += 1
+            Counted.peak = max(Counted.peak, Counted.alive)
+        self.open = True
+
+    async def reset(self) -> None:
+        pass
+
+    async def health(self) -> bool:
+        return self.open
+
+    async def close(self) -> None:
+        self.kill()
+
+    def kill(self) -> None:
+        if self.open:
+            self.open = False
+            with Counted.lock:
+                Counted.alive -= 1
+
+    @classmethod
+    def forget(cls) -> None:
+        with cls.lock:
+            cls.alive = cls.peak = cls.started = 0
+
+
+COUNTED = ResourceSpec(name="counted", factory=Counted, pool=Pool(min=0, max=1), acquire_timeout=120)
+
+
+@tool(resource="counted", timeout=5)
+async def calculator(expression: str, context: Any) -> str:
+    """Evaluate an arithmetic expression.
+
+    Args:
+        expression: Arithmetic with + - * / ( ) and integers, e.g. "37*48".
+    """
+    await context.resource("counted")
+    return evaluate_arithmetic(expression)
