@@ -690,26 +690,34 @@ class Trainer:
         pass@k (``trainer.evaluation``); on rank 0 only (the other ranks get ``{}`` and go on to the next step)."""
         if not self.main:
             return {}
-        with self.producer.paused() if self.producer is not None else contextlib.nullcontext():
+        with self.producer.paused() if self.producer is not None and self._shares_pools() else contextlib.nullcontext():
             metrics, _ = evaluate(self._eval_agent(), self.eval_samples, self.config.eval.max_new_tokens,
                                   self.config.eval.batch_size, sampled_eval(self.config))
         return metrics
 
+    def _shares_pools(self) -> bool:
+        """Async mode with resource pools: evaluations use the producer's pools, with the producer paused."""
+        return self._producer_agent is not None and self._producer_agent.runner.resources is not None
+
     def _eval_agent(self) -> Agent:
-        """The agent evaluations run on: the trainer's own, except while an asynchronous producer runs. Then
-        it is an agent on the producer's resource pools and event loop (``evaluate`` pauses the producer
-        meanwhile), so that a pool never holds more than its ``max`` instances, and on an engine that holds
-        the weights just trained: the trainer's own HF engine, or, when the producer drives a separate engine
-        (vLLM) that no other thread may step, a new HF engine over the trainer's module. Built once."""
-        if self.producer is None or self._producer_agent is None:
+        """The agent evaluations run on: the trainer's own, except while an asynchronous producer runs and
+        either has resource pools or drives a separate engine. With pools, it is an agent on the producer's
+        pools and event loop (``evaluate`` pauses the producer meanwhile), so that a pool never holds more
+        than its ``max`` instances. Its engine holds the weights just trained: the trainer's own HF engine,
+        or, when the producer drives a separate engine (vLLM) that no other thread may step, a new HF engine
+        over the trainer's module. Built once."""
+        if self.producer is None or self._producer_agent is None or not (self.separate_engine or self._shares_pools()):
             return self.agent
         if self._async_eval_agent is None:
             from agentfly.engines.hf import HFEngine
 
             engine = HFEngine(model=self.model, tokenizer=self.tokenizer) if self.separate_engine else self.engine
-            agent = build_agent(self.config, engine,
-                                resources=cast("ResourceEngine | None", self._producer_agent.runner.resources))
-            agent.share_loop(self._producer_agent)
+            if self._shares_pools():
+                agent = build_agent(self.config, engine,
+                                    resources=cast("ResourceEngine", self._producer_agent.runner.resources))
+                agent.share_loop(self._producer_agent)
+            else:
+                agent = build_agent(self.config, engine)
             self._async_eval_agent = agent
         return self._async_eval_agent
 
