@@ -233,6 +233,7 @@ class Trainer:
         # forward calls, so the shared-prefix trick (one more call when a batch's rows share a long prompt) is off.
         self.share_prefix = not self.zero3
         self.engine: Engine = engine if engine is not None else build_engine(config, self.model, self.tokenizer)
+        self._owns_engine = engine is None  # closed when train() ends; a caller's engine is the caller's
         self.separate_engine = engine is not None or config.engine != "hf"  # holds its own copy of the weights
         if config.rollout.mode == "async" and (engine is not None or self.zero3):
             why = "a caller-built engine" if engine is not None else "DeepSpeed ZeRO-3 (its weights are sharded)"
@@ -821,6 +822,10 @@ class Trainer:
             # Sandboxes and environments (kept warm across steps on run_sync's loop), then that loop; the
             # rollouts have all ended.
             close_agent(self.agent)
+            if self._owns_engine:
+                # Now, not whenever the garbage collector gets to it: vLLM's teardown resets process-wide
+                # state, and run in the middle of the next engine's start it breaks that one.
+                self.engine.close()
             self.events.close()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -34,6 +35,20 @@ def build_engine(model: str | os.PathLike[str], engine: str, **kwargs: Any) -> E
 
         return VLLMEngine(model, **kwargs)
     raise ValueError(f"unknown engine {engine!r}; choose one of {ENGINES}")
+
+
+def _close_runner(runner: asyncio.Runner) -> None:
+    """Close ``run_sync``'s loop, cancelling what is left on it. That needs the loop to run, which cannot
+    happen in a thread where another loop runs (an agent closed or dropped inside async code): then it
+    closes from a thread of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        runner.close()
+        return
+    closer = threading.Thread(target=runner.close, name="agent-loop-close")
+    closer.start()
+    closer.join()
 
 
 class Agent:
@@ -124,7 +139,7 @@ class Agent:
         owner = self._loop_owner
         if owner._loop is None:
             owner._loop = asyncio.Runner()
-            weakref.finalize(owner, owner._loop.close)  # at the latest when the agent goes, or at exit
+            weakref.finalize(owner, _close_runner, owner._loop)  # at the latest when the agent goes, or at exit
         return owner._loop
 
     def share_loop(self, other: Agent) -> None:
@@ -143,4 +158,4 @@ class Agent:
             return
         loop, self._loop = self._loop, None
         if loop is not None:
-            loop.close()
+            _close_runner(loop)

@@ -100,3 +100,27 @@ def test_an_agent_runs_again_after_close_and_refuses_run_sync_inside_a_running_l
     with pytest.raises(RuntimeError, match=r"inside a running event loop; use `await agent.run\(...\)`"):
         asyncio.run(inside())
     agent.close()
+
+
+def test_an_agent_closed_or_dropped_inside_async_code_ends_its_loop_without_an_error(
+        tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+    import sys
+
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    closed, dropped = (af.Agent(model=af.ReplayEngine(tiny_tokenizer, lambda prompt: "done")) for _ in range(2))
+    loops = []
+    for agent in (closed, dropped):
+        agent.run_sync([{"question": "a"}])
+        loops.append(agent._runner().get_loop())
+    del agent
+
+    async def inside() -> None:
+        closed.close()
+        nonlocal dropped
+        del dropped
+        gc.collect()  # its finalizer closes its loop, here, while this loop runs
+
+    asyncio.run(inside())
+    assert all(loop.is_closed() for loop in loops) and not unraisable
