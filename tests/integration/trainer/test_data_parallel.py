@@ -241,3 +241,21 @@ def test_a_deepspeed_resume_on_another_world_size_is_refused_before_loading(
     with pytest.raises(ConfigError, match=r"saved by 4 DeepSpeed ranks and this launch has 2.*--nproc_per_node 4"):
         Trainer(load_config(None, pw.overrides(str(tiny_model_dir), tmp_path / "run", f"deepspeed={ds}")),
                 resume=ckpt)
+
+
+@pytest.mark.slow
+def test_2_ranks_whose_batches_group_and_bucket_differently_train_without_waiting_on_each_other(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    # At 16 prompts x 4 rollouts a rank, the ranks' update forwards would take different numbers of passes
+    # (group runs, length buckets); DDP syncs buffers in every pass, so the ranks waited on each other for ever.
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    sets = [f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "steps=2", "threads=1", "progress=false",
+            "rollout.prompts_per_step=32", "rollout.group_size=4", "rollout.max_new_tokens=24",
+            "rollout.max_turns=2", "data.train_size=256", "data.eval_size=2", "eval.max_new_tokens=4",
+            "log_samples=0", "save_every=0"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+           "trainer.cli", "train", *[a for s in sets for a in ("--set", s)]]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["step"] == 2
