@@ -154,7 +154,8 @@ def length_buckets(lengths: Sequence[int], pass_cost: int = 64) -> list[list[int
 
 
 def forward(model: Any, batch: Batch, temperature: float, *, entropy: bool = False, hidden: bool = False,
-            share_prefix: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+            share_prefix: bool = True, per_group: bool = True,
+            ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Logprobs of the batch's tokens [B, L-1], and optionally the entropy [B, L-1] and last hidden states
     [B, L-1, H] at the predicting positions. Positions inside a shared prompt prefix (all mask 0) hold 0.
 
@@ -162,6 +163,11 @@ def forward(model: Any, batch: Batch, temperature: float, *, entropy: bool = Fal
     shares (the system prompt) is computed once, each group's question once per group (``group_prefixes``),
     their KV caches broadcast to the rows, and the rows' own tokens in buckets of similar length
     (``length_buckets``) rather than all padded to the longest. Without it: one pass over every row.
+
+    per_group=False keeps only the common prefix: two passes (one when nothing is shared), whatever the
+    batch's groups and lengths. That is the layout under DDP, which syncs buffers in every forward call (a
+    collective), so every rank must make the same calls; the common prefix is the system prompt and
+    template on every rank.
     """
     if not share_prefix:
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=hidden,
@@ -172,7 +178,8 @@ def forward(model: Any, batch: Batch, temperature: float, *, entropy: bool = Fal
     trained = batch.mask.any(0).nonzero()
     first_trained = int(trained[0].item()) + 1 if trained.numel() else L - 1
     P = shared_prefix_length(batch, first_trained)
-    return _shared_forward(model, batch, temperature, P, group_prefixes(batch, P), entropy=entropy, hidden=hidden)
+    return _shared_forward(model, batch, temperature, P, group_prefixes(batch, P) if per_group else None,
+                           entropy=entropy, hidden=hidden, buckets=per_group)
 
 
 def _token_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
@@ -186,7 +193,8 @@ def _token_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float
 
 
 def _shared_forward(model: Any, batch: Batch, temperature: float, P: int, groups: GroupPrefixes | None, *,
-                    entropy: bool, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+                    entropy: bool, hidden: bool, buckets: bool = True,
+                    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """``forward`` in passes: the common prefix (one row, when ``P``), each group's shared prompt (one row per
     group, right-padded to the widest and masked, when ``groups``), then each bucket of rows' own tokens over
     their group's cache. Every predicting position from ``max(P - 1, 0)`` on is exact; each pass's figures are
@@ -228,7 +236,7 @@ def _shared_forward(model: Any, batch: Batch, temperature: float, P: int, groups
     S = int(lengths.max())
     parts: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
     order: list[int] = []
-    for rows in length_buckets(lengths.tolist()):
+    for rows in length_buckets(lengths.tolist()) if buckets else [list(range(B))]:
         r = torch.tensor(rows, dtype=torch.long, device=dev)
         width = int(lengths[r].max())
         pos = own[r, None] + torch.arange(width, device=dev)

@@ -647,12 +647,12 @@ class Trainer:
         norm_length = cfg.rollout.max_new_tokens * cfg.rollout.max_turns
         mb, mask, w, w_tok = micro.batch, micro.batch.mask, micro.weight, micro.token_weight
         # Through the update's module (DDP or DeepSpeed when they wrap it): that is what syncs the gradients.
-        # Under N ranks, one pass: DDP syncs buffers in every forward call, a collective, and the shared-prefix
-        # passes follow each rank's own groups and lengths, so ranks would make different calls and wait on
-        # each other for ever.
+        # Under N ranks, the common prefix only (per_group=False): DDP syncs buffers in every forward call, a
+        # collective, and the group and bucket passes follow each rank's own rows, so ranks would make
+        # different calls and wait on each other for ever.
         logp, entropy, hidden = forward(self.update.module, mb, cfg.rollout.temperature, entropy=True,
-                                        hidden=self.value_head is not None,
-                                        share_prefix=self.share_prefix and self.world == 1)
+                                        hidden=self.value_head is not None, share_prefix=self.share_prefix,
+                                        per_group=self.world == 1)
         terms: dict[str, float] = {}
         if micro.measure_mismatch:
             # Same tokens, same weights: any gap is engine/trainer numerics (or a bug).

@@ -160,3 +160,26 @@ def test_trainer_logprobs_match_the_hf_engine_on_its_own_samples(tiny_model_dir,
         logp, _, _ = forward(model, batch, temperature)
     gap = (logp - batch.rollout_logprobs)[batch.mask.bool()].abs()
     assert gap.numel() > 0 and gap.max() < 1e-3
+
+
+def test_with_the_common_prefix_only_a_batch_takes_two_forward_calls_whatever_its_groups_and_lengths(
+        tiny_model_dir):
+    # The layout under DDP, which syncs buffers in every forward call: every rank must make the same calls.
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    calls: list[int] = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    batch = _grouped_batch(system=20)
+    results = []
+    for per_group, share_prefix in ((True, True), (False, True), (True, False)):
+        calls.clear()
+        model.zero_grad()
+        logp, _, _ = forward(model, batch, temperature=0.7, share_prefix=share_prefix, per_group=per_group)
+        logp[batch.mask.bool()].sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results.append((len(calls), logp[batch.mask.bool()].detach(), grads))
+    (grouped_calls, *_), (common_calls, c_logp, c_grads), (_, p_logp, p_grads) = results
+    assert grouped_calls > 2 and common_calls == 2
+    assert torch.allclose(c_logp, p_logp, rtol=1e-4, atol=1e-6 * float(p_logp.abs().max()))
+    assert torch.allclose(c_grads, p_grads, rtol=1e-4, atol=1e-6 * float(p_grads.abs().max()))
