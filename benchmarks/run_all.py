@@ -61,7 +61,11 @@ class Result:
 
 
 def discover() -> list[Path]:
-    return sorted(p for p in BENCH.glob("*.py") if p.name != Path(__file__).name and not p.name.startswith("_"))
+    """Every benchmark script, except this one, private helpers (``_*.py``) and tools that read a run another
+    command made (a line ``READS_A_RUN = True``, e.g. ``time_to_accuracy.py``)."""
+    return sorted(p for p in BENCH.glob("*.py") if p.name != Path(__file__).name and not p.name.startswith("_")
+                  and not any(line.strip().replace(" ", "") == "READS_A_RUN=True" for line in
+                              p.read_text().splitlines()))
 
 
 def question_of(path: Path) -> str:

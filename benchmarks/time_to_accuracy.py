@@ -93,6 +93,10 @@ def time_to_target(side: dict[str, Any], test: Path | None, n: int, target: floa
     side["final"] = side["curve"][-1][2] if side["curve"] else float("nan")
 
 
+# run_all skips this tool: it reads the saved checkpoints and events of a run another command made.
+READS_A_RUN = True
+
+
 def main(argv: list[str] | None = None) -> float | None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", help="an agentfly train output_dir with checkpoint-N folders and events.jsonl")
