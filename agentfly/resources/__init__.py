@@ -11,6 +11,8 @@ from agentfly.resources.ratelimit import RateLimiter
 from agentfly.resources.sandbox import PythonSandbox
 from agentfly.resources.scratchpad import Scratchpad
 from agentfly.resources.spec import (
+    FAILURE_KINDS,
+    InfrastructureFailure,
     Pool,
     Resource,
     ResourceClosed,
@@ -21,6 +23,8 @@ from agentfly.resources.spec import (
 )
 
 __all__ = [
+    "FAILURE_KINDS",
+    "InfrastructureFailure",
     "Isolation",
     "Lease",
     "Limits",
