@@ -130,6 +130,11 @@ class RolloutConfig:
     max_staleness: int = _f(1, "async: the most policy versions a batch may lag the update it trains (k): the "
                                "producer samples steps s+1..s+k while step s updates, and a batch older than k "
                                "versions is dropped (counted in rollout/dropped_stale), never trained on.")
+    infra_failures: Literal["exclude", "drop_group"] = _f(
+        "exclude", "A trajectory the infrastructure ended (a dead sandbox, a lost node, a server down; counted in "
+        "rollout/infra_failed) is never trained on. exclude: it leaves its group, whose statistics and loss are "
+        "those of the rest. drop_group: its whole group is dropped and fresh prompts refill the batch, for up to "
+        "algorithm.max_sample_batches rounds (for estimators that need full groups).")
 
 
 @dataclass

@@ -30,6 +30,7 @@ import os
 import shutil
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,7 +100,20 @@ def summary(t: Trajectory) -> dict[str, Any]:
     """The few numbers of a trajectory its metrics need (what ranks exchange, not the whole trajectory)."""
     return {"reward": t.reward, "length": t.num_trained_tokens, "turns": t.num_turns, "tool_calls": len(t.tool_calls),
             "tool_errors": t.tool_errors, "parse_errors": t.parse_errors, "error": t.error is not None,
-            "finish": t.finish_reason}
+            "finish": t.finish_reason, "failure": t.failure}
+
+
+def infra_kept(trajectories: Sequence[Trajectory], groups: Sequence[int], mode: str) -> list[bool]:
+    """Which trajectories stay in training: not those the infrastructure ended (``Trajectory.failure``).
+
+    ``exclude`` drops each failed trajectory alone; ``drop_group`` drops every group that holds one.
+    """
+    if mode == "exclude":
+        return [not t.infra_failed for t in trajectories]
+    if mode == "drop_group":
+        broken = {g for t, g in zip(trajectories, groups, strict=True) if t.infra_failed}
+        return [g not in broken for g in groups]
+    raise ValueError(f"Unknown infra_failures mode: {mode!r}; use 'exclude' or 'drop_group'")
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory], prefix: str = "") -> dict[str, float]:
@@ -108,10 +122,20 @@ def rollout_metrics(trajectories: Sequence[Trajectory], prefix: str = "") -> dic
 
 
 def summary_metrics(rows: Sequence[dict[str, Any]], prefix: str = "") -> dict[str, float]:
-    """``rollout_metrics`` of trajectories given by their ``summary`` (gathered from every rank)."""
+    """``rollout_metrics`` of trajectories given by their ``summary`` (gathered from every rank).
+
+    Trajectories that ended in an infrastructure failure are counted (``rollout/infra_failed``, and by kind)
+    and left out of every other statistic: their reward says nothing of the agent.
+    """
+    failures = Counter(r["failure"] for r in rows if r.get("failure"))
+    counts = {f"{prefix}rollout/infra_failed": float(sum(failures.values()))}
+    counts |= {f"{prefix}rollout/infra_failed/{kind}": float(n) for kind, n in sorted(failures.items())}
+    rows = [r for r in rows if not r.get("failure")]
+    if not rows:
+        return counts
     rewards = np.array([r["reward"] for r in rows], dtype=np.float64)
     lengths = np.array([r["length"] for r in rows], dtype=np.float64)
-    out = {
+    out = counts | {
         f"{prefix}reward/mean": float(rewards.mean()), f"{prefix}reward/std": float(rewards.std()),
         f"{prefix}reward/min": float(rewards.min()), f"{prefix}reward/max": float(rewards.max()),
         f"{prefix}accuracy": float((rewards >= 1.0 - 1e-9).mean()),
@@ -400,7 +424,8 @@ class Trainer:
         kept: list[list[tuple[Trajectory, float, int]]] = []  # per round
         counts: list[list[int]] = []  # per round, per rank: rows kept
         everything: list[Trajectory] = []
-        rounds = a.max_sample_batches if a.resolved_dynamic_sampling else 1
+        refill = a.resolved_dynamic_sampling or r.infra_failures == "drop_group"
+        rounds = a.max_sample_batches if refill else 1
         n = r.prompts_per_step * r.group_size
         agent = self.agent if agent is None else agent
         cursor = self.cursor if cursor is None else cursor
@@ -414,10 +439,15 @@ class Trainer:
                                               first_index=first * r.group_size)
             everything += trajectories
             with timer("reward"):
-                shaped = self._shaped_rewards(trajectories)
                 groups = [round_index * r.prompts_per_step + first + i // r.group_size
                           for i in range(len(trajectories))]
-                if a.resolved_dynamic_sampling:
+                # A trajectory the infrastructure ended is not the agent's failure: it leaves its group before
+                # any statistic is taken, so the group's mean, std and the loss are those of the rest.
+                healthy = infra_kept(trajectories, groups, r.infra_failures)
+                trajectories = [t for t, k in zip(trajectories, healthy, strict=True) if k]
+                groups = [g for g, k in zip(groups, healthy, strict=True) if k]
+                shaped = self._shaped_rewards(trajectories)
+                if a.resolved_dynamic_sampling and trajectories:
                     keep = algos.informative_groups(torch.tensor(shaped), torch.tensor(groups)).tolist()
                 else:
                     keep = [True] * len(trajectories)

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+from agentfly.resources.spec import InfrastructureFailure
+
 BUILTIN_INPUTS = ("final_answer", "trajectory", "context")
 
 
@@ -68,8 +70,8 @@ class Reward:
             kwargs = self.bind(final_answer, trajectory, context, sample)
             value = await self.fn(**kwargs) if self.is_async else await asyncio.to_thread(self.fn, **kwargs)
             return normalise(self.name, value)
-        except asyncio.CancelledError:
-            raise
+        except (asyncio.CancelledError, InfrastructureFailure):
+            raise  # a judge or service that failed says nothing of the answer: the rollout ends as a failure
         except Exception as exc:
             return RewardResult(0.0, {}, f"reward '{self.name}' raised {type(exc).__name__}: {exc}")
 

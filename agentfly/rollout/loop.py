@@ -26,6 +26,7 @@ from typing import Any
 from agentfly.agents.parsers import Parser, ParseResult, ToolCall
 from agentfly.context import ResourceProvider, RolloutContext
 from agentfly.engines.base import Engine, Generation, Sampling
+from agentfly.resources.spec import InfrastructureFailure
 from agentfly.rewards.reward import Reward
 from agentfly.rollout.render import ChatRenderer
 from agentfly.rollout.trajectory import ToolCallRecord, Trajectory, Turn
@@ -125,6 +126,10 @@ class RolloutRunner:
             await self._score(traj, ctx)
         except asyncio.CancelledError:
             raise
+        except InfrastructureFailure as exc:  # not the agent's doing: typed, so the trainer can leave it out
+            traj.finish_reason = "error"
+            traj.error = f"{type(exc).__name__}: {exc}"
+            traj.failure, traj.failure_reason = exc.kind, str(exc)
         except Exception as exc:  # a broken rollout is reported, never a crashed batch
             traj.finish_reason = "error"
             traj.error = f"{type(exc).__name__}: {exc}"
@@ -175,7 +180,13 @@ class RolloutRunner:
         assert r.parsed is not None and r.last is not None
         traj = r.traj
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(self._call(c, r.ctx) for c in r.parsed.tool_calls))
+        # Every call runs to its end even when another fails, so none is left running while the rollout
+        # releases its resources; an infrastructure failure among them then ends the rollout.
+        outcomes = await asyncio.gather(*(self._call(c, r.ctx) for c in r.parsed.tool_calls), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        results = [o for o in outcomes if isinstance(o, ToolResult)]
         traj.timings["tools"] = traj.timings.get("tools", 0.0) + time.perf_counter() - t0
         new_messages: list[dict[str, Any]] = []
         for error in r.parsed.errors:

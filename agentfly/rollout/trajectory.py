@@ -63,6 +63,12 @@ class Trajectory:
     # The trainer's policy version (updates applied) of the weights that sampled it; None when no trainer
     # counts (asynchronous training measures staleness with it).
     policy_version: int | None = None
+    # Set when the rollout ended because of the infrastructure, never because of the agent: one of
+    # ``agentfly.resources.FAILURE_KINDS`` (a dead sandbox, a lost node, a server that stopped answering).
+    # Such a trajectory says nothing of the policy, so the trainer leaves it out of its group's statistics
+    # and out of the loss, and counts it (``rollout/infra_failed``).
+    failure: str | None = None
+    failure_reason: str | None = None
 
     # ---------------------------------------------------------------- building (the mask is born here)
     def extend_prompt(self, ids: list[int]) -> None:
@@ -93,6 +99,10 @@ class Trajectory:
     @property
     def num_trained_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    @property
+    def infra_failed(self) -> bool:
+        return self.failure is not None
 
     @property
     def tool_errors(self) -> int:
