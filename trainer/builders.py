@@ -132,6 +132,9 @@ def load_samples(config: Config) -> tuple[list[dict[str, Any]], list[dict[str, A
     builtin: dict[str, Any] = {
         "arithmetic": lambda split, n: arithmetic.generate(n, seed=data.seed, split=split),
         "key_chain": lambda split, n: key_chain.generate(n, seed=data.seed, split=split),
+        "key_chain_long": lambda split, n: key_chain.generate(n, seed=data.seed, split=split,
+                                                              min_hops=key_chain.LONG_MIN_HOPS,
+                                                              max_hops=key_chain.LONG_MAX_HOPS),
         "wiki_qa": lambda split, n: wiki_qa.load(split),
         "scienceworld": lambda split, n: _scienceworld(split, data.seed),
     }

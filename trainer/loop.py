@@ -41,7 +41,7 @@ import torch
 
 from trainer import algorithms as algos
 from trainer import distributed as dist
-from trainer.batch import Batch, agg_denominator, collate, forward, trim
+from trainer.batch import Batch, agg_denominator, collate, forward, trim, turn_layout
 from trainer.builders import (
     DataCursor,
     build_agent,
@@ -398,7 +398,11 @@ class Trainer:
 
     def _shaped_rewards(self, trajectories: Sequence[Trajectory]) -> list[float]:
         a = self.config.algorithm
-        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+        # Outcome credit trains on the sequence's whole score: its outcome plus the rewards of its turns. The
+        # turn-level estimators place each turn's reward on that turn instead (``turn_layout``).
+        outcome = a.credit == "outcome"
+        rewards = torch.tensor([t.reward + (sum(t.rewards_per_turn()) if outcome else 0.0) for t in trajectories],
+                               dtype=torch.float32)
         if a.overlong_buffer:
             lengths = torch.tensor([t.num_trained_tokens for t in trajectories])
             rewards = rewards + algos.overlong_penalty(lengths, a.overlong_max_tokens, a.overlong_buffer,
@@ -588,11 +592,18 @@ class Trainer:
             if ref_logp is not None and a.kl_in_reward:
                 behaviour = old_logp if old_logp is not None else batch.rollout_logprobs
                 kl_reward = algos.kl_estimate(behaviour, ref_logp, a.kl_estimator)
-            token_rewards = algos.outcome_token_rewards(batch.rewards, mask, kl_reward, a.kl_coef)
-            advantages, returns = algos.compute_advantages(
-                a.name, token_rewards, mask, batch.group_ids, values=values, std_normalize=a.std_normalize,
-                gamma=a.gamma, lam=a.lam, whiten=a.whiten_advantages,
-                reduce=dist.all_reduce_sum if self.world > 1 else None)
+            reduce = dist.all_reduce_sum if self.world > 1 else None
+            if a.credit == "outcome":
+                token_rewards = algos.outcome_token_rewards(batch.rewards, mask, kl_reward, a.kl_coef)
+                advantages, returns = algos.compute_advantages(
+                    a.name, token_rewards, mask, batch.group_ids, values=values, std_normalize=a.std_normalize,
+                    gamma=a.gamma, lam=a.lam, whiten=a.whiten_advantages, reduce=reduce)
+            else:
+                turns = turn_layout(trajectories, batch.rewards, mask.shape[1], kl_reward, a.kl_coef)
+                advantages, returns = algos.compute_turn_advantages(
+                    a.credit, turns.rewards, turns.mask, turns.turn_of, mask, batch.group_ids, states=turns.states,
+                    values=values, gamma=a.gamma, lam=a.lam, step_weight=a.step_weight,
+                    whiten=a.whiten_advantages, reduce=reduce)
         # Thread counts are process-wide: in async mode the producer's core is not the update's to take.
         with timer("update"), _torch_threads(cfg.update_threads if cfg.rollout.mode == "sync" else 0):
             metrics |= self._optimise(batch, old_logp, ref_logp, advantages, values, returns, placeholder)

@@ -28,6 +28,7 @@ class RewardResult:
     reward: float
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    turn_rewards: list[float] | None = None  # per-turn scores, when the reward returned ``turn_rewards``
 
 
 @dataclass
@@ -84,8 +85,13 @@ def normalise(name: str, value: Any) -> RewardResult:
     if isinstance(value, Mapping):
         if "reward" not in value:
             raise RewardError(f"reward '{name}' returned a dict without a 'reward' key: {sorted(value)}")
-        metrics = {k: float(v) for k, v in value.items() if k != "reward" and isinstance(v, (int, float))}
-        return RewardResult(float(value["reward"]), metrics)
+        metrics = {k: float(v) for k, v in value.items()
+                   if k not in ("reward", "turn_rewards") and isinstance(v, (int, float))}
+        turns = value.get("turn_rewards")
+        if turns is not None and (not isinstance(turns, (list, tuple))
+                                  or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in turns)):
+            raise RewardError(f"reward '{name}' returned turn_rewards={turns!r}; give a list of numbers, one per turn")
+        return RewardResult(float(value["reward"]), metrics, turn_rewards=None if turns is None else [float(v) for v in turns])
     raise RewardError(f"reward '{name}' returned {type(value).__name__}; return a float or a dict with 'reward'")
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import hashlib
+import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -29,7 +31,7 @@ from agentfly.engines.base import Engine, Generation, Sampling
 from agentfly.resources.spec import InfrastructureFailure
 from agentfly.rewards.reward import Reward
 from agentfly.rollout.render import ChatRenderer
-from agentfly.rollout.trajectory import ToolCallRecord, Trajectory, Turn
+from agentfly.rollout.trajectory import ToolCallRecord, Trajectory, Turn, TurnReward
 from agentfly.tools.tool import Tool, ToolResult
 
 
@@ -73,6 +75,7 @@ class _Rollout:
     turn: int = 0
     last: Generation | None = None
     parsed: ParseResult | None = None
+    state: str = ""  # digest of the observations that lead into the next turn ("" before the first)
 
 
 @dataclass
@@ -123,6 +126,7 @@ class RolloutRunner:
             while step is not State.DONE:
                 step = await (self._generate(r, sampling) if step is State.GENERATE else self._tools(r))
             traj.timings["rollout"] = time.perf_counter() - started
+            traj.turn_rewards += [TurnReward(turn, value, reason) for turn, value, reason in ctx.turn_rewards]
             await self._score(traj, ctx)
         except asyncio.CancelledError:
             raise
@@ -159,7 +163,8 @@ class RolloutRunner:
         parsed = self.parser.parse(content)
         r.messages.append({"role": "assistant", "content": content})
         traj.turns.append(Turn(index=r.turn, start=start, end=end, text=content, finish_reason=gen.finish_reason,
-                               tool_calls=[c.name for c in parsed.tool_calls], parse_errors=list(parsed.errors)))
+                               tool_calls=[c.name for c in parsed.tool_calls], parse_errors=list(parsed.errors),
+                               state=r.state))
         r.turn += 1
         r.last, r.parsed = gen, parsed
         if not parsed.tool_calls and not parsed.errors:
@@ -180,6 +185,7 @@ class RolloutRunner:
         assert r.parsed is not None and r.last is not None
         traj = r.traj
         t0 = time.perf_counter()
+        r.ctx.turn = r.turn - 1  # what context.reward_turn credits
         # Every call runs to its end even when another fails, so none is left running while the rollout
         # releases its resources; an infrastructure failure among them then ends the rollout.
         outcomes = await asyncio.gather(*(self._call(c, r.ctx) for c in r.parsed.tool_calls), return_exceptions=True)
@@ -199,6 +205,7 @@ class RolloutRunner:
             new_messages.append({"role": "tool", "name": call.name, "content": result.observation})
         glue = self.renderer.glue_ids(r.messages, new_messages, r.last.token_ids, self.engine.stop_token_ids)
         r.messages.extend(new_messages)
+        r.state = hashlib.sha1(json.dumps([m["content"] for m in new_messages]).encode()).hexdigest()[:16]
         if len(traj.token_ids) + len(glue) >= self.token_limit:
             traj.finish_reason = "length"
             return State.DONE
@@ -218,6 +225,9 @@ class RolloutRunner:
         t0 = time.perf_counter()
         result = await self.reward.score(traj.final_answer, traj, ctx, traj.sample)
         traj.reward, traj.reward_metrics, traj.reward_error = result.reward, result.metrics, result.error
+        if result.turn_rewards is not None:
+            name = getattr(self.reward, "name", "reward")
+            traj.turn_rewards += [TurnReward(k, v, name) for k, v in enumerate(result.turn_rewards[:traj.num_turns])]
         traj.timings["reward"] = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ many rollouts

@@ -47,8 +47,9 @@ def discounted_turn_returns(turn_rewards: torch.Tensor, turn_mask: torch.Tensor,
 
 def _turn_keys(group_ids: torch.Tensor, K: int) -> torch.Tensor:
     """One integer per (group, turn index): [B] -> [B, K]."""
-    _, g = torch.unique(group_ids, return_inverse=True)
-    return g.unsqueeze(1) * K + torch.arange(K, device=group_ids.device).unsqueeze(0)
+    inverse: torch.Tensor = torch.unique(group_ids, return_inverse=True)[1]
+    keys: torch.Tensor = inverse.unsqueeze(1) * K + torch.arange(K, device=group_ids.device).unsqueeze(0)
+    return keys
 
 
 def leave_one_out(values: torch.Tensor, present: torch.Tensor, keys: torch.Tensor, *,

@@ -135,3 +135,24 @@ def test_per_turn_index_normalisation_is_biased_and_the_leave_one_out_baseline_i
     # Here it weighs the second turn a third as much, relative to the first, as the true gradient does.
     assert float(normalised[1] / normalised[0]) == pytest.approx(-1.80, abs=0.01)
     assert float(true[1] / true[0]) == pytest.approx(-5.72, abs=0.01)
+
+
+def test_turn_layout_places_turn_rewards_and_the_outcome_on_each_rows_turns_and_sampled_positions() -> None:
+    from agentfly.rollout import Trajectory, Turn, TurnReward
+    from trainer.batch import turn_layout
+
+    a = Trajectory(sample={}, rollout_id="a", group_id="g", token_ids=[1, 2, 3, 4, 5, 6, 7],
+                   loss_mask=[0, 0, 1, 1, 0, 1, 1])
+    a.turns = [Turn(0, 2, 4, "", "stop", state=""), Turn(1, 5, 7, "", "stop", state="s1")]
+    a.turn_rewards = [TurnReward(0, 0.5, "hop"), TurnReward(0, 0.25, "hop"), TurnReward(1, -0.1, "late")]
+    b = Trajectory(sample={}, rollout_id="b", group_id="g", token_ids=[1, 2, 3], loss_mask=[0, 0, 1])
+    b.turns = [Turn(0, 2, 3, "", "stop", state="")]
+    layout = turn_layout([a, b], torch.tensor([1.0, 0.0]), width=6)
+    torch.testing.assert_close(layout.rewards, t([[0.75, 0.9], [0.0, 0.0]]))
+    torch.testing.assert_close(layout.mask, t([[1, 1], [1, 0]]))
+    assert layout.states.tolist() == [[0, 1], [0, -1]]
+    # Position p predicts token p + 1: turn 0 of ``a`` is tokens 2-3, so positions 1-2.
+    assert layout.turn_of.tolist() == [[-1, 0, 0, -1, 1, 1], [-1, 0, -1, -1, -1, -1]]
+    kl = torch.ones(2, 6)
+    penalised = turn_layout([a, b], torch.tensor([1.0, 0.0]), width=6, kl_reward=kl, kl_coef=0.1)
+    torch.testing.assert_close(penalised.rewards, t([[0.75 - 0.2, 0.9 - 0.2], [-0.1, 0.0]]))
