@@ -13,11 +13,11 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agentfly.agents.parsers import Parser, get_parser
 from agentfly.context import ResourceProvider
 from agentfly.engines.base import Engine, Sampling
 from agentfly.rewards.reward import Reward, make_reward
 from agentfly.rollout.loop import RolloutRunner
+from agentfly.rollout.parsers import Parser, get_parser
 from agentfly.rollout.trajectory import Trajectory
 from agentfly.tools.tool import Tool, make_tool
 

@@ -25,11 +25,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentfly.agents.parsers import Parser, ParseResult, ToolCall
 from agentfly.context import ResourceProvider, RolloutContext
 from agentfly.engines.base import Engine, Generation, Sampling
 from agentfly.resources.spec import InfrastructureFailure
 from agentfly.rewards.reward import Reward
+from agentfly.rollout.parsers import Parser, ParseResult, ToolCall
 from agentfly.rollout.render import ChatRenderer
 from agentfly.rollout.trajectory import ToolCallRecord, Trajectory, Turn, TurnReward
 from agentfly.tools.tool import Tool, ToolResult
