@@ -895,11 +895,10 @@ class _Progress:
         if not self.enabled:
             return
         row = []
-        for name, key, fmt in self.COLUMNS:
+        for _, key, fmt in self.COLUMNS:
             width = len(fmt.format(0.0))
             value = metrics.get(key)
             row.append(fmt.format(value) if isinstance(value, (int, float)) else f"{'-':>{width}}")
-            _ = name
         self.bar.write(" ".join(row))
         self.bar.update(step - self.bar.n)
 

@@ -2,10 +2,13 @@
 
 Each rollout is an explicit state machine, one handler per state:
 
-    GENERATE -> (no tool call) ............................................ DONE
-             -> PARSE -> TOOLS (concurrently) -> OBSERVE -> GENERATE ...
-             -> turn limit / context length .................................. DONE
-    DONE -> REWARD (runs as soon as this rollout ends, while others still generate)
+    GENERATE (sample a turn, parse its tool calls) -> no tool call ...................... DONE
+                                                    -> turn limit / context length ....... DONE
+                                                    -> TOOLS (run the calls concurrently, append their
+                                                       observations with mask 0) -> GENERATE ...
+
+At DONE the rollout's reward is computed at once, while other rollouts still generate. An infrastructure
+failure (``InfrastructureFailure``) from a tool, a reward or the engine ends the rollout with ``failure`` set.
 
 Many rollouts run as asyncio tasks against one engine, which batches their generation requests. Token ids
 are appended, never re-derived from text; the loss mask is written as each token is appended (1 for
