@@ -199,20 +199,18 @@ def build_agent(config: Config, engine: Engine, resources: ResourceEngine | None
     r = config.rollout
     tools = [import_object(spec, "rollout.tools entry") for spec in r.tools]
     reward = import_object(r.reward, "rollout.reward")
+    # The agent owns the pools made for it (``agent.close()`` stops them), not those it is given to share.
     return af.Agent(engine, tools=tools, reward=reward, parser=r.parser, max_turns=r.max_turns,
                     system_prompt=r.system_prompt,
                     resources=resources if resources is not None else build_resources(config, tools),
-                    chat_template_kwargs=r.chat_template_kwargs)
+                    owns_resources=resources is None, chat_template_kwargs=r.chat_template_kwargs)
 
 
-def close_agent(agent: Agent) -> None:
-    """Stop what ``build_agent`` made: the agent's resource pools (on the event loop their instances belong
-    to, ``run_sync``'s, idle between calls), then that loop."""
-    resources = agent.runner.resources
-    close = getattr(resources, "close", None)
-    if callable(close):
-        close()
-    agent.close()
+def pools_of(agent: Agent) -> ResourceEngine | None:
+    """The agent's ``ResourceEngine`` (what the trainer reports and shares), or None when it has no pools."""
+    from agentfly.resources.engine import ResourceEngine
+
+    return agent.resources if isinstance(agent.resources, ResourceEngine) else None
 
 
 def build_engine(config: Config, model: Any, tokenizer: Any) -> Engine:

@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -46,10 +46,10 @@ from trainer.builders import (
     DataCursor,
     build_agent,
     build_engine,
-    close_agent,
     ensure_tiny,
     load_policy,
     load_samples,
+    pools_of,
     setup_torch,
 )
 from trainer.checkpoint import load_state, partial_path, rng_state, save_checkpoint, set_rng_state
@@ -63,7 +63,6 @@ from trainer.trackers import tracker_sinks
 if TYPE_CHECKING:
     from agentfly.agents.agent import Agent
     from agentfly.engines.base import Engine
-    from agentfly.resources import ResourceEngine
     from agentfly.rollout.trajectory import Trajectory
 
 # ------------------------------------------------------------------------------------------ the trainer
@@ -266,7 +265,7 @@ class Trainer:
                                                                  ", or a ZeRO stage below 3"), key="rollout.mode")
         self.agent: Agent = build_agent(config, self.engine)
         # build_agent gives the agent build_resources' engine (or none): the trainer reports and closes it.
-        self.resources = cast("ResourceEngine | None", self.agent.runner.resources)
+        self.resources = pools_of(self.agent)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
                           else self.tokenizer.eos_token_id)
         train, held_out = load_samples(config)
@@ -533,8 +532,8 @@ class Trainer:
             self.events.samples(self.step, [t.to_dict(self.tokenizer) for t in shown])
         # The engine and pools the rollouts ran on: the producer's in async mode.
         engine = self.engine if self._producer_engine is None else self._producer_engine
-        pools = self.resources if self._producer_agent is None else self._producer_agent.runner.resources
-        self.events.resources(self.step, engine.stats(), cast("ResourceEngine", pools).stats() if pools else None)
+        pools = self.resources if self._producer_agent is None else pools_of(self._producer_agent)
+        self.events.resources(self.step, engine.stats(), pools.stats() if pools else None)
         return metrics
 
     def _async_metrics(self, produced: ProducedBatch, dropped: int, trained: Sequence[Trajectory]
@@ -743,7 +742,7 @@ class Trainer:
 
     def _shares_pools(self) -> bool:
         """Async mode with resource pools: evaluations use the producer's pools, with the producer paused."""
-        return self._producer_agent is not None and self._producer_agent.runner.resources is not None
+        return self._producer_agent is not None and pools_of(self._producer_agent) is not None
 
     def _eval_agent(self) -> Agent:
         """The agent evaluations run on: the trainer's own, except while an asynchronous producer runs and
@@ -759,8 +758,7 @@ class Trainer:
 
             engine = HFEngine(model=self.model, tokenizer=self.tokenizer) if self.separate_engine else self.engine
             if self._shares_pools():
-                agent = build_agent(self.config, engine,
-                                    resources=cast("ResourceEngine", self._producer_agent.runner.resources))
+                agent = build_agent(self.config, engine, resources=pools_of(self._producer_agent))
                 agent.share_loop(self._producer_agent)
             else:
                 agent = build_agent(self.config, engine)
@@ -806,7 +804,7 @@ class Trainer:
                 return
         for agent in (self._producer_agent, self._async_eval_agent):
             if agent is not None:
-                close_agent(agent)
+                agent.close()
 
     def train(self, should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
         """Run to ``steps`` (or the time budget); returns the final metrics and the last checkpoint path.
@@ -866,7 +864,7 @@ class Trainer:
             self._stop_producer()
             # Sandboxes and environments (kept warm across steps on run_sync's loop), then that loop; the
             # rollouts have all ended.
-            close_agent(self.agent)
+            self.agent.close()
             if self._owns_engine:
                 # Now, not whenever the garbage collector gets to it: vLLM's teardown resets process-wide
                 # state, and run in the middle of the next engine's start it breaks that one.

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from trainer import algorithms
-from trainer.builders import close_agent
 from trainer.config import load_config
 from trainer.loop import StageTimer, Trainer, rollout_metrics
 
@@ -48,7 +47,7 @@ def test_with_a_tenth_of_sandboxes_killed_mid_rollout_the_update_equals_the_one_
     try:
         collected = trainer.collect(StageTimer())
     finally:
-        close_agent(trainer.agent)
+        trainer.agent.close()
     everything = collected.everything
     failed = [t for t in everything if t.failure]
     assert 1 <= len(failed) <= len(everything) // 4
@@ -65,7 +64,7 @@ def test_with_a_tenth_of_sandboxes_killed_mid_rollout_the_update_equals_the_one_
     # The reference: a fresh trainer (same weights, same seed) updated on the batch with the failed
     # trajectories taken out by hand, each healthy one in the group of its prompt.
     reference = Trainer(_config(tmp_path / "b"))
-    close_agent(reference.agent)
+    reference.agent.close()
     reference.model.eval()
     kept = [(i, t) for i, t in enumerate(everything) if not t.failure]
     expected = reference._update([t for _, t in kept], [t.reward for _, t in kept], [i // GROUP for i, _ in kept],
@@ -82,7 +81,7 @@ def test_drop_group_leaves_out_every_group_that_met_an_infrastructure_failure(tm
     try:
         collected = trainer.collect(StageTimer())
     finally:
-        close_agent(trainer.agent)
+        trainer.agent.close()
     broken = {i // GROUP for i, t in enumerate(collected.everything) if t.failure}
     assert broken
     assert not set(collected.groups) & broken
