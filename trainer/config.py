@@ -350,8 +350,12 @@ class Config:
     eval: EvalConfig = _f(EvalConfig(), "Held-out evaluation (greedy decoding).")
     sft: SFTConfig = _f(SFTConfig(), "Supervised warm start (agentfly sft).")
 
+    def __post_init__(self) -> None:
+        # Checked on construction, so no caller can forget: a Config that exists is one that can run.
+        self.validate()
+
     def validate(self) -> Config:
-        """Reject combinations that cannot work, saying which keys to change."""
+        """Reject combinations that cannot work, saying which keys to change (run on construction)."""
         a, r = self.algorithm, self.rollout
         if r.group_size < 2 and a.name in ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp_baseline"):
             raise ConfigError(f"rollout.group_size={r.group_size}: {a.name} compares responses to the same prompt, "

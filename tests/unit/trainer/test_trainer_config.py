@@ -223,3 +223,15 @@ def test_a_gguf_model_needs_build_tiny_off_and_the_hf_engine_and_a_file_that_is_
     config = load_config(None, [f"model.path={tmp_path}", "model.gguf_file=m.gguf", "model.build_tiny=false"])
     with pytest.raises(FileNotFoundError, match=r"'m\.gguf' is not in model\.path .*found: \['other\.gguf'\]"):
         load_policy(config, torch.device("cpu"))
+
+
+def test_a_config_is_checked_when_it_is_made_so_no_caller_can_forget_to_validate() -> None:
+    import dataclasses
+
+    from trainer.config import AlgorithmConfig, Config, ConfigError, RolloutConfig
+
+    with pytest.raises(ConfigError, match="needs rollout.group_size >= 2"):
+        Config(rollout=RolloutConfig(group_size=1))
+    ok = Config()
+    with pytest.raises(ConfigError, match="algorithm.credit=turn_gae needs a critic"):
+        dataclasses.replace(ok, algorithm=AlgorithmConfig(name="grpo", credit="turn_gae"))
