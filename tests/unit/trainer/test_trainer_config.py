@@ -230,8 +230,8 @@ def test_a_config_is_checked_when_it_is_made_so_no_caller_can_forget_to_validate
 
     from trainer.config import AlgorithmConfig, Config, ConfigError, RolloutConfig
 
-    with pytest.raises(ConfigError, match="needs rollout.group_size >= 2"):
+    with pytest.raises(ConfigError, match=r"needs rollout\.group_size >= 2"):
         Config(rollout=RolloutConfig(group_size=1))
     ok = Config()
-    with pytest.raises(ConfigError, match="algorithm.credit=turn_gae needs a critic"):
+    with pytest.raises(ConfigError, match=r"algorithm\.credit=turn_gae needs a critic"):
         dataclasses.replace(ok, algorithm=AlgorithmConfig(name="grpo", credit="turn_gae"))
