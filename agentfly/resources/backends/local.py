@@ -406,9 +406,10 @@ class LocalWorker:
             )
             if iso.filesystem == "restricted" and not inside_sandbox():
                 argv = [*bwrap_argv(view, self.workdir, iso.network), *argv]
-                # Landlock may list the folders bubblewrap made (a plugin folder that holds only the entries
-                # this sandbox may see): in its root they contain nothing but the view's paths.
-                config["list_paths"] = _layout(view)[0]
+                # Landlock may list the folders bubblewrap made to hold ``read_paths`` (a plugin folder with only
+                # the entries this sandbox may see, for the import system): in its root they hold nothing else.
+                made = set(_layout(view)[0])
+                config["list_paths"] = sorted({os.path.dirname(os.path.abspath(p)) for p in iso.read_paths} & made)
                 # Its parent is bubblewrap (which dies with us), and its private uid is told on stdin once the
                 # launcher's pid, which names it, is known (its own pid is 2 in its process namespace).
                 config.update(parent_pid=None, launcher="bwrap")
