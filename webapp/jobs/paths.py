@@ -83,8 +83,8 @@ def refusal(raw: str, team: Any | None) -> str | None:
     roots = settings.AGENTFLY_ALLOWED_PATHS
     if not any(resolved.is_relative_to(Path(root).resolve()) for root in roots):
         listed = ", ".join(str(r) for r in roots) if roots else "none set"
-        return (f"{raw!r} is outside {own} and the shared folders this server allows (AGENTFLY_ALLOWED_PATHS: "
-                f"{listed}); put the file there, or ask the operator to add its folder to AGENTFLY_ALLOWED_PATHS.")
+        return (f"{raw!r} is outside the folders this server allows (AGENTFLY_ALLOWED_PATHS: {listed}) and {own}; "
+                "put the file there, or ask the operator to add its folder to AGENTFLY_ALLOWED_PATHS.")
     return None
 
 

@@ -91,3 +91,13 @@ async def test_the_sandbox_root_holds_only_what_sandbox_view_lists(tmp_path: Pat
             out = await box.run(f"import os; os.path.exists({absent!r})")
             assert out == "False\n", absent
         assert await box.run("open('mine.txt', 'w').write('ok')") == "2\n"
+
+
+async def test_without_bubblewrap_untrusted_code_is_refused_with_the_fix_named(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from agentfly.resources.backends.local import SandboxUnavailable
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it: never run the code unconfined instead
+    with pytest.raises(SandboxUnavailable, match=r"apt-get install bubblewrap.*Isolation\(filesystem='host'\)"):
+        async with PythonSandbox():
+            pass
