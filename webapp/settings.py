@@ -234,8 +234,8 @@ CHANNEL_LAYERS = {
 AGENTFLY_RUNS_DIR = Path(env_str("AGENTFLY_RUNS_DIR", str(BASE_DIR / "runs" / "webapp")))
 # Folders whose Python modules teams may register as tools and rewards (added to sys.path on workers).
 AGENTFLY_PLUGIN_DIRS = [Path(p) for p in env_list("AGENTFLY_PLUGIN_DIRS", [])]
-# When set, model and task paths given at launch must lie inside one of these folders (a production server
-# should not let users probe its whole filesystem); empty allows any path (the demo, a single-user machine).
+# The shared folders (models, datasets) every team's jobs may read; besides these a job may use only its own
+# team's folder (webapp.jobs.paths.check_config). Empty: nothing outside the team's folder.
 AGENTFLY_ALLOWED_PATHS = [Path(p) for p in env_list("AGENTFLY_ALLOWED_PATHS", [])]
 # Time the web process waits for a worker to answer a "try it" call before telling the user.
 AGENTFLY_TRY_TIMEOUT = env_float("AGENTFLY_TRY_TIMEOUT", 30.0)

@@ -211,7 +211,8 @@ class PythonSandbox:
 
     @property
     def pid(self) -> int | None:
-        return getattr(self.worker, "pid", None)
+        """The interpreter's pid as the host sees it (below bubblewrap, when the local backend confines it)."""
+        return getattr(self.worker, "worker_pid", None) or getattr(self.worker, "pid", None)
 
     @property
     def workdir(self) -> str | None:

@@ -46,6 +46,9 @@ for _scope in ("ANON", "USER", "TOKEN", "SIGNUP", "TRY", "LAUNCH"):
     os.environ.setdefault(f"AGENTFLY_RATE_{_scope}", "100000/hour")
 PLUGINS = Path(__file__).parent / "plugins"
 os.environ.setdefault("AGENTFLY_PLUGIN_DIRS", str(PLUGINS))
+# Paths outside a team's folder are refused unless listed here: the examples' shipped models (warm starts)
+# are the shared folder of the tests' server, as /data/models is compose's.
+os.environ.setdefault("AGENTFLY_ALLOWED_PATHS", str(Path(__file__).resolve().parents[2] / "examples"))
 
 import django  # noqa: E402
 

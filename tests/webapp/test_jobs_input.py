@@ -77,7 +77,8 @@ def test_bad_launch_input_is_refused_on_its_field_and_nothing_is_queued(
 
 
 def test_a_model_path_must_be_a_saved_model_directory(alice_client: Any, team_a: Any, entries: tuple[Any, Any],
-                                                      tmp_path: Any) -> None:
+                                                      tmp_path: Any, settings: Any) -> None:
+    settings.AGENTFLY_ALLOWED_PATHS = [tmp_path]  # what is outside is refused before anything is looked at
     for path, message in [(tmp_path / "missing", "is not a directory"), (tmp_path, "has no config.json")]:
         response = alice_client.post(reverse("jobs:launch"), launch_data(team_a, *entries, model_source="path",
                                                                           model_path=str(path)))

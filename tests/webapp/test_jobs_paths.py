@@ -197,4 +197,60 @@ def test_try_it_python_code_cannot_read_the_projects_settings_or_git(
         response = alice_client.post(reverse("registry:try", args=[builtins["python_code"].pk]),
                                      {"arguments": json.dumps({"code": code})})
         observation = response.context["result"]["observation"]
-        assert "PermissionError" in observation, (path, observation)
+        assert "PermissionError" in observation or "FileNotFoundError" in observation, (path, observation)
+
+
+# ------------------------------------------------------------------------ every path, found by its type
+def test_every_path_of_a_config_is_found_by_its_type_tracker_folders_included(
+        team_a: Any, team_b: Any, runs: Path) -> None:
+    from webapp.jobs.paths import PathRefused, check_config, config_paths
+
+    theirs = str(runs / "team-a" / "job-1")
+    config = {"trackers": ["tensorboard", "wandb", "mlflow"],
+              "tracker_options": {"tensorboard": {"logdir": theirs}, "wandb": {"dir": theirs},
+                                  "mlflow": {"tracking_uri": f"file:{theirs}/mlruns"}},
+              "model": {"path": str(runs / "team-b" / "m"), "gguf_file": "../../team-a/job-1/w.gguf"},
+              "data": {"task": "key_chain_long"}}
+    found = dict(config_paths(config))
+    assert set(found) == {"tracker_options.tensorboard.logdir", "tracker_options.wandb.dir",
+                          "tracker_options.mlflow.tracking_uri", "model.path", "model.gguf_file"}
+    assert found["tracker_options.mlflow.tracking_uri"] == f"{theirs}/mlruns"
+    for key in set(found) - {"model.path"}:
+        alone = {"tracker_options": config["tracker_options"]} if key.startswith("tracker") else {"model": config["model"]}
+        with pytest.raises(PathRefused, match="outside your team's folder") as refused:
+            check_config(alone, team_b)
+        assert refused.value.key is not None and refused.value.key.startswith(key.split(".")[0])
+    check_config({"tracker_options": {"tensorboard": {"logdir": str(runs / "team-b" / "tb")},
+                                      "mlflow": {"tracking_uri": "https://mlflow.example.org"}}}, team_b)
+    with pytest.raises(PathRefused, match="neither a tracking server"):
+        check_config({"tracker_options": {"mlflow": {"tracking_uri": "sqlite:////var/lib/other.db"}}}, team_b)
+
+
+@pytest.mark.integration
+def test_a_tensorboard_logdir_pointed_into_another_teams_run_fails_on_the_worker(
+        builtins: dict[str, Any], bob: Any, team_b: Any, runs_dir: Path) -> None:
+    from webapp.jobs.actions import do_launch_job
+
+    target = runs_dir / "team-a" / "job-998" / "tensorboard"
+    # Written behind the form and the API, as a staff member editing the job in the admin could.
+    config = {"steps": 1, "trackers": ["tensorboard"], "tracker_options": {"tensorboard": {"logdir": str(target)}}}
+    job, _ = do_launch_job(user=bob, team=team_b, name="planted log", config=config, queue="cpu",
+                           tool_versions=[], reward_version=None)
+    done = wait_for(lambda: TrainingJob.objects.filter(pk=job.pk, status__in=Status.values[2:]).first(), 60,
+                    "the worker to refuse the job", 0.3)
+    assert done.status == Status.FAILED
+    assert "PathRefused: tracker_options.tensorboard.logdir" in done.error and "outside your team's folder" in done.error
+    assert not target.exists()
+
+
+def test_with_no_allowed_paths_a_path_outside_the_teams_folder_is_refused_alike_whether_it_exists_or_not(
+        bob_client: Any, team_b: Any, entries: tuple[Any, Any], runs: Path, tmp_path: Path, settings: Any) -> None:
+    settings.AGENTFLY_ALLOWED_PATHS = []
+    existing, missing = saved_model(tmp_path / "elsewhere" / "model"), tmp_path / "elsewhere" / "nothing"
+    answers = [" ".join(model_path_errors(bob_client, team_b, entries, path)).replace(str(path), "PATH")
+               for path in (existing, missing)]
+    assert answers[0] and answers[0] == answers[1]
+    assert "AGENTFLY_ALLOWED_PATHS: none set" in answers[0]
+    # A folder the operator lists is allowed, and the team's own folder always is.
+    settings.AGENTFLY_ALLOWED_PATHS = [tmp_path / "elsewhere"]
+    assert model_path_errors(bob_client, team_b, entries, existing) == []

@@ -134,7 +134,9 @@ def test_event_positions_beyond_bigint_are_a_400(alice_api: Any, alice_client: A
 
 # ------------------------------------------------------------------------------------------ launch options
 def test_a_jsonl_task_without_an_eval_file_is_refused_at_launch(alice_client: Any, team_a: Any,
-                                                                entries: tuple[Any, Any], tmp_path: Path) -> None:
+                                                                entries: tuple[Any, Any], tmp_path: Path,
+                                                                settings: Any) -> None:
+    settings.AGENTFLY_ALLOWED_PATHS = [tmp_path]  # a shared data folder of this server
     task = tmp_path / "train.jsonl"
     task.write_text('{"question": "1+1", "answer": "2"}\n')
     data = launch_data(team_a, *entries, queue="gpu", task="jsonl", task_path=str(task))

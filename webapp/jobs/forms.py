@@ -230,7 +230,7 @@ class LaunchForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        if data.get("model_source") == "path":
+        if data.get("model_source") == "path" and "model_path" not in self.errors:  # refused: never probed
             path = data.get("model_path", "")
             if not path:
                 self.add_error("model_path", "Give the model directory, or choose the tiny model.")
@@ -258,6 +258,11 @@ class LaunchForm(forms.Form):
             self.add_error("tools", f"Two tools are named {', '.join(duplicates)}; pick one of each.")
         if not self.errors:
             self.validate_with_trainer()
+        if not self.errors and data.get("team") is not None:
+            try:  # every path of the config as the worker will see it, found by type (tracker folders too)
+                paths.check_config(self.trainer_config(), data["team"])
+            except paths.PathRefused as exc:
+                self.add_error(field_of(exc.key), str(exc))
         return data
 
     def check_registrable_code(self, data: dict[str, Any]) -> None:

@@ -3,10 +3,10 @@
 The worker never imports a team's module itself. ``describe_in_child`` and ``try_in_child`` start this file
 (``python -m webapp.registry.child``) through the resource layer's local backend (``LocalWorker``), which
 gives it an environment of a few variables only (no ``SECRET_KEY``, ``DATABASE_URL``, broker or Redis URLs:
-the worker's own environment is never inherited), its own working directory, and the sandbox hardening of
-``agentfly/resources/backends/_worker.py``: rlimits (``CHILD_LIMITS``), no network, a private uid when the
-worker is root, and Landlock (read the Python installation, AgentFly and the plugin folders; write only
-the working directory). Each request has a wall-clock limit (``AGENTFLY_CHILD_TIMEOUT``); past it the
+the worker's own environment is never inherited), its own working directory, and the local backend's
+sandbox: a bubblewrap root holding only the Python installation, AgentFly and the web app's code, the shared
+plugins and the entry's team's own plugin folder (``child_read_paths``; no host socket, no other team's
+folder), rlimits (``child_limits``), no network, a private uid when the worker is root, and Landlock. Each request has a wall-clock limit (``AGENTFLY_CHILD_TIMEOUT``); past it the
 child is killed. A child that exits, crashes or hangs becomes ``ChildFailed``, an error the user sees.
 
 Protocol: the ``_worker.py`` JSON lines, with two requests: ``describe`` and ``try``.
@@ -25,7 +25,7 @@ from typing import Any
 from agentfly.resources.backends.local import Isolation, Limits, LocalWorker
 from agentfly.resources.spec import ResourceError
 from webapp.registry.introspect import Description, IntrospectionError
-from webapp.registry.plugins import Source
+from webapp.registry.plugins import Source, visible_plugin_paths
 
 ROOT = Path(__file__).resolve().parents[2]  # holds the agentfly and webapp packages the child imports
 
@@ -46,14 +46,24 @@ def _settings() -> tuple[list[str], float]:
     return [str(Path(d).resolve()) for d in settings.AGENTFLY_PLUGIN_DIRS], float(settings.AGENTFLY_CHILD_TIMEOUT)
 
 
-async def _run(requests: list[dict[str, Any]], plugin_dirs: list[str], timeout: float) -> list[dict[str, Any]]:
+def child_read_paths(plugin_dirs: list[str], team_slug: str | None) -> list[str]:
+    """What a child of team ``team_slug`` reads besides the Python installation (``local.sandbox_view`` adds
+    that and its working folder; nothing else exists in its root): AgentFly and the web app's code, the
+    shared plugin modules and the team's own plugin folder. Another team's folder is not there at all."""
     import agentfly
+    from webapp.accounts.models import Team
 
+    code = [str(Path(agentfly.__file__).resolve().parent), str(ROOT / "webapp")]
+    slugs = Team.objects.values_list("slug", flat=True)
+    return [*code, *visible_plugin_paths(plugin_dirs, team_slug, slugs)]
+
+
+async def _run(requests: list[dict[str, Any]], plugin_dirs: list[str], timeout: float,
+               read_paths: list[str]) -> list[dict[str, Any]]:
     worker = LocalWorker(
         [sys.executable, "-P", "-m", "webapp.registry.child"],
         limits=child_limits(timeout),
-        isolation=Isolation(network="none", filesystem="restricted", own_uid=True,
-                            read_paths=(str(Path(agentfly.__file__).resolve().parent), *plugin_dirs)),
+        isolation=Isolation(network="none", filesystem="restricted", own_uid=True, read_paths=tuple(read_paths)),
         env={"PYTHONPATH": str(ROOT)},
     )
     replies = []
@@ -75,28 +85,29 @@ async def _run(requests: list[dict[str, Any]], plugin_dirs: list[str], timeout: 
     return replies
 
 
-def run_in_child(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Answer ``requests`` in one fresh child process (worker side; needs Django settings)."""
+def run_in_child(requests: list[dict[str, Any]], team_slug: str | None = None) -> list[dict[str, Any]]:
+    """Answer ``requests`` in one fresh child process of team ``team_slug`` (None: a built-in entry), which
+    sees the shared plugins and that team's folder only (worker side; needs Django settings)."""
     plugin_dirs, timeout = _settings()
-    return asyncio.run(_run(requests, plugin_dirs, timeout))
+    return asyncio.run(_run(requests, plugin_dirs, timeout, child_read_paths(plugin_dirs, team_slug)))
 
 
 def _request(op: str, kind: str, import_path: str, source: Source, **extra: Any) -> dict[str, Any]:
     return {"op": op, "kind": kind, "import_path": import_path, "source": asdict(source), **extra}
 
 
-def describe_in_child(kind: str, import_path: str, source: Source) -> Description:
+def describe_in_child(kind: str, import_path: str, source: Source, team_slug: str | None = None) -> Description:
     """``introspect.describe`` of the entry, run in a child; IntrospectionError says why it failed."""
-    (reply,) = run_in_child([_request("describe", kind, import_path, source)])
+    (reply,) = run_in_child([_request("describe", kind, import_path, source)], team_slug)
     if not reply.get("ok"):
         raise IntrospectionError(reply.get("error") or "the inspection failed")
     return Description(**reply["description"])
 
 
-def try_in_child(import_path: str, source: Source, arguments: Any) -> dict[str, Any]:
-    """Call the tool with ``arguments`` in a child: ``{"observation", "error", "latency"}``."""
+def try_in_child(import_path: str, source: Source, arguments: Any, team_slug: str | None = None) -> dict[str, Any]:
+    """Call the tool with ``arguments`` in a child of team ``team_slug``: ``{"observation", "error", "latency"}``."""
     try:
-        (reply,) = run_in_child([_request("try", "tool", import_path, source, arguments=arguments)])
+        (reply,) = run_in_child([_request("try", "tool", import_path, source, arguments=arguments)], team_slug)
     except IntrospectionError as exc:
         return {"observation": "", "error": str(exc), "latency": 0.0}
     if not reply.get("ok"):
@@ -142,7 +153,7 @@ def _handlers() -> dict[str, Any]:
 
     def do_try(req: dict[str, Any]) -> dict[str, Any]:
         try:
-            tool = introspect.load_tool(req["import_path"], source_of(req), req["plugin_dirs"])
+            tool = introspect.load("tool", req["import_path"], source_of(req), req["plugin_dirs"])
             result = asyncio.run(invoke(tool, req["arguments"]))
         except (IntrospectionError, UnknownSandbox) as exc:
             return {"ok": False, "error": str(exc)}
@@ -168,6 +179,7 @@ def main() -> None:
     # A tool's own sandbox (python_code's) is started from here, with its stderr on /dev/null.
     config["write_paths"] = [*config.get("write_paths", []), os.devnull]
     try:
+        _worker.receive_identity(channel, config)
         report = _worker.harden(config)
     except Exception as exc:  # never run user code half-isolated
         channel.write({"ok": False, "ready": False, "error": f"isolation failed: {type(exc).__name__}: {exc}"})

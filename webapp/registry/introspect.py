@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from webapp.registry.plugins import Source, install_team_finder
+from webapp.registry.plugins import Source, check_import_path, install_team_finder
 
 
 class IntrospectionError(Exception):
@@ -63,70 +63,69 @@ def in_plugin_dir(module: Any, plugin_dirs: list[str] | None = None) -> bool:
 
 
 def resolve(import_path: str, source: Source | None = None, plugin_dirs: list[str] | None = None) -> Any:
-    """The object at ``package.module:attr.sub``; IntrospectionError carries the import error text. With a
-    ``source``, the module must come from the file the rule located."""
-    module_name, _, attr_path = import_path.partition(":")
+    """The top-level object at ``package.module:name``; IntrospectionError carries the import error text.
+    With a ``source``, the module must come from the file the rule located.
+
+    The object must be defined in the module the path names (its ``__module__``, or its function's for a
+    Tool or Reward): ``word_tools:system`` after ``from os import system`` is os's function, not the
+    plugin's, and is refused like the attribute chain ``word_tools:os.system`` (refused before any import).
+    """
+    try:
+        import_path = check_import_path(import_path)
+    except ValueError as exc:
+        raise IntrospectionError(str(exc)) from None
+    module_name, _, name = import_path.partition(":")
     add_plugin_dirs(plugin_dirs)
     try:
-        obj: Any = importlib.import_module(module_name)
-        if in_plugin_dir(obj, plugin_dirs):
+        module: Any = importlib.import_module(module_name)
+        if in_plugin_dir(module, plugin_dirs):
             # A team edits its plugin files while workers run: re-read the source so a new version is seen.
-            obj = importlib.reload(obj)
+            module = importlib.reload(module)
     except BaseException as exc:  # SystemExit and friends from user code must not kill the worker
         raise IntrospectionError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
-    origin = getattr(obj, "__file__", None)
+    origin = getattr(module, "__file__", None)
     if source is not None and (not origin or str(Path(origin).resolve()) != source.module_file):
         raise IntrospectionError(f"{module_name!r} was imported from {origin}, not from {source.module_file} "
                                  "where the registry located it; refusing to use it")
-    for part in attr_path.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise IntrospectionError(f"module {module_name!r} has no attribute {attr_path!r}") from None
+    try:
+        obj = inspect.getattr_static(module, name)
+    except AttributeError:
+        raise IntrospectionError(f"module {module_name!r} has no attribute {name!r}") from None
+    home = getattr(getattr(obj, "fn", obj), "__module__", None)
+    if callable(obj) and home != module_name:  # what is not callable is refused by ``load`` for its type
+        raise IntrospectionError(
+            f"{import_path}: {name!r} is not defined in {module_name!r} (it comes from {home or 'elsewhere'!r}); a "
+            f"registry path names a function defined in the module itself. Write a tool or reward in {module_name} "
+            "that calls it, and register that function."
+        )
     return obj
 
 
-def load_tool(import_path: str, source: Source | None = None, plugin_dirs: list[str] | None = None) -> Any:
-    """The ``agentfly.tools.Tool`` at ``import_path``; a plain function of a plugin module is wrapped with
-    ``make_tool`` (from a tool package only decorated tools are taken)."""
-    from agentfly.tools import Tool, make_tool
+MAKERS = {"tool": ("agentfly.tools", "Tool", "make_tool"), "reward": ("agentfly.rewards", "Reward", "make_reward")}
 
+
+def load(kind: str, import_path: str, source: Source | None = None, plugin_dirs: list[str] | None = None) -> Any:
+    """The ``Tool`` (``kind`` "tool") or ``Reward`` ("reward") at ``import_path``. A plain function of a plugin
+    module is wrapped with ``make_tool``/``make_reward``; from a tool package only decorated objects are taken."""
+    if kind not in MAKERS:
+        raise ValueError(f"Unknown registry kind: {kind!r}; expected 'tool' or 'reward'")
+    package, cls_name, maker_name = MAKERS[kind]
+    library = importlib.import_module(package)
+    cls, maker = getattr(library, cls_name), getattr(library, maker_name)
     obj = resolve(import_path, source, plugin_dirs)
-    if isinstance(obj, Tool):
+    if isinstance(obj, cls):
         return obj
     if source is not None and source.decorated_only:
         raise IntrospectionError(f"{import_path} is a {type(obj).__name__}, not an object decorated with "
-                                 "@agentfly.tool; from a tool package only decorated tools are registrable")
-    if inspect.isclass(obj) or not callable(obj):
+                                 f"@agentfly.{kind}; from a tool package only decorated {kind}s are registrable")
+    if not (inspect.isfunction(obj) or inspect.iscoroutinefunction(obj)):
         raise IntrospectionError(
-            f"{import_path} is a {type(obj).__name__}, not a tool; decorate a function with @agentfly.tools.tool"
+            f"{import_path} is a {type(obj).__name__}, not a {kind}; decorate a function with @{package}.{kind}"
         )
     try:
-        return make_tool(obj)
+        return maker(obj)
     except Exception as exc:
-        raise IntrospectionError(f"{import_path} is not a usable tool: {exc}") from exc
-
-
-def load_reward(import_path: str, source: Source | None = None, plugin_dirs: list[str] | None = None) -> Any:
-    """The ``agentfly.rewards.Reward`` at ``import_path``; a plain function of a plugin module is wrapped with
-    ``make_reward`` (from a tool package only decorated rewards are taken)."""
-    from agentfly.rewards import Reward, make_reward
-
-    obj = resolve(import_path, source, plugin_dirs)
-    if isinstance(obj, Reward):
-        return obj
-    if source is not None and source.decorated_only:
-        raise IntrospectionError(f"{import_path} is a {type(obj).__name__}, not an object decorated with "
-                                 "@agentfly.reward; from a tool package only decorated rewards are registrable")
-    if inspect.isclass(obj) or not callable(obj):
-        raise IntrospectionError(
-            f"{import_path} is a {type(obj).__name__}, not a reward; decorate a function with "
-            "@agentfly.rewards.reward"
-        )
-    try:
-        return make_reward(obj)
-    except Exception as exc:
-        raise IntrospectionError(f"{import_path} is not a usable reward: {exc}") from exc
+        raise IntrospectionError(f"{import_path} is not a usable {kind}: {exc}") from exc
 
 
 def source_hash(fn: Any) -> tuple[str, str]:
@@ -146,7 +145,7 @@ def describe(kind: str, import_path: str, source: Source | None = None,
              plugin_dirs: list[str] | None = None) -> Description:
     """Import and describe the tool or reward at ``import_path`` (``kind`` is "tool" or "reward")."""
     if kind == "tool":
-        t = load_tool(import_path, source, plugin_dirs)
+        t = load("tool", import_path, source, plugin_dirs)
         digest, module_file = source_hash(t.fn)
         return Description(
             name=t.name,
@@ -158,7 +157,7 @@ def describe(kind: str, import_path: str, source: Source | None = None,
             module_file=module_file,
         )
     if kind == "reward":
-        r = load_reward(import_path, source, plugin_dirs)
+        r = load("reward", import_path, source, plugin_dirs)
         digest, module_file = source_hash(r.fn)
         return Description(
             name=r.name,

@@ -7,26 +7,14 @@ edit of the function never rewrites history. Built-ins have no team and are visi
 
 from __future__ import annotations
 
-import re
-
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
 from webapp.accounts.models import Team
+from webapp.registry.plugins import check_import_path
 
-IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-
-
-def check_import_path(path: str) -> str:
-    """Return ``path`` stripped, or raise ValueError saying what a valid one looks like."""
-    path = path.strip()
-    if not IMPORT_PATH_RE.match(path):
-        raise ValueError(
-            f"{path!r} is not an import path; write it as 'package.module:function' "
-            "(dotted module, a colon, then the attribute)"
-        )
-    return path
+__all__ = ["Entry", "EntryStatus", "Kind", "Version", "check_import_path"]
 
 
 class Kind(models.TextChoices):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,33 @@ from types import ModuleType
 from typing import Any
 
 TEAM_PACKAGE = "agentfly_teams"
+
+
+IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+ATTRIBUTE_CHAIN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+
+
+def check_import_path(path: str) -> str:
+    """Return ``path`` stripped, or raise ValueError saying what a valid one looks like.
+
+    A path names one top-level object of one module (``module:name``). An attribute chain after the colon
+    (``word_tools:os.system``, ``word_tools:__loader__.get_data``) would walk from a harmless module to
+    whatever it imported, so it is refused here, before anything else looks at the path.
+    """
+    path = path.strip()
+    if ATTRIBUTE_CHAIN_RE.match(path):
+        module, _, chain = path.partition(":")
+        raise ValueError(
+            f"{path!r} walks an attribute chain ({chain}); a registry path names one function defined in the "
+            f"module itself, as '{module}:<function>'. To use {chain.rsplit('.', 1)[-1]!r} from elsewhere, write a "
+            f"tool or reward in {module} that calls it, and register that function."
+        )
+    if not IMPORT_PATH_RE.match(path):
+        raise ValueError(
+            f"{path!r} is not an import path; write it as 'package.module:function' "
+            "(dotted module, a colon, then the name of a function defined in that module)"
+        )
+    return path
 
 
 @dataclass(frozen=True)
@@ -54,17 +82,58 @@ def team_package(slug: str) -> str:
     return f"{TEAM_PACKAGE}.{slug.replace('-', '_')}"
 
 
+def is_shared_package(folder: Path) -> bool:
+    """A folder of a plugin dir with an ``__init__.py`` is a shared package (``text_utils/``), importable by
+    every team. It is never a team's folder, even when a team is named like it: a team created as
+    ``text_utils`` must not take the shared package over (its folder is refused until one is renamed)."""
+    return (folder / "__init__.py").is_file()
+
+
 def team_folders(ident: str, plugin_dirs: Iterable[Path | str]) -> list[Path]:
-    """Every ``<dir>/<slug>/`` whose package name is ``agentfly_teams.<ident>`` (more than one is ambiguous)."""
+    """Every ``<dir>/<slug>/`` whose package name is ``agentfly_teams.<ident>`` (more than one is ambiguous).
+    A shared package (``is_shared_package``) is never one."""
     found = []
     for folder in plugin_dirs:
         root = Path(folder)
         if not root.is_dir():
             continue
         for child in sorted(root.iterdir()):
-            if child.is_dir() and child.name.replace("-", "_") == ident:
+            if child.is_dir() and child.name.replace("-", "_") == ident and not is_shared_package(child):
                 found.append(child)
     return found
+
+
+def shared_package_names(plugin_dirs: Iterable[Path | str]) -> set[str]:
+    """The names of the shared plugin packages and modules (``text_utils/``, ``word_tools.py``) of the plugin
+    folders: no team may take one as its slug (the account rules ask this)."""
+    names: set[str] = set()
+    for folder in plugin_dirs:
+        root = Path(folder)
+        if root.is_dir():
+            names.update(c.name for c in root.iterdir() if is_shared_package(c))
+            names.update(c.stem for c in root.glob("*.py"))
+    return names
+
+
+def visible_plugin_paths(plugin_dirs: Iterable[Path | str], team_slug: str | None,
+                         team_slugs: Iterable[str]) -> list[str]:
+    """What a "try it" child of team ``team_slug`` (None: a built-in entry) may read of the plugin folders:
+    the shared modules and packages, and that team's own folder. Every other team's folder (a folder named
+    like one of ``team_slugs``) is left out of its root, so it does not exist there; so are hidden entries."""
+    teams = {slug.replace("-", "_") for slug in team_slugs}
+    visible: list[str] = []
+    for folder in plugin_dirs:
+        root = Path(folder)
+        if not root.is_dir():
+            continue
+        for child in sorted(root.iterdir()):
+            if child.name.startswith("."):
+                continue
+            claimed = child.is_dir() and not is_shared_package(child) and child.name.replace("-", "_") in teams
+            if claimed and child.name != team_slug:
+                continue  # another team's folder
+            visible.append(str(child))
+    return visible
 
 
 def module_files(locations: Sequence[Path], parts: Sequence[str]) -> list[Path] | None:

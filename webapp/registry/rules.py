@@ -31,6 +31,7 @@ from webapp.registry.plugins import (
     TEAM_PACKAGE,
     Source,
     found_elsewhere,
+    is_shared_package,
     module_files,
     resolved_inside,
     team_folders,
@@ -104,6 +105,11 @@ def _team_module(import_path: str, module: str, team_slug: str | None, plugin_di
     if len(folders) > 1:
         raise NotRegistrable(f"{import_path}: the folders {', '.join(map(str, folders))} both claim {own}; "
                              "the operator must keep only the one named exactly like the team's slug")
+    shared = [d / team_slug for d in plugin_dirs if is_shared_package(d / team_slug)]
+    if not folders and shared:
+        raise NotRegistrable(f"{import_path}: {shared[0]} is a shared plugin package (it has __init__.py), which "
+                             f"every team imports as {team_slug.replace('-', '_')}; it is not team {team_slug!r}'s "
+                             "folder. The operator renames the team or the package to give the team a folder.")
     if not folders or folders[0].name != team_slug:
         raise NotRegistrable(f"{import_path}: team {team_slug!r} has no plugin folder; the operator creates "
                              f"<plugin dir>/{team_slug}/ in one of AGENTFLY_PLUGIN_DIRS ({_listed(plugin_dirs)})")
@@ -111,6 +117,7 @@ def _team_module(import_path: str, module: str, team_slug: str | None, plugin_di
     if files is None:
         raise NotRegistrable(f"{import_path}: there is no module {'.'.join(parts[2:])!r} in {folders[0]}/")
     _refuse_escape(import_path, files, folders[0])
+    _refuse_import(import_path, files[-1])
     return Source("plugin", str(files[-1].resolve()))
 
 
@@ -123,7 +130,9 @@ def _shared_module(import_path: str, module: str, plugin_dirs: list[Path]) -> So
         _refuse_escape(import_path, files, folder)
         from webapp.accounts.models import Team
 
-        if (folder / parts[0]).is_dir() and Team.objects.filter(slug=parts[0]).exists():
+        # A team's folder is its own; a shared package (it has __init__.py) stays shared whatever teams are called.
+        if ((folder / parts[0]).is_dir() and not is_shared_package(folder / parts[0])
+                and Team.objects.filter(slug=parts[0]).exists()):
             raise NotRegistrable(f"{import_path}: {folder / parts[0]} is team {parts[0]!r}'s folder; only that "
                                  f"team registers from it, as {team_package(parts[0])}.<module>:<function>")
         elsewhere = found_elsewhere(parts[0], plugin_dirs)
@@ -131,8 +140,19 @@ def _shared_module(import_path: str, module: str, plugin_dirs: list[Path]) -> So
             raise NotRegistrable(f"{import_path}: the plugin module {parts[0]!r} has the name of a module that "
                                  f"is already installed ({elsewhere}), which workers would import instead; "
                                  "rename the plugin")
+        _refuse_import(import_path, files[-1])
         return Source("plugin", str(files[-1].resolve()))
     return None
+
+
+def _refuse_import(import_path: str, file: Path) -> None:
+    """``word_tools:system`` after ``from os import system`` in word_tools is os's function: refused here from
+    the source, and again on the worker from the object's ``__module__``."""
+    module, _, name = import_path.partition(":")
+    if _binding(file, name, "tool") == "imported":
+        raise NotRegistrable(f"{import_path}: {name!r} is imported into {module!r}, not defined there; a registry "
+                             f"path names a function defined in the module itself. Write a function in {module} "
+                             "that calls it, and register that function.")
 
 
 def _refuse_escape(import_path: str, files: list[Path], folder: Path) -> None:
@@ -148,9 +168,13 @@ def _package_object(kind: str, import_path: str, module: str, attr: str) -> Sour
     file = locate_installed(module)
     if file is None:
         raise NotRegistrable(f"{import_path}: there is no module {module!r} installed on this server")
-    if "." in attr:
-        raise NotRegistrable(f"{import_path}: from a tool package, name a top-level object (module:name)")
-    if not _decorated(file, module, attr, kind, depth=0):
+    binding = _binding(file, attr, kind)
+    if binding == "imported":
+        raise NotRegistrable(
+            f"{import_path}: {attr!r} is imported into {module!r}, not defined there; a registry path names the "
+            "module that defines the tool or reward (register it as <defining module>:<name>)."
+        )
+    if binding != "decorated":
         raise NotRegistrable(
             f"{import_path} is not an object decorated with @agentfly.{kind}: from AgentFly's built-ins and the "
             "packages in AGENTFLY_TOOL_PACKAGES only decorated tools and rewards are registrable. Decorate it "
@@ -178,38 +202,32 @@ def locate_installed(module: str) -> Path | None:
     return files[-1] if files and files[-1].suffix == ".py" else None
 
 
-def _decorated(file: Path, module: str, attr: str, kind: str, depth: int) -> bool:
-    """Whether the last top-level binding of ``attr`` in ``file`` is a decorated definition of ``kind``,
-    following ``from x import attr`` re-exports."""
+def _binding(file: Path, attr: str, kind: str) -> str:
+    """How the last top-level binding of ``attr`` in ``file`` is made: "decorated" (a definition decorated or
+    made as a ``kind``), "imported" (``from x import attr``: defined elsewhere, which the worker refuses as
+    its ``__module__`` is not this module), or "other"."""
     try:
         tree = ast.parse(file.read_text(encoding="utf-8"), str(file))
     except (OSError, SyntaxError, ValueError):
-        return False
+        return "other"
     binding: ast.stmt | None = None
-    imported: tuple[str, str] | None = None
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == attr:
-            binding, imported = node, None
+            binding = node
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Name) and t.id == attr for t in targets):
-                binding, imported = node, None
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                if (alias.asname or alias.name.split(".")[0]) != attr:
-                    continue
                 binding = node
-                imported = (_absolute(node, module, file), alias.name) if isinstance(node, ast.ImportFrom) else None
-    if binding is None:
-        return False
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                (alias.asname or alias.name.split(".")[0]) == attr for alias in node.names):
+            binding = node
+    if isinstance(binding, (ast.Import, ast.ImportFrom)):
+        return "imported"
     if isinstance(binding, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return any(_maker(d) in MAKERS[kind] for d in binding.decorator_list)
+        return "decorated" if any(_maker(d) in MAKERS[kind] for d in binding.decorator_list) else "other"
     if isinstance(binding, (ast.Assign, ast.AnnAssign)):
-        return isinstance(binding.value, ast.Call) and _maker(binding.value) in MAKERS[kind]
-    if imported is not None and imported[0] and depth < 5:
-        target = locate_installed(imported[0])
-        return target is not None and _decorated(target, imported[0], imported[1], kind, depth + 1)
-    return False
+        return "decorated" if isinstance(binding.value, ast.Call) and _maker(binding.value) in MAKERS[kind] else "other"
+    return "other"
 
 
 def _maker(node: ast.expr) -> str:
@@ -219,11 +237,3 @@ def _maker(node: ast.expr) -> str:
     if isinstance(node, ast.Attribute):
         return node.attr
     return node.id if isinstance(node, ast.Name) else ""
-
-
-def _absolute(node: ast.ImportFrom, module: str, file: Path) -> str:
-    if not node.level:
-        return node.module or ""
-    package = module.split(".") if file.name == "__init__.py" else module.split(".")[:-1]
-    base = package[: len(package) - node.level + 1]
-    return ".".join([*base, node.module] if node.module else base)

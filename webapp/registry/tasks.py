@@ -39,7 +39,7 @@ def inspect_entry(entry_id: int) -> str:
         return "gone"
     try:
         source = check_registrable(entry.kind, entry.import_path, team_slug(entry))
-        description = describe_in_child(entry.kind, entry.import_path, source)
+        description = describe_in_child(entry.kind, entry.import_path, source, team_slug(entry))
     except (NotRegistrable, IntrospectionError) as exc:
         worker.record_failure(entry_id, str(exc))
         return "failed"
@@ -75,7 +75,7 @@ def try_tool(entry_id: int, arguments: Any) -> dict[str, Any]:
         source = check_registrable(entry.kind, entry.import_path, team_slug(entry))
     except NotRegistrable as exc:
         return {"observation": "", "error": str(exc), "latency": 0.0}
-    return try_in_child(entry.import_path, source, arguments)
+    return try_in_child(entry.import_path, source, arguments, team_slug(entry))
 
 
 def parse_arguments(text: str) -> dict[str, Any]:

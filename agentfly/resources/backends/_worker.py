@@ -8,6 +8,8 @@ Protocol: one JSON object per line on the *original* stdin/stdout, which the wor
 descriptors before anything else runs; fd 0 becomes /dev/null and fds 1/2 become in-memory capture files,
 so user code that prints or reads stdin can never corrupt the protocol.
 
+Under the local backend the worker starts inside bubblewrap, in a root that holds only what
+``local.sandbox_view`` lists (no host socket, no other sandbox's folder) and a network namespace of its own.
 Hardening (``harden``), applied by the worker to itself before it reads its first request, in this order
 because each step needs the privileges the next one drops:
 1. resource limits (CPU seconds, address space, open files, file size, processes);
@@ -150,7 +152,7 @@ def _others_can_reach(path: str) -> bool:
         current = parent
 
 
-def drop_privileges(workdir: str) -> str:
+def drop_privileges(workdir: str, uid: int | None = None) -> str:
     """As root, become a uid of our own so RLIMIT_NPROC counts only this sandbox's processes.
 
     When the interpreter lives where other users cannot read it (e.g. under /root), the new uid keeps one
@@ -158,7 +160,7 @@ def drop_privileges(workdir: str) -> str:
     """
     if os.geteuid() != 0:
         return f"uid {os.getuid()} (not root: the process limit is shared with that user's processes)"
-    uid = 100000 + os.getpid()
+    uid = uid or 100000 + os.getpid()
     keep_read = not _others_can_reach(os.path.join(sys.base_prefix, "lib")) or not _others_can_reach(sys.prefix)
     libc = _libc()
     if keep_read:
@@ -177,8 +179,9 @@ def drop_privileges(workdir: str) -> str:
     return f"uid {uid} (+CAP_DAC_READ_SEARCH: the Python installation is not readable by other users)"
 
 
-def landlock(read_paths: list[str], write_paths: list[str]) -> str:
-    """Restrict the filesystem to ``read_paths`` (read/execute) and ``write_paths`` (everything)."""
+def landlock(read_paths: list[str], write_paths: list[str], list_paths: list[str] | None = None) -> str:
+    """Restrict the filesystem to ``read_paths`` (read/execute) and ``write_paths`` (everything); the folders
+    ``list_paths`` may be listed, not read."""
     libc = _libc()
     libc.syscall.restype = ctypes.c_long
     abi = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), LANDLOCK_CREATE_RULESET_VERSION)
@@ -196,7 +199,8 @@ def landlock(read_paths: list[str], write_paths: list[str]) -> str:
     if fd < 0:
         return f"unavailable: landlock_create_ruleset failed ({_errno_text()})"
     try:
-        for path, rights in [(p, READ_ONLY) for p in read_paths] + [(p, handled) for p in write_paths]:
+        rules = [(p, FS_READ_DIR) for p in list_paths or []] + [(p, READ_ONLY) for p in read_paths]
+        for path, rights in rules + [(p, handled) for p in write_paths]:
             try:
                 pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             except OSError:
@@ -227,19 +231,36 @@ def harden(config: dict[str, Any]) -> dict[str, Any]:
     # fork or setsid) stays in this process's tree, where the parent finds it cheaply on reset.
     _libc().prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     report["limits"] = apply_limits(config.get("limits") or {})
+    bwrap = config.get("launcher") == "bwrap"
     if config.get("network") == "none":
-        report["network"] = isolate_network()
+        report["network"] = "namespace (bubblewrap)" if bwrap else isolate_network()
     else:
         report["network"] = "allowed"
     if config.get("own_uid"):
-        report["user"] = drop_privileges(workdir)
+        report["user"] = drop_privileges(workdir, config.get("uid"))
         # The kernel clears the parent-death signal when the credentials change: ask for it again.
         die_with_parent(config.get("parent_pid"))
     if config.get("filesystem") == "restricted":
-        report["filesystem"] = landlock(list(config.get("read_paths") or []), [workdir, *config.get("write_paths", [])])
+        report["filesystem"] = landlock(list(config.get("read_paths") or []), [workdir, *config.get("write_paths", [])],
+                                        list(config.get("list_paths") or []))
+        if bwrap:
+            report["filesystem"] += " in a bubblewrap root (local.sandbox_view)"
     else:
         report["filesystem"] = "unrestricted"
     return report
+
+
+def receive_identity(channel: Channel, config: dict[str, Any]) -> None:
+    """Under bubblewrap: take the private uid the parent names on the first line (its own pid is 2 in its
+    process namespace, so it cannot name one itself), and die with bubblewrap's process from now on."""
+    if config.get("launcher") != "bwrap":
+        return
+    config["parent_pid"] = os.getppid()
+    die_with_parent(config["parent_pid"])
+    identity = channel.read() or {}
+    uid = identity.get("uid")
+    if isinstance(uid, int) and uid >= 100000:
+        config["uid"] = uid
 
 
 class Channel:
@@ -392,6 +413,7 @@ def main() -> None:
     workdir = config.get("workdir") or os.getcwd()
     os.chdir(workdir)
     try:
+        receive_identity(channel, config)
         report = harden(config)
     except Exception as exc:  # never run user code half-isolated: report and exit
         channel.write({"ok": False, "ready": False, "error": f"isolation failed: {type(exc).__name__}: {exc}"})

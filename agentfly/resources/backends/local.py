@@ -30,6 +30,7 @@ import stat
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from typing import Any
 from agentfly.resources.spec import ResourceError
 
 WORKER = Path(__file__).with_name("_worker.py")
+WORKER_ARG = str(WORKER)
 # Every worker started and not yet killed, so that interpreter exit and SIGTERM can stop the ones nobody
 # closed (a sandbox used without an engine, an engine that was dropped without aclose()).
 _live_workers: set[LocalWorker] = set()
@@ -77,9 +79,10 @@ class Isolation:
 
     Attributes:
         network: "none" (a fresh network namespace where the kernel allows) or "host".
-        filesystem: "restricted" (Landlock: read the Python installation, system libraries and ``read_paths``;
-            write only the working directory; never the parent's working directory or the project root,
-            see ``runtime_read_paths``) or "host".
+        filesystem: "restricted" (a root of its own made by bubblewrap, holding only what ``sandbox_view``
+            lists: the Python installation and system libraries and ``read_paths`` read-only, the working
+            directory read-write, a private /proc and a minimal /dev; no host socket, /run, /tmp or /etc;
+            Landlock on top) or "host" (trusted code only). "restricted" refuses to start without bubblewrap.
         own_uid: run as a private uid when the parent is root, so limits and kills are per sandbox.
         read_paths: extra paths the sandbox may read (data you give it).
     """
@@ -123,6 +126,82 @@ def runtime_read_paths() -> list[str]:
                   "/etc/ld.so.cache", "/etc/localtime", "/dev/null", "/dev/urandom", "/dev/zero"])
     roots = project_roots()
     return sorted(p for p in paths if os.path.exists(p) and not _overlaps(p, roots))
+
+
+DEVICES = ("/dev/null", "/dev/urandom", "/dev/zero")  # bubblewrap's --dev gives these (and no others of the host)
+
+
+def sandbox_view(isolation: Isolation, workdir: str, program: Sequence[str] = ()) -> dict[str, str]:
+    """Everything of the host's filesystem a local sandbox sees, ``{path: "ro" | "rw"}``: the one place that
+    says it. Deny by default: with ``filesystem="restricted"`` the sandbox's root holds these paths and
+    nothing else (plus a /proc of its own process namespace and bubblewrap's minimal /dev), so no host
+    socket (PostgreSQL's, Redis's, Docker's, D-Bus, systemd) exists there to connect to, and its own network
+    namespace leaves it no abstract socket and no TCP. Landlock then allows the same paths again, inside.
+    ``program``: the files of the program it runs (the worker script), read-only."""
+    view = {path: "ro" for path in runtime_read_paths() if path not in DEVICES}
+    view.update({os.path.abspath(path): "ro" for path in (*isolation.read_paths, *program)})
+    view[os.path.abspath(workdir)] = "rw"
+    return view
+
+
+class SandboxUnavailable(ResourceError):
+    """The sandbox cannot be confined as asked (no bubblewrap, or no namespaces); the message names the fix."""
+
+
+NO_BWRAP = ("a local sandbox needs bubblewrap (`bwrap`) to hide the host's sockets and files from untrusted code, "
+            "and {reason}. Install it (apt-get install bubblewrap) and allow namespaces (run the worker as root, or "
+            "as a user that may create user namespaces: sysctl kernel.unprivileged_userns_clone=1, and on Ubuntu "
+            "kernel.apparmor_restrict_unprivileged_userns=0). Only for trusted code: Isolation(filesystem='host').")
+
+
+def _layout(view: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The folders bubblewrap makes in the sandbox's root to hold ``view``'s paths (they contain nothing
+    else), and the mount arguments of those paths."""
+    mounts: list[str] = []
+    folders: set[str] = set()
+    bound: list[str] = []
+    for path in sorted(view, key=lambda p: (p.count(os.sep), p)):
+        if any(path == b or path.startswith(b.rstrip(os.sep) + os.sep) for b in bound):
+            continue  # already inside a bound folder
+        parent = os.path.dirname(path)
+        while parent not in ("/", "") and not any(parent == b or parent.startswith(b + os.sep) for b in bound):
+            folders.add(parent)
+            parent = os.path.dirname(parent)
+        if os.path.islink(path) and os.path.dirname(path) == "/":
+            mounts += ["--symlink", os.readlink(path), path]  # /bin -> usr/bin stays a link
+            continue
+        mounts += ["--bind" if view[path] == "rw" else "--ro-bind", path, path]
+        bound.append(path)
+    return sorted(folders, key=lambda p: (p.count(os.sep), p)), mounts
+
+
+def bwrap_argv(view: dict[str, str], workdir: str, network: str) -> list[str]:
+    """The bubblewrap command line that builds a root of ``view`` alone (see ``sandbox_view``)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxUnavailable(NO_BWRAP.format(reason="`bwrap` is not on PATH"))
+    argv = [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if network == "none":
+        argv.append("--unshare-net")
+    if os.geteuid() != 0:
+        argv.append("--unshare-user")  # root keeps its uid: the worker moves to a private one itself
+    folders, mounts = _layout(view)
+    # Intermediate folders bubblewrap makes are 0700; the sandbox's private uid must traverse them.
+    for folder in folders:
+        argv += ["--perms", "0755", "--dir", folder]
+    argv += mounts
+    argv += ["--proc", "/proc", "--dev", "/dev", "--dir", SANDBOX_MARK, "--chdir", workdir, "--"]
+    return argv
+
+
+# A folder only our bubblewrap roots have (only root could make it on a host): a sandbox started from inside
+# one (a "try it" child running a tool's own sandbox) is already in a root of its parent's view, where
+# Landlock forbids the mounts a second bubblewrap would need; it applies the other steps inside it.
+SANDBOX_MARK = "/.agentfly-sandbox"
+
+
+def inside_sandbox() -> bool:
+    return os.path.isdir(SANDBOX_MARK)
 
 
 # --------------------------------------------------------------------------- sandbox folders and the sweep
@@ -274,16 +353,36 @@ class LocalWorker:
         self.report: dict[str, Any] = {}
         self.lock = asyncio.Lock()
         self.killed_by_us = False
+        self.launcher: str | None = None  # "bwrap" when the process is bubblewrap, with the worker below it
+        self.worker_pid: int | None = None  # the worker's pid (below bubblewrap's), as the host sees it
 
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.returncode is None
 
+    def exit_code(self) -> int | None:
+        """The worker's exit status as ``Popen.returncode`` gives it: bubblewrap reports a worker killed by a
+        signal as 128 + the signal, which is turned back into minus the signal."""
+        code = self.proc.returncode if self.proc is not None else None
+        if code is not None and self.launcher == "bwrap" and 128 < code < 128 + 65:
+            return 128 - code
+        return code
+
+    async def _launcher_error(self) -> str:
+        """What bubblewrap printed before it gave up (it could not make the namespaces), or ""."""
+        if self.launcher != "bwrap" or self.proc is None or self.proc.stderr is None:
+            return ""
+        try:
+            text = await asyncio.wait_for(self.proc.stderr.read(4000), 2)
+        except (TimeoutError, ValueError):
+            return ""
+        return text.decode(errors="replace").strip()
+
     def killed_from_outside(self) -> bool:
         """Whether the process died of a SIGKILL that neither this worker (a timeout, a reset, close) nor the
         sandbox's own limits sent: the host's OOM killer, an operator, a node shutting down. Its CPU limit
         ends it with SIGXCPU, so a SIGKILL is never the limit's."""
-        return (self.proc is not None and self.proc.returncode == -signal.SIGKILL and not self.killed_by_us)
+        return self.exit_code() == -signal.SIGKILL and not self.killed_by_us
 
     async def start(self) -> None:
         if self.workdir is None:
@@ -293,15 +392,28 @@ class LocalWorker:
         # that signal when the *thread* that forked the child ends, here the thread of the running event loop;
         # a sandbox is bound to that loop (its pipes are), so it could not be used after the thread ends anyway.
         config: dict[str, Any] = {"workdir": self.workdir, "parent_pid": os.getpid()}
+        argv = list(self.argv)
+        confined = False
         if self.harden:
             iso = self.isolation_config
+            view = sandbox_view(iso, self.workdir, [str(WORKER)] if WORKER_ARG in argv else [])
             config.update(
                 limits={k: v for k, v in asdict(self.limits).items() if v is not None},
                 network=iso.network,
                 filesystem=iso.filesystem,
                 own_uid=iso.own_uid,
-                read_paths=[*runtime_read_paths(), *iso.read_paths],
+                read_paths=[p for p, mode in view.items() if mode == "ro"],
             )
+            if iso.filesystem == "restricted" and not inside_sandbox():
+                argv = [*bwrap_argv(view, self.workdir, iso.network), *argv]
+                # Landlock may list the folders bubblewrap made to hold ``read_paths`` (a plugin folder with only
+                # the entries this sandbox may see, for the import system): in its root they hold nothing else.
+                made = set(_layout(view)[0])
+                config["list_paths"] = sorted({os.path.dirname(os.path.abspath(p)) for p in iso.read_paths} & made)
+                # Its parent is bubblewrap (which dies with us), and its private uid is told on stdin once the
+                # launcher's pid, which names it, is known (its own pid is 2 in its process namespace).
+                config.update(parent_pid=None, launcher="bwrap")
+                confined = True
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": self.workdir,
@@ -315,26 +427,42 @@ class LocalWorker:
             **self.extra_env,
         }
         self.proc = await asyncio.create_subprocess_exec(
-            *self.argv,
+            *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
+            # bubblewrap's own errors (no namespaces) come here; the worker moves fd 2 to a memfd at once.
+            stderr=asyncio.subprocess.PIPE if confined else asyncio.subprocess.DEVNULL,
             cwd=self.workdir,
             env=env,
             start_new_session=True,  # its own process group: killpg takes its children too
             limit=STREAM_LIMIT,
         )
         self.pid = self.proc.pid
+        self.launcher = "bwrap" if confined else None
         _live_workers.add(self)
         self._record_pid()
         try:
+            if confined:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(json.dumps({"uid": 100000 + self.pid}).encode() + b"\n")
+                await self.proc.stdin.drain()
             hello = await asyncio.wait_for(self._read(), self.ready_timeout)
+        except (ResourceError, ConnectionResetError, BrokenPipeError) as exc:
+            reason = await self._launcher_error()
+            await self.kill_async()
+            if reason.startswith("bwrap:"):
+                raise SandboxUnavailable(NO_BWRAP.format(reason=f"it failed ({reason})")) from exc
+            if reason:
+                raise ResourceError(f"{exc}: {reason[-1000:]}") from exc
+            raise
         except BaseException:
             await self.kill_async()
             raise
         if not hello.get("ready"):
             await self.kill_async()
             raise ResourceError(f"sandbox process did not start: {hello.get('error', hello)}")
+        if confined:
+            self.worker_pid = host_pid(self.pid, int(hello.get("pid", 0)))
         self.report = hello.get("isolation", {})
         user = str(self.report.get("user", ""))
         if user.startswith("uid ") and user.split()[1].isdigit() and int(user.split()[1]) >= 100000:
@@ -354,8 +482,8 @@ class LocalWorker:
         assert self.proc is not None and self.proc.stdout is not None
         line = await self.proc.stdout.readline()
         if not line:
-            code = await self.proc.wait()
-            raise ResourceError(f"sandbox process exited ({describe_exit(code)})")
+            await self.proc.wait()
+            raise ResourceError(f"sandbox process exited ({describe_exit(self.exit_code())})")
         try:
             message: dict[str, Any] = json.loads(line)
             return message
@@ -379,8 +507,8 @@ class LocalWorker:
                 await self.kill_async()
                 raise
             except (BrokenPipeError, ConnectionResetError) as exc:
-                code = await self.proc.wait()
-                raise ResourceError(f"sandbox process exited ({describe_exit(code)})") from exc
+                await self.proc.wait()
+                raise ResourceError(f"sandbox process exited ({describe_exit(self.exit_code())})") from exc
 
     def kill(self) -> None:
         """Kill the process group, the worker's process tree and every process of the private uid; remove the
@@ -434,8 +562,9 @@ class LocalWorker:
         if self.pid is None:
             return 0
         total = 0
+        root = self.worker_pid or self.pid  # below bubblewrap: the worker's tree, never the worker itself
         for _ in range(20):  # a fork bomb keeps forking while we kill: repeat until the tree is empty
-            found = descendants(self.pid)
+            found = descendants(root)
             for pid in found:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
@@ -470,6 +599,19 @@ def descendants(pid: int) -> list[int]:
                 found.append(child)
                 stack.append(child)
     return found
+
+
+def host_pid(root: int, inner: int) -> int | None:
+    """The host's pid of the descendant of ``root`` whose pid in its own process namespace is ``inner``."""
+    for pid in descendants(root):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                ids = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
+        except OSError:
+            continue
+        if ids and ids[-1] == str(inner):
+            return pid
+    return None
 
 
 def kill_uid(uid: int, keep: int | None = None) -> int:

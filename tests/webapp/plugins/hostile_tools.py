@@ -30,3 +30,25 @@ def environment() -> str:
     except OSError as exc:
         redis = f"unreachable: {exc}"
     return json.dumps({"env": dict(os.environ), "parent": parent, "redis": redis})
+
+
+def connect(address: str) -> str:
+    """Connect to a Unix socket (``@name``: an abstract one), as a client of a local database would."""
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(2)
+    try:
+        s.connect("\0" + address[1:] if address.startswith("@") else address)
+        return "connected"
+    except OSError as exc:
+        return f"refused: {type(exc).__name__}: {exc}"
+    finally:
+        s.close()
+
+
+def read(path: str) -> str:
+    """Read a file, as a tool that lists another team's code would."""
+    try:
+        with open(path) as f:
+            return "read: " + f.read()
+    except OSError as exc:
+        return f"unreadable: {type(exc).__name__}"
