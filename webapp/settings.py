@@ -280,6 +280,9 @@ SPECTACULAR_SETTINGS = {
 }
 
 # ------------------------------------------------------------------ input limits and headers
+# Any request body over this many bytes is refused with 413 before it is read or buffered (webapp.bodylimit,
+# and webapp.serve under Daphne); keep it above DATA_UPLOAD_MAX_MEMORY_SIZE.
+AGENTFLY_MAX_BODY_BYTES = env_int("AGENTFLY_MAX_BODY_BYTES", 10 * 1024 * 1024)
 # Request bodies over this many bytes are refused (Django's setting; the API's JSON parser applies it too).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 2_621_440)
 # JSON (API bodies, the launch form's resources, "try it" arguments) nested deeper than this is a 400.

@@ -78,7 +78,7 @@ class Daphne:
 
     def start(self) -> None:
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+            self.proc = subprocess.Popen([sys.executable, "-m", "webapp.serve", "-b", "127.0.0.1", "-p", str(self.port),
                                           "webapp.asgi:application"], cwd=ROOT, env=self.env, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         wait_for(self._answering, 60, "daphne to listen")
