@@ -246,6 +246,11 @@ AGENTFLY_TOOL_PACKAGES = env_list("AGENTFLY_TOOL_PACKAGES", [])
 # it below AGENTFLY_TRY_TIMEOUT, so the user hears why), and "try it" calls one user may have in flight.
 AGENTFLY_CHILD_TIMEOUT = env_float("AGENTFLY_CHILD_TIMEOUT", 20.0)
 AGENTFLY_TRY_CONCURRENCY = env_int("AGENTFLY_TRY_CONCURRENCY", 2)
+# The "try it" pool (webapp.registry.trying): calls at once on the whole server (give the try workers at least
+# this concurrency: `celery -A webapp worker -Q try -c 4`), and per team. Keep the pool above one team's share,
+# so one team's looping calls leave room for the others.
+AGENTFLY_TRY_POOL = env_int("AGENTFLY_TRY_POOL", 4)
+AGENTFLY_TRY_TEAM_CONCURRENCY = env_int("AGENTFLY_TRY_TEAM_CONCURRENCY", 2)
 
 # ------------------------------------------------------------------ REST API
 REST_FRAMEWORK = {

@@ -14,7 +14,7 @@ from webapp.accounts.models import Team
 from webapp.registry import actions
 from webapp.registry.models import Entry, EntryStatus, Kind, Version, check_import_path
 from webapp.registry.rules import NotRegistrable, check_registrable
-from webapp.registry.trying import NoAnswer, TooManyTries, try_on_worker
+from webapp.registry.trying import NoAnswer, TooManyTries, charged_team, try_on_worker
 from webapp.schema import detail_response
 
 
@@ -123,7 +123,8 @@ class EntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         ser = TrySerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         try:
-            return Response(try_on_worker(request.user.pk, entry.pk, ser.validated_data["arguments"]))
+            return Response(try_on_worker(request.user.pk, entry.pk, ser.validated_data["arguments"],
+                                                  team_id=charged_team(entry, request.user)))
         except TooManyTries as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_429_TOO_MANY_REQUESTS)
         except NoAnswer as exc:
