@@ -189,7 +189,10 @@ if not DEBUG:
     SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
     if not SECURE_HSTS_PRELOAD:
         SILENCED_SYSTEM_CHECKS = ["security.W021"]
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    # X-Forwarded-Proto is a client's to forge unless a proxy we run sets it: trusted only behind
+    # AGENTFLY_NUM_PROXIES proxies (see below), as X-Forwarded-For is.
+    if env_int("AGENTFLY_NUM_PROXIES", 0) > 0:
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_CONTENT_TYPE_NOSNIFF = True
     X_FRAME_OPTIONS = "DENY"
 

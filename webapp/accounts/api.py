@@ -79,14 +79,33 @@ class NewInvitationSerializer(InvitationSerializer):
         fields = [*InvitationSerializer.Meta.fields, "link"]
 
 
-class CreateInvitationSerializer(serializers.Serializer):
-    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.none(),
-                                        help_text="Slug of one of your teams.")
+NOT_YOUR_TEAM = ("No team of yours has the slug {slug!r}: it does not exist or you are not a member. Your teams "
+                 "are listed at /accounts/teams/.")
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # Only the caller's teams resolve: another team's slug reads as unknown, as on every other endpoint.
-        self.fields["team"].queryset = Team.objects.of(getattr(self.context.get("request"), "user", None))
+
+class MemberTeamField(serializers.SlugRelatedField):  # type: ignore[type-arg]
+    """A team named by its slug, among the caller's teams only.
+
+    Another team's slug and a slug no team has get the same answer, so the API never tells whether a team
+    exists.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("help_text", "Slug of one of your teams.")
+        super().__init__(slug_field="slug", queryset=Team.objects.none(), **kwargs)
+
+    def get_queryset(self) -> Any:
+        return Team.objects.of(getattr(self.context.get("request"), "user", None))
+
+    def to_internal_value(self, data: Any) -> Any:
+        try:
+            return super().to_internal_value(data)
+        except serializers.ValidationError:
+            raise serializers.ValidationError(NOT_YOUR_TEAM.format(slug=str(data)[:80])) from None
+
+
+class CreateInvitationSerializer(serializers.Serializer):
+    team = MemberTeamField()
 
 
 class InvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
