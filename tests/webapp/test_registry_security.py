@@ -243,7 +243,7 @@ def test_a_hanging_tool_times_out_as_an_error(alice_api: Any, team_a: Any, worke
 
 def test_concurrent_try_calls_beyond_the_limit_get_429(alice: Any, alice_api: Any, alice_client: Any,
                                                        team_a: Any) -> None:
-    from webapp.registry.trying import TooManyTries, _redis, acquire_slot, release_slot, slot_keys
+    from webapp.registry.tryslots import TooManyTries, _redis, acquire_slot, release_slot, slot_keys
 
     calculator, _ = builtin_entries()
     assert settings.AGENTFLY_TRY_CONCURRENCY == 2

@@ -20,7 +20,7 @@ from rest_framework.test import APIClient
 from tests.webapp.factories import ready_entry
 from tests.webapp.helpers import PASSWORD, Worker, wait_for, worker_env
 from webapp.accounts.models import Team
-from webapp.registry.trying import _redis, slot_keys
+from webapp.registry.tryslots import _redis, slot_keys
 
 
 @pytest.fixture

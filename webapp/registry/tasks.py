@@ -72,7 +72,7 @@ def try_tool(entry_id: int, arguments: Any, slot: dict[str, Any] | None = None) 
     ``slot`` is the caller's place in the "try it" pool (``webapp.registry.trying``): given back here, when the
     call has really ended, so a call its user stopped waiting for still counts while it runs.
     """
-    from webapp.registry.trying import release_slot
+    from webapp.registry.tryslots import release_slot
 
     try:
         entry = Entry.objects.select_related("team").filter(pk=entry_id, kind=Kind.TOOL).first()
