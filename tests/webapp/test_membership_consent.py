@@ -145,3 +145,17 @@ def test_a_team_cannot_take_the_name_of_a_shared_plugin_package(alice: Any, sett
     team.slug = "text_utils"
     with pytest.raises(ValidationError, match="shared plugin package"):
         team.full_clean()
+
+
+def test_rehashing_the_same_password_at_sign_in_keeps_the_token(alice: Any, settings: Any) -> None:
+    from django.contrib.auth.hashers import make_password
+    from rest_framework.authtoken.models import Token
+
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.PBKDF2PasswordHasher",
+                                 "django.contrib.auth.hashers.MD5PasswordHasher"]
+    alice.password = make_password(PASSWORD, hasher="md5")
+    alice.save()
+    token = Token.objects.create(user=alice).key
+    get_user_model().objects.get(pk=alice.pk).check_password(PASSWORD)  # upgrades the hash to PBKDF2
+    assert get_user_model().objects.get(pk=alice.pk).password.startswith("pbkdf2_sha256$")
+    assert Token.objects.filter(key=token).exists()

@@ -21,9 +21,14 @@ def revoke_tokens_on_password_change(sender: Any, instance: Any, raw: bool = Fal
     if raw or instance.pk is None:
         return
     stored = sender.objects.filter(pk=instance.pk).values_list("password", flat=True).first()
-    # A new hash of the same password (Django upgrading its hasher at sign-in) revokes too: rare, and the
-    # user only makes a new token.
-    if stored is not None and stored != instance.password:
-        from rest_framework.authtoken.models import Token
+    if stored is None or stored == instance.password:
+        return
+    # Django re-hashes a password at sign-in when its hasher's settings changed: the same password, so the
+    # tokens stay. That save (check_password's setter) writes only the password and clears the raw one that
+    # set_password() leaves on the instance; every password-changing form keeps it until its save.
+    update_fields = kwargs.get("update_fields")
+    if getattr(instance, "_password", None) is None and update_fields is not None and set(update_fields) == {"password"}:
+        return
+    from rest_framework.authtoken.models import Token
 
-        Token.objects.filter(user_id=instance.pk).delete()
+    Token.objects.filter(user_id=instance.pk).delete()
