@@ -72,4 +72,4 @@ USER agentfly
 EXPOSE 8000
 # The web server's check; the workers' services set their own (`agentfly-healthcheck worker`).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=5 CMD ["python", "/usr/local/bin/agentfly-healthcheck", "web"]
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "webapp.asgi:application"]
+CMD ["python", "-m", "webapp.serve", "-b", "0.0.0.0", "-p", "8000", "webapp.asgi:application"]

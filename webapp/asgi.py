@@ -1,9 +1,10 @@
 """The ASGI entry point: HTTP goes to Django, websockets to the monitor app's consumers.
 
 Websockets authenticate through the session cookie (``AuthMiddlewareStack``) and must come from an allowed
-origin, which is the websocket's equivalent of CSRF protection.
+origin, exactly (scheme, host and port: ``webapp.origin``), which is the websocket's equivalent of CSRF
+protection.
 
-    daphne -b 0.0.0.0 -p 8000 webapp.asgi:application
+    python -m webapp.serve -b 0.0.0.0 -p 8000 webapp.asgi:application   (Daphne, with the body limit)
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from webapp.bodylimit import BodyLimitMiddleware  # noqa: E402
 from webapp.monitor.routing import websocket_urlpatterns  # noqa: E402
+from webapp.origin import ExactOriginValidator  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # Bodies over AGENTFLY_MAX_BODY_BYTES are refused before Django buffers them (webapp.bodylimit).
+        "http": BodyLimitMiddleware(django_asgi_app),
+        "websocket": ExactOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

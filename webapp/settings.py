@@ -189,7 +189,10 @@ if not DEBUG:
     SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
     if not SECURE_HSTS_PRELOAD:
         SILENCED_SYSTEM_CHECKS = ["security.W021"]
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    # X-Forwarded-Proto is a client's to forge unless a proxy we run sets it: trusted only behind
+    # AGENTFLY_NUM_PROXIES proxies (see below), as X-Forwarded-For is.
+    if env_int("AGENTFLY_NUM_PROXIES", 0) > 0:
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_CONTENT_TYPE_NOSNIFF = True
     X_FRAME_OPTIONS = "DENY"
 
@@ -246,6 +249,11 @@ AGENTFLY_TOOL_PACKAGES = env_list("AGENTFLY_TOOL_PACKAGES", [])
 # it below AGENTFLY_TRY_TIMEOUT, so the user hears why), and "try it" calls one user may have in flight.
 AGENTFLY_CHILD_TIMEOUT = env_float("AGENTFLY_CHILD_TIMEOUT", 20.0)
 AGENTFLY_TRY_CONCURRENCY = env_int("AGENTFLY_TRY_CONCURRENCY", 2)
+# The "try it" pool (webapp.registry.trying): calls at once on the whole server (give the try workers at least
+# this concurrency: `celery -A webapp worker -Q try -c 4`), and per team. Keep the pool above one team's share,
+# so one team's looping calls leave room for the others.
+AGENTFLY_TRY_POOL = env_int("AGENTFLY_TRY_POOL", 4)
+AGENTFLY_TRY_TEAM_CONCURRENCY = env_int("AGENTFLY_TRY_TEAM_CONCURRENCY", 2)
 
 # ------------------------------------------------------------------ REST API
 REST_FRAMEWORK = {
@@ -272,7 +280,10 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     # Two models have a field named `kind` (a job's rl/sft/sft_then_rl, a registry entry's tool/reward): each
     # enum gets its own name in the schema.
-    "ENUM_NAME_OVERRIDES": {"JobKindEnum": "webapp.jobs.models.Kind", "EntryKindEnum": "webapp.registry.models.Kind"},
+    "ENUM_NAME_OVERRIDES": {"JobKindEnum": "webapp.jobs.models.Kind", "EntryKindEnum": "webapp.registry.models.Kind",
+                            # two invitations, each with its own `state`
+                            "InvitationStateEnum": ["pending", "used", "revoked", "expired"],
+                            "TeamInvitationStateEnum": ["pending", "accepted", "declined"]},
     # Every operation also documents the errors it can answer (400, 401, 403, 404, ...), so a client, and
     # the schemathesis run in the tests, can rely on the schema for every status code.
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
@@ -280,6 +291,9 @@ SPECTACULAR_SETTINGS = {
 }
 
 # ------------------------------------------------------------------ input limits and headers
+# Any request body over this many bytes is refused with 413 before it is read or buffered (webapp.bodylimit,
+# and webapp.serve under Daphne); keep it above DATA_UPLOAD_MAX_MEMORY_SIZE.
+AGENTFLY_MAX_BODY_BYTES = env_int("AGENTFLY_MAX_BODY_BYTES", 10 * 1024 * 1024)
 # Request bodies over this many bytes are refused (Django's setting; the API's JSON parser applies it too).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 2_621_440)
 # JSON (API bodies, the launch form's resources, "try it" arguments) nested deeper than this is a 400.

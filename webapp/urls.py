@@ -7,7 +7,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework.routers import DefaultRouter
 
 from webapp import pages
-from webapp.accounts.api import InvitationViewSet, obtain_token
+from webapp.accounts.api import InvitationViewSet, MembershipInvitationViewSet, obtain_token
 from webapp.jobs.api import JobViewSet
 from webapp.registry.api import EntryViewSet
 
@@ -21,6 +21,7 @@ router = DefaultRouter()
 router.register("registry", EntryViewSet, basename="entry")
 router.register("jobs", JobViewSet, basename="job")
 router.register("invitations", InvitationViewSet, basename="invitation")
+router.register("team-invitations", MembershipInvitationViewSet, basename="team-invitation")
 
 urlpatterns = [
     path("", pages.landing, name="landing"),

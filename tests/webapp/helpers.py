@@ -22,14 +22,14 @@ PASSWORD = "correct horse battery staple"
 class Worker:
     """A ``celery worker`` subprocess; ``kill()`` ends it the way a crashed machine would (SIGKILL)."""
 
-    def __init__(self, queues: str, env: dict[str, str], log: Path, host: str = "%h") -> None:
+    def __init__(self, queues: str, env: dict[str, str], log: Path, host: str = "%h", concurrency: int = 1) -> None:
         # ``host``: the host the worker's name says it is on (Celery's ``%h``, this machine, by default);
         # two workers named for two hosts stand in for two machines in the multi-node tests.
         self.name = f"test-{queues.replace(',', '-')}-{uuid.uuid4().hex[:6]}@{host}"
         self.log = log
         self._fh = log.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", queues, "-c", "1", "-n", self.name,
+            [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", queues, "-c", str(concurrency), "-n", self.name,
              "--without-gossip", "--without-mingle", "-l", "info"],
             cwd=ROOT, env=env, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -78,7 +78,7 @@ class Daphne:
 
     def start(self) -> None:
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+            self.proc = subprocess.Popen([sys.executable, "-m", "webapp.serve", "-b", "127.0.0.1", "-p", str(self.port),
                                           "webapp.asgi:application"], cwd=ROOT, env=self.env, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         wait_for(self._answering, 60, "daphne to listen")

@@ -10,7 +10,7 @@ from django.test import Client
 from django.urls import reverse
 
 from tests.webapp.helpers import PASSWORD
-from webapp.accounts.models import Team, TeamNameTaken, do_create_team
+from webapp.accounts.models import MembershipInvitation, Team, TeamNameTaken, do_create_team
 
 
 def signup(client: Client, **overrides: str) -> Any:
@@ -55,19 +55,22 @@ def test_signing_in_with_a_wrong_password_is_refused(client: Client, alice: Any)
     assert client.post(reverse("login"), {"username": "alice", "password": PASSWORD}).status_code == 302
 
 
-def test_a_member_adds_a_colleague_who_then_sees_the_teams_jobs(alice_client: Client, team_a: Any, bob: Any) -> None:
+def test_a_member_invites_a_colleague_who_sees_the_teams_jobs_once_they_accept(alice_client: Client, team_a: Any,
+                                                                               bob: Any, bob_client: Client) -> None:
     from webapp.jobs.models import TrainingJob
 
     TrainingJob.objects.create(team=team_a, name="shared run", config={})
     response = alice_client.post(reverse("accounts:add_member", args=[team_a.slug]), {"username": "bob"})
     assert response.status_code == 302
-    assert team_a.has_member(bob)
-    bob_client = Client()
-    bob_client.force_login(bob)
+    assert not team_a.has_member(bob)
+    invitation = MembershipInvitation.objects.get(team=team_a, invitee=bob)
+    assert "Team A" in bob_client.get(reverse("accounts:invitations")).content.decode()
+    response = bob_client.post(reverse("accounts:accept_invitation", args=[invitation.pk]))
+    assert response.status_code == 302 and team_a.has_member(bob)
     assert "shared run" in bob_client.get(reverse("jobs:list")).content.decode()
 
 
-def test_adding_an_unknown_user_names_the_problem(alice_client: Client, team_a: Any) -> None:
+def test_inviting_an_unknown_user_names_the_problem(alice_client: Client, team_a: Any) -> None:
     response = alice_client.post(reverse("accounts:add_member", args=[team_a.slug]), {"username": "nobody"})
     assert response.status_code == 400
     assert "No user is called 'nobody'" in response.content.decode().replace("&#x27;", "'")

@@ -80,7 +80,7 @@ def test_the_compose_file_is_valid_for_a_real_compose_parser() -> None:
 
     config = yaml.safe_load(result.stdout)
     services = config["services"]
-    assert set(services) == {"web", "worker-cpu", "worker-gpu", "redis", "postgres"}
+    assert set(services) == {"web", "worker-cpu", "worker-try", "worker-gpu", "redis", "postgres"}
     assert all("healthcheck" in services[name] for name in services)
     devices = services["worker-gpu"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"] and devices[0]["driver"] == "nvidia"

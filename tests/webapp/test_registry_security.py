@@ -243,23 +243,25 @@ def test_a_hanging_tool_times_out_as_an_error(alice_api: Any, team_a: Any, worke
 
 def test_concurrent_try_calls_beyond_the_limit_get_429(alice: Any, alice_api: Any, alice_client: Any,
                                                        team_a: Any) -> None:
-    from webapp.registry.trying import TooManyTries, _redis, try_slot
+    from webapp.registry.tryslots import TooManyTries, _redis, acquire_slot, release_slot, slot_keys
 
     calculator, _ = builtin_entries()
     assert settings.AGENTFLY_TRY_CONCURRENCY == 2
     # Two calls in flight, as two other web processes would hold them while their workers run.
-    with contextlib.ExitStack() as running:
-        for _ in range(2):
-            running.enter_context(try_slot(alice.pk))
+    held = [acquire_slot(alice.pk, team_a.pk) for _ in range(2)]
+    try:
         response = try_it(alice_api, calculator, {"expression": "1+1"})
         assert response.status_code == 429
         assert "AGENTFLY_TRY_CONCURRENCY=2" in response.json()["detail"]
         page = alice_client.post(reverse("registry:try", args=[calculator.pk]), {"arguments": '{"expression": "1"}'})
         assert page.status_code == 429 and "AGENTFLY_TRY_CONCURRENCY" in page.context["result"]["error"]
-        with pytest.raises(TooManyTries), try_slot(alice.pk):
-            pass
-    # Every slot is given back, refused ones included.
-    assert _redis().zcard(f"{settings.REDIS_PREFIX}agentfly:try-slots:{alice.pk}") == 0
+        with pytest.raises(TooManyTries):
+            acquire_slot(alice.pk, team_a.pk)
+    finally:
+        for slot in held:
+            release_slot(slot)
+    # Every slot is given back; refused ones were never taken.
+    assert all(_redis().zcard(key) == 0 for key in slot_keys(alice.pk, team_a.pk))
 
 
 def test_reinspecting_a_stored_entry_the_rule_refuses_marks_it_failed(alice_client: Any, team_a: Any) -> None:

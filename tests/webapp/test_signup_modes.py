@@ -185,7 +185,7 @@ def test_the_api_creates_lists_and_revokes_invitations_of_the_users_teams_only(
     assert [i["team"] for i in alice_api.get("/api/invitations/").json()["results"]] == ["team-a"]
 
     refused = bob_api.post("/api/invitations/", {"team": team_a.slug}, format="json")
-    assert refused.status_code == 400 and "does not exist" in refused.json()["team"][0]
+    assert refused.status_code == 400 and "does not exist or you are not a member" in refused.json()["team"][0]
     assert bob_api.get("/api/invitations/").json()["results"] == []
     pk = created.json()["id"]
     assert bob_api.post(f"/api/invitations/{pk}/revoke/").status_code == 404

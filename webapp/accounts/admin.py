@@ -143,18 +143,25 @@ User = get_user_model()
 admin.site.unregister(User)
 admin.site.unregister(Group)
 PRIVILEGES = ("is_superuser", "is_staff", "user_permissions")
+# Membership changes only by consent (an accepted invitation): a staff member never edits a user's teams.
+STAFF_READONLY = (*PRIVILEGES, "groups")
 
 
 @admin.register(User)
 class TeamUserAdmin(TeamScoped, UserAdmin):  # type: ignore[type-arg]
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         qs = super().get_queryset(request)
-        # A staff member could otherwise set the password of a superuser who shares their team.
-        return qs if request.user.is_superuser else qs.filter(is_superuser=False)
+        if request.user.is_superuser:
+            return qs
+        # A staff member administers a user only when they administer every team of that user: sharing one
+        # team must not let team A's staff set the password of someone who is also in team C and sign in as
+        # them there. Superusers are out of reach too.
+        others = Team.objects.exclude(pk__in=Team.objects.of(request.user).values("pk"))
+        return qs.filter(is_superuser=False).exclude(groups__team__in=others)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         fields = tuple(super().get_readonly_fields(request, obj))
-        return fields if request.user.is_superuser else fields + PRIVILEGES
+        return fields if request.user.is_superuser else fields + STAFF_READONLY
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         # A new account belongs to no team, so its creator could never see it again: members invite instead.

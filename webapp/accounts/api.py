@@ -17,8 +17,11 @@ from rest_framework.response import Response
 from webapp.accounts.models import (
     Invitation,
     InvitationRefused,
+    MembershipInvitation,
     Team,
+    do_answer_invitation,
     do_create_invitation,
+    do_invite_member,
     do_revoke_invitation,
 )
 from webapp.accounts.throttling import ScopedThrottle
@@ -76,14 +79,33 @@ class NewInvitationSerializer(InvitationSerializer):
         fields = [*InvitationSerializer.Meta.fields, "link"]
 
 
-class CreateInvitationSerializer(serializers.Serializer):
-    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.none(),
-                                        help_text="Slug of one of your teams.")
+NOT_YOUR_TEAM = ("No team of yours has the slug {slug!r}: it does not exist or you are not a member. Your teams "
+                 "are listed at /accounts/teams/.")
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # Only the caller's teams resolve: another team's slug reads as unknown, as on every other endpoint.
-        self.fields["team"].queryset = Team.objects.of(getattr(self.context.get("request"), "user", None))
+
+class MemberTeamField(serializers.SlugRelatedField):  # type: ignore[type-arg]
+    """A team named by its slug, among the caller's teams only.
+
+    Another team's slug and a slug no team has get the same answer, so the API never tells whether a team
+    exists.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("help_text", "Slug of one of your teams.")
+        super().__init__(slug_field="slug", queryset=Team.objects.none(), **kwargs)
+
+    def get_queryset(self) -> Any:
+        return Team.objects.of(getattr(self.context.get("request"), "user", None))
+
+    def to_internal_value(self, data: Any) -> Any:
+        try:
+            return super().to_internal_value(data)
+        except serializers.ValidationError:
+            raise serializers.ValidationError(NOT_YOUR_TEAM.format(slug=str(data)[:80])) from None
+
+
+class CreateInvitationSerializer(serializers.Serializer):
+    team = MemberTeamField()
 
 
 class InvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
@@ -118,3 +140,76 @@ class InvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     def revoke(self, request: Request, pk: str | None = None) -> Response:
         """Revoke a pending invitation (idempotent; a used or expired one stays as it is)."""
         return Response(InvitationSerializer(do_revoke_invitation(self.get_object(), request.user)).data)
+
+
+class MembershipInvitationSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    invitee = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    invited_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    state = serializers.ChoiceField(choices=["pending", "accepted", "declined"], read_only=True)
+
+    class Meta:
+        model = MembershipInvitation
+        fields = ["id", "team", "invitee", "invited_by", "state", "created_at", "answered_at"]
+
+
+class InviteMemberSerializer(CreateInvitationSerializer):
+    username = serializers.CharField(max_length=150, help_text="The existing user to invite.")
+
+
+class MembershipInvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Invitations of existing users into teams: a member invites, the invitee accepts or declines.
+
+    Nobody joins a team without accepting: the list holds the invitations into your teams and those
+    addressed to you; only the invitee may answer one.
+    """
+
+    serializer_class = MembershipInvitationSerializer
+    queryset = MembershipInvitation.objects.none()
+
+    def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):
+            return MembershipInvitation.objects.none()
+        return (MembershipInvitation.objects.of(self.request.user).distinct()
+                .select_related("team", "invitee", "invited_by"))
+
+    @extend_schema(request=InviteMemberSerializer, responses={
+        201: MembershipInvitationSerializer,
+        400: OpenApiResponse(description="The team is not one of yours."),
+        409: OpenApiResponse(description="No such user, or they are already a member."),
+    })
+    def create(self, request: Request) -> Response:
+        ser = InviteMemberSerializer(data=request.data, context={"request": request})
+        ser.is_valid(raise_exception=True)
+        try:
+            invitation = do_invite_member(ser.validated_data["team"], request.user, ser.validated_data["username"])
+        except InvitationRefused as exc:
+            return Response({"detail": f"No invitation was created: {exc}."}, status=status.HTTP_409_CONFLICT)
+        return Response(MembershipInvitationSerializer(invitation).data, status=status.HTTP_201_CREATED)
+
+    def _answer(self, request: Request, accept: bool) -> Response:
+        # Only the invitee's own invitations resolve here: a team member answering for them reads as not found.
+        invitation = self.get_object()
+        if invitation.invitee_id != request.user.pk:
+            from rest_framework.exceptions import NotFound
+
+            raise NotFound("No invitation to you has this id.")
+        try:
+            invitation = do_answer_invitation(invitation, request.user, accept=accept)
+        except InvitationRefused as exc:
+            return Response({"detail": f"{exc}."}, status=status.HTTP_409_CONFLICT)
+        return Response(MembershipInvitationSerializer(invitation).data)
+
+    @extend_schema(request=None, responses={200: MembershipInvitationSerializer,
+                                            409: OpenApiResponse(description="Already answered.")})
+    @action(detail=True, methods=["post"])
+    def accept(self, request: Request, pk: str | None = None) -> Response:
+        """Accept an invitation addressed to you: you join its team."""
+        return self._answer(request, True)
+
+    @extend_schema(request=None, responses={200: MembershipInvitationSerializer,
+                                            409: OpenApiResponse(description="Already answered.")})
+    @action(detail=True, methods=["post"])
+    def decline(self, request: Request, pk: str | None = None) -> Response:
+        """Decline an invitation addressed to you."""
+        return self._answer(request, False)

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from typing import Any
-
 from django import forms
 from django.contrib.auth import get_user_model
 from django.contrib.auth.forms import UserCreationForm
@@ -19,13 +17,13 @@ class InvitedSignupForm(UserCreationForm):
 class SignupForm(InvitedSignupForm):
     team_name = forms.CharField(
         max_length=80, required=False,
-        help_text="Create a team and join it. Leave empty to get a personal team; others can add you to theirs.",
+        help_text="Create a team and join it. Leave empty to get a personal team; others can invite you to theirs.",
     )
 
     def clean_team_name(self) -> str:
         name = self.cleaned_data.get("team_name", "").strip()
         if name and Group.objects.filter(name=name).exists():
-            raise forms.ValidationError(f"A team named {name!r} already exists; ask one of its members to add you.")
+            raise forms.ValidationError(f"A team named {name!r} already exists; ask one of its members to invite you.")
         return name
 
 
@@ -42,11 +40,9 @@ class TeamForm(forms.Form):
 
 
 class AddMemberForm(forms.Form):
+    """Invite an existing user by name; they become a member only by accepting."""
+
     username = forms.CharField(max_length=150)
 
-    def clean_username(self) -> Any:
-        username = self.cleaned_data["username"].strip()
-        user = get_user_model().objects.filter(username=username).first()
-        if user is None:
-            raise forms.ValidationError(f"No user is called {username!r}; they must sign up first.")
-        return user
+    def clean_username(self) -> str:
+        return str(self.cleaned_data["username"]).strip()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -59,11 +60,62 @@ class Team(models.Model):
         return self.group.user_set.filter(pk=user.pk).exists()  # type: ignore[attr-defined]
 
     def add_member(self, user: object) -> None:
+        """Make ``user`` a member. Only consent paths call this: accepting an invitation, signing up through a
+        link, creating a team, and the operator's own tools (``createuser``, the demo)."""
         self.group.user_set.add(user)
+
+    def clean(self) -> None:
+        # The admin's change form edits the slug too: it must obey the same reservation as a new team's.
+        if (reason := slug_refusal(self.slug)) is not None:
+            from django.core.exceptions import ValidationError
+
+            raise ValidationError({"slug": reason})
 
 
 class TeamNameTaken(ValueError):
     pass
+
+
+# Slugs that name the app's own packages and routes. A team's plugin folder is ``<plugin dir>/<slug>/``, so a
+# slug is also a folder name a worker may import from: it must never be one a shared module already uses.
+RESERVED_SLUGS = frozenset({
+    "agentfly", "agentfly_teams", "trainer", "webapp", "tests", "admin", "api", "accounts", "static", "media",
+    "registry", "jobs", "monitor", "new", "shared", "builtin", "builtins", "site-packages",
+})
+
+
+def shared_package_names() -> set[str]:
+    """Top-level names of the shared plugin modules (``AGENTFLY_PLUGIN_DIRS``) and ``AGENTFLY_TOOL_PACKAGES``.
+
+    A folder in a plugin dir is a team's folder when a team has its name; a team named like a shared package
+    would otherwise take that package over (the other teams' registrations of it would be refused as
+    "another team's folder").
+    """
+    names = {name.split(".")[0] for name in settings.AGENTFLY_TOOL_PACKAGES}
+    for folder in settings.AGENTFLY_PLUGIN_DIRS:
+        try:
+            children = list(folder.iterdir())
+        except OSError:
+            continue
+        for child in children:
+            if child.suffix == ".py":
+                names.add(child.stem)
+            elif (child / "__init__.py").is_file():
+                names.add(child.name)
+    return names
+
+
+def slug_refusal(slug: str) -> str | None:
+    """Why ``slug`` cannot be a team's slug, or None when it can."""
+    plain = slug.lower()
+    if plain in RESERVED_SLUGS or plain.replace("-", "_") in RESERVED_SLUGS:
+        return f"the slug {slug!r} is reserved by AgentFly; pick another"
+    if plain in sys.stdlib_module_names or plain.replace("-", "_") in sys.stdlib_module_names:
+        return f"the slug {slug!r} is the name of a Python standard library module; pick another"
+    if plain in shared_package_names() or plain.replace("-", "_") in shared_package_names():
+        return (f"the slug {slug!r} is the name of a shared plugin package (in AGENTFLY_PLUGIN_DIRS or "
+                "AGENTFLY_TOOL_PACKAGES), which every team registers from; pick another")
+    return None
 
 
 def do_create_team(name: str, creator: object | None) -> Team:
@@ -74,7 +126,7 @@ def do_create_team(name: str, creator: object | None) -> Team:
     base = slugify(name)[:70] or "team"
     # Never the name of a run folder from before team folders (job-<id>, see jobs.paths), not even once
     # "-2" is added below to "job".
-    if re.fullmatch(r"job(-\d+)?", base):
+    if re.fullmatch(r"job(-\d+)?", base) or slug_refusal(base) is not None:
         base = f"team-{base}"
     with transaction.atomic():
         if Group.objects.filter(name=name).exists():
@@ -212,3 +264,80 @@ def do_sign_up(form: Any, invitation: Invitation | None) -> Any:
             invitation.used_by, invitation.used_at = user, timezone.now()
             invitation.save(update_fields=["used_by", "used_at"])
     return user
+
+
+# ------------------------------------------------------------------------------ invitations of existing users
+class MembershipInvitationQuerySet(models.QuerySet["MembershipInvitation"]):
+    def pending(self) -> MembershipInvitationQuerySet:
+        return self.filter(answered_at__isnull=True)
+
+    def to(self, user: object) -> MembershipInvitationQuerySet:
+        """Invitations addressed to ``user``."""
+        if not getattr(user, "is_authenticated", False):
+            return self.none()
+        return self.filter(invitee=user)
+
+    def of(self, user: object) -> MembershipInvitationQuerySet:
+        """Invitations into ``user``'s teams, and those addressed to ``user``."""
+        if not getattr(user, "is_authenticated", False):
+            return self.none()
+        return self.filter(models.Q(team__in=Team.objects.of(user)) | models.Q(invitee=user))
+
+
+class MembershipInvitation(models.Model):
+    """An existing user invited into ``team``: they become a member only by accepting it (consent)."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="member_invitations")
+    invitee = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="team_invitations")
+    invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    answered_at = models.DateTimeField(null=True, blank=True)
+    accepted = models.BooleanField(null=True, blank=True)
+
+    objects = MembershipInvitationQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [models.UniqueConstraint(fields=["team", "invitee"], condition=models.Q(answered_at__isnull=True),
+                                               name="one_pending_invitation_per_user_and_team")]
+
+    def __str__(self) -> str:
+        return f"{self.invitee} invited to {self.team} ({self.state})"
+
+    @property
+    def state(self) -> str:
+        if self.answered_at is None:
+            return "pending"
+        return "accepted" if self.accepted else "declined"
+
+
+def do_invite_member(team: Team, inviter: object, username: str) -> MembershipInvitation:
+    """Invite the existing user ``username`` into ``team`` (by its member ``inviter``); they accept or decline."""
+    from django.contrib.auth import get_user_model
+
+    _require_member(team, inviter)
+    invitee = get_user_model().objects.filter(username=username.strip(), is_active=True).first()
+    if invitee is None:
+        raise InvitationRefused(f"no user is called {username.strip()!r}; they sign up first (or with an "
+                                "invitation link)")
+    if team.has_member(invitee):
+        raise InvitationRefused(f"{invitee.username} is already a member of {team.name}")
+    with transaction.atomic():
+        invitation, _ = MembershipInvitation.objects.select_for_update().get_or_create(
+            team=team, invitee=invitee, answered_at__isnull=True, defaults={"invited_by": inviter})
+    return invitation
+
+
+def do_answer_invitation(invitation: MembershipInvitation, user: object, *, accept: bool) -> MembershipInvitation:
+    """The invitee accepts (joins the team) or declines; anyone else, or a second answer, is refused."""
+    with transaction.atomic():
+        invitation = MembershipInvitation.objects.select_for_update().select_related("team__group").get(pk=invitation.pk)
+        if invitation.invitee_id != getattr(user, "pk", None):
+            raise PermissionDenied("only the invited user can answer an invitation")
+        if invitation.answered_at is not None:
+            raise InvitationRefused(f"this invitation was already {invitation.state}")
+        invitation.answered_at, invitation.accepted = timezone.now(), accept
+        invitation.save(update_fields=["answered_at", "accepted"])
+        if accept:
+            invitation.team.add_member(user)
+    return invitation

@@ -16,9 +16,12 @@ from webapp.accounts.forms import AddMemberForm, InvitedSignupForm, SignupForm, 
 from webapp.accounts.models import (
     Invitation,
     InvitationRefused,
+    MembershipInvitation,
     Team,
+    do_answer_invitation,
     do_create_invitation,
     do_create_team,
+    do_invite_member,
     do_revoke_invitation,
     do_sign_up,
     find_invitation,
@@ -84,13 +87,16 @@ def team_list(request: HttpRequest) -> HttpResponse:
         return redirect("accounts:team", slug=team.slug)
     teams = Team.objects.of(request.user).select_related("group")
     status = 400 if request.method == "POST" else 200  # a refused name is bad input, said on its field
-    return render(request, "accounts/team_list.html", {"teams": teams, "form": form}, status=status)
+    pending = MembershipInvitation.objects.to(request.user).pending().count()
+    return render(request, "accounts/team_list.html", {"teams": teams, "form": form, "pending_invitations": pending},
+                  status=status)
 
 
 def render_team(request: HttpRequest, team: Team, form: AddMemberForm, status: int = 200) -> HttpResponse:
     return render(request, "accounts/team_detail.html", {
         "team": team, "form": form, "invite_days": settings.AGENTFLY_INVITE_DAYS,
         "invitations": team.invitations.select_related("created_by", "used_by")[:20],
+        "member_invitations": team.member_invitations.select_related("invitee", "invited_by")[:20],
         # The link's secret is stored only as a hash: it is shown once, on the page right after creating it.
         "new_invitation_link": request.session.pop("new_invitation_link", None),
     }, status=status)
@@ -105,13 +111,43 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
 @login_required
 @require_POST
 def team_add_member(request: HttpRequest, slug: str) -> HttpResponse:
+    """Invite an existing user: they join only when they accept, on their Invitations page."""
     team = get_object_or_404(Team.objects.of(request.user), slug=slug)
     form = AddMemberForm(request.POST)
     if form.is_valid():
-        team.add_member(form.cleaned_data["username"])
-        messages.success(request, f"{form.cleaned_data['username'].username} joined {team.name}.")
-        return redirect("accounts:team", slug=team.slug)
+        try:
+            invitation = do_invite_member(team, request.user, form.cleaned_data["username"])
+        except InvitationRefused as exc:
+            form.add_error("username", f"{str(exc)[:1].upper()}{str(exc)[1:]}.")
+        else:
+            messages.success(request, f"{invitation.invitee.username} is invited to {team.name}; they join once "
+                                      "they accept it on their Invitations page.")
+            return redirect("accounts:team", slug=team.slug)
     return render_team(request, team, form, status=400)
+
+
+@login_required
+def my_invitations(request: HttpRequest) -> HttpResponse:
+    """The invitations addressed to the signed-in user, to accept or decline."""
+    invitations = MembershipInvitation.objects.to(request.user).select_related("team__group", "invited_by")
+    return render(request, "accounts/invitations.html", {"invitations": invitations[:50]})
+
+
+@login_required
+@require_POST
+def answer_invitation(request: HttpRequest, pk: int, answer: str) -> HttpResponse:
+    # Only the invitee's own invitations resolve: anyone else's reads as not found.
+    invitation = get_object_or_404(MembershipInvitation.objects.to(request.user), pk=pk)
+    try:
+        invitation = do_answer_invitation(invitation, request.user, accept=answer == "accept")
+    except InvitationRefused as exc:
+        messages.error(request, f"{str(exc)[:1].upper()}{str(exc)[1:]}.")
+        return redirect("accounts:invitations")
+    if invitation.accepted:
+        messages.success(request, f"You joined {invitation.team.name}.")
+        return redirect("accounts:team", slug=invitation.team.slug)
+    messages.info(request, f"You declined the invitation to {invitation.team.name}.")
+    return redirect("accounts:invitations")
 
 
 @login_required

@@ -10,11 +10,11 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from webapp.accounts.models import Team
+from webapp.accounts.api import MemberTeamField
 from webapp.registry import actions
 from webapp.registry.models import Entry, EntryStatus, Kind, Version, check_import_path
 from webapp.registry.rules import NotRegistrable, check_registrable
-from webapp.registry.trying import NoAnswer, TooManyTries, try_on_worker
+from webapp.registry.trying import NoAnswer, TooManyTries, charged_team, try_on_worker
 from webapp.schema import detail_response
 
 
@@ -38,18 +38,13 @@ class EntrySerializer(serializers.ModelSerializer):
 class RegisterSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=Kind.choices)
     import_path = serializers.CharField(max_length=300)
-    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
+    team = MemberTeamField()
 
     def validate_import_path(self, value: str) -> str:
         try:
             return check_import_path(value)
         except ValueError as exc:
             raise serializers.ValidationError(str(exc)) from None
-
-    def validate_team(self, team: Team) -> Team:
-        if not team.has_member(self.context["request"].user):
-            raise serializers.ValidationError("You are not a member of this team.")
-        return team
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -123,7 +118,8 @@ class EntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         ser = TrySerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         try:
-            return Response(try_on_worker(request.user.pk, entry.pk, ser.validated_data["arguments"]))
+            return Response(try_on_worker(request.user.pk, entry.pk, ser.validated_data["arguments"],
+                                                  team_id=charged_team(entry, request.user)))
         except TooManyTries as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_429_TOO_MANY_REQUESTS)
         except NoAnswer as exc:

@@ -66,16 +66,25 @@ def sync_builtins() -> int:
 
 
 @shared_task(name="webapp.registry.tasks.try_tool", time_limit=120, **ONCE)
-def try_tool(entry_id: int, arguments: Any) -> dict[str, Any]:
-    """Call the tool with ``arguments`` the way a rollout would (in a child), and return its observation."""
-    entry = Entry.objects.select_related("team").filter(pk=entry_id, kind=Kind.TOOL).first()
-    if entry is None:
-        return {"observation": "", "error": "this tool no longer exists", "latency": 0.0}
+def try_tool(entry_id: int, arguments: Any, slot: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Call the tool with ``arguments`` the way a rollout would (in a child), and return its observation.
+
+    ``slot`` is the caller's place in the "try it" pool (``webapp.registry.trying``): given back here, when the
+    call has really ended, so a call its user stopped waiting for still counts while it runs.
+    """
+    from webapp.registry.tryslots import release_slot
+
     try:
-        source = check_registrable(entry.kind, entry.import_path, team_slug(entry))
-    except NotRegistrable as exc:
-        return {"observation": "", "error": str(exc), "latency": 0.0}
-    return try_in_child(entry.import_path, source, arguments, team_slug(entry))
+        entry = Entry.objects.select_related("team").filter(pk=entry_id, kind=Kind.TOOL).first()
+        if entry is None:
+            return {"observation": "", "error": "this tool no longer exists", "latency": 0.0}
+        try:
+            source = check_registrable(entry.kind, entry.import_path, team_slug(entry))
+        except NotRegistrable as exc:
+            return {"observation": "", "error": str(exc), "latency": 0.0}
+        return try_in_child(entry.import_path, source, arguments, team_slug(entry))
+    finally:
+        release_slot(slot)
 
 
 def parse_arguments(text: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from webapp.registry import actions, worker
 from webapp.registry.forms import RegisterForm, TryForm
 from webapp.registry.models import Entry, Kind
 from webapp.registry.rules import NotRegistrable
-from webapp.registry.trying import NoAnswer, TooManyTries, try_on_worker
+from webapp.registry.trying import NoAnswer, TooManyTries, charged_team, try_on_worker
 
 
 @login_required
@@ -70,7 +70,8 @@ def try_tool(request: HttpRequest, pk: int) -> HttpResponse:
     status = 200
     if form.is_valid():
         try:
-            result = try_on_worker(request.user.pk, entry.pk, form.cleaned_data["arguments"])
+            result = try_on_worker(request.user.pk, entry.pk, form.cleaned_data["arguments"],
+                                   team_id=charged_team(entry, request.user))
         except TooManyTries as exc:
             result, status = {"observation": "", "latency": 0.0, "error": str(exc)}, 429
         except NoAnswer as exc:

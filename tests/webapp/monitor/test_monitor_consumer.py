@@ -15,6 +15,7 @@ from django.db import connection
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 ORIGIN = (b"origin", b"http://localhost")
+HOST = (b"host", b"localhost")
 
 
 def application() -> Any:
@@ -25,7 +26,7 @@ def application() -> Any:
 
 def communicator(job_id: int, headers: list[tuple[bytes, bytes]], after: int | None = None) -> WebsocketCommunicator:
     path = f"/ws/jobs/{job_id}/" + ("" if after is None else f"?after={after}")
-    return WebsocketCommunicator(application(), path, headers=[ORIGIN, *headers])
+    return WebsocketCommunicator(application(), path, headers=[HOST, ORIGIN, *headers])
 
 
 async def refused_with(comm: WebsocketCommunicator) -> tuple[int, str]:
@@ -91,7 +92,7 @@ async def test_a_socket_for_a_missing_job_gets_the_same_code_as_a_foreign_one(al
 async def test_a_socket_with_a_malformed_sequence_number_is_closed_with_code_4400(alice_job: Any,
                                                                                    alice_cookie: Any) -> None:
     cookie = alice_cookie
-    comm = WebsocketCommunicator(application(), f"/ws/jobs/{alice_job.pk}/?after=-3", headers=[ORIGIN, cookie])
+    comm = WebsocketCommunicator(application(), f"/ws/jobs/{alice_job.pk}/?after=-3", headers=[HOST, ORIGIN, cookie])
     code, message = await refused_with(comm)
     assert code == 4400
     assert "after='-3'" in message
