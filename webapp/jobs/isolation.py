@@ -190,11 +190,17 @@ def sandbox_argv(sandbox: Sandbox) -> list[str]:
         raise SandboxUnavailable("bubblewrap (bwrap) is not installed on this worker; install it (apt-get install "
                                  "bubblewrap), or set AGENTFLY_JOB_SANDBOX=off to run jobs unisolated (not for "
                                  "several teams: docs/security.md)")
-    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
-            "--hostname", f"job-{sandbox.job_id}"]
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
+    argv += _system_mounts()
     if sandbox.network == "host":
         argv.append("--share-net")
-    argv += _system_mounts()
+    else:
+        # Its own loopback only: the ranks' rendezvous (torchrun) looks up the host name, which must resolve
+        # there without DNS.
+        name = f"job-{sandbox.job_id}"
+        hosts = sandbox.output_dir / ".sandbox-hosts"
+        hosts.write_text(f"127.0.0.1 localhost {name}\n::1 localhost ip6-localhost ip6-loopback\n")
+        argv += ["--hostname", name, "--ro-bind", str(hosts), "/etc/hosts"]
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
     argv += _gpu_mounts()
     for path in _python_mounts():
@@ -228,6 +234,12 @@ def command(sandbox: Sandbox | None, args: Sequence[str]) -> list[str]:
     """``python -m webapp.jobs.child ARGS``, inside ``sandbox`` (None: unisolated, AGENTFLY_JOB_SANDBOX=off)."""
     python = [sys.executable, "-P", "-m", "webapp.jobs.child", *args]
     return python if sandbox is None else [*sandbox_argv(sandbox), *python]
+
+
+def process_env(sandbox: Sandbox | None) -> dict[str, str]:
+    """The environment ``bwrap`` itself starts with: the job's, never the worker's (bwrap's own process is
+    PID 1 of the sandbox, and its ``/proc/1/environ`` is readable from inside)."""
+    return job_env(sandbox) if sandbox is not None else unisolated_env()
 
 
 def unisolated_env() -> dict[str, str]:
@@ -342,7 +354,7 @@ class Pump:
         return self.reporter.error
 
 
-def run_process(argv: list[str], env: dict[str, str] | None, output_dir: Path, pump: Pump,
+def run_process(argv: list[str], env: dict[str, str], output_dir: Path, pump: Pump,
                 should_stop: Callable[[], bool], stop_name: str = "STOP", poll: float = 0.5) -> int:
     """Run the child until it exits, feeding ``pump`` from its message pipe; write the stop file once
     ``should_stop()`` (or a report that cannot be stored) says so. Returns its exit status."""
@@ -394,7 +406,7 @@ def run_job(job: Any, config: dict[str, Any], *, output_dir: Path, sinks: Sequen
                                 "node": None if node is None else [node.rank, node.count, node.endpoint]}))
     pump = Pump(Checked(job.pk, output_dir), sinks, on_checkpoint, on_step)
     started = time.monotonic()
-    code = run_process(command(sandbox, ["run", str(spec)]), None if sandbox else unisolated_env(), output_dir,
+    code = run_process(command(sandbox, ["run", str(spec)]), process_env(sandbox), output_dir,
                        pump, should_stop)
     if pump.error is not None:
         raise TrackingError(pump.error)
@@ -416,7 +428,7 @@ def run_node(job: Any, config: dict[str, Any], *, output_dir: Path, node: Node, 
     spec.write_text(json.dumps({"job": job.pk, "kind": job.kind, "config": config,
                                 "node": [node.rank, node.count, node.endpoint]}))
     pump = Pump(Checked(job.pk, output_dir), [], lambda *_: None, lambda _: None)
-    return run_process(command(sandbox, ["node", str(spec)]), None if sandbox else unisolated_env(), output_dir,
+    return run_process(command(sandbox, ["node", str(spec)]), process_env(sandbox), output_dir,
                        pump, job_ended, stop_name=f"ENDED-node-{node.rank}", poll=2.0)
 
 
