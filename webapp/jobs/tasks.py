@@ -213,9 +213,11 @@ def run_job(job_id: int) -> str:
 
 
 def enqueue_again(job: TrainingJob) -> None:
-    """A preempted job's next run: at the back of its queue, behind the jobs that waited for it. Same task
-    id, so a cancel still revokes it."""
-    run_job.apply_async(args=[job.pk], queue=job.queue, task_id=job.celery_task_id)
+    """A preempted job's next run: at the back of its queue, behind the jobs that waited for it. A task id
+    of its own (the current task is still running under the job's); a cancel needs no revoke, since the
+    claim refuses a cancelled job."""
+    run_job.apply_async(args=[job.pk], queue=job.queue,
+                        task_id=f"{job.celery_task_id}-run-{int(job.queued_at.timestamp() * 1000)}")
 
 
 @inspect_command()
