@@ -204,8 +204,9 @@ REDIS_PREFIX = env_str("AGENTFLY_REDIS_PREFIX", "")
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", REDIS_URL)
-# A training task can run for hours; the hard limit stops a runaway one, the soft limit lets it checkpoint.
-JOB_TIME_LIMIT = env_int("JOB_TIME_LIMIT", 24 * 3600)
+# A job's time is its team's quota (AGENTFLY_QUOTA_MAX_SECONDS below): the worker stops it at a step with a
+# checkpoint. These Celery limits are only the backstop for a task that stops answering, well above any quota.
+JOB_TIME_LIMIT = env_int("JOB_TIME_LIMIT", 7 * 24 * 3600)
 JOB_SOFT_TIME_LIMIT = env_int("JOB_SOFT_TIME_LIMIT", JOB_TIME_LIMIT - 300)
 # With acks_late, Redis hands an unacknowledged message to another worker once the visibility timeout
 # passes, even while the first worker still runs it: keep it longer than the longest job (the task's claim
@@ -254,6 +255,27 @@ AGENTFLY_TRY_CONCURRENCY = env_int("AGENTFLY_TRY_CONCURRENCY", 2)
 # so one team's looping calls leave room for the others.
 AGENTFLY_TRY_POOL = env_int("AGENTFLY_TRY_POOL", 4)
 AGENTFLY_TRY_TEAM_CONCURRENCY = env_int("AGENTFLY_TRY_TEAM_CONCURRENCY", 2)
+
+# ------------------------------------------------------------------ jobs run as their team (docs/security.md)
+# How the training process is isolated: "bwrap" (a bubblewrap sandbox: no secret, only its team's folders)
+# or "off" (the worker's own view less the secret variables; only for a server with one trusted team).
+AGENTFLY_JOB_SANDBOX = env_str("AGENTFLY_JOB_SANDBOX", "bwrap")
+# The training process's network: "auto" (its own loopback only, the host's network for a multi-node job),
+# "none" (always loopback only) or "host" (always the host's: remote engines, a Ray cluster, hub downloads).
+AGENTFLY_JOB_NETWORK = env_str("AGENTFLY_JOB_NETWORK", "auto")
+# Environment variables of the worker passed on to the training process by name (never a secret).
+AGENTFLY_JOB_ENV = env_list("AGENTFLY_JOB_ENV", [
+    "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "MKL_NUM_THREADS", "TZ", "AGENTFLY_SANDBOX_DIR"])
+
+# Per-team quotas (docs/security.md): defaults for every team; the admin's "team quotas" override them per
+# team. A launch past one is refused with the quota's name.
+AGENTFLY_QUOTA_CONCURRENT_JOBS = env_int("AGENTFLY_QUOTA_CONCURRENT_JOBS", 4)  # queued, running or preempted
+AGENTFLY_QUOTA_MAX_STEPS = env_int("AGENTFLY_QUOTA_MAX_STEPS", 100_000)  # a job's total steps
+AGENTFLY_QUOTA_MAX_SECONDS = env_int("AGENTFLY_QUOTA_MAX_SECONDS", 24 * 3600)  # a job's running time, all runs
+# Fair share: a running job that has run this long yields at its next step (with a checkpoint) when another
+# team's job waits for a worker on its queue, and is queued again to resume from there. 0 never preempts.
+AGENTFLY_TIME_SLICE = env_float("AGENTFLY_TIME_SLICE", 1800.0)
 
 # ------------------------------------------------------------------ REST API
 REST_FRAMEWORK = {

@@ -72,7 +72,7 @@ def test_the_demos_sqlite_runs_in_wal_mode_and_waits_for_the_write_lock(tmp_path
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="needs Debian's docker-compose package")
 def test_the_compose_file_is_valid_for_a_real_compose_parser() -> None:
-    env = {**os.environ, "SECRET_KEY": "k" * 50}
+    env = {**os.environ, "SECRET_KEY": "k" * 50, "REDIS_PASSWORD": "p" * 32}
     result = subprocess.run(["docker-compose", "-f", "docker-compose.yml", "config"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

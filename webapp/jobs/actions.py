@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from webapp.accounts.models import Team
 from webapp.jobs import paths
-from webapp.jobs.models import Checkpoint, Kind, Status, TrainingJob
+from webapp.jobs.models import ACTIVE, WAITING, Checkpoint, Kind, Status, TrainingJob, quotas_of
 from webapp.jobs.tasks import run_job
 from webapp.jobs.worker import status_event
 from webapp.monitor.events import append_events
@@ -26,6 +26,25 @@ log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------------------- user actions
+class QuotaExceeded(PermissionError):
+    """A launch past one of its team's quotas; the message names the quota and how to get under it."""
+
+
+def check_quotas(team: Team, config: dict[str, Any], kind: str) -> None:
+    """Refuse a job past its team's step quota, or one more job than its concurrent-jobs quota. The caller
+    holds the team's row lock, so two launches at once cannot both take the last place."""
+    quotas = quotas_of(team)
+    steps = TrainingJob(config=config, kind=kind).total_steps
+    if steps > quotas.max_steps:
+        raise QuotaExceeded(f"{steps} steps is over team {team.name}'s quota of {quotas.max_steps} steps per job "
+                            "(max_steps); launch fewer steps, or ask an operator to raise the team's quota")
+    active = TrainingJob.objects.filter(team=team, status__in=ACTIVE).count()
+    if active >= quotas.concurrent_jobs:
+        raise QuotaExceeded(f"team {team.name} already has {active} jobs queued or running, its quota of "
+                            f"{quotas.concurrent_jobs} concurrent jobs (concurrent_jobs); wait for one to finish or "
+                            "cancel one, or ask an operator to raise the team's quota")
+
+
 def do_launch_job(
     *, user: object, team: Team, name: str, config: dict[str, Any], queue: str,
     tool_versions: list[Version], reward_version: Version | None, resources: dict[str, Any] | None = None,
@@ -34,7 +53,8 @@ def do_launch_job(
     """Create a queued job and send it to its queue; return ``(job, created)``.
 
     With a ``launch_key`` the launch is idempotent: the same key for the same team returns the job the
-    first call created (a double-clicked button, a retried API request), and queues nothing new.
+    first call created (a double-clicked button, a retried API request), and queues nothing new. A launch
+    past a team quota raises ``QuotaExceeded``.
     """
     if not team.has_member(user):
         raise PermissionError("you can only launch jobs for a team you belong to")
@@ -44,9 +64,11 @@ def do_launch_job(
             return existing, False
     try:
         with transaction.atomic():
+            Team.objects.select_for_update().filter(pk=team.pk).first()
+            check_quotas(team, config, kind)
             job = TrainingJob.objects.create(
                 team=team, created_by=user, name=name, queue=queue, launch_key=launch_key, kind=kind,
-                reward_version=reward_version, resumed_from=resumed_from,
+                reward_version=reward_version, resumed_from=resumed_from, queued_at=timezone.now(),
                 config={**config, "resources": resources or {}},
             )
             job.tool_versions.set(tool_versions)
@@ -69,10 +91,12 @@ def do_cancel_job(job: TrainingJob) -> TrainingJob:
     Finished: nothing happens (cancel is idempotent)."""
     with transaction.atomic():
         now = timezone.now()
-        if TrainingJob.objects.filter(pk=job.pk, status=Status.QUEUED).update(
+        if TrainingJob.objects.filter(pk=job.pk, status__in=WAITING).update(
             status=Status.CANCELLED, cancel_requested=True, finished_at=now
         ):
-            status_event(job, Status.CANCELLED, message="cancelled before it started")
+            # A preempted job waits in the queue like a new one: it ends now, keeping its checkpoints.
+            status_event(job, Status.CANCELLED, message="cancelled before it started" if job.status == Status.QUEUED
+                         else "cancelled while preempted; resume it to continue from its last checkpoint")
         elif TrainingJob.objects.filter(pk=job.pk, status=Status.RUNNING, cancel_requested=False).update(
             cancel_requested=True
         ):

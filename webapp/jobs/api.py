@@ -159,11 +159,14 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         if not form.is_valid():
             return Response(form.errors.get_json_data(), status=status.HTTP_400_BAD_REQUEST)
         d = form.cleaned_data
-        job, created = actions.do_launch_job(
-            user=request.user, team=d["team"], name=d["name"], config=form.trainer_config(), queue=d["queue"],
-            tool_versions=[t.current_version for t in d["tools"]], reward_version=d["reward"].current_version,
-            resources=d["resources"], launch_key=d["launch_key"], kind=d["kind"],
-        )
+        try:
+            job, created = actions.do_launch_job(
+                user=request.user, team=d["team"], name=d["name"], config=form.trainer_config(), queue=d["queue"],
+                tool_versions=[t.current_version for t in d["tools"]], reward_version=d["reward"].current_version,
+                resources=d["resources"], launch_key=d["launch_key"], kind=d["kind"],
+            )
+        except actions.QuotaExceeded as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_403_FORBIDDEN)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @extend_schema(request=None, responses={200: JobSerializer})
@@ -181,6 +184,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             job, created = actions.do_resume_job(user=request.user, job=self.get_object())
         except actions.NotResumable as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        except actions.QuotaExceeded as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_403_FORBIDDEN)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @extend_schema(parameters=[

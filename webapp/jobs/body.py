@@ -315,7 +315,7 @@ def start_torchrun(config: dict[str, Any], output_dir: Path, node: Node | None) 
         where = ["--nnodes", str(node.count), "--node-rank", str(node.rank), "--rdzv-backend", "static",
                  "--rdzv-endpoint", node.endpoint, "--rdzv-conf", f"timeout={NODE_JOIN_TIMEOUT_S}"]
     cmd = [sys.executable, "-m", "torch.distributed.run", *where, "--nproc_per_node", str(ranks),
-           "--monitor-interval", "1", "-m", "trainer.cli", "train", str(launch), "--stop-file",
+           "--monitor-interval", "1", "-m", "webapp.jobs.child", "rank", "train", str(launch), "--stop-file",
            str(output_dir / "STOP")]
     if config.get("resume_from"):
         cmd += ["--resume", str(config["resume_from"])]

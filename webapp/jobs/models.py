@@ -1,6 +1,7 @@
 """``TrainingJob``: one run of the trainer on a worker, and the checkpoints it wrote.
 
-The state machine is ``queued -> running -> succeeded | failed | cancelled`` (``queued -> cancelled`` too).
+The state machine is ``queued -> running -> succeeded | failed | cancelled`` (``queued -> cancelled`` too),
+and ``running -> preempted -> running`` when a job yields its worker to another team's (fair share).
 Every transition is a conditional UPDATE (``WHERE status IN (...)``), so two processes racing over one job
 (a worker finishing it while a user cancels it, a redelivered message, the stale-job sweeper) cannot both
 win: exactly one update matches, the other sees 0 rows and backs off.
@@ -8,6 +9,7 @@ win: exactly one update matches, the other sees 0 rows and backs off.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -19,11 +21,15 @@ from trainer.events import RUN_STATES
 from webapp.accounts.models import Team
 from webapp.registry.models import Version
 
-# A job's states are the trainer's run states (``trainer.events.RUN_STATES``): one vocabulary for both.
-Status = models.TextChoices("Status", [(state.upper(), state) for state in RUN_STATES])  # type: ignore[misc]
+# A job's states are the trainer's run states (``trainer.events.RUN_STATES``): one vocabulary for both, and
+# one of the web app's own: ``preempted``, a job that yielded its worker to another team's job at a
+# checkpoint and waits in the queue to resume from it (fair share, ``webapp.jobs.worker.preempt_job``).
+Status = models.TextChoices("Status", [*((state.upper(), state) for state in RUN_STATES),  # type: ignore[misc]
+                                       ("PREEMPTED", ("preempted", "preempted, queued"))])
 
 
-ACTIVE = (Status.QUEUED, Status.RUNNING)
+ACTIVE = (Status.QUEUED, Status.RUNNING, Status.PREEMPTED)
+WAITING = (Status.QUEUED, Status.PREEMPTED)
 FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
 
 
@@ -79,6 +85,12 @@ class TrainingJob(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    queued_at = models.DateTimeField(null=True, blank=True, help_text="When it last joined its queue (launch or "
+                                     "preemption): how long another team has waited for a worker.")
+    run_started_at = models.DateTimeField(null=True, blank=True, help_text="When its current run began (its "
+                                          "latest claim): the time slice counts from here.")
+    run_seconds = models.FloatField(default=0.0, help_text="Running time of its earlier runs (before preemptions); "
+                                    "counted against the team's time quota.")
 
     objects = JobQuerySet.as_manager()
 
@@ -180,3 +192,39 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} step {self.step}"
+
+
+class TeamQuota(models.Model):
+    """An operator's quotas for one team; a field left empty takes the server's default (the
+    ``AGENTFLY_QUOTA_*`` settings). Only superusers edit these (the admin)."""
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="quota")
+    concurrent_jobs = models.PositiveIntegerField(null=True, blank=True,
+                                                  help_text="Jobs queued, running or preempted at once.")
+    max_steps = models.PositiveIntegerField(null=True, blank=True, help_text="Total steps of one job.")
+    max_seconds = models.PositiveIntegerField(null=True, blank=True,
+                                              help_text="Running time of one job, over all its runs, in seconds.")
+
+    def __str__(self) -> str:
+        return f"quotas of {self.team}"
+
+
+@dataclass(frozen=True)
+class Quotas:
+    concurrent_jobs: int
+    max_steps: int
+    max_seconds: int
+
+
+def quotas_of(team: Team | int) -> Quotas:
+    """The team's quotas: its ``TeamQuota`` row where set, the server's defaults elsewhere."""
+    team_id = team if isinstance(team, int) else team.pk
+    row = TeamQuota.objects.filter(team_id=team_id).first()
+
+    def pick(name: str, default: int) -> int:
+        value = getattr(row, name, None) if row is not None else None
+        return default if value is None else int(value)
+
+    return Quotas(concurrent_jobs=pick("concurrent_jobs", settings.AGENTFLY_QUOTA_CONCURRENT_JOBS),
+                  max_steps=pick("max_steps", settings.AGENTFLY_QUOTA_MAX_STEPS),
+                  max_seconds=pick("max_seconds", settings.AGENTFLY_QUOTA_MAX_SECONDS))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -27,11 +26,15 @@ log = logging.getLogger(__name__)
 
 
 class Heartbeat:
-    """Stamps the job alive every ``JOB_HEARTBEAT_SECONDS`` and mirrors its cancel flag into ``cancelled``."""
+    """Stamps the job alive every ``JOB_HEARTBEAT_SECONDS`` and decides when it must stop between steps:
+    a cancel (``cancelled``), its team's time quota (``over_time`` says why), or its turn to yield the worker
+    to another team's waiting job (``yielding``). ``stop_requested`` is any of them."""
 
     def __init__(self, job_id: int, interval: float) -> None:
         self.job_id, self.interval = job_id, interval
         self.cancelled = threading.Event()
+        self.yielding = threading.Event()
+        self.over_time: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-job-{job_id}", daemon=True)
 
@@ -43,18 +46,44 @@ class Heartbeat:
         self._stop.set()
         self._thread.join()
 
+    def stop_requested(self) -> bool:
+        return self.cancelled.is_set() or self.yielding.is_set() or self.over_time is not None
+
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
                 try:
                     if worker.beat(self.job_id):
                         self.cancelled.set()
+                    if self.over_time is None:
+                        self.over_time = worker.over_time(self.job_id)
+                    if not self.yielding.is_set() and worker.must_yield(self.job_id):
+                        self.yielding.set()
                 except Exception:  # a database blip must not end the job; the next beat retries
                     log.warning("heartbeat of job %d failed", self.job_id, exc_info=True)
                     connection.close()
                 self._stop.wait(self.interval)
         finally:
             connection.close()
+
+
+class Yielding:
+    """The job's sink while it may yield: the trainer ends a stopped run with a ``cancelled`` status, which
+    for a job that yields (or ran out of time) is not the job's end; it is stored as a log line, and the
+    worker writes the job's real state (preempted, failed) after it."""
+
+    def __init__(self, sink: Any, heartbeat: Heartbeat) -> None:
+        self.sink, self.heartbeat = sink, heartbeat
+
+    def emit(self, event: Any) -> None:
+        data = event.get("data") if isinstance(event, dict) else None
+        if (isinstance(data, dict) and event.get("type") == "status" and data.get("state") == "cancelled"
+                and (self.heartbeat.yielding.is_set() or self.heartbeat.over_time) and not self.heartbeat.cancelled.is_set()):
+            event = {**event, "type": "log", "data": {"level": "info", "message": "stopped at a checkpoint"}}
+        self.sink.emit(event)
+
+    def close(self) -> None:
+        pass
 
 
 def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
@@ -78,15 +107,18 @@ def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
     return result.get("value")
 
 
-def describe_components(config: dict[str, Any]) -> list[tuple[str, str, Any]]:
-    """Import the job's tools and reward on this worker and describe the exact versions found."""
-    from webapp.registry.introspect import describe
+def describe_components(config: dict[str, Any], team_slug: str) -> list[tuple[str, str, Any]]:
+    """Import the job's tools and reward in a child process (never in the worker, which holds the server's
+    secrets) and describe the exact versions found."""
+    from webapp.registry.child import describe_in_child
+    from webapp.registry.rules import check_registrable
 
     rollout = config.get("rollout", {})
-    found = [("tool", p, describe("tool", p)) for p in rollout.get("tools", [])]
+    wanted = [("tool", p) for p in rollout.get("tools", [])]
     if rollout.get("reward"):
-        found.append(("reward", rollout["reward"], describe("reward", rollout["reward"])))
-    return found
+        wanted.append(("reward", rollout["reward"]))
+    return [(kind, path, describe_in_child(kind, path, check_registrable(kind, path, team_slug)))
+            for kind, path in wanted]
 
 
 def on_checkpoint(job_id: int, sink: Any, step: int, path: str, metrics: dict[str, Any]) -> None:
@@ -115,7 +147,7 @@ def start_nodes(job: TrainingJob, leader: str) -> Any:
 @shared_task(name="webapp.jobs.tasks.run_job", acks_late=True,
              time_limit=settings.JOB_TIME_LIMIT, soft_time_limit=settings.JOB_SOFT_TIME_LIMIT)
 def run_job(job_id: int) -> str:
-    from webapp.jobs import body
+    from webapp.jobs import isolation
     from webapp.monitor.sink import DatabaseEventSink
 
     job = TrainingJob.objects.filter(pk=job_id).first()
@@ -123,47 +155,69 @@ def run_job(job_id: int) -> str:
         return "gone"
     if not worker.claim_job(job_id):
         return "skipped"
+    job.refresh_from_db()  # a preempted job's config now resumes from its checkpoint
     output_dir = paths.job_dir(job)  # inside the team's folder: AGENTFLY_RUNS_DIR/<team-slug>/job-<id>
     output_dir.mkdir(parents=True, exist_ok=True)
     # The heartbeat runs until the job's row is final (through the final evaluation and checkpoint, and the
     # finish below), so the sweep never mistakes a finishing worker for a dead one.
     heartbeat = Heartbeat(job_id, settings.JOB_HEARTBEAT_SECONDS).start()
-    # This task owns the sink and closes it after its last event; the trainer only borrows it (body.Lent).
+    # This task owns the sink and closes it after its last event; the training process's events reach it
+    # through the worker (webapp.jobs.isolation), which checks each one.
     sink = DatabaseEventSink(job_id)
-    status, error, outcome = Status.FAILED, "", body.Outcome()
+    status, error, outcome = Status.FAILED, "", None
     try:
         try:
             from webapp.registry.rules import check_job_config
 
             check_job_config(job.config, job.team.slug)  # before anything is imported: rows made behind the API too
             paths.check_config(job.config, job.team)  # again here: the config may have been written behind the API
-            for warning in worker.record_versions_used(job_id, describe_components(job.config)):
+            for warning in worker.record_versions_used(job_id, describe_components(job.config, job.team.slug)):
                 sink.emit({"type": "log", "level": "warning", "message": warning})
             here = run_job.request.hostname or worker.worker_name()
             node = start_nodes(job, here)
             if node is not None:
                 sink.emit({"type": "log", "level": "info", "message": f"node 0 of {node.count} runs on worker "
                                                                       f"{here}; rendezvous at {node.endpoint}"})
-            outcome = body.run(
-                job.config, kind=job.kind, output_dir=output_dir, sinks=[sink], should_stop=heartbeat.cancelled.is_set,
-                node=node,
+            outcome = isolation.run_job(
+                job, job.config, output_dir=output_dir, sinks=[Yielding(sink, heartbeat)],
+                should_stop=heartbeat.stop_requested, node=node,
                 on_checkpoint=lambda step, path, metrics: on_checkpoint(job_id, sink, step, path, metrics),
                 on_step=lambda step: off_loop(worker.record_progress, job_id, step),
             )
             status = Status.CANCELLED if outcome.cancelled else Status.SUCCEEDED
+            if outcome.cancelled and not heartbeat.cancelled.is_set():
+                if heartbeat.over_time:
+                    status, error = Status.FAILED, heartbeat.over_time
+                elif heartbeat.yielding.is_set():
+                    if worker.preempt_job(job_id, outcome.last_step, enqueue_again):
+                        status = Status.PREEMPTED
+                    else:
+                        status, error = Status.FAILED, ("the job stopped to yield its worker to another team's "
+                                                        "job but has no checkpoint to resume from; launch it again")
         except SoftTimeLimitExceeded:
             error = f"the job ran past its time limit of {settings.JOB_SOFT_TIME_LIMIT} s; resume it from its checkpoint"
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            sink.emit({"type": "log", "level": "error", "message": error, "traceback": traceback.format_exc()})
+            error, trace = isolation.format_failure(exc)
+            sink.emit({"type": "log", "level": "error", "message": error, "traceback": trace})
             log.exception("job %d failed", job_id)
         finally:
             sink.close()
-        ended = worker.finish_job(job_id, status, error=error, final_metrics=outcome.final_metrics,
-                                  step=outcome.last_step)
+        if status == Status.PREEMPTED:
+            return str(status)
+        ended = worker.finish_job(job_id, status, error=error,
+                                  final_metrics=outcome.final_metrics if outcome else {},
+                                  step=outcome.last_step if outcome else 0)
     finally:
         heartbeat.stop()
     return ended or status
+
+
+def enqueue_again(job: TrainingJob) -> None:
+    """A preempted job's next run: at the back of its queue, behind the jobs that waited for it. A task id
+    of its own (the current task is still running under the job's); a cancel needs no revoke, since the
+    claim refuses a cancelled job."""
+    run_job.apply_async(args=[job.pk], queue=job.queue,
+                        task_id=f"{job.celery_task_id}-run-{int(job.queued_at.timestamp() * 1000)}")
 
 
 @inspect_command()
@@ -183,7 +237,7 @@ def run_node(self: Any, job_id: int, node_rank: int, endpoint: str, leader: str)
     rendezvous at ``endpoint``. The first node's task (``run_job``) owns the job's row and events; this one
     only runs ranks, and stops them when the job ends. A node belongs on another host than the leader (or
     its ranks would share the leader's devices): a copy taken on the leader's host goes back to the queue."""
-    from webapp.jobs import body
+    from webapp.jobs import body, isolation
     from webapp.monitor.events import append_events
 
     job = TrainingJob.objects.filter(pk=job_id).first()
@@ -201,8 +255,8 @@ def run_node(self: Any, job_id: int, node_rank: int, endpoint: str, leader: str)
     def job_ended() -> bool:
         return not TrainingJob.objects.filter(pk=job_id, status=Status.RUNNING).exists()
 
-    body.run_node(job.config, output_dir=output_dir, node=body.Node(node_rank, int(job.config["nodes"]), endpoint),
-                  job_ended=job_ended)
+    isolation.run_node(job, job.config, output_dir=output_dir,
+                       node=body.Node(node_rank, int(job.config["nodes"]), endpoint), job_ended=job_ended)
     return "done"
 
 

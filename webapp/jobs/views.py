@@ -35,14 +35,18 @@ def launch(request: HttpRequest) -> HttpResponse:
         form = LaunchForm(request.POST, user=request.user)
         if form.is_valid():
             d = form.cleaned_data
-            job, created = actions.do_launch_job(
-                user=request.user, team=d["team"], name=d["name"], config=form.trainer_config(), queue=d["queue"],
-                tool_versions=[t.current_version for t in d["tools"]], reward_version=d["reward"].current_version,
-                resources=d["resources"], launch_key=d["launch_key"], kind=d["kind"],
-            )
-            if created:
-                messages.success(request, f"Job #{job.pk} is queued on the {job.queue} queue.")
-            return redirect(job)
+            try:
+                job, created = actions.do_launch_job(
+                    user=request.user, team=d["team"], name=d["name"], config=form.trainer_config(), queue=d["queue"],
+                    tool_versions=[t.current_version for t in d["tools"]], reward_version=d["reward"].current_version,
+                    resources=d["resources"], launch_key=d["launch_key"], kind=d["kind"],
+                )
+            except actions.QuotaExceeded as exc:
+                form.add_error(None, str(exc))
+            else:
+                if created:
+                    messages.success(request, f"Job #{job.pk} is queued on the {job.queue} queue.")
+                return redirect(job)
         return render(request, "jobs/launch.html", {"form": form}, status=400)
     form = LaunchForm(user=request.user, initial={"launch_key": uuid.uuid4().hex, "name": "calculator-grpo"})
     if not form.fields["reward"].queryset.exists():
@@ -80,7 +84,7 @@ def resume(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_object_or_404(TrainingJob.objects.visible_to(request.user), pk=pk)
     try:
         new_job, _ = actions.do_resume_job(user=request.user, job=job)
-    except actions.NotResumable as exc:
+    except (actions.NotResumable, actions.QuotaExceeded) as exc:
         messages.error(request, str(exc))
         return redirect(job)
     messages.success(request, f"Job #{new_job.pk} continues from step {new_job.resumed_from.step}.")  # type: ignore[union-attr]

@@ -11,16 +11,18 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models.functions import Greatest
+from django.db.models import Value
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
-from webapp.jobs.models import Checkpoint, Status, TrainingJob
+from webapp.jobs.models import WAITING, Checkpoint, Kind, Status, TrainingJob, quotas_of
 from webapp.monitor.events import append_events
 from webapp.registry.models import Entry, Version
 from webapp.registry.worker import record_description
@@ -43,12 +45,78 @@ def claim_job(job_id: int) -> bool:
     a redelivered message or a revoked-too-late task then returns without doing anything."""
     now = timezone.now()
     with transaction.atomic():
-        claimed = TrainingJob.objects.filter(pk=job_id, status=Status.QUEUED, cancel_requested=False).update(
-            status=Status.RUNNING, started_at=now, heartbeat_at=now, worker=worker_name()
+        # A preempted job is claimed like a queued one; it keeps the start of its first run.
+        claimed = TrainingJob.objects.filter(pk=job_id, status__in=WAITING, cancel_requested=False).update(
+            status=Status.RUNNING, started_at=Coalesce("started_at", Value(now)), run_started_at=now,
+            heartbeat_at=now, worker=worker_name()
         )
         if claimed:
             status_event(job_id, Status.RUNNING, message=f"claimed by worker {worker_name()}")
     return bool(claimed)
+
+
+# ------------------------------------------------------------------------------------ quotas and fair share
+def seconds_used(job: TrainingJob, now: datetime | None = None) -> float:
+    """The job's running time over all its runs: earlier runs (``run_seconds``) and the current one."""
+    now = now or timezone.now()
+    current = (now - job.run_started_at).total_seconds() if job.run_started_at else 0.0
+    return job.run_seconds + current
+
+
+def over_time(job_id: int) -> str | None:
+    """Why the running job must stop now for its team's time quota, or None."""
+    job = TrainingJob.objects.filter(pk=job_id, status=Status.RUNNING).select_related("team").first()
+    if job is None:
+        return None
+    limit = quotas_of(job.team_id).max_seconds
+    used = seconds_used(job)
+    if used <= limit:
+        return None
+    return (f"the job ran {used:.0f} s, past team {job.team.name}'s quota of {limit} s per job (max_seconds); "
+            "its last checkpoint is kept: resume it to continue, or ask an operator to raise the team's quota")
+
+
+def must_yield(job_id: int, now: datetime | None = None) -> bool:
+    """Whether the running job should yield its worker: its current run is longer than the time slice
+    (``AGENTFLY_TIME_SLICE``), and another team's job has waited on its queue for longer than a couple of
+    heartbeats (a free worker would have taken it by then). Only RL jobs on one host yield: they resume
+    exactly from a checkpoint (a warm start has no resume, and a multi-node job's other hosts would idle)."""
+    slice_s = float(settings.AGENTFLY_TIME_SLICE)
+    if slice_s <= 0:
+        return False
+    now = now or timezone.now()
+    job = TrainingJob.objects.filter(pk=job_id, status=Status.RUNNING, cancel_requested=False).first()
+    if job is None or job.run_started_at is None or job.kind != Kind.RL or int(job.config.get("nodes", 1)) > 1:
+        return False
+    if (now - job.run_started_at).total_seconds() < slice_s:
+        return False
+    waited = now - timedelta(seconds=max(1.0, 2 * settings.JOB_HEARTBEAT_SECONDS))
+    return (TrainingJob.objects.filter(status__in=WAITING, queue=job.queue, cancel_requested=False,
+                                       queued_at__lt=waited).exclude(team_id=job.team_id).exists())
+
+
+def preempt_job(job_id: int, step: int, enqueue: Callable[[TrainingJob], None]) -> bool:
+    """Put a job that yielded back in its queue to resume from its last checkpoint; False (nothing changed)
+    when it is no longer running, a cancel is pending (it ends cancelled instead) or it has no checkpoint."""
+    now = timezone.now()
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().filter(pk=job_id, status=Status.RUNNING).first()
+        if job is None or job.cancel_requested:
+            return False
+        checkpoint = job.last_checkpoint
+        if checkpoint is None:
+            return False
+        TrainingJob.objects.filter(pk=job_id).update(
+            status=Status.PREEMPTED, config={**job.config, "resume_from": checkpoint.path}, queued_at=now,
+            run_seconds=seconds_used(job, now), run_started_at=None, worker="", step=Greatest("step", step),
+        )
+        status_event(job_id, Status.PREEMPTED, message=(
+            f"preempted at step {checkpoint.step} after {seconds_used(job, now):.0f} s of running, so that another "
+            f"team's job can have the worker (fair share, AGENTFLY_TIME_SLICE); queued to resume from "
+            f"{checkpoint.path}"))
+        job.refresh_from_db()
+        transaction.on_commit(lambda: enqueue(job))
+    return True
 
 
 def beat(job_id: int) -> bool:
