@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_pages_browser import watch_for_problems
+from tests.e2e.conftest import watch_for_problems
 from tests.webapp.helpers import Daphne, off_loop, sign_in, wait_for_js
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
