@@ -29,19 +29,35 @@
     if (!resumeForm || typeof step !== "number") return;
     resumeStep = step;
     resumeForm.querySelector("#resume-step").textContent = String(step);
+    setStatus(jobStatus);
   }
 
-  function setStatus(status) {
+  // Every control follows the job's state: Cancel only while it is queued or running ("Cancelling…",
+  // disabled, once asked), Resume only once it ended failed or cancelled with a checkpoint.
+  let jobStatus = badge.dataset.status;
+  function setStatus(status, cancelling) {
+    jobStatus = status;
+    if (cancelling) cancelRequested = true;
     if (resumeForm) resumeForm.hidden = !((status === "failed" || status === "cancelled") && resumeStep !== null);
     badge.className = `badge big ${status}`;
     badge.dataset.status = status;
     badge.textContent = status.charAt(0).toUpperCase() + status.slice(1);
-    if (ACTIVE.has(status)) {
-      cancelButton.disabled = cancelRequested;
-    } else {
-      cancelButton.disabled = true;
-      cancelButton.textContent = "Cancel job";
-    }
+    cancelButton.hidden = !ACTIVE.has(status);
+    cancelButton.disabled = !ACTIVE.has(status) || cancelRequested;
+    cancelButton.textContent = cancelRequested && ACTIVE.has(status) ? "Cancelling…" : "Cancel job";
+    if (!ACTIVE.has(status)) ended();
+  }
+
+  /* A job that has ended sends nothing more once its stored events are caught up: the "live" badge says
+   * so, and the socket closes (a few seconds later, for events stored just after the final status). */
+  let endTimer = null;
+  function ended() {
+    if (!state.socket || endTimer !== null || !state.caughtUp) return;
+    endTimer = setTimeout(() => {
+      state.socket.stop();
+      connection.dataset.state = "ended";
+      connection.textContent = `ended: ${jobStatus}`;
+    }, state.endDelayMs);
   }
 
   function setStep(step) {
@@ -470,7 +486,8 @@
   }
 
   const connection = document.getElementById("connection");
-  const state = { socket: null, charts, drawnAt: null, historyEvents: 0, timings: { start: performance.now() } };
+  const state = { socket: null, charts, drawnAt: null, historyEvents: 0, timings: { start: performance.now() },
+    caughtUp: false, endDelayMs: 3000 };
   window.agentflyDashboard = state;
 
   async function start() {
@@ -478,7 +495,7 @@
     const history = await M.getJSON(config.series_url);
     state.timings.fetched = performance.now();
     totalSteps = history.job.total_steps;
-    setStatus(history.job.status);
+    setStatus(history.job.status, history.job.cancel_requested);
     setStep(history.job.step);
     charts.setStartSteps(config.id, history.starts || []);
     showLineage(history.lineage || []);
@@ -497,8 +514,12 @@
     document.body.dataset.history = "drawn";
     state.socket = new M.EventSocket(config.ws_path, {
       onEvents,
-      onHello: (job) => { totalSteps = job.total_steps; setStatus(job.status); },
-      onState: (s, detail) => { connection.dataset.state = s; connection.textContent = detail || s; },
+      onHello: (job) => { totalSteps = job.total_steps; setStatus(job.status, job.cancel_requested); },
+      onState: (s, detail) => {
+        if (connection.dataset.state === "ended") return;
+        connection.dataset.state = s; connection.textContent = detail || s;
+        if (s === "live") { state.caughtUp = true; if (!ACTIVE.has(jobStatus)) ended(); }
+      },
     }, history.last_seq);
     state.socket.start();
   }

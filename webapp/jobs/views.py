@@ -55,7 +55,11 @@ def launch(request: HttpRequest) -> HttpResponse:
 def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_object_or_404(visible_jobs(request), pk=pk)
     logs = JobEvent.objects.filter(job=job, type__in=["log", "status"]).order_by("-seq")[:200]
-    context = {"job": job, "logs": list(reversed(logs)), "checkpoints": job.checkpoints.all(),
+    checkpoints = list(job.checkpoints.all())
+    # Resume is offered where it would work: the job ended failed or cancelled with a checkpoint, is not a warm
+    # start, and the user is of its team (``actions.do_resume_job``'s rules).
+    context = {"job": job, "logs": list(reversed(logs)), "checkpoints": checkpoints,
+               "can_resume": job.can_resume and job.team.has_member(request.user),
                "tool_versions": job.tool_versions.select_related("entry")}
     if request.headers.get("HX-Request"):
         return render(request, "jobs/_job_live.html", context)
