@@ -384,7 +384,7 @@
     if (names.length) {
       const fields = [["size", "#94a3b8"], ["in_use", "#4f46e5"], ["idle", "#0f9d58"], ["waiting", "#d93025"]];
       Plotly.react("pool-bars", fields.map(([f, color]) => ({
-        type: "bar", name: f.replace("_", " "), x: names, y: names.map((n) => pools[n][f] ?? 0), marker: { color },
+        type: "bar", name: f.replace("_", " "), x: names.map(M.plotText), y: names.map((n) => pools[n][f] ?? 0), marker: { color },
       })), { barmode: "group", height: 220, margin: { l: 50, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: 1.15 },
         yaxis: yTitle("instances") },
       { displaylogo: false, responsive: true });
@@ -400,8 +400,8 @@
         el("tbody", {}, ...rows)));
       const timeline = [];
       for (const [name, h] of poolHistory) {
-        timeline.push(trace(h.in_use, { name: `${name} in use` }));
-        timeline.push(trace(h.waiting, { name: `${name} waiting`, line: { dash: "dot" } }));
+        timeline.push(trace(h.in_use, { name: M.plotText(`${name} in use`) }));
+        timeline.push(trace(h.waiting, { name: M.plotText(`${name} waiting`), line: { dash: "dot" } }));
       }
       Plotly.react("pool-timeline", timeline, { height: 200, margin: { l: 50, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: -0.3 },
         yaxis: yTitle("instances") },

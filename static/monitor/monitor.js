@@ -120,7 +120,7 @@
       y: { title: "reward (mean, band)" } },
     { id: "accuracy", title: "Accuracy", keys: ["accuracy"], y: { title: "share correct (0–1)", rangemode: "tozero" } },
     { id: "loss", title: "Policy loss", keys: ["loss_policy"], y: { title: "loss (per token)", exponentformat: "e" } },
-    { id: "kl", title: "KL", keys: ["kl"], y: { title: "KL (nats per token)", rangemode: "tozero" } },
+    { id: "kl", title: "KL", keys: ["kl"], y: { title: "KL (nats per token)", rangemode: "tozero", exponentformat: "e" } },
     { id: "entropy", title: "Entropy", keys: ["entropy"], y: { title: "entropy (nats per token)", rangemode: "tozero" } },
     { id: "clip", title: "Clip fraction", keys: ["clip_fraction"], y: { title: "share of tokens clipped", rangemode: "tozero" } },
     { id: "length", title: "Response length", keys: ["response_length_mean"], y: { title: "tokens", rangemode: "tozero" } },
@@ -138,10 +138,14 @@
       y: { title: "seconds", rangemode: "tozero" } },
     { id: "mismatch", title: "Rollout vs trainer logprob mismatch", keys: ["logprob_mismatch"],
       y: { title: "mean |Δ logprob| (nats per token)", rangemode: "tozero", exponentformat: "e" } },
-    // Held-out evaluations: one curve per metric across evaluations, shares on the left, counts on the right.
+    // Held-out evaluations (every `eval.every` steps and at the end), one chart per unit: no axis ever shows
+    // a unit it does not hold. Shares and rewards (pass@1 = accuracy, pass@k, finish reasons) first.
+    { id: "eval_tokens", title: "Evaluation: response length", keys: [], prefix: "eval_", only: /length/,
+      y: { title: "tokens (held-out)", rangemode: "tozero" } },
+    { id: "eval_counts", title: "Evaluation: turns and tool calls", keys: [], prefix: "eval_", only: /turns|calls|errors/,
+      y: { title: "per trajectory (held-out)", rangemode: "tozero" } },
     { id: "eval", title: "Evaluation (held-out)", keys: ["eval_accuracy"], prefix: "eval_",
-      drop: ["eval_reward_std", "eval_reward_min", "eval_reward_max"], y: { title: "share / reward (0–1)", rangemode: "tozero" },
-      y2: { title: "tokens, turns, calls", match: /length|turns|calls|errors/ } },
+      drop: ["eval_reward_std", "eval_reward_min", "eval_reward_max"], y: { title: "share / reward (0–1)", rangemode: "tozero" } },
   ];
 
   /* The y axis of a chart no spec names: its unit guessed from the metric's name. */
@@ -150,12 +154,19 @@
     if (/length/.test(key)) return { title: "tokens", rangemode: "tozero" };
     if (/fraction|accuracy|finish_/.test(key)) return { title: "share (0–1)", rangemode: "tozero" };
     if (/errors|calls|turns|count/.test(key)) return { title: "count", rangemode: "tozero" };
-    return { title: key.replace(/_/g, " ") };
+    // A loss or a norm: scientific notation, never SI prefixes ("5n" reads as a count of something).
+    return { title: key.replace(/_/g, " "), exponentformat: "e" };
   }
 
   function lineLabel(def, key) {
     if (def.prefix && key.startsWith(def.prefix)) return key.slice(def.prefix.length);
     return key.replace(/^time_|_time$/g, "").replace(/_/g, " ");
+  }
+
+  /* Text for Plotly: its names, titles and hover labels read a subset of HTML (<a href>, <b>, <br>), so a
+   * job named `<a href=...>` would become a link. Entities show the characters as written. */
+  function plotText(text) {
+    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   }
 
   const PALETTE = ["#4f46e5", "#d93025", "#0f9d58", "#b7791f", "#2563eb", "#9333ea", "#0891b2", "#be185d"];
@@ -317,7 +328,8 @@
         const more = (def.lines || []).filter((k) => k in values);
         if (def.prefix) {
           for (const k of Object.keys(values)) {
-            if (!k.startsWith(def.prefix) || def.keys.includes(k) || (def.exclude || []).includes(k)) continue;
+            if (!k.startsWith(def.prefix) || def.keys.includes(k) || (def.exclude || []).includes(k) || claimed.has(k)) continue;
+            if (def.only && !def.only.test(k)) continue;
             if ((def.drop || []).includes(k)) { claimed.add(k); continue; }
             more.push(k);
           }
@@ -359,9 +371,28 @@
 
     setSmoothing(on, weight) { this.smoothing = on; this.weight = weight; this._redrawAll(); }
     setBandKind(kind) { this.bandKind = kind; this._redrawAll(); }
-    setLogScale(on) {
-      this.logScale = on;
-      for (const chart of this.charts.values()) if (chart.drawn) Plotly.relayout(chart.div, { "yaxis.type": on ? "log" : "linear" });
+    setLogScale(on) { this.logScale = on; this._redrawAll(); }
+
+    /* A chart is drawn on a log axis only when asked and when it holds a positive value: an all-zero series
+     * on a log axis is an empty 10–100 axis. */
+    _axisType(chart) {
+      return this.logScale && chart.lines.some((l) => l.y.some((v) => v !== null && v > 0)) ? "log" : "linear";
+    }
+
+    /* A chart whose every line has one point (an evaluation run only at the end, the run's total time) is a
+     * summary card, never a line chart of one point on a fractional axis; it becomes a chart at its second. */
+    _summary(chart) {
+      if (!chart.summaryBox) {
+        chart.summaryBox = document.createElement("div");
+        chart.summaryBox.className = "chart-summary";
+        chart.box.insertBefore(chart.summaryBox, chart.div);
+      }
+      chart.box.classList.add("summary"); chart.div.hidden = true; chart.box.hidden = false;
+      const rows = chart.lines.filter((l) => l.x.length).map((l) => el("tr", {},
+        el("td", { text: l.name }),
+        el("td", { class: "mono", text: fmt(l.y[0], 4) }), el("td", { class: "muted small", text: `step ${l.x[0]}` })));
+      chart.summaryBox.replaceChildren(el("h3", { text: chart.def.title }),
+        el("table", { class: "table compact" }, el("tbody", {}, ...rows)));
     }
 
     _redrawAll() { for (const chart of this.charts.values()) chart.full = true; this.flush(); }
@@ -395,12 +426,15 @@
       }
       line.emaAcc = 0; line.emaN = 0;
       const smooth = line.y.map((v) => this._ema(line, v));
+      // On a log axis a rate that touches 0 has no smoothed curve worth drawing: the debiased EMA of
+      // zeros decays towards 1e-20 and stretches the axis over twenty decades. The raw points stay.
+      const smoothing = this.smoothing && !(this.logScale && line.y.some((v) => v !== null && v <= 0));
       // Markers on short lines only: hundreds of SVG markers per chart are what makes a long job slow to draw.
       traces.push({ x: line.x.slice(), y: line.y.slice(), mode: line.x.length > MAX_MARKERS ? "lines" : "lines+markers",
-        meta: "raw", name: line.name, marker: { size: 4, color: line.color }, line: { color: line.color, width: 1.5 },
-        opacity: this.smoothing ? 0.3 : 1 });
-      traces.push({ x: line.x.slice(), y: smooth, mode: "lines", name: `${line.name} (smoothed)`,
-        line: { color: line.color, width: 2 }, visible: this.smoothing, showlegend: false });
+        meta: "raw", name: plotText(line.name), marker: { size: 4, color: line.color }, line: { color: line.color, width: 1.5 },
+        opacity: smoothing ? 0.3 : 1 });
+      traces.push({ x: line.x.slice(), y: smooth, mode: "lines", name: plotText(`${line.name} (smoothed)`),
+        line: { color: line.color, width: 2 }, visible: smoothing, showlegend: false });
       return traces.map(onAxis);
     }
 
@@ -412,22 +446,28 @@
         if (chart.def.extra && this.extrasClosed()) { chart.box.hidden = false; chart.full = true; this._announceExtra(chart); continue; }
         const pending = chart.lines.some((l) => l.pending > 0);
         if (!chart.full && !pending) continue;
-        if (chart.full || !chart.drawn) {
+        if ((chart.full || !chart.drawn) && chart.lines.every((l) => l.x.length <= 1)) {
+          this._summary(chart);
+          chart.drawn = false; chart.full = false;
+          for (const l of chart.lines) l.pending = 0;
+        } else if (chart.full || !chart.drawn) {
+          if (chart.summaryBox) { chart.summaryBox.remove(); chart.summaryBox = null; chart.box.classList.remove("summary"); chart.div.hidden = false; }
           chart.box.hidden = false;
           const traces = chart.lines.flatMap((l) => this._traces(l));
           const many = chart.lines.length > 1;
           const legendRows = many ? Math.ceil(chart.lines.length / 2) : 0;
           const y2 = chart.def.y2 && chart.lines.some((l) => l.axis === "y2");
           const layout = {
-            title: { text: chart.def.title, font: { size: 14 } }, margin: { l: 62, r: y2 ? 62 : 12, t: 36, b: 40 + 18 * legendRows },
+            title: { text: plotText(chart.def.title), font: { size: 14 }, x: 0.02, xanchor: "left" }, margin: { l: 62, r: y2 ? 62 : 12, t: 36, b: 40 + 18 * legendRows },
             height: 260 + 18 * legendRows, xaxis: { title: { text: "step", standoff: 2 } },
-            yaxis: { ...axisLayout(chart.def.y || guessAxis(chart.def.keys[0] || "")), type: this.logScale ? "log" : "linear" },
+            yaxis: { ...axisLayout(chart.def.y || guessAxis(chart.def.keys[0] || "")), type: this._axisType(chart) },
             showlegend: many,
             legend: { orientation: "h", x: 0, y: -0.18, yanchor: "top", font: { size: 10 } }, uirevision: id,
           };
           if (y2) layout.yaxis2 = { ...axisLayout({ rangemode: "tozero", ...chart.def.y2 }), overlaying: "y", side: "right", showgrid: false };
           Plotly.react(chart.div, traces, layout, { displaylogo: false, responsive: true });
-          if (!chart.drawn) chart.div.on("plotly_relayout", (event) => { this._zoomed(chart, event); });
+          if (!chart.bound) chart.div.on("plotly_relayout", (event) => { this._zoomed(chart, event); });
+          chart.bound = true;
           chart.drawn = true; chart.full = false;
           for (const l of chart.lines) l.pending = 0;
         } else {
@@ -451,6 +491,7 @@
           if (indices.length) Plotly.extendTraces(chart.div, update, indices);
         }
         chart.div.dataset.points = String(chart.lines[0].x.length);
+        chart.box.dataset.points = chart.div.dataset.points;
         document.getElementById("charts-empty")?.remove();
         if (chart.def.extra) this._announceExtra(chart);
         if (this.options.onDraw) this.options.onDraw(id, chart.div);
@@ -530,5 +571,5 @@
     return Number.isInteger(value) ? String(value) : value.toFixed(digits ?? 3);
   }
 
-  window.AgentFlyMonitor = { EventSocket, MetricCharts, payload, numericMetrics, normKey, bindChartControls, moreMetrics, el, fmt, PALETTE, getJSON, rangeFetcher, axisLayout };
+  window.AgentFlyMonitor = { EventSocket, MetricCharts, payload, numericMetrics, normKey, bindChartControls, moreMetrics, el, fmt, PALETTE, getJSON, rangeFetcher, axisLayout, plotText };
 })();
