@@ -46,6 +46,7 @@
     cancelButton.disabled = !ACTIVE.has(status) || cancelRequested;
     cancelButton.textContent = cancelRequested && ACTIVE.has(status) ? "Cancelling…" : "Cancel job";
     if (!ACTIVE.has(status)) ended();
+    showEta();
   }
 
   /* A job that has ended sends nothing more once its stored events are caught up: the "live" badge says
@@ -60,8 +61,30 @@
     }, state.endDelayMs);
   }
 
+  /* ETA: the mean time of the last ETA_WINDOW steps times the steps left, while the job is active. */
+  const ETA_WINDOW = 10;
+  const stepTimes = []; // [step, seconds]
+  let shownStep = config.step;
+  function noteStepTime(step, seconds) {
+    if (typeof seconds !== "number") return;
+    stepTimes.push([step, seconds]);
+    if (stepTimes.length > ETA_WINDOW) stepTimes.shift();
+    showEta();
+  }
+  function showEta() {
+    const eta = document.getElementById("job-eta");
+    const left = totalSteps - shownStep;
+    if (!ACTIVE.has(jobStatus) || !stepTimes.length || !(left > 0)) { eta.textContent = ""; return; }
+    const seconds = (stepTimes.reduce((a, [, s]) => a + s, 0) / stepTimes.length) * left;
+    const m = Math.floor(seconds / 60), sec = Math.round(seconds % 60);
+    eta.textContent = `ETA ${m ? `${m} min ` : ""}${sec} s`;
+    eta.dataset.seconds = String(Math.round(seconds));
+  }
+
   function setStep(step) {
     if (typeof step !== "number") return;
+    shownStep = step;
+    showEta();
     document.getElementById("job-step").textContent = `step ${step} / ${totalSteps}`;
     if (totalSteps) document.getElementById("job-progress").style.width = `${Math.min(100, (100 * step) / totalSteps)}%`;
   }
@@ -441,7 +464,7 @@
   /* ------------------------------------------------------------------------------------- wiring */
   const fetchRange = M.rangeFetcher(config.series_url);
   const charts = new M.MetricCharts(document.getElementById("charts"), {
-    band: true, extras: M.moreMetrics(), fetchRange: (series, keys, range) => fetchRange(keys, range) });
+    band: true, extras: M.moreMetrics(), user: config.user, fetchRange: (series, keys, range) => fetchRange(keys, range) });
   M.bindChartControls(charts);
   let lastSeq = 0;
 
@@ -451,7 +474,8 @@
       const data = M.payload(event);
       switch (event.type) {
         case "metrics":
-          charts.addLive(config.id, event.seq, event.step ?? event.seq, M.numericMetrics(data));
+          charts.addLive(config.id, event.seq, event.step ?? event.seq, M.numericMetrics(data), event.time);
+          if (typeof data["time/step"] === "number") noteStepTime(event.step, data["time/step"]);
           setStep(event.step);
           break;
         case "samples": indexSamples(event.step, event.seq); break;
@@ -499,7 +523,9 @@
     setStep(history.job.step);
     charts.setStartSteps(config.id, history.starts || []);
     showLineage(history.lineage || []);
-    charts.load(config.id, history.metrics);
+    charts.load(config.id, history.metrics, history.times);
+    const stepTime = history.metrics["time/step"];
+    if (stepTime) stepTime.y.slice(-ETA_WINDOW).forEach((v, i, all) => noteStepTime(stepTime.x[stepTime.x.length - all.length + i], v));
     state.timings.loaded = performance.now();
     charts.flush(); // draw now, not on the next tick: the page is judged by when its charts appear
     state.timings.charts = performance.now();

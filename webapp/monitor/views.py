@@ -55,7 +55,8 @@ def dashboard(request: HttpRequest, pk: int) -> HttpResponse:
     # A live job that may yet fail or be cancelled gets the form hidden; the page shows it when the job ends so
     # with a checkpoint, without a reload.
     offer_resume = can_resume or (member and job.is_active and job.kind != Kind.SFT)
-    return render(request, "monitor/dashboard.html", {"job": job, "monitor_config": _job_context(job),
+    return render(request, "monitor/dashboard.html", {"job": job, "monitor_config": {**_job_context(job),
+                                                                                     "user": request.user.get_username()},
                                                       "can_resume": can_resume, "offer_resume": offer_resume})
 
 
@@ -94,7 +95,7 @@ def compare(request: HttpRequest) -> HttpResponse:
         "jobs": jobs,
         "candidates": visible[:100],
         "selected": {job.pk for job in jobs},
-        "monitor_config": {"jobs": [_job_context(job) for job in jobs]},
+        "monitor_config": {"jobs": [_job_context(job) for job in jobs], "user": request.user.get_username()},
     })
 
 
