@@ -20,6 +20,7 @@ from webapp.inputs import PG_BIGINT_MAX, query_int
 from webapp.jobs.models import Kind, TrainingJob
 from webapp.monitor.events import events_after, requested_types
 from webapp.monitor.models import EventType, JobEvent
+from webapp.monitor.runs import config_diff, hyperparameter_rows, seed_groups
 from webapp.monitor.series import DEFAULT_POINTS, MAX_POINTS, Ancestor, job_series
 from webapp.monitor.tokens import job_model_path, with_token_texts
 
@@ -91,7 +92,10 @@ def compare(request: HttpRequest) -> HttpResponse:
     if missing:
         messages.error(request, "Not among your teams' jobs: " + ", ".join(f"#{i}" for i in missing))
     jobs = [chosen[i] for i in ids if i in chosen]
+    columns, metrics, rows = hyperparameter_rows(jobs)
     return render(request, "monitor/compare.html", {
+        "diff": config_diff([j.config if isinstance(j.config, dict) else {} for j in jobs]) if len(jobs) > 1 else [],
+        "hp_columns": columns, "hp_metrics": metrics, "hp_rows": rows, "seed_groups": seed_groups(jobs),
         "jobs": jobs,
         "candidates": visible[:100],
         "selected": {job.pk for job in jobs},
