@@ -112,6 +112,9 @@
   const logList = document.getElementById("log-list");
   function appendLog(event) {
     const d = M.payload(event);
+    // The worker also logs each checkpoint the trainer's own checkpoint event announces (the job page lists
+    // log lines only): one line per checkpoint here.
+    if (event.type === "log" && (d.checkpoint || /^checkpoint saved at step \d+/.test(d.message || ""))) return;
     let text = d.message;
     if (event.type === "status") text = `status → ${d.state}${d.message ? " · " + d.message : ""}`;
     else if (event.type === "checkpoint") text = `checkpoint of step ${d.step} saved in ${d.path}${d.score === null ? "" : ` (score ${fmt(d.score, 3)})`}`;
@@ -207,7 +210,7 @@
       const errors = toolErrors(t);
       const li = el("li", { class: `rollout-item${item.key === selectedKey ? " selected" : ""}`, "data-key": item.key },
         el("span", { class: "reward " + (t.reward > 0 ? "pos" : "zero"), text: fmt(t.reward, 2) }),
-        el("span", { text: ` step ${item.step ?? "?"} · ${t.num_turns} turns · ${t.tool_calls.length} calls` }),
+        el("span", { text: ` step ${item.step ?? "?"} · ${plural(t.num_turns, "turn")} · ${plural(t.tool_calls.length, "call")}` }),
         errors ? el("span", { class: "badge failed", text: `${errors} failed` }) : null);
       li.addEventListener("click", () => { selectedKey = item.key; followNewest = false; rolloutsDirty = true; renderRollouts(); });
       list.append(li);
@@ -215,6 +218,8 @@
     const selected = items.find((i) => i.key === selectedKey);
     if (selected && view.dataset.key !== selected.key) renderTrajectory(selected);
   }
+
+  function plural(n, word) { return `${n} ${word}${n === 1 ? "" : "s"}`; }
 
   function contentText(content) {
     if (typeof content === "string") return content;
@@ -250,7 +255,8 @@
       }
     } else {
       for (const turn of t.turns || []) {
-        conversation.append(el("div", { class: "turn role-assistant" }, el("div", { class: "role", text: `turn ${turn.index}` }),
+        // Numbered from 1, as the list's "2 turns" counts them (the trajectory stores 0-based indices).
+        conversation.append(el("div", { class: "turn role-assistant" }, el("div", { class: "role", text: `turn ${turn.index + 1}` }),
           el("div", { class: "msg-body" }, el("pre", { text: turn.text }))));
       }
     }
@@ -258,7 +264,7 @@
       el("thead", {}, el("tr", {}, ...["turn", "tool", "arguments", "observation", "ms"].map((h) => el("th", { text: h })))));
     const tbody = el("tbody");
     for (const c of calls) {
-      tbody.append(el("tr", { class: c.error ? "call-error" : "" }, el("td", { text: fmt(c.turn) }), el("td", { text: c.name }),
+      tbody.append(el("tr", { class: c.error ? "call-error" : "" }, el("td", { text: typeof c.turn === "number" ? String(c.turn + 1) : fmt(c.turn) }), el("td", { text: c.name }),
         el("td", {}, el("code", { text: typeof c.arguments === "string" ? c.arguments : JSON.stringify(c.arguments) })),
         el("td", {}, el("pre", { text: c.error ? `error: ${c.error}` : contentText(c.observation) })),
         el("td", { text: fmt((c.latency || 0) * 1000, 1) })));

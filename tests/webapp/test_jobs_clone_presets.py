@@ -116,3 +116,28 @@ def test_the_job_list_filters_by_state_task_and_algorithm_and_sorts_by_a_final_m
     assert names(sort="name") == ["a", "b", "c", "d"]
     page = alice_client.get(reverse("jobs:list"), {"task": "wiki_qa"}).content.decode()
     assert "No job matches these filters." in page
+
+
+def test_grpo_with_a_group_of_one_is_flagged_along_with_the_other_errors(
+        alice_client: Client, team_a: Any, entries: tuple[Any, Any]) -> None:
+    response = alice_client.post(reverse("jobs:launch"), launch_data(team_a, *entries, group_size=1, task="jsonl"))
+    errors = response.context["form"].errors
+    assert "task_path" in errors  # another field's error ...
+    assert "needs rollout.group_size >= 2" in errors["group_size"][0]  # ... and the group size's, at once
+
+
+def test_a_relative_model_path_is_refused_with_the_absolute_form_asked_for(
+        alice_client: Client, team_a: Any, entries: tuple[Any, Any]) -> None:
+    response = alice_client.post(reverse("jobs:launch"), launch_data(team_a, *entries, model_source="path",
+                                                                     model_path="examples/calculator/warm_start"))
+    assert "is relative; give the absolute path" in response.context["form"].errors["model_path"][0]
+    assert not TrainingJob.objects.exists()
+
+
+def test_the_landing_page_points_a_signed_in_user_at_the_job_already_running(
+        alice_client: Client, team_a: Any, alice: Any, entries: tuple[Any, Any]) -> None:
+    job = TrainingJob.objects.create(team=team_a, created_by=alice, name="demo: already running", status="running",
+                                     config={"steps": 10})
+    page = alice_client.get("/").content.decode()
+    assert 'id="active-jobs"' in page and f"/monitor/jobs/{job.pk}/" in page and "Or launch another" in page
+    assert "to launch the demo job" not in page

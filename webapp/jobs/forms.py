@@ -285,6 +285,10 @@ class LaunchForm(forms.Form):
             path = data.get("model_path", "")
             if not path:
                 self.add_error("model_path", "Give the model directory, or choose the tiny model.")
+            elif not Path(path).is_absolute():
+                # A worker resolves a relative path against its own working folder, not the one meant here.
+                self.add_error("model_path", f"{path!r} is relative; give the absolute path of the model directory on "
+                                             f"the workers' disk (e.g. /srv/agentfly/models/my-model).")
             elif not Path(path).is_dir():
                 self.add_error("model_path", f"{path!r} is not a directory on this server.")
             elif not (Path(path) / "config.json").is_file():
@@ -309,7 +313,30 @@ class LaunchForm(forms.Form):
             self.add_error("tools", f"Two tools are named {', '.join(duplicates)}; pick one of each.")
         if not self.errors:
             self.validate_with_trainer()
+        else:
+            self.validate_algorithm_early(data)
         return data
+
+    def validate_algorithm_early(self, data: dict[str, Any]) -> None:
+        """While other fields have errors, the trainer's rules on the algorithm and the rollout's shape still run
+        (GRPO with a group of 1 is said now, not after the other errors are fixed): the valid ones of those fields
+        as a config of their own, an error kept only where it names one of them."""
+        fields = {"algorithm": ("algorithm", "name"), "group_size": ("rollout", "group_size"),
+                  "prompts_per_step": ("rollout", "prompts_per_step"), "steps": (None, "steps")}
+        partial: dict[str, Any] = {}
+        for field, (section, key) in fields.items():
+            if field in self.errors or data.get(field) is None:
+                continue
+            if section:
+                partial.setdefault(section, {})[key] = data[field]
+            else:
+                partial[key] = data[field]
+        try:
+            from_dict(Config, partial).validate()
+        except ConfigError as exc:
+            field = field_of(exc.key)
+            if field in fields and field not in self.errors:
+                self.add_error(field, str(exc))
 
     def check_registrable_code(self, data: dict[str, Any]) -> None:
         """Every tool and the reward must still be code the registry may run, for this job's team (an entry
