@@ -225,6 +225,12 @@ TINY_JOB = {**DEMO_JOB, "task_size": 200, "prompts_per_step": 2, "max_turns": 2,
             "learning_rate": 3e-4, "temperature": 1.0, "eval_size": 8, "save_every": 5}
 
 
+def has_gpu() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 def valid_model_dir(path: Path) -> bool:
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
@@ -359,7 +365,10 @@ def main(argv: list[str] | None = None) -> int:
         user, team = demo_user()
         from django.conf import settings
 
-        services.start("worker", [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", "cpu,gpu,try", "-c", "1",
+        # The gpu queue only where there is a GPU: a job sent there otherwise waits, visibly, for a GPU worker
+        # (the job page says which queue has none) instead of running on this machine's CPU.
+        queues = "cpu,gpu,try" if has_gpu() else "cpu,try"
+        services.start("worker", [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", queues, "-c", "1",
                                   "-B", "-s", str(logs / "celerybeat-schedule"), "-l", "info", "-n", "demo@%h"], env)
         services.start("web", [sys.executable, "-m", "daphne", "-b", args.host, "-p", str(args.port),
                                "webapp.asgi:application"], env)
