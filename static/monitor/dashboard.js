@@ -320,7 +320,7 @@
 
   /* ------------------------------------------------------------------------------------ resources */
   // Each timeline line is its own {t, y}: the history's columns are downsampled one by one.
-  const poolHistory = new Map(); // name -> {in_use: {t, y}, waiting: {t, y}}
+  const poolHistory = new Map(); // name -> {in_use: {t, y}, peak_in_use: {t, y}, waiting: {t, y}}
   const workerHistory = { cpu: { t: [], y: [] }, mem: { t: [], y: [] }, gpus: new Map() }; // gpu -> {util, mem}
   const engineHistory = new Map(); // Engine.stats() counter -> {t, y}
   let latestResources = null;
@@ -342,7 +342,7 @@
       if (key === "host/cpu_percent") target = workerHistory.cpu;
       else if (key === "host/memory_percent") target = workerHistory.mem;
       else if (parts[0] === "gpu") target = line(workerHistory.gpus, parts[1], "util", "mem")[parts[2] === "util_percent" ? "util" : "mem"];
-      else if (parts[0] === "pool") target = line(poolHistory, parts.slice(1, -1).join("/"), "in_use", "waiting")[parts[parts.length - 1]];
+      else if (parts[0] === "pool") target = line(poolHistory, parts.slice(1, -1).join("/"), "in_use", "peak_in_use", "waiting")[parts[parts.length - 1]];
       else if (parts[0] === "engine") target = line(engineHistory, parts[1], "value").value;
       if (target) { target.t = t; target.y = col.y.slice(); }
     }
@@ -360,8 +360,8 @@
     const p = M.payload(event);
     const t = new Date((event.time || Date.now() / 1000) * 1000);
     for (const [name, s] of Object.entries(p.pools)) {
-      const h = line(poolHistory, name, "in_use", "waiting");
-      push(h.in_use, t, s.in_use); push(h.waiting, t, s.waiting);
+      const h = line(poolHistory, name, "in_use", "peak_in_use", "waiting");
+      push(h.in_use, t, s.in_use); push(h.peak_in_use, t, s.peak_in_use); push(h.waiting, t, s.waiting);
     }
     for (const [name, value] of Object.entries(p.engine || {})) push(line(engineHistory, name, "value").value, t, value);
     push(workerHistory.cpu, t, p.host.cpu_percent);
@@ -429,7 +429,10 @@
         el("tbody", {}, ...rows)));
       const timeline = [];
       for (const [name, h] of poolHistory) {
-        timeline.push(trace(h.in_use, { name: M.plotText(`${name} in use`) }));
+        // The most held during each step (a trainer that reports it), else what was held when sampled: between
+        // steps that is often nothing, so the peak is the line that shows the pool's real use.
+        const peak = h.peak_in_use && h.peak_in_use.y.some((v) => v !== null && v !== undefined);
+        timeline.push(trace(peak ? h.peak_in_use : h.in_use, { name: M.plotText(`${name} ${peak ? "peak in use per step" : "in use"}`), line: { shape: "hv" } }));
         timeline.push(trace(h.waiting, { name: M.plotText(`${name} waiting`), line: { dash: "dot" } }));
       }
       Plotly.react("pool-timeline", timeline, { height: 200, margin: { l: 50, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: -0.3 },

@@ -142,7 +142,7 @@ def _resource_row(host: Any, gpus: Any, pools: Any, engine: Any = None) -> dict[
                     row[f"gpu/{g.get('index')}/{k}"] = g[k]
     for name, s in (pools if isinstance(pools, dict) else {}).items():
         if isinstance(s, dict):
-            for k in ("in_use", "waiting"):
+            for k in ("in_use", "peak_in_use", "waiting"):
                 if isinstance(s.get(k), (int, float)):
                     row[f"pool/{name}/{k}"] = s[k]
     return row
