@@ -183,8 +183,10 @@
     const order = (a, b) => a.index - b.index;
     const lo = rewardMin.value === "" ? -Infinity : Number(rewardMin.value);
     const hi = rewardMax.value === "" ? Infinity : Number(rewardMax.value);
+    const needle = searchText.toLowerCase();
     const items = trajectories.filter((i) => reward(i) >= lo && reward(i) <= hi
-      && (!failedOnly.checked || toolErrors(i.t) > 0 || i.t.tool_calls.some((c) => c.error)));
+      && (!failedOnly.checked || toolErrors(i.t) > 0 || i.t.tool_calls.some((c) => c.error))
+      && (!needle || JSON.stringify(i.t).toLowerCase().includes(needle)));
     switch (orderSelect.value) {
       case "best": items.sort((a, b) => reward(b) - reward(a) || order(a, b)); break;
       case "worst": items.sort((a, b) => reward(a) - reward(b) || order(a, b)); break;
@@ -199,6 +201,7 @@
     rolloutsDirty = false;
     const items = visibleTrajectories();
     document.getElementById("sample-count").textContent = `${items.length} of ${trajectories.length} at this step · ${sampleIndex.length} steps with samples`;
+    drawHistogram();
     list.replaceChildren();
     if (!items.length) {
       list.append(el("li", { class: "empty", text: trajectories.length ? "No trajectory matches this filter." : "No sample trajectories yet." }));
@@ -227,9 +230,10 @@
     return content === null || content === undefined ? "" : JSON.stringify(content);
   }
 
-  function renderTrajectory(item) {
+  function renderTrajectory(item, target) {
     const t = item.t;
-    view.dataset.key = item.key;
+    const side = Boolean(target); // a column of the side-by-side view: no token view there
+    if (!side) view.dataset.key = item.key;
     const head = el("div", { class: "traj-head" },
       el("span", { class: "badge big " + (t.reward > 0 ? "succeeded" : "neutral"), text: `reward ${fmt(t.reward, 3)}` }),
       el("span", { class: "muted", text: ` step ${item.step ?? "?"} · ${t.finish_reason || ""}${t.error ? " · error: " + t.error : ""}` }));
@@ -272,8 +276,9 @@
     callTable.append(tbody);
     const answer = el("div", { class: "final-answer" }, el("strong", { text: "Final answer: " }),
       el("code", { text: t.final_answer ?? "—" }), el("span", { class: "muted", text: `  reward ${fmt(t.reward, 3)}` }));
-    view.replaceChildren(head, conversation, calls.length ? callTable : el("p", { class: "muted", text: "No tool calls." }),
-      answer, el("h3", { text: "Tokens" }), tokenView(t));
+    const parts = [head, conversation, calls.length ? callTable : el("p", { class: "muted", text: "No tool calls." }), answer];
+    if (side) target.replaceChildren(...parts);
+    else view.replaceChildren(...parts, el("h3", { text: "Tokens" }), tokenView(t));
   }
 
   /* Trained tokens (loss mask 1, sampled by the model) and forced tokens (mask 0: prompt, tool output,
@@ -304,6 +309,61 @@
     }
     return el("div", {}, legend, box);
   }
+
+  /* ------------------------------------------ search, reward histogram, best vs worst of a group */
+  let searchText = "";
+  const searchResults = document.getElementById("sample-search-results");
+  document.getElementById("sample-search-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    searchText = document.getElementById("sample-search").value.trim();
+    rolloutsDirty = true;
+    if (!searchText) { searchResults.replaceChildren(); renderRollouts(); return; }
+    searchResults.textContent = "searching…";
+    try {
+      const answer = await M.getJSON(`${config.search_url}?${new URLSearchParams({ q: searchText })}`);
+      searchResults.replaceChildren(answer.matches.length ? `"${answer.q}" in ${answer.matches.length} step${answer.matches.length === 1 ? "" : "s"}${answer.more ? "+" : ""}: ` : `"${answer.q}" is in no stored trajectory`,
+        ...answer.matches.slice(0, 30).map((m) => {
+          const b = el("button", { type: "button", class: "btn small search-hit", "data-seq": String(m.seq), text: `step ${m.step} (${m.count})` });
+          b.addEventListener("click", () => { followBox.checked = false; followNewest = true; showSeq(m.seq); });
+          return b;
+        }));
+      if (answer.matches.length) { followBox.checked = false; followNewest = true; showSeq(answer.matches[0].seq); }
+    } catch (err) { searchResults.textContent = `search failed: ${err.message}`; }
+    renderRollouts();
+  });
+
+  /* The shown step's rewards as a histogram: how the group's rollouts spread, which a mean hides. */
+  function drawHistogram() {
+    const rewards = trajectories.map((i) => i.t.reward).filter((r) => typeof r === "number");
+    if (!rewards.length) return;
+    const step = trajectories[0].step;
+    Plotly.react("reward-histogram", [{ type: "histogram", x: rewards, marker: { color: "#4f46e5" }, nbinsx: 20, name: "reward" }],
+      { height: 170, margin: { l: 50, r: 10, t: 28, b: 36 }, bargap: 0.05,
+        title: { text: `rewards at step ${step} (${rewards.length} trajectories)`, font: { size: 12 }, x: 0.02, xanchor: "left" },
+        xaxis: { title: { text: "reward", font: { size: 11 } } }, yaxis: yTitle("trajectories") },
+      { displaylogo: false, responsive: true });
+  }
+
+  /* The best and the worst trajectory of the selected one's group (same prompt), side by side. */
+  document.getElementById("best-worst").addEventListener("click", () => {
+    const box = document.getElementById("side-by-side");
+    const selected = trajectories.find((i) => i.key === selectedKey);
+    if (!selected) return;
+    const group = selected.t.group_id;
+    const members = trajectories.filter((i) => group === undefined || i.t.group_id === group);
+    const reward = (i) => (typeof i.t.reward === "number" ? i.t.reward : -Infinity);
+    const best = members.reduce((a, b) => (reward(b) > reward(a) ? b : a));
+    const worst = members.reduce((a, b) => (reward(b) < reward(a) ? b : a));
+    const column = (item, label) => {
+      const c = el("div", { "data-key": item.key }, el("h3", { text: `${label}: reward ${fmt(item.t.reward, 3)}` }));
+      const body = el("div");
+      renderTrajectory(item, body);
+      c.append(body);
+      return c;
+    };
+    box.hidden = false;
+    box.replaceChildren(column(best, "best of its group"), column(worst, "worst of its group"));
+  });
 
   stepInput.addEventListener("change", () => {
     followBox.checked = false; followNewest = true;

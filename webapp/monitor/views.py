@@ -44,6 +44,7 @@ def _job_context(job: TrainingJob) -> dict[str, Any]:
         "cancel_url": reverse("jobs:cancel", args=[job.pk]),
         "detail_url": job.get_absolute_url(),
         "dashboard_url": reverse("monitor:dashboard", args=[job.pk]),
+        "search_url": reverse("monitor:samples_search", args=[job.pk]),
     }
 
 
@@ -206,3 +207,32 @@ def event_json(request: HttpRequest, pk: int, seq: int) -> JsonResponse:
     job = get_object_or_404(TrainingJob.objects.visible_to(request.user), pk=pk)
     event = get_object_or_404(JobEvent, job_id=job.pk, seq=seq)
     return JsonResponse(with_token_texts(event.as_message(), job_model_path(job.config)))
+
+
+MAX_SEARCH_EVENTS = 200
+
+
+@login_required
+def samples_search(request: HttpRequest, pk: int) -> JsonResponse:
+    """``GET .../samples/search.json?q=text``: the job's sample steps whose stored trajectories contain ``q``
+    (case-insensitive, in any field: text, messages, tool calls, answer), newest first, with how many of each
+    step's trajectories match: ``{"q", "matches": [{"step", "seq", "count"}], "more"}``."""
+    import orjson
+    from django.db.models import TextField
+    from django.db.models.functions import Cast
+
+    job = get_object_or_404(TrainingJob.objects.visible_to(request.user), pk=pk)
+    q = request.GET.get("q", "").strip()
+    if not 2 <= len(q) <= 200:
+        return _bad_request("q must be 2 to 200 characters of text to look for in the trajectories")
+    rows = list(JobEvent.objects.filter(job_id=job.pk, type=EventType.SAMPLES)
+                .annotate(text=Cast("data", TextField())).filter(text__icontains=q)
+                .order_by("-seq").values_list("seq", "step", "text")[:MAX_SEARCH_EVENTS + 1])
+    needle = q.lower()
+    matches = []
+    for seq, step, text in rows[:MAX_SEARCH_EVENTS]:
+        trajectories = (orjson.loads(text) or {}).get("trajectories") or []
+        count = sum(1 for t in trajectories if needle in orjson.dumps(t).decode().lower())
+        if count:
+            matches.append({"step": step, "seq": seq, "count": count})
+    return JsonResponse({"q": q, "matches": matches, "more": len(rows) > MAX_SEARCH_EVENTS})
