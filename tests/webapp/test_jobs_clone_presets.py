@@ -141,3 +141,21 @@ def test_the_landing_page_points_a_signed_in_user_at_the_job_already_running(
     page = alice_client.get("/").content.decode()
     assert 'id="active-jobs"' in page and f"/monitor/jobs/{job.pk}/" in page and "Or launch another" in page
     assert "to launch the demo job" not in page
+
+
+def test_tags_and_notes_on_a_job_are_saved_for_its_team_and_filter_the_list(
+        alice_client: Client, team_a: Any, alice: Any, bob: Any, entries: tuple[Any, Any]) -> None:
+    tagged = TrainingJob.objects.create(team=team_a, created_by=alice, name="tagged", config={"steps": 5})
+    TrainingJob.objects.create(team=team_a, created_by=alice, name="plain", config={"steps": 5})
+    alice_client.post(f"/monitor/jobs/{tagged.pk}/notes/", {"tags": "LR Sweep, baseline, lr sweep",
+                                                            "notes": "lr 3e-4 diverged after step 40"})
+    page = alice_client.get(tagged.get_absolute_url()).content.decode()
+    assert 'value="lr sweep, baseline"' in page and "lr 3e-4 diverged after step 40" in page
+    assert [j.name for j in alice_client.get(reverse("jobs:list"), {"tag": "Baseline"}).context["jobs"]] == ["tagged"]
+    response = alice_client.post(f"/monitor/jobs/{tagged.pk}/notes/", {"tags": "x" * 31}, follow=True)
+    assert "longer than 30 characters" in response.content.decode()
+    bobs = Client()
+    bobs.force_login(bob)
+    assert bobs.post(f"/monitor/jobs/{tagged.pk}/notes/", {"tags": "mine"}).status_code == 404
+    tagged.refresh_from_db()
+    assert tagged.note.tags == ["lr sweep", "baseline"]

@@ -16,7 +16,7 @@ from webapp.monitor.models import JobEvent
 
 
 def visible_jobs(request: HttpRequest):  # type: ignore[no-untyped-def]
-    return TrainingJob.objects.visible_to(request.user).select_related("team__group", "created_by")
+    return TrainingJob.objects.visible_to(request.user).select_related("team__group", "created_by", "note")
 
 
 # The job list's sort keys: a column of the row, or a final metric (jobs without it last).
@@ -27,7 +27,7 @@ FINAL_SORTS = ("eval/accuracy", "reward/mean")
 
 def job_filters(request: HttpRequest) -> dict[str, str]:
     """The list's filters from the query (``?status=running&task=key_chain&algorithm=grpo&sort=-eval/accuracy``)."""
-    return {k: request.GET.get(k, "")[:60] for k in ("status", "task", "algorithm", "sort")}
+    return {k: request.GET.get(k, "")[:60] for k in ("status", "task", "algorithm", "tag", "sort")}
 
 
 @login_required
@@ -40,6 +40,8 @@ def job_list(request: HttpRequest) -> HttpResponse:
         jobs_qs = jobs_qs.filter(config__data__task=f["task"])
     if f["algorithm"]:
         jobs_qs = jobs_qs.filter(config__algorithm__name=f["algorithm"])
+    if f["tag"]:
+        jobs_qs = jobs_qs.filter(note__tags__contains=[f["tag"].strip().lower()])
     jobs = list(jobs_qs[:200])
     key = f["sort"].lstrip("-")
     if key in SORTS or key in FINAL_SORTS:

@@ -13,13 +13,14 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.views.decorators.http import require_POST
 
 from webapp.inputs import PG_BIGINT_MAX, query_int
 from webapp.jobs.models import Kind, TrainingJob
 from webapp.monitor.events import events_after, requested_types
-from webapp.monitor.models import EventType, JobEvent
+from webapp.monitor.models import EventType, JobEvent, JobNote
 from webapp.monitor.runs import config_diff, hyperparameter_rows, seed_groups
 from webapp.monitor.series import DEFAULT_POINTS, MAX_POINTS, Ancestor, job_series
 from webapp.monitor.tokens import job_model_path, with_token_texts
@@ -236,3 +237,36 @@ def samples_search(request: HttpRequest, pk: int) -> JsonResponse:
         if count:
             matches.append({"step": step, "seq": seq, "count": count})
     return JsonResponse({"q": q, "matches": matches, "more": len(rows) > MAX_SEARCH_EVENTS})
+
+
+def parse_tags(text: str) -> list[str]:
+    """Tags from ``"lr sweep, baseline"``: trimmed, lower-case, each once; raises ``ValueError`` naming the rule."""
+    tags: list[str] = []
+    for raw in text.split(","):
+        tag = " ".join(raw.split()).lower()
+        if not tag or tag in tags:
+            continue
+        if len(tag) > JobNote.MAX_TAG_LENGTH:
+            raise ValueError(f"the tag {tag[:40]!r} is longer than {JobNote.MAX_TAG_LENGTH} characters; shorten it")
+        tags.append(tag)
+    if len(tags) > JobNote.MAX_TAGS:
+        raise ValueError(f"{len(tags)} tags; a job takes at most {JobNote.MAX_TAGS}")
+    return tags
+
+
+@login_required
+@require_POST
+def job_note(request: HttpRequest, pk: int) -> HttpResponse:
+    """``POST .../notes/`` (tags: comma-separated; notes: text): the team's tags and notes on its job."""
+    job = get_object_or_404(TrainingJob.objects.visible_to(request.user), pk=pk)
+    notes = request.POST.get("notes", "")
+    try:
+        tags = parse_tags(request.POST.get("tags", "")[:2000])
+        if len(notes) > 5000:
+            raise ValueError(f"the notes are {len(notes)} characters; keep them under 5000")
+    except ValueError as exc:
+        messages.error(request, f"Tags and notes not saved: {exc}.")
+        return redirect(job)
+    JobNote.objects.update_or_create(job=job, defaults={"tags": tags, "notes": notes})
+    messages.success(request, "Tags and notes saved.")
+    return redirect(job)
