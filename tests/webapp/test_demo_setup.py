@@ -66,3 +66,26 @@ def test_the_demo_team_is_one_name(db: None) -> Any:
 
     _, team = demo_user()
     assert team.name == team.slug == "demo-team"
+
+
+def test_the_key_chain_demo_launches_the_multi_turn_task_with_its_pooled_store(db: None) -> None:
+    from tests.webapp.factories import ready_entry
+    from webapp.demo import demo_user, launch_demo_job
+    from webapp.registry.models import Kind
+
+    ready_entry(None, Kind.TOOL, "agentfly.tools.builtin.lookup:lookup", "lookup")
+    ready_entry(None, Kind.REWARD, "agentfly.rewards.builtin.chain:chain_answer", "chain_answer")
+    user, team = demo_user()
+    job = launch_demo_job(user, team, 200, None, "key_chain")
+    assert job.config["data"]["task"] == "key_chain" and job.config["rollout"]["max_turns"] == 6
+    assert job.config["rollout"]["tools"] == ["agentfly.tools.builtin.lookup:lookup"]
+    assert job.config["resources"] == {"kv": {"max": 8}} and job.config["model"]["path"].endswith("key_chain/warm_start")
+    assert job.config["eval"]["every"] > 0
+
+
+def test_the_calculator_demo_draws_its_evaluation_as_a_curve(db: None) -> None:
+    from webapp.demo import demo_user, launch_demo_job
+
+    builtin_entries()
+    user, team = demo_user()
+    assert launch_demo_job(user, team, 200, None).config["eval"]["every"] == 25

@@ -36,25 +36,25 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # are built-in entries named here. The evaluation every 20 steps draws the held-out curve while it trains.
 PRESETS: dict[str, dict[str, Any]] = {
     "calculator": {
-        "title": "Calculator (from its warm start)", "name": "calculator-grpo", "model_source": "path",
+        "title": "Calculator (from its warm start)", "name": "calculator-grpo", "algorithm": "grpo", "model_source": "path",
         "model_path": str(EXAMPLES / "calculator" / "warm_start"), "task": "arithmetic", "task_size": 20000,
         "tools": ["calculator"], "reward": "math_equal", "max_turns": 3, "max_new_tokens": 48, "steps": 200,
         "prompts_per_step": 8, "group_size": 4, "learning_rate": 3e-5, "temperature": 0.7, "eval_size": 64,
         "eval_every": 20, "save_every": 50, "resources": ""},
     "key_chain": {
-        "title": "Key chain (multi-turn, pooled store)", "name": "key-chain-grpo", "model_source": "path",
+        "title": "Key chain (multi-turn, pooled store)", "name": "key-chain-grpo", "algorithm": "grpo", "model_source": "path",
         "model_path": str(EXAMPLES / "key_chain" / "warm_start"), "task": "key_chain", "task_size": 20000,
         "tools": ["lookup"], "reward": "chain_answer", "max_turns": 6, "max_new_tokens": 32, "steps": 200,
         "prompts_per_step": 8, "group_size": 4, "learning_rate": 1e-4, "temperature": 0.7, "eval_size": 64,
         "eval_every": 20, "save_every": 50, "resources": '{"kv": {"max": 8}}'},
     "retrieval": {
-        "title": "Retrieval QA (search; warm start from examples/retrieval_qa/sft.yaml)", "name": "retrieval-grpo",
+        "title": "Retrieval QA (search; warm start from examples/retrieval_qa/sft.yaml)", "name": "retrieval-grpo", "algorithm": "grpo",
         "model_source": "path", "model_path": str(EXAMPLES.parent / "runs" / "retrieval_qa" / "sft"),
         "task": "wiki_qa", "task_size": 200, "tools": ["search"], "reward": "exact_match", "max_turns": 3,
         "max_new_tokens": 48, "steps": 200, "prompts_per_step": 8, "group_size": 8, "learning_rate": 5e-4,
         "temperature": 0.7, "eval_size": 200, "eval_every": 20, "save_every": 50, "resources": '{"wiki": {"max": 1}}'},
     "scienceworld": {
-        "title": "ScienceWorld (from its warm start; Java on the workers)", "name": "scienceworld-grpo",
+        "title": "ScienceWorld (from its warm start; Java on the workers)", "name": "scienceworld-grpo", "algorithm": "grpo",
         "model_source": "path", "model_path": str(EXAMPLES / "scienceworld" / "warm_start"), "task": "scienceworld",
         "task_size": 200, "tools": ["sciworld_act", "sciworld_look"], "reward": "env_score", "max_turns": 14,
         "max_new_tokens": 96, "steps": 40, "prompts_per_step": 2, "group_size": 4, "learning_rate": 1e-4,
