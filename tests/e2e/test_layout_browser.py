@@ -124,6 +124,8 @@ def test_every_page_fits_the_screen_with_its_text_inside_its_containers(
             page.wait_for_timeout(600)  # the resource and worker panels draw on the next tick
         page.screenshot(path=str(ARTIFACTS / f"{size}-{name}.png"), full_page=True)
         bad[name] = page.evaluate(OUT_OF_PLACE)
+        if "{#" in page.inner_text("body") or "{%" in page.inner_text("body"):
+            bad[name].append("template syntax shown as text")
     assert {k: v for k, v in bad.items() if v} == {}
     assert problems == []
 

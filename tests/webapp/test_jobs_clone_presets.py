@@ -141,6 +141,7 @@ def test_the_landing_page_points_a_signed_in_user_at_the_job_already_running(
     page = alice_client.get("/").content.decode()
     assert 'id="active-jobs"' in page and f"/monitor/jobs/{job.pk}/" in page and "Or launch another" in page
     assert "to launch the demo job" not in page
+    assert "{#" not in page and "{%" not in page  # no template comment leaks into the page
 
 
 def test_tags_and_notes_on_a_job_are_saved_for_its_team_and_filter_the_list(
