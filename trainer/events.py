@@ -80,7 +80,8 @@ class HostStats(TypedDict):
 class ResourcesData(TypedDict):
     host: HostStats
     engine: dict[str, float]  # Engine.stats() of the rollout engine
-    pools: dict[str, dict[str, Any]]  # ResourceEngine.stats(): name -> size, in_use, idle, waiting, ...
+    pools: dict[str, dict[str, Any]]  # ResourceEngine.stats(): name -> size, in_use, peak_in_use (the most held
+    #                                   during the step: in_use is sampled between steps), idle, waiting, ...
 
 
 class StatusData(TypedDict):

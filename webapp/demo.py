@@ -8,10 +8,16 @@
 
 What it does: uses Redis at ``REDIS_URL`` if one answers, otherwise starts ``redis-server`` on a free port
 (no persistence); applies migrations to a SQLite file under ``runs/demo/`` (or ``DATABASE_URL``); creates
-the user ``demo`` in team "Demo team"; starts ``daphne`` and a Celery worker (with the beat schedule that
-sweeps for dead workers); waits until the worker has registered the built-in tools; finds the calculator
-warm start (shipped, or made by a short SFT); launches a GRPO job from it through the same form the browser
-uses; and prints the URL where it can be watched. SIGINT or SIGTERM stops every process it started.
+the user ``demo`` in team "demo-team", with a team plugin folder holding an example tool (``word_tools.py``,
+so the registry guide's "register a team tool" works as written); starts ``daphne`` and a Celery worker (with
+the beat schedule that sweeps for dead workers); waits until the worker has registered the built-in tools;
+finds the calculator warm start (shipped, or made by a short SFT); launches a GRPO job from it through the
+same form the browser uses, unless a restart finds the previous run's job still queued; and prints the URL
+where it can be watched. SIGINT or SIGTERM stops every process it started.
+
+It runs as production does, with ``DEBUG`` off (a bad address is the app's own 404 page, never Django's list
+of URLs), over plain HTTP on this machine: a secret key kept under ``--dir``, cookies without ``Secure``,
+static files collected under ``--dir``.
 """
 
 from __future__ import annotations
@@ -31,7 +37,20 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_USER = "demo"
 DEMO_PASSWORD = "agentfly-demo"
-DEMO_TEAM = "Demo team"
+# One name for the team everywhere (the nav bar shows slugs, pages show names): the slug is the name.
+DEMO_TEAM = "demo-team"
+# The example team tool of docs/guides/webapp.md, in the demo team's plugin folder.
+EXAMPLE_TEAM_TOOL = '''"""An example team tool: register it as agentfly_teams.demo_team.word_tools:count (docs/guides/webapp.md)."""
+
+
+def count(text: str) -> int:
+    """Count the words in a text.
+
+    Args:
+        text: The text whose whitespace-separated words are counted.
+    """
+    return len(text.split())
+'''
 
 
 def free_port() -> int:
@@ -124,7 +143,26 @@ def http_ok(url: str) -> bool:
 def configure_environment(args: argparse.Namespace, services: Services) -> dict[str, str]:
     demo_dir = Path(args.dir).resolve()
     demo_dir.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("DEBUG", "1")
+    # Not inherited from the shell (a developer's DEBUG=1 would show Django's URL list to every visitor).
+    os.environ["DEBUG"] = "1" if args.debug else "0"
+    # Production settings over plain HTTP on one machine: a key of its own (kept, so sessions survive a
+    # restart), cookies without Secure, no redirect to HTTPS, static files collected under --dir.
+    key_file = demo_dir / "secret_key"
+    if not key_file.exists():
+        import secrets
+
+        key_file.write_text(secrets.token_urlsafe(50))
+        key_file.chmod(0o600)
+    os.environ.setdefault("SECRET_KEY", key_file.read_text().strip())
+    for name in ("SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE", "SECURE_SSL_REDIRECT", "SECURE_HSTS_SECONDS"):
+        os.environ.setdefault(name, "0")
+    os.environ.setdefault("STATIC_ROOT", str(demo_dir / "static"))
+    plugins = demo_dir / "plugins"
+    (plugins / DEMO_TEAM).mkdir(parents=True, exist_ok=True)
+    example = plugins / DEMO_TEAM / "word_tools.py"
+    if not example.exists():
+        example.write_text(EXAMPLE_TEAM_TOOL)
+    os.environ.setdefault("AGENTFLY_PLUGIN_DIRS", str(plugins))
     os.environ.setdefault("AGENTFLY_SIGNUP", "open")  # anyone who reaches the demo may make an account
     os.environ.setdefault("DATABASE_URL", f"sqlite:///{demo_dir / 'webapp.sqlite3'}")
     os.environ.setdefault("AGENTFLY_RUNS_DIR", str(demo_dir / "runs"))
@@ -157,7 +195,9 @@ def demo_user() -> Any:
     if created:
         user.set_password(DEMO_PASSWORD)
         user.save()
-    team = Team.objects.filter(group__name=DEMO_TEAM).first() or do_create_team(DEMO_TEAM, user)
+    # "Demo team": its name before the slug became the name, in a --dir made by an older demo.
+    team = (Team.objects.filter(group__name=DEMO_TEAM).first() or Team.objects.filter(group__name="Demo team").first()
+            or do_create_team(DEMO_TEAM, user))
     team.add_member(user)
     return user, team
 
@@ -179,10 +219,17 @@ DEMO_STEPS = 200  # from the warm start; the untrained tiny model gets 30
 DEMO_JOB = {
     "task_size": 20000, "algorithm": "grpo", "prompts_per_step": 8, "group_size": 4, "max_turns": 3,
     "max_new_tokens": 48, "learning_rate": 3e-5, "temperature": 0.7, "seed": 0, "eval_size": 64, "save_every": 10,
+    "eval_every": 25,  # the held-out accuracy drawn as a curve while it trains
 }
 # The untrained tiny model learns nothing in minutes; it only shows the moving parts.
 TINY_JOB = {**DEMO_JOB, "task_size": 200, "prompts_per_step": 2, "max_turns": 2, "max_new_tokens": 24,
             "learning_rate": 3e-4, "temperature": 1.0, "eval_size": 8, "save_every": 5}
+
+
+def has_gpu() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def valid_model_dir(path: Path) -> bool:
@@ -240,28 +287,60 @@ def resolve_model(choice: str, demo_dir: Path, logs: Path) -> Path | None:
     return None
 
 
-def launch_demo_job(user: Any, team: Any, steps: int, model: Path | str | None = None) -> Any:
-    """Launch through ``LaunchForm``, the same validation the launch page applies."""
+def previous_demo_job(team: Any, name: str) -> Any:
+    """The job a previous run of the demo left queued (its message still waits on the broker), reused so a
+    restart never queues a second one. A job it left running lost its worker when the demo stopped: it is
+    cancelled (the sweep would fail it later) and a new one launched."""
     from webapp.jobs import actions
-    from webapp.jobs.forms import LaunchForm
+    from webapp.jobs.models import Status, TrainingJob
+
+    left = TrainingJob.objects.filter(team=team, name=name, status__in=[Status.QUEUED, Status.RUNNING])
+    queued = None
+    for job in left.order_by("-created_at"):
+        if job.status == Status.QUEUED and queued is None:
+            queued = job
+        else:
+            actions.do_cancel_job(job)
+    return queued
+
+
+# The key-chain demo: the launch page's key-chain preset (the shipped warm start, the lookup tool over each
+# rollout's pooled key-value store, so the resource panel is alive) at a third of its learning rate, so the
+# climb lasts while someone watches. Not yet measured for the "climbs for 90 s" bar: see the report's command.
+KEY_CHAIN_STEPS = 200
+
+
+def launch_demo_job(user: Any, team: Any, steps: int, model: Path | str | None = None, task: str = "calculator") -> Any:
+    """Launch through ``LaunchForm``, the same validation the launch page applies (or reuse the job a
+    previous run left queued)."""
+    from webapp.jobs import actions
+    from webapp.jobs.forms import PRESETS, LaunchForm
     from webapp.registry.models import Entry
 
     visible = Entry.objects.visible_to(user).ready()
-    calculator = visible.get(team__isnull=True, kind="tool", name="calculator")
-    math_equal = visible.get(team__isnull=True, kind="reward", name="math_equal")
-    form = LaunchForm({
-        **(DEMO_JOB if model else TINY_JOB),
-        "name": "demo: calculator agent learning with GRPO" if model else "demo: tiny untrained agent with a calculator",
-        "team": team.pk, "model_source": "path" if model else "tiny",
-        "model_path": str(Path(model).resolve()) if model else "", "task": "arithmetic",
-        "tools": [calculator.pk], "reward": math_equal.pk, "steps": steps, "queue": "cpu",
-    }, user=user)
+    if task == "key_chain":
+        preset = PRESETS["key_chain"]
+        tools = list(visible.filter(team__isnull=True, kind="tool", name__in=preset["tools"]))
+        reward = visible.get(team__isnull=True, kind="reward", name=preset["reward"])
+        fields = {**{k: v for k, v in preset.items() if k not in ("title", "tools", "reward")},
+                  "name": "demo: key-chain agent learning with GRPO", "learning_rate": 3e-5, "seed": 0}
+    else:
+        tools = [visible.get(team__isnull=True, kind="tool", name="calculator")]
+        reward = visible.get(team__isnull=True, kind="reward", name="math_equal")
+        fields = {**(DEMO_JOB if model else TINY_JOB),
+                  "name": "demo: calculator agent learning with GRPO" if model else "demo: tiny untrained agent with a calculator",
+                  "model_source": "path" if model else "tiny",
+                  "model_path": str(Path(model).resolve()) if model else "", "task": "arithmetic"}
+    form = LaunchForm({**fields, "team": team.pk, "tools": [t.pk for t in tools], "reward": reward.pk,
+                       "steps": steps, "queue": "cpu"}, user=user)
     if not form.is_valid():
         raise SystemExit(f"the demo job's configuration is invalid: {form.errors.as_text()}")
     d = form.cleaned_data
+    if (queued := previous_demo_job(team, d["name"])) is not None:
+        return queued
     job, _ = actions.do_launch_job(user=user, team=team, name=d["name"], config=form.trainer_config(), queue="cpu",
-                                   tool_versions=[calculator.current_version],
-                                   reward_version=math_equal.current_version)
+                                   tool_versions=[t.current_version for t in tools],
+                                   reward_version=reward.current_version, resources=d["resources"])
     return job
 
 
@@ -277,6 +356,10 @@ def main(argv: list[str] | None = None) -> int:
                          "else one made by a short SFT in the first minute; 'tiny': the untrained tiny model "
                          "(quick, learns nothing); or a saved model directory (e.g. runs/calculator/sft)")
     ap.add_argument("--dir", default=str(ROOT / "runs" / "demo"), help="SQLite file, checkpoints and logs")
+    ap.add_argument("--task", choices=["calculator", "key_chain"], default="calculator",
+                    help="the demo job: the calculator (default) or the multi-turn key chain with its pooled store "
+                         "(from examples/key_chain/warm_start)")
+    ap.add_argument("--debug", action="store_true", help="run Django with DEBUG on (tracebacks in the browser)")
     ap.add_argument("--exit-when-done", action="store_true", help="stop once the job finishes (exit 0 if it succeeded)")
     args = ap.parse_args(argv)
     if args.port == 0:
@@ -294,10 +377,14 @@ def main(argv: list[str] | None = None) -> int:
         from django.core.management import call_command
 
         call_command("migrate", interactive=False, verbosity=0)
+        call_command("collectstatic", interactive=False, verbosity=0)
         user, team = demo_user()
         from django.conf import settings
 
-        services.start("worker", [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", "cpu,gpu,try", "-c", "1",
+        # The gpu queue only where there is a GPU: a job sent there otherwise waits, visibly, for a GPU worker
+        # (the job page says which queue has none) instead of running on this machine's CPU.
+        queues = "cpu,gpu,try" if has_gpu() else "cpu,try"
+        services.start("worker", [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", queues, "-c", "1",
                                   "-B", "-s", str(logs / "celerybeat-schedule"), "-l", "info", "-n", "demo@%h"], env)
         services.start("web", [sys.executable, "-m", "daphne", "-b", args.host, "-p", str(args.port),
                                "webapp.asgi:application"], env)
@@ -305,16 +392,22 @@ def main(argv: list[str] | None = None) -> int:
         wait("the web server", lambda: http_ok(f"{base}/login/"), services, 60)
         from webapp.registry.models import Entry
 
+        needed = ["lookup", "chain_answer"] if args.task == "key_chain" else ["calculator", "math_equal"]
         wait("the worker to register the built-in tools",
-             lambda: Entry.objects.filter(team__isnull=True, name__in=["calculator", "math_equal"]).ready().count() == 2,
+             lambda: Entry.objects.filter(team__isnull=True, name__in=needed).ready().count() == 2,
              services, 120)
-        model = resolve_model(args.model, Path(args.dir).resolve(), logs)
-        steps = args.steps if args.steps is not None else (DEMO_STEPS if model else 30)
-        job = launch_demo_job(user, team, steps, model)
+        if args.task == "key_chain":
+            model, steps = None, args.steps or KEY_CHAIN_STEPS
+        else:
+            model = resolve_model(args.model, Path(args.dir).resolve(), logs)
+            steps = args.steps if args.steps is not None else (DEMO_STEPS if model else 30)
+        job = launch_demo_job(user, team, steps, model, args.task)
         print(f"\nAgentFly is running ({settings.DATABASES['default']['NAME']}, Redis {settings.REDIS_URL}).")
         print(f"  sign in at   {base}/login/   as {DEMO_USER} / {DEMO_PASSWORD}")
         print(f"  watch job    {base}{job.get_absolute_url()}")
         print(f"  dashboard    {base}/monitor/jobs/{job.pk}/")
+        print(f"  team tools   {Path(os.environ['AGENTFLY_PLUGIN_DIRS']) / DEMO_TEAM} (register "
+              f"agentfly_teams.demo_team.word_tools:count at {base}/registry/register/)")
         print(f"  logs         {logs}\nPress Ctrl-C to stop.\n", flush=True)
         while True:
             services.check()

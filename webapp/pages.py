@@ -34,6 +34,10 @@ def landing(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
         context["teams"] = list(Team.objects.of(request.user).select_related("group"))
         context["demo"] = demo_job_fields(request.user) if context["teams"] else None
+        from webapp.jobs.models import ACTIVE, TrainingJob
+
+        # A job already running (the demo's, a teammate's) is what the user came to watch: shown first.
+        context["active_jobs"] = list(TrainingJob.objects.visible_to(request.user).filter(status__in=ACTIVE)[:5])
     return render(request, "landing.html", context)
 
 

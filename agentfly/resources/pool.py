@@ -186,10 +186,20 @@ class RolloutPool(BasePool):
         super().__init__(spec)
         self.idle: deque[Instance] = deque()
         self.waiters: deque[asyncio.Future[Instance | None]] = deque()
-        self.in_use = 0
+        self._in_use = 0
+        self.peak_in_use = 0  # the most held at once since the previous stats() (see stats)
         self.creating = 0
         self.resetting = 0
         self.started = False
+
+    @property
+    def in_use(self) -> int:
+        return self._in_use
+
+    @in_use.setter
+    def in_use(self, value: int) -> None:
+        self._in_use = value
+        self.peak_in_use = max(self.peak_in_use, value)
 
     @property
     def size(self) -> int:
@@ -412,10 +422,14 @@ class RolloutPool(BasePool):
         await asyncio.gather(*(self._destroy(slot) for slot in list(self.instances)), return_exceptions=True)
 
     def stats(self) -> dict[str, Any]:
+        """``peak_in_use`` is the most instances held at once since the previous call: the trainer asks once per
+        step, between steps, when ``in_use`` is back to 0, so the step's real use is the peak."""
+        peak, self.peak_in_use = self.peak_in_use, self.in_use
         return {
             **self.base_stats(),
             "size": self.size,
             "in_use": self.in_use,
+            "peak_in_use": peak,
             "idle": len(self.idle),
             "waiting": sum(1 for f in self.waiters if not f.done()),
             "resetting": self.resetting,
@@ -494,6 +508,7 @@ class GlobalPool(BasePool):
             **self.base_stats(),
             "size": len(self.instances),
             "in_use": holders,
+            "peak_in_use": holders,  # one shared instance: held or not
             "idle": 1 if self.current is not None and holders == 0 else 0,
             "waiting": 1 if self.lock.locked() else 0,
             "resetting": 0,

@@ -9,7 +9,7 @@
   if (!container || !config.jobs.length) return;
   const fetchers = new Map(config.jobs.map((job) => [String(job.id), M.rangeFetcher(job.series_url)]));
   const charts = new M.MetricCharts(container, {
-    band: false, extras: M.moreMetrics(), fetchRange: (series, keys, range) => fetchers.get(String(series))(keys, range) });
+    band: false, extras: M.moreMetrics(), user: config.user, fetchRange: (series, keys, range) => fetchers.get(String(series))(keys, range) });
   M.bindChartControls(charts);
   const legend = document.getElementById("compare-legend");
   const page = { charts, drawnAt: null, sockets: [] };
@@ -23,11 +23,11 @@
       M.el("a", { href: job.dashboard_url, text: `#${job.id} ${job.name}` }), state));
     const history = await M.getJSON(`${job.series_url}?only=metrics`);
     charts.setStartSteps(job.id, history.starts || []);
-    charts.load(job.id, history.metrics);
+    charts.load(job.id, history.metrics, history.times);
     const socket = new M.EventSocket(job.ws_path, {
       onEvents: (events) => {
         for (const event of events) {
-          if (event.type === "metrics") charts.addLive(job.id, event.seq, event.step ?? event.seq, M.numericMetrics(M.payload(event)));
+          if (event.type === "metrics") charts.addLive(job.id, event.seq, event.step ?? event.seq, M.numericMetrics(M.payload(event)), event.time);
         }
       },
       onState: (s, detail) => { state.textContent = ` ${detail || s}`; },

@@ -29,23 +29,62 @@
     if (!resumeForm || typeof step !== "number") return;
     resumeStep = step;
     resumeForm.querySelector("#resume-step").textContent = String(step);
+    setStatus(jobStatus);
   }
 
-  function setStatus(status) {
+  // Every control follows the job's state: Cancel only while it is queued or running ("Cancelling…",
+  // disabled, once asked), Resume only once it ended failed or cancelled with a checkpoint.
+  let jobStatus = badge.dataset.status;
+  function setStatus(status, cancelling) {
+    jobStatus = status;
+    if (cancelling) cancelRequested = true;
     if (resumeForm) resumeForm.hidden = !((status === "failed" || status === "cancelled") && resumeStep !== null);
     badge.className = `badge big ${status}`;
     badge.dataset.status = status;
     badge.textContent = status.charAt(0).toUpperCase() + status.slice(1);
-    if (ACTIVE.has(status)) {
-      cancelButton.disabled = cancelRequested;
-    } else {
-      cancelButton.disabled = true;
-      cancelButton.textContent = "Cancel job";
-    }
+    cancelButton.hidden = !ACTIVE.has(status);
+    cancelButton.disabled = !ACTIVE.has(status) || cancelRequested;
+    cancelButton.textContent = cancelRequested && ACTIVE.has(status) ? "Cancelling…" : "Cancel job";
+    if (!ACTIVE.has(status)) ended();
+    showEta();
+  }
+
+  /* A job that has ended sends nothing more once its stored events are caught up: the "live" badge says
+   * so, and the socket closes (a few seconds later, for events stored just after the final status). */
+  let endTimer = null;
+  function ended() {
+    if (!state.socket || endTimer !== null || !state.caughtUp) return;
+    endTimer = setTimeout(() => {
+      state.socket.stop();
+      connection.dataset.state = "ended";
+      connection.textContent = `ended: ${jobStatus}`;
+    }, state.endDelayMs);
+  }
+
+  /* ETA: the mean time of the last ETA_WINDOW steps times the steps left, while the job is active. */
+  const ETA_WINDOW = 10;
+  const stepTimes = []; // [step, seconds]
+  let shownStep = config.step;
+  function noteStepTime(step, seconds) {
+    if (typeof seconds !== "number") return;
+    stepTimes.push([step, seconds]);
+    if (stepTimes.length > ETA_WINDOW) stepTimes.shift();
+    showEta();
+  }
+  function showEta() {
+    const eta = document.getElementById("job-eta");
+    const left = totalSteps - shownStep;
+    if (!ACTIVE.has(jobStatus) || !stepTimes.length || !(left > 0)) { eta.textContent = ""; return; }
+    const seconds = (stepTimes.reduce((a, [, s]) => a + s, 0) / stepTimes.length) * left;
+    const m = Math.floor(seconds / 60), sec = Math.round(seconds % 60);
+    eta.textContent = `ETA ${m ? `${m} min ` : ""}${sec} s`;
+    eta.dataset.seconds = String(Math.round(seconds));
   }
 
   function setStep(step) {
     if (typeof step !== "number") return;
+    shownStep = step;
+    showEta();
     document.getElementById("job-step").textContent = `step ${step} / ${totalSteps}`;
     if (totalSteps) document.getElementById("job-progress").style.width = `${Math.min(100, (100 * step) / totalSteps)}%`;
   }
@@ -73,6 +112,9 @@
   const logList = document.getElementById("log-list");
   function appendLog(event) {
     const d = M.payload(event);
+    // The worker also logs each checkpoint the trainer's own checkpoint event announces (the job page lists
+    // log lines only): one line per checkpoint here.
+    if (event.type === "log" && (d.checkpoint || /^checkpoint saved at step \d+/.test(d.message || ""))) return;
     let text = d.message;
     if (event.type === "status") text = `status → ${d.state}${d.message ? " · " + d.message : ""}`;
     else if (event.type === "checkpoint") text = `checkpoint of step ${d.step} saved in ${d.path}${d.score === null ? "" : ` (score ${fmt(d.score, 3)})`}`;
@@ -141,8 +183,10 @@
     const order = (a, b) => a.index - b.index;
     const lo = rewardMin.value === "" ? -Infinity : Number(rewardMin.value);
     const hi = rewardMax.value === "" ? Infinity : Number(rewardMax.value);
+    const needle = searchText.toLowerCase();
     const items = trajectories.filter((i) => reward(i) >= lo && reward(i) <= hi
-      && (!failedOnly.checked || toolErrors(i.t) > 0 || i.t.tool_calls.some((c) => c.error)));
+      && (!failedOnly.checked || toolErrors(i.t) > 0 || i.t.tool_calls.some((c) => c.error))
+      && (!needle || JSON.stringify(i.t).toLowerCase().includes(needle)));
     switch (orderSelect.value) {
       case "best": items.sort((a, b) => reward(b) - reward(a) || order(a, b)); break;
       case "worst": items.sort((a, b) => reward(a) - reward(b) || order(a, b)); break;
@@ -157,6 +201,7 @@
     rolloutsDirty = false;
     const items = visibleTrajectories();
     document.getElementById("sample-count").textContent = `${items.length} of ${trajectories.length} at this step · ${sampleIndex.length} steps with samples`;
+    drawHistogram();
     list.replaceChildren();
     if (!items.length) {
       list.append(el("li", { class: "empty", text: trajectories.length ? "No trajectory matches this filter." : "No sample trajectories yet." }));
@@ -168,7 +213,7 @@
       const errors = toolErrors(t);
       const li = el("li", { class: `rollout-item${item.key === selectedKey ? " selected" : ""}`, "data-key": item.key },
         el("span", { class: "reward " + (t.reward > 0 ? "pos" : "zero"), text: fmt(t.reward, 2) }),
-        el("span", { text: ` step ${item.step ?? "?"} · ${t.num_turns} turns · ${t.tool_calls.length} calls` }),
+        el("span", { text: ` step ${item.step ?? "?"} · ${plural(t.num_turns, "turn")} · ${plural(t.tool_calls.length, "call")}` }),
         errors ? el("span", { class: "badge failed", text: `${errors} failed` }) : null);
       li.addEventListener("click", () => { selectedKey = item.key; followNewest = false; rolloutsDirty = true; renderRollouts(); });
       list.append(li);
@@ -177,15 +222,18 @@
     if (selected && view.dataset.key !== selected.key) renderTrajectory(selected);
   }
 
+  function plural(n, word) { return `${n} ${word}${n === 1 ? "" : "s"}`; }
+
   function contentText(content) {
     if (typeof content === "string") return content;
     if (Array.isArray(content)) return content.map((c) => (typeof c === "string" ? c : c.text || JSON.stringify(c))).join("");
     return content === null || content === undefined ? "" : JSON.stringify(content);
   }
 
-  function renderTrajectory(item) {
+  function renderTrajectory(item, target) {
     const t = item.t;
-    view.dataset.key = item.key;
+    const side = Boolean(target); // a column of the side-by-side view: no token view there
+    if (!side) view.dataset.key = item.key;
     const head = el("div", { class: "traj-head" },
       el("span", { class: "badge big " + (t.reward > 0 ? "succeeded" : "neutral"), text: `reward ${fmt(t.reward, 3)}` }),
       el("span", { class: "muted", text: ` step ${item.step ?? "?"} · ${t.finish_reason || ""}${t.error ? " · error: " + t.error : ""}` }));
@@ -211,7 +259,8 @@
       }
     } else {
       for (const turn of t.turns || []) {
-        conversation.append(el("div", { class: "turn role-assistant" }, el("div", { class: "role", text: `turn ${turn.index}` }),
+        // Numbered from 1, as the list's "2 turns" counts them (the trajectory stores 0-based indices).
+        conversation.append(el("div", { class: "turn role-assistant" }, el("div", { class: "role", text: `turn ${turn.index + 1}` }),
           el("div", { class: "msg-body" }, el("pre", { text: turn.text }))));
       }
     }
@@ -219,7 +268,7 @@
       el("thead", {}, el("tr", {}, ...["turn", "tool", "arguments", "observation", "ms"].map((h) => el("th", { text: h })))));
     const tbody = el("tbody");
     for (const c of calls) {
-      tbody.append(el("tr", { class: c.error ? "call-error" : "" }, el("td", { text: fmt(c.turn) }), el("td", { text: c.name }),
+      tbody.append(el("tr", { class: c.error ? "call-error" : "" }, el("td", { text: typeof c.turn === "number" ? String(c.turn + 1) : fmt(c.turn) }), el("td", { text: c.name }),
         el("td", {}, el("code", { text: typeof c.arguments === "string" ? c.arguments : JSON.stringify(c.arguments) })),
         el("td", {}, el("pre", { text: c.error ? `error: ${c.error}` : contentText(c.observation) })),
         el("td", { text: fmt((c.latency || 0) * 1000, 1) })));
@@ -227,8 +276,9 @@
     callTable.append(tbody);
     const answer = el("div", { class: "final-answer" }, el("strong", { text: "Final answer: " }),
       el("code", { text: t.final_answer ?? "—" }), el("span", { class: "muted", text: `  reward ${fmt(t.reward, 3)}` }));
-    view.replaceChildren(head, conversation, calls.length ? callTable : el("p", { class: "muted", text: "No tool calls." }),
-      answer, el("h3", { text: "Tokens" }), tokenView(t));
+    const parts = [head, conversation, calls.length ? callTable : el("p", { class: "muted", text: "No tool calls." }), answer];
+    if (side) target.replaceChildren(...parts);
+    else view.replaceChildren(...parts, el("h3", { text: "Tokens" }), tokenView(t));
   }
 
   /* Trained tokens (loss mask 1, sampled by the model) and forced tokens (mask 0: prompt, tool output,
@@ -260,6 +310,61 @@
     return el("div", {}, legend, box);
   }
 
+  /* ------------------------------------------ search, reward histogram, best vs worst of a group */
+  let searchText = "";
+  const searchResults = document.getElementById("sample-search-results");
+  document.getElementById("sample-search-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    searchText = document.getElementById("sample-search").value.trim();
+    rolloutsDirty = true;
+    if (!searchText) { searchResults.replaceChildren(); renderRollouts(); return; }
+    searchResults.textContent = "searching…";
+    try {
+      const answer = await M.getJSON(`${config.search_url}?${new URLSearchParams({ q: searchText })}`);
+      searchResults.replaceChildren(answer.matches.length ? `"${answer.q}" in ${answer.matches.length} step${answer.matches.length === 1 ? "" : "s"}${answer.more ? "+" : ""}: ` : `"${answer.q}" is in no stored trajectory`,
+        ...answer.matches.slice(0, 30).map((m) => {
+          const b = el("button", { type: "button", class: "btn small search-hit", "data-seq": String(m.seq), text: `step ${m.step} (${m.count})` });
+          b.addEventListener("click", () => { followBox.checked = false; followNewest = true; showSeq(m.seq); });
+          return b;
+        }));
+      if (answer.matches.length) { followBox.checked = false; followNewest = true; showSeq(answer.matches[0].seq); }
+    } catch (err) { searchResults.textContent = `search failed: ${err.message}`; }
+    renderRollouts();
+  });
+
+  /* The shown step's rewards as a histogram: how the group's rollouts spread, which a mean hides. */
+  function drawHistogram() {
+    const rewards = trajectories.map((i) => i.t.reward).filter((r) => typeof r === "number");
+    if (!rewards.length) return;
+    const step = trajectories[0].step;
+    Plotly.react("reward-histogram", [{ type: "histogram", x: rewards, marker: { color: "#4f46e5" }, nbinsx: 20, name: "reward" }],
+      { height: 170, margin: { l: 50, r: 10, t: 28, b: 36 }, bargap: 0.05,
+        title: { text: `rewards at step ${step} (${rewards.length} trajectories)`, font: { size: 12 }, x: 0.02, xanchor: "left" },
+        xaxis: { title: { text: "reward", font: { size: 11 } } }, yaxis: yTitle("trajectories") },
+      { displaylogo: false, responsive: true });
+  }
+
+  /* The best and the worst trajectory of the selected one's group (same prompt), side by side. */
+  document.getElementById("best-worst").addEventListener("click", () => {
+    const box = document.getElementById("side-by-side");
+    const selected = trajectories.find((i) => i.key === selectedKey);
+    if (!selected) return;
+    const group = selected.t.group_id;
+    const members = trajectories.filter((i) => group === undefined || i.t.group_id === group);
+    const reward = (i) => (typeof i.t.reward === "number" ? i.t.reward : -Infinity);
+    const best = members.reduce((a, b) => (reward(b) > reward(a) ? b : a));
+    const worst = members.reduce((a, b) => (reward(b) < reward(a) ? b : a));
+    const column = (item, label) => {
+      const c = el("div", { "data-key": item.key }, el("h3", { text: `${label}: reward ${fmt(item.t.reward, 3)}` }));
+      const body = el("div");
+      renderTrajectory(item, body);
+      c.append(body);
+      return c;
+    };
+    box.hidden = false;
+    box.replaceChildren(column(best, "best of its group"), column(worst, "worst of its group"));
+  });
+
   stepInput.addEventListener("change", () => {
     followBox.checked = false; followNewest = true;
     const seq = seqOfStep(Number(stepInput.value));
@@ -275,7 +380,7 @@
 
   /* ------------------------------------------------------------------------------------ resources */
   // Each timeline line is its own {t, y}: the history's columns are downsampled one by one.
-  const poolHistory = new Map(); // name -> {in_use: {t, y}, waiting: {t, y}}
+  const poolHistory = new Map(); // name -> {in_use: {t, y}, peak_in_use: {t, y}, waiting: {t, y}}
   const workerHistory = { cpu: { t: [], y: [] }, mem: { t: [], y: [] }, gpus: new Map() }; // gpu -> {util, mem}
   const engineHistory = new Map(); // Engine.stats() counter -> {t, y}
   let latestResources = null;
@@ -297,7 +402,7 @@
       if (key === "host/cpu_percent") target = workerHistory.cpu;
       else if (key === "host/memory_percent") target = workerHistory.mem;
       else if (parts[0] === "gpu") target = line(workerHistory.gpus, parts[1], "util", "mem")[parts[2] === "util_percent" ? "util" : "mem"];
-      else if (parts[0] === "pool") target = line(poolHistory, parts.slice(1, -1).join("/"), "in_use", "waiting")[parts[parts.length - 1]];
+      else if (parts[0] === "pool") target = line(poolHistory, parts.slice(1, -1).join("/"), "in_use", "peak_in_use", "waiting")[parts[parts.length - 1]];
       else if (parts[0] === "engine") target = line(engineHistory, parts[1], "value").value;
       if (target) { target.t = t; target.y = col.y.slice(); }
     }
@@ -315,8 +420,8 @@
     const p = M.payload(event);
     const t = new Date((event.time || Date.now() / 1000) * 1000);
     for (const [name, s] of Object.entries(p.pools)) {
-      const h = line(poolHistory, name, "in_use", "waiting");
-      push(h.in_use, t, s.in_use); push(h.waiting, t, s.waiting);
+      const h = line(poolHistory, name, "in_use", "peak_in_use", "waiting");
+      push(h.in_use, t, s.in_use); push(h.peak_in_use, t, s.peak_in_use); push(h.waiting, t, s.waiting);
     }
     for (const [name, value] of Object.entries(p.engine || {})) push(line(engineHistory, name, "value").value, t, value);
     push(workerHistory.cpu, t, p.host.cpu_percent);
@@ -368,7 +473,7 @@
     if (names.length) {
       const fields = [["size", "#94a3b8"], ["in_use", "#4f46e5"], ["idle", "#0f9d58"], ["waiting", "#d93025"]];
       Plotly.react("pool-bars", fields.map(([f, color]) => ({
-        type: "bar", name: f.replace("_", " "), x: names, y: names.map((n) => pools[n][f] ?? 0), marker: { color },
+        type: "bar", name: f.replace("_", " "), x: names.map(M.plotText), y: names.map((n) => pools[n][f] ?? 0), marker: { color },
       })), { barmode: "group", height: 220, margin: { l: 50, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: 1.15 },
         yaxis: yTitle("instances") },
       { displaylogo: false, responsive: true });
@@ -384,8 +489,11 @@
         el("tbody", {}, ...rows)));
       const timeline = [];
       for (const [name, h] of poolHistory) {
-        timeline.push(trace(h.in_use, { name: `${name} in use` }));
-        timeline.push(trace(h.waiting, { name: `${name} waiting`, line: { dash: "dot" } }));
+        // The most held during each step (a trainer that reports it), else what was held when sampled: between
+        // steps that is often nothing, so the peak is the line that shows the pool's real use.
+        const peak = h.peak_in_use && h.peak_in_use.y.some((v) => v !== null && v !== undefined);
+        timeline.push(trace(peak ? h.peak_in_use : h.in_use, { name: M.plotText(`${name} ${peak ? "peak in use per step" : "in use"}`), line: { shape: "hv" } }));
+        timeline.push(trace(h.waiting, { name: M.plotText(`${name} waiting`), line: { dash: "dot" } }));
       }
       Plotly.react("pool-timeline", timeline, { height: 200, margin: { l: 50, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: -0.3 },
         yaxis: yTitle("instances") },
@@ -425,7 +533,7 @@
   /* ------------------------------------------------------------------------------------- wiring */
   const fetchRange = M.rangeFetcher(config.series_url);
   const charts = new M.MetricCharts(document.getElementById("charts"), {
-    band: true, extras: M.moreMetrics(), fetchRange: (series, keys, range) => fetchRange(keys, range) });
+    band: true, extras: M.moreMetrics(), user: config.user, fetchRange: (series, keys, range) => fetchRange(keys, range) });
   M.bindChartControls(charts);
   let lastSeq = 0;
 
@@ -435,7 +543,8 @@
       const data = M.payload(event);
       switch (event.type) {
         case "metrics":
-          charts.addLive(config.id, event.seq, event.step ?? event.seq, M.numericMetrics(data));
+          charts.addLive(config.id, event.seq, event.step ?? event.seq, M.numericMetrics(data), event.time);
+          if (typeof data["time/step"] === "number") noteStepTime(event.step, data["time/step"]);
           setStep(event.step);
           break;
         case "samples": indexSamples(event.step, event.seq); break;
@@ -470,7 +579,8 @@
   }
 
   const connection = document.getElementById("connection");
-  const state = { socket: null, charts, drawnAt: null, historyEvents: 0, timings: { start: performance.now() } };
+  const state = { socket: null, charts, drawnAt: null, historyEvents: 0, timings: { start: performance.now() },
+    caughtUp: false, endDelayMs: 3000 };
   window.agentflyDashboard = state;
 
   async function start() {
@@ -478,11 +588,13 @@
     const history = await M.getJSON(config.series_url);
     state.timings.fetched = performance.now();
     totalSteps = history.job.total_steps;
-    setStatus(history.job.status);
+    setStatus(history.job.status, history.job.cancel_requested);
     setStep(history.job.step);
     charts.setStartSteps(config.id, history.starts || []);
     showLineage(history.lineage || []);
-    charts.load(config.id, history.metrics);
+    charts.load(config.id, history.metrics, history.times);
+    const stepTime = history.metrics["time/step"];
+    if (stepTime) stepTime.y.slice(-ETA_WINDOW).forEach((v, i, all) => noteStepTime(stepTime.x[stepTime.x.length - all.length + i], v));
     state.timings.loaded = performance.now();
     charts.flush(); // draw now, not on the next tick: the page is judged by when its charts appear
     state.timings.charts = performance.now();
@@ -497,8 +609,12 @@
     document.body.dataset.history = "drawn";
     state.socket = new M.EventSocket(config.ws_path, {
       onEvents,
-      onHello: (job) => { totalSteps = job.total_steps; setStatus(job.status); },
-      onState: (s, detail) => { connection.dataset.state = s; connection.textContent = detail || s; },
+      onHello: (job) => { totalSteps = job.total_steps; setStatus(job.status, job.cancel_requested); },
+      onState: (s, detail) => {
+        if (connection.dataset.state === "ended") return;
+        connection.dataset.state = s; connection.textContent = detail || s;
+        if (s === "live") { state.caughtUp = true; if (!ACTIVE.has(jobStatus)) ended(); }
+      },
     }, history.last_seq);
     state.socket.start();
   }

@@ -120,7 +120,7 @@
       y: { title: "reward (mean, band)" } },
     { id: "accuracy", title: "Accuracy", keys: ["accuracy"], y: { title: "share correct (0–1)", rangemode: "tozero" } },
     { id: "loss", title: "Policy loss", keys: ["loss_policy"], y: { title: "loss (per token)", exponentformat: "e" } },
-    { id: "kl", title: "KL", keys: ["kl"], y: { title: "KL (nats per token)", rangemode: "tozero" } },
+    { id: "kl", title: "KL", keys: ["kl"], y: { title: "KL (nats per token)", rangemode: "tozero", exponentformat: "e" } },
     { id: "entropy", title: "Entropy", keys: ["entropy"], y: { title: "entropy (nats per token)", rangemode: "tozero" } },
     { id: "clip", title: "Clip fraction", keys: ["clip_fraction"], y: { title: "share of tokens clipped", rangemode: "tozero" } },
     { id: "length", title: "Response length", keys: ["response_length_mean"], y: { title: "tokens", rangemode: "tozero" } },
@@ -138,10 +138,14 @@
       y: { title: "seconds", rangemode: "tozero" } },
     { id: "mismatch", title: "Rollout vs trainer logprob mismatch", keys: ["logprob_mismatch"],
       y: { title: "mean |Δ logprob| (nats per token)", rangemode: "tozero", exponentformat: "e" } },
-    // Held-out evaluations: one curve per metric across evaluations, shares on the left, counts on the right.
+    // Held-out evaluations (every `eval.every` steps and at the end), one chart per unit: no axis ever shows
+    // a unit it does not hold. Shares and rewards (pass@1 = accuracy, pass@k, finish reasons) first.
+    { id: "eval_tokens", title: "Evaluation: response length", keys: [], prefix: "eval_", only: /length/,
+      y: { title: "tokens (held-out)", rangemode: "tozero" } },
+    { id: "eval_counts", title: "Evaluation: turns and tool calls", keys: [], prefix: "eval_", only: /turns|calls|errors/,
+      y: { title: "per trajectory (held-out)", rangemode: "tozero" } },
     { id: "eval", title: "Evaluation (held-out)", keys: ["eval_accuracy"], prefix: "eval_",
-      drop: ["eval_reward_std", "eval_reward_min", "eval_reward_max"], y: { title: "share / reward (0–1)", rangemode: "tozero" },
-      y2: { title: "tokens, turns, calls", match: /length|turns|calls|errors/ } },
+      drop: ["eval_reward_std", "eval_reward_min", "eval_reward_max"], y: { title: "share / reward (0–1)", rangemode: "tozero" } },
   ];
 
   /* The y axis of a chart no spec names: its unit guessed from the metric's name. */
@@ -150,12 +154,19 @@
     if (/length/.test(key)) return { title: "tokens", rangemode: "tozero" };
     if (/fraction|accuracy|finish_/.test(key)) return { title: "share (0–1)", rangemode: "tozero" };
     if (/errors|calls|turns|count/.test(key)) return { title: "count", rangemode: "tozero" };
-    return { title: key.replace(/_/g, " ") };
+    // A loss or a norm: scientific notation, never SI prefixes ("5n" reads as a count of something).
+    return { title: key.replace(/_/g, " "), exponentformat: "e" };
   }
 
   function lineLabel(def, key) {
     if (def.prefix && key.startsWith(def.prefix)) return key.slice(def.prefix.length);
     return key.replace(/^time_|_time$/g, "").replace(/_/g, " ");
+  }
+
+  /* Text for Plotly: its names, titles and hover labels read a subset of HTML (<a href>, <b>, <br>), so a
+   * job named `<a href=...>` would become a link. Entities show the characters as written. */
+  function plotText(text) {
+    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   }
 
   const PALETTE = ["#4f46e5", "#d93025", "#0f9d58", "#b7791f", "#2563eb", "#9333ea", "#0891b2", "#be185d"];
@@ -191,6 +202,12 @@
       this._only = null;
       this.firstStep = new Map(); // series -> the first step it was given
       this.startSteps = new Map(); // series -> Set of steps at which one of its runs started
+      this.xMode = "step"; // or "time" (seconds since the series' first step) or "tokens" (trained so far)
+      this.xmaps = new Map(); // series -> {time: Map(step -> s), tokens: Map(step -> n), t0, total}
+      this.syncing = false; // a zoom or hover being copied to the other charts
+      this.search = "";
+      this.panelKey = `agentfly.panels.${this.options.user || "anonymous"}`;
+      this.panels = readPanels(this.panelKey); // {pinned: [chart ids], hidden: [chart ids]}, per user
       this.extras.addEventListener("extras-opened", () => this.flush());
       for (const def of CHARTS) this._chart(def.id, def);
     }
@@ -199,7 +216,8 @@
 
     /* Draw a history: `columns` is series.json's {metric: {x: [steps], y: [values]}}, each column already
      * downsampled on its own; points at the same step are one "event" for `add`. */
-    load(series, columns) {
+    load(series, columns, times) {
+      if (times) times.x.forEach((step, i) => this._noteTime(series, step, times.y[i]));
       const byStep = new Map();
       for (const [key, col] of Object.entries(columns)) {
         if (key === "step") continue; // the x axis itself, skipped by numericMetrics too
@@ -215,7 +233,8 @@
     }
 
     /* A live metrics event (kept a while, so a zoomed chart redrawn from an older answer can replay it). */
-    addLive(series, seq, step, values) {
+    addLive(series, seq, step, values, time) {
+      this._noteTime(series, step, time);
       this.live.push({ series, seq, step, values });
       if (this.live.length > LIVE_KEPT) this.live.splice(0, this.live.length - LIVE_KEPT);
       this.add(series, step, values);
@@ -229,7 +248,7 @@
 
     /* Plotly's relayout after a zoom (x range) or a reset (autorange): reload that chart's lines. */
     async _zoomed(chart, event) {
-      if (!this.options.fetchRange) return;
+      if (!this.options.fetchRange || this.xMode !== "step") return; // ranges of time or tokens: zoom as drawn
       let range = null;
       if (event["xaxis.range[0]"] !== undefined) range = [event["xaxis.range[0]"], event["xaxis.range[1]"]];
       else if (Array.isArray(event["xaxis.range"])) range = event["xaxis.range"];
@@ -264,12 +283,14 @@
       if (chart) return chart;
       const box = document.createElement("div");
       box.className = "chart"; box.hidden = true;
+      box.dataset.chart = id;
       const div = document.createElement("div");
       div.id = `chart-${id}`; div.className = "plot"; div.dataset.points = "0";
-      box.appendChild(div);
+      chart = { def, box, div, lines: [], index: new Map(), drawn: false, full: true, log: null, smooth: null };
+      box.append(this._tools(chart), div);
       (def.extra ? this.extras : this.container).appendChild(box);
-      chart = { def, box, div, lines: [], index: new Map(), drawn: false, full: true };
       this.charts.set(id, chart);
+      this._applyPanel(chart);
       return chart;
     }
 
@@ -300,7 +321,10 @@
     /* Queue one metrics event's numbers for `series` at x = step. */
     add(series, step, values) {
       if (this._only) values = Object.fromEntries(Object.entries(values).filter(([k]) => this._only.has(k)));
-      else if (!this.firstStep.has(String(series))) this.firstStep.set(String(series), step);
+      else {
+        if (!this.firstStep.has(String(series))) this.firstStep.set(String(series), step);
+        this._noteTokens(series, step, values);
+      }
       const claimed = new Set();
       for (const def of CHARTS) {
         const chart = this.charts.get(def.id);
@@ -317,7 +341,8 @@
         const more = (def.lines || []).filter((k) => k in values);
         if (def.prefix) {
           for (const k of Object.keys(values)) {
-            if (!k.startsWith(def.prefix) || def.keys.includes(k) || (def.exclude || []).includes(k)) continue;
+            if (!k.startsWith(def.prefix) || def.keys.includes(k) || (def.exclude || []).includes(k) || claimed.has(k)) continue;
+            if (def.only && !def.only.test(k)) continue;
             if ((def.drop || []).includes(k)) { claimed.add(k); continue; }
             more.push(k);
           }
@@ -359,12 +384,31 @@
 
     setSmoothing(on, weight) { this.smoothing = on; this.weight = weight; this._redrawAll(); }
     setBandKind(kind) { this.bandKind = kind; this._redrawAll(); }
-    setLogScale(on) {
-      this.logScale = on;
-      for (const chart of this.charts.values()) if (chart.drawn) Plotly.relayout(chart.div, { "yaxis.type": on ? "log" : "linear" });
+    setLogScale(on) { this.logScale = on; this._redrawAll(); }
+
+    /* A chart is drawn on a log axis only when asked and when it holds a positive value: an all-zero series
+     * on a log axis is an empty 10–100 axis. */
+    _axisType(chart) {
+      return (chart.log ?? this.logScale) && chart.lines.some((l) => l.y.some((v) => v !== null && v > 0)) ? "log" : "linear";
     }
 
-    _redrawAll() { for (const chart of this.charts.values()) chart.full = true; this.flush(); }
+    /* A chart whose every line has one point (an evaluation run only at the end, the run's total time) is a
+     * summary card, never a line chart of one point on a fractional axis; it becomes a chart at its second. */
+    _summary(chart) {
+      if (!chart.summaryBox) {
+        chart.summaryBox = document.createElement("div");
+        chart.summaryBox.className = "chart-summary";
+        chart.box.insertBefore(chart.summaryBox, chart.div);
+      }
+      chart.box.classList.add("summary"); chart.div.hidden = true; chart.box.hidden = false;
+      const rows = chart.lines.filter((l) => l.x.length).map((l) => el("tr", {},
+        el("td", { text: l.name }),
+        el("td", { class: "mono", text: fmt(l.y[0], 4) }), el("td", { class: "muted small", text: `step ${l.x[0]}` })));
+      chart.summaryBox.replaceChildren(el("h3", { text: chart.def.title }),
+        el("table", { class: "table compact" }, el("tbody", {}, ...rows)));
+    }
+
+    _redrawAll() { for (const chart of this.charts.values()) { chart.full = true; this._pressed(chart); } this.flush(); }
 
     _band(line, i) {
       const y = line.y[i];
@@ -381,27 +425,201 @@
       return line.emaAcc / (1 - this.weight ** line.emaN);
     }
 
-    _traces(line) {
+    _traces(line, chart) {
+      const xs = line.x.map((step) => this._x(line.series, step));
       // Fixed order per line: [band low, band high,] raw, smoothed.
       const traces = [];
       const onAxis = (trace) => (line.axis === "y2" ? { ...trace, yaxis: "y2" } : trace);
       if (line.hasBand) {
         const lo = [], hi = [];
         for (let i = 0; i < line.x.length; i++) { const [a, b] = this._band(line, i); lo.push(a); hi.push(b); }
-        traces.push({ x: line.x.slice(), y: lo, mode: "lines", line: { width: 0 }, hoverinfo: "skip", showlegend: false, name: "band" });
-        traces.push({ x: line.x.slice(), y: hi, mode: "lines", line: { width: 0 }, fill: "tonexty",
+        traces.push({ x: xs, y: lo, mode: "lines", line: { width: 0 }, hoverinfo: "skip", showlegend: false, name: "band" });
+        traces.push({ x: xs, y: hi, mode: "lines", line: { width: 0 }, fill: "tonexty",
           fillcolor: hexToRgba(line.color, 0.15), hoverinfo: "skip", showlegend: false,
           name: this.bandKind === "minmax" ? "min/max" : "± std" });
       }
       line.emaAcc = 0; line.emaN = 0;
       const smooth = line.y.map((v) => this._ema(line, v));
+      // On a log axis a rate that touches 0 has no smoothed curve worth drawing: the debiased EMA of
+      // zeros decays towards 1e-20 and stretches the axis over twenty decades. The raw points stay.
+      const smoothOn = chart.smooth ?? this.smoothing, logOn = chart.log ?? this.logScale;
+      const smoothing = smoothOn && !(logOn && line.y.some((v) => v !== null && v <= 0));
       // Markers on short lines only: hundreds of SVG markers per chart are what makes a long job slow to draw.
-      traces.push({ x: line.x.slice(), y: line.y.slice(), mode: line.x.length > MAX_MARKERS ? "lines" : "lines+markers",
-        meta: "raw", name: line.name, marker: { size: 4, color: line.color }, line: { color: line.color, width: 1.5 },
-        opacity: this.smoothing ? 0.3 : 1 });
-      traces.push({ x: line.x.slice(), y: smooth, mode: "lines", name: `${line.name} (smoothed)`,
-        line: { color: line.color, width: 2 }, visible: this.smoothing, showlegend: false });
+      traces.push({ x: xs, y: line.y.slice(), mode: line.x.length > MAX_MARKERS ? "lines" : "lines+markers",
+        meta: "raw", name: plotText(line.name), marker: { size: 4, color: line.color }, line: { color: line.color, width: 1.5 },
+        opacity: smoothing ? 0.3 : 1 });
+      traces.push({ x: xs, y: smooth, mode: "lines", name: plotText(`${line.name} (smoothed)`),
+        line: { color: line.color, width: 2 }, visible: smoothing, showlegend: false });
       return traces.map(onAxis);
+    }
+
+    /* ---------------------------------------------------------------- x axis: step, wall time, trained tokens */
+    _xmap(series) {
+      let m = this.xmaps.get(String(series));
+      if (!m) { m = { time: new Map(), tokens: new Map(), t0: null, total: 0 }; this.xmaps.set(String(series), m); }
+      return m;
+    }
+
+    _noteTime(series, step, at) {
+      if (typeof at !== "number" || typeof step !== "number") return;
+      const m = this._xmap(series);
+      if (m.time.has(step)) return;
+      if (m.t0 === null) m.t0 = at;
+      m.time.set(step, at - m.t0);
+    }
+
+    /* Tokens trained by the end of each step: the sampled (mask 1) tokens are what the update trains on,
+     * tokens_per_second x the rollout stage's time of that step. */
+    _noteTokens(series, step, values) {
+      const tps = values.tokens_per_second, rollout = values.time_rollout;
+      if (typeof tps !== "number" || typeof rollout !== "number") return;
+      const m = this._xmap(series);
+      if (m.tokens.has(step)) return;
+      m.total += tps * rollout;
+      m.tokens.set(step, Math.round(m.total));
+    }
+
+    _x(series, step) {
+      if (this.xMode === "step") return step;
+      const v = this._xmap(series)[this.xMode].get(step);
+      return v === undefined ? null : v;
+    }
+
+    setXMode(mode) { this.xMode = X_TITLES[mode] ? mode : "step"; this._redrawAll(); }
+
+    /* ------------------------------------------------ zoom and hover shown on every chart at once */
+    _bind(chart) {
+      chart.div.on("plotly_relayout", (event) => {
+        if (!this.syncing) this._syncZoom(chart, event);
+        this._zoomed(chart, event);
+      });
+      chart.div.on("plotly_hover", (event) => {
+        if (this.syncing || !event.points || !event.points.length) return;
+        const xval = event.points[0].x;
+        this._others(chart, (c) => Plotly.Fx.hover(c.div, { xval }, "xy"));
+      });
+      chart.div.on("plotly_unhover", () => { if (!this.syncing) this._others(chart, (c) => Plotly.Fx.unhover(c.div)); });
+    }
+
+    _others(source, fn) {
+      this.syncing = true;
+      try {
+        for (const c of this.charts.values()) {
+          if (c !== source && c.drawn && c.div.data && c.div.offsetParent !== null) fn(c);
+        }
+      } finally { this.syncing = false; }
+    }
+
+    _syncZoom(source, event) {
+      let update = null;
+      if (event["xaxis.range[0]"] !== undefined) update = { "xaxis.range": [event["xaxis.range[0]"], event["xaxis.range[1]"]] };
+      else if (Array.isArray(event["xaxis.range"])) update = { "xaxis.range": event["xaxis.range"].slice() };
+      else if (event["xaxis.autorange"]) update = { "xaxis.autorange": true };
+      if (!update) return;
+      // Plotly fires plotly_relayout after the call returns: a chart already showing the range is left alone,
+      // or the charts would copy the zoom back and forth for ever.
+      const want = JSON.stringify(update["xaxis.range"] || null);
+      this._others(source, (c) => {
+        const axis = c.div.layout.xaxis || {};
+        if (update["xaxis.autorange"] ? axis.autorange === true : JSON.stringify(axis.range) === want) return;
+        Plotly.relayout(c.div, update);
+      });
+    }
+
+    /* ------------------------------------- per chart: log scale, smoothing, download, pin, hide */
+    _tools(chart) {
+      const button = (action, text, title) => el("button", { type: "button", class: "chart-tool", "data-action": action, title, text });
+      const tools = el("div", { class: "chart-tools" },
+        button("log", "log", "log scale for this chart"), button("smooth", "smooth", "smoothing (debiased EMA) for this chart"),
+        button("csv", "CSV", "download this chart's data as CSV"), button("json", "JSON", "download this chart's data as JSON"),
+        button("pin", "pin", "pin this chart to the top (remembered)"), button("hide", "hide", "hide this chart (remembered)"));
+      tools.addEventListener("click", (e) => {
+        const action = e.target.dataset && e.target.dataset.action;
+        if (!action) return;
+        if (action === "log") chart.log = !(chart.log ?? this.logScale);
+        else if (action === "smooth") chart.smooth = !(chart.smooth ?? this.smoothing);
+        else if (action === "csv" || action === "json") { this.download(chart, action); return; }
+        else if (action === "pin" || action === "hide") { this.togglePanel(chart.def.id, action === "pin" ? "pinned" : "hidden"); return; }
+        chart.full = true; this._pressed(chart); this.flush();
+      });
+      return tools;
+    }
+
+    _pressed(chart) {
+      const state = { log: chart.log ?? this.logScale, smooth: chart.smooth ?? this.smoothing,
+        pin: this.panels.pinned.includes(chart.def.id), hide: this._isHidden(chart) };
+      for (const b of chart.box.querySelectorAll(".chart-tool")) {
+        if (b.dataset.action in state) b.setAttribute("aria-pressed", String(Boolean(state[b.dataset.action])));
+      }
+    }
+
+    /* The chart's points as drawn (a long history comes downsampled: zoom in for every point of a range),
+     * one row per step, one column per line. */
+    chartData(chart) {
+      const steps = new Set();
+      for (const l of chart.lines) for (const x of l.x) steps.add(x);
+      const order = [...steps].sort((a, b) => a - b);
+      return { title: chart.def.title, x: this.xMode, lines: chart.lines.map((l) => ({
+        name: l.name, metric: l.metric, series: l.series, step: l.x.slice(), x: l.x.map((s) => this._x(l.series, s)), value: l.y.slice() })),
+        steps: order };
+    }
+
+    download(chart, kind) {
+      const data = this.chartData(chart);
+      let body, type;
+      if (kind === "json") {
+        body = JSON.stringify(data, null, 1); type = "application/json";
+      } else {
+        // A cell a spreadsheet would run as a formula (=, +, -, @) is quoted as text.
+        const cell = (v) => {
+          let t = v === null || v === undefined ? "" : String(v);
+          if (typeof v === "string" && /^[=+\-@]/.test(t)) t = `'${t}`;
+          return /[",\n]/.test(t) ? `"${t.replace(/"/g, '""')}"` : t;
+        };
+        const columns = data.lines.map((l) => new Map(l.step.map((s, i) => [s, l.value[i]])));
+        const rows = [["step", ...data.lines.map((l) => l.name)].map(cell).join(",")];
+        for (const s of data.steps) rows.push([s, ...columns.map((c) => c.get(s))].map(cell).join(","));
+        body = rows.join("\n") + "\n"; type = "text/csv";
+      }
+      const a = el("a", { href: URL.createObjectURL(new Blob([body], { type })), download: `${chart.def.id}.${kind}` });
+      document.body.append(a); a.click(); a.remove();
+      setTimeout(() => URL.revokeObjectURL(a.href), 1000);
+    }
+
+    _isHidden(chart) { return this.panels.hidden.includes(chart.def.id); }
+
+    togglePanel(id, list) {
+      const ids = this.panels[list];
+      const at = ids.indexOf(id);
+      if (at >= 0) ids.splice(at, 1); else ids.push(id);
+      this._savePanels();
+    }
+
+    showAllPanels() { this.panels.hidden = []; this._savePanels(); }
+
+    _savePanels() {
+      try { localStorage.setItem(this.panelKey, JSON.stringify(this.panels)); } catch (err) { /* private mode: this page only */ }
+      for (const chart of this.charts.values()) this._applyPanel(chart);
+      this.flush();
+    }
+
+    _applyPanel(chart) {
+      chart.box.classList.toggle("pinned", this.panels.pinned.includes(chart.def.id));
+      chart.box.classList.toggle("panel-hidden", this._isHidden(chart));
+      const q = this.search;
+      const match = !q || chart.def.title.toLowerCase().includes(q) || chart.def.id.includes(q)
+        || chart.lines.some((l) => l.metric.includes(q.replace(/[^a-z0-9]+/g, "_")));
+      chart.box.classList.toggle("filtered-out", !match);
+      this._pressed(chart);
+      const count = document.getElementById("hidden-count");
+      if (count) { count.textContent = String(this.panels.hidden.length); count.closest("button").hidden = !this.panels.hidden.length; }
+    }
+
+    setSearch(text) {
+      this.search = text.trim().toLowerCase();
+      for (const chart of this.charts.values()) this._applyPanel(chart);
+      // A chart that comes into view is sized now (Plotly cannot measure a hidden one).
+      for (const chart of this.charts.values()) if (chart.div.data && chart.div.offsetParent !== null) Plotly.Plots.resize(chart.div);
     }
 
     flush() {
@@ -410,24 +628,32 @@
         // Charts in the closed "More metrics" section are drawn when it opens (off screen, Plotly cannot
         // size them, and drawing them first would delay the charts the user is looking at).
         if (chart.def.extra && this.extrasClosed()) { chart.box.hidden = false; chart.full = true; this._announceExtra(chart); continue; }
+        if (this._isHidden(chart)) { chart.box.hidden = false; chart.full = true; continue; } // drawn when shown again
         const pending = chart.lines.some((l) => l.pending > 0);
         if (!chart.full && !pending) continue;
-        if (chart.full || !chart.drawn) {
+        if ((chart.full || !chart.drawn) && chart.lines.every((l) => l.x.length <= 1)) {
+          this._summary(chart);
+          chart.drawn = false; chart.full = false;
+          for (const l of chart.lines) l.pending = 0;
+        } else if (chart.full || !chart.drawn) {
+          if (chart.summaryBox) { chart.summaryBox.remove(); chart.summaryBox = null; chart.box.classList.remove("summary"); chart.div.hidden = false; }
           chart.box.hidden = false;
-          const traces = chart.lines.flatMap((l) => this._traces(l));
+          const traces = chart.lines.flatMap((l) => this._traces(l, chart));
           const many = chart.lines.length > 1;
           const legendRows = many ? Math.ceil(chart.lines.length / 2) : 0;
           const y2 = chart.def.y2 && chart.lines.some((l) => l.axis === "y2");
           const layout = {
-            title: { text: chart.def.title, font: { size: 14 } }, margin: { l: 62, r: y2 ? 62 : 12, t: 36, b: 40 + 18 * legendRows },
-            height: 260 + 18 * legendRows, xaxis: { title: { text: "step", standoff: 2 } },
-            yaxis: { ...axisLayout(chart.def.y || guessAxis(chart.def.keys[0] || "")), type: this.logScale ? "log" : "linear" },
+            title: { text: plotText(chart.def.title), font: { size: 14 }, x: 0.02, xanchor: "left" }, margin: { l: 62, r: y2 ? 62 : 12, t: 36, b: 40 + 18 * legendRows },
+            height: 260 + 18 * legendRows, xaxis: { title: { text: X_TITLES[this.xMode], standoff: 2 } },
+            hovermode: "x",
+            yaxis: { ...axisLayout(chart.def.y || guessAxis(chart.def.keys[0] || "")), type: this._axisType(chart) },
             showlegend: many,
             legend: { orientation: "h", x: 0, y: -0.18, yanchor: "top", font: { size: 10 } }, uirevision: id,
           };
           if (y2) layout.yaxis2 = { ...axisLayout({ rangemode: "tozero", ...chart.def.y2 }), overlaying: "y", side: "right", showgrid: false };
           Plotly.react(chart.div, traces, layout, { displaylogo: false, responsive: true });
-          if (!chart.drawn) chart.div.on("plotly_relayout", (event) => { this._zoomed(chart, event); });
+          if (!chart.bound) this._bind(chart);
+          chart.bound = true;
           chart.drawn = true; chart.full = false;
           for (const l of chart.lines) l.pending = 0;
         } else {
@@ -436,7 +662,7 @@
           for (const l of chart.lines) {
             const n = l.pending, from = l.x.length - n;
             if (n > 0) {
-              const xs = l.x.slice(from), ys = l.y.slice(from);
+              const xs = l.x.slice(from).map((step) => this._x(l.series, step)), ys = l.y.slice(from);
               if (l.hasBand) {
                 const lo = [], hi = [];
                 for (let i = from; i < l.x.length; i++) { const [a, b] = this._band(l, i); lo.push(a); hi.push(b); }
@@ -450,12 +676,25 @@
           }
           if (indices.length) Plotly.extendTraces(chart.div, update, indices);
         }
+        if (this.search) this._applyPanel(chart);
         chart.div.dataset.points = String(chart.lines[0].x.length);
+        chart.box.dataset.points = chart.div.dataset.points;
         document.getElementById("charts-empty")?.remove();
         if (chart.def.extra) this._announceExtra(chart);
         if (this.options.onDraw) this.options.onDraw(id, chart.div);
       }
     }
+  }
+
+  const X_TITLES = { step: "step", time: "wall time (s since the first step)", tokens: "trained tokens" };
+
+  /* The user's pinned and hidden charts (localStorage, one key per user name). */
+  function readPanels(key) {
+    try {
+      const value = JSON.parse(localStorage.getItem(key) || "{}");
+      return { pinned: Array.isArray(value.pinned) ? value.pinned.map(String) : [],
+        hidden: Array.isArray(value.hidden) ? value.hidden.map(String) : [] };
+    } catch (err) { return { pinned: [], hidden: [] }; }
   }
 
   /* A chart spec's axis as Plotly's layout writes it: the title (with its unit) is what every chart has. */
@@ -475,7 +714,13 @@
     const update = () => { shown.textContent = Number(weight.value).toFixed(2); charts.setSmoothing(smooth.checked, Number(weight.value)); };
     smooth.addEventListener("change", update);
     weight.addEventListener("input", update);
-    document.getElementById("log-toggle").addEventListener("change", (e) => charts.setLogScale(e.target.checked));
+    document.getElementById("log-toggle").addEventListener("change", (e) => { charts.setLogScale(e.target.checked); for (const c of charts.charts.values()) charts._pressed(c); });
+    const search = document.getElementById("metric-search");
+    if (search) search.addEventListener("input", () => charts.setSearch(search.value));
+    const xAxis = document.getElementById("x-axis");
+    if (xAxis) xAxis.addEventListener("change", () => charts.setXMode(xAxis.value));
+    const showHidden = document.getElementById("show-hidden");
+    if (showHidden) showHidden.addEventListener("click", () => charts.showAllPanels());
     const band = document.getElementById("band-kind");
     if (band) band.addEventListener("change", (e) => charts.setBandKind(e.target.value));
   }
@@ -530,5 +775,5 @@
     return Number.isInteger(value) ? String(value) : value.toFixed(digits ?? 3);
   }
 
-  window.AgentFlyMonitor = { EventSocket, MetricCharts, payload, numericMetrics, normKey, bindChartControls, moreMetrics, el, fmt, PALETTE, getJSON, rangeFetcher, axisLayout };
+  window.AgentFlyMonitor = { EventSocket, MetricCharts, payload, numericMetrics, normKey, bindChartControls, moreMetrics, el, fmt, PALETTE, getJSON, rangeFetcher, axisLayout, plotText };
 })();

@@ -45,6 +45,9 @@ def test_the_site_builds_in_strict_mode_with_the_api_and_config_references(tmp_p
     assert "tracker_options.mlflow.tracking_uri" in config and "algorithm.clip_high" in config
     for page in ("quickstart", "guides/algorithms", "guides/webapp", "architecture", "security", "benchmarks"):
         assert (site / f"{page}.html").is_file(), page
+    # Offline, and telling no third party who reads it: no page asks Google Fonts for anything.
+    asking = [p.name for p in site.rglob("*.html") if "fonts.googleapis.com" in p.read_text() or "fonts.gstatic.com" in p.read_text()]
+    assert asking == [], asking
 
 
 def test_the_site_folder_is_git_ignored() -> None:

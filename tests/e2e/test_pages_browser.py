@@ -7,18 +7,9 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.conftest import watch_for_problems
 from tests.webapp.factories import builtin_entries
 from tests.webapp.helpers import Daphne, sign_in_with_the_form
-
-
-def watch_for_problems(page: Any, base: str) -> list[str]:
-    """Collect console errors, page errors, failed requests and error responses (other than the page's own)."""
-    problems: list[str] = []
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
-    page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url} {r.failure}"))
-    page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
-    return problems
 
 
 @pytest.fixture

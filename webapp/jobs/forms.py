@@ -25,9 +25,57 @@ from webapp.registry.models import Entry
 MODEL_SOURCES = (("tiny", "Tiny model built on the worker (CPU demo)"), ("path", "Local model directory"))
 TASKS = (("arithmetic", "Arithmetic with a calculator (generated)"),
          ("key_chain", "Key chain: follow keys through the rollout's key-value store (generated, multi-turn)"),
+         ("wiki_qa", "Retrieval QA: answer questions by searching a small Wikipedia index (built in)"),
+         ("scienceworld", "ScienceWorld: act in a simulated lab (built in; needs Java on the workers)"),
          ("jsonl", "JSONL file of samples"))
-# Tasks the trainer generates itself (trainer.builders.load_samples), with their own disjoint test split.
-GENERATED_TASKS = frozenset({"arithmetic", "key_chain"})
+# Tasks the trainer builds itself (trainer.builders.load_samples), with their own disjoint test split.
+GENERATED_TASKS = frozenset({"arithmetic", "key_chain", "wiki_qa", "scienceworld"})
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+# Presets of the launch form, one per shipped example (examples/*/README.md), with settings that learn in
+# minutes on a CPU worker from the example's warm start: ``?preset=<name>`` fills the form. Tools and reward
+# are built-in entries named here. The evaluation every 20 steps draws the held-out curve while it trains.
+PRESETS: dict[str, dict[str, Any]] = {
+    "calculator": {
+        "title": "Calculator (from its warm start)", "name": "calculator-grpo", "algorithm": "grpo", "model_source": "path",
+        "model_path": str(EXAMPLES / "calculator" / "warm_start"), "task": "arithmetic", "task_size": 20000,
+        "tools": ["calculator"], "reward": "math_equal", "max_turns": 3, "max_new_tokens": 48, "steps": 200,
+        "prompts_per_step": 8, "group_size": 4, "learning_rate": 3e-5, "temperature": 0.7, "eval_size": 64,
+        "eval_every": 20, "save_every": 50, "resources": ""},
+    "key_chain": {
+        "title": "Key chain (multi-turn, pooled store)", "name": "key-chain-grpo", "algorithm": "grpo", "model_source": "path",
+        "model_path": str(EXAMPLES / "key_chain" / "warm_start"), "task": "key_chain", "task_size": 20000,
+        "tools": ["lookup"], "reward": "chain_answer", "max_turns": 6, "max_new_tokens": 32, "steps": 200,
+        "prompts_per_step": 8, "group_size": 4, "learning_rate": 1e-4, "temperature": 0.7, "eval_size": 64,
+        "eval_every": 20, "save_every": 50, "resources": '{"kv": {"max": 8}}'},
+    "retrieval": {
+        "title": "Retrieval QA (search; warm start from examples/retrieval_qa/sft.yaml)", "name": "retrieval-grpo", "algorithm": "grpo",
+        "model_source": "path", "model_path": str(EXAMPLES.parent / "runs" / "retrieval_qa" / "sft"),
+        "task": "wiki_qa", "task_size": 200, "tools": ["search"], "reward": "exact_match", "max_turns": 3,
+        "max_new_tokens": 48, "steps": 200, "prompts_per_step": 8, "group_size": 8, "learning_rate": 5e-4,
+        "temperature": 0.7, "eval_size": 200, "eval_every": 20, "save_every": 50, "resources": '{"wiki": {"max": 1}}'},
+    "scienceworld": {
+        "title": "ScienceWorld (from its warm start; Java on the workers)", "name": "scienceworld-grpo", "algorithm": "grpo",
+        "model_source": "path", "model_path": str(EXAMPLES / "scienceworld" / "warm_start"), "task": "scienceworld",
+        "task_size": 200, "tools": ["sciworld_act", "sciworld_look"], "reward": "env_score", "max_turns": 14,
+        "max_new_tokens": 96, "steps": 40, "prompts_per_step": 2, "group_size": 4, "learning_rate": 1e-4,
+        "temperature": 1.0, "eval_size": 20, "eval_every": 10, "save_every": 0,
+        "resources": '{"scienceworld": {"max": 2}}'},
+}
+
+
+def preset_initial(name: str, user: Any) -> dict[str, Any] | None:
+    """The launch form's initial values of preset ``name`` (None: no such preset), its tools and reward as the
+    built-in entries the user sees."""
+    preset = PRESETS.get(name)
+    if preset is None:
+        return None
+    builtin = Entry.objects.visible_to(user).ready().filter(team__isnull=True)
+    initial = {k: v for k, v in preset.items() if k not in ("title", "tools", "reward")}
+    initial["tools"] = list(builtin.filter(kind="tool", name__in=preset["tools"]).values_list("pk", flat=True))
+    reward = builtin.filter(kind="reward", name=preset["reward"]).first()
+    if reward is not None:
+        initial["reward"] = reward.pk
+    return initial
 TRACKERS = (("tensorboard", "TensorBoard"), ("wandb", "Weights & Biases"), ("mlflow", "MLflow"))
 
 # The form field that fills each trainer config key (``LaunchForm.trainer_config``), so a ``ConfigError`` lands
@@ -42,7 +90,7 @@ FIELD_OF_KEY = {
     "algorithm.name": "algorithm", "optim.lr": "learning_rate", "resources": "resources", "trackers": "trackers",
     "sft.demos_path": "demos_path", "sft.num_demos": "sft_demos", "sft.epochs": "sft_epochs",
     "sft.batch_size": "sft_batch_size", "sft.lr": "sft_learning_rate",
-    "rollout.mode": "rollout_mode", "rollout.max_staleness": "max_staleness",
+    "rollout.mode": "rollout_mode", "rollout.max_staleness": "max_staleness", "eval.every": "eval_every",
 }
 ROLLOUT_MODES = (("sync", "sync: roll out, then update"), ("async", "async: roll out the next steps during the update"))
 
@@ -125,7 +173,10 @@ class LaunchForm(forms.Form):
     temperature = forms.FloatField(min_value=0.01, max_value=5.0, initial=1.0)
     seed = forms.IntegerField(min_value=0, max_value=2**31 - 1, initial=0)
     eval_size = forms.IntegerField(min_value=1, max_value=100_000, initial=8,
-                                   help_text="Held-out problems evaluated (greedily) at the end.")
+                                   help_text="Held-out problems evaluated (greedily) during training and at the end.")
+    eval_every = forms.IntegerField(min_value=0, max_value=100_000, initial=10, required=False, label="Evaluate every",
+                                    help_text="Evaluate on the held-out problems every N steps, drawn as a curve on the "
+                                              "dashboard (0: only at the end).")
     save_every = forms.IntegerField(min_value=0, max_value=100_000, initial=1,
                                     help_text="Checkpoint every N steps (0: only at the end).")
     resources = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
@@ -234,6 +285,10 @@ class LaunchForm(forms.Form):
             path = data.get("model_path", "")
             if not path:
                 self.add_error("model_path", "Give the model directory, or choose the tiny model.")
+            elif not Path(path).is_absolute():
+                # A worker resolves a relative path against its own working folder, not the one meant here.
+                self.add_error("model_path", f"{path!r} is relative; give the absolute path of the model directory on "
+                                             f"the workers' disk (e.g. /srv/agentfly/models/my-model).")
             elif not Path(path).is_dir():
                 self.add_error("model_path", f"{path!r} is not a directory on this server.")
             elif not (Path(path) / "config.json").is_file():
@@ -258,12 +313,35 @@ class LaunchForm(forms.Form):
             self.add_error("tools", f"Two tools are named {', '.join(duplicates)}; pick one of each.")
         if not self.errors:
             self.validate_with_trainer()
+        else:
+            self.validate_algorithm_early(data)
         if not self.errors and data.get("team") is not None:
             try:  # every path of the config as the worker will see it, found by type (tracker folders too)
                 paths.check_config(self.trainer_config(), data["team"])
             except paths.PathRefused as exc:
                 self.add_error(field_of(exc.key), str(exc))
         return data
+
+    def validate_algorithm_early(self, data: dict[str, Any]) -> None:
+        """While other fields have errors, the trainer's rules on the algorithm and the rollout's shape still run
+        (GRPO with a group of 1 is said now, not after the other errors are fixed): the valid ones of those fields
+        as a config of their own, an error kept only where it names one of them."""
+        fields = {"algorithm": ("algorithm", "name"), "group_size": ("rollout", "group_size"),
+                  "prompts_per_step": ("rollout", "prompts_per_step"), "steps": (None, "steps")}
+        partial: dict[str, Any] = {}
+        for field, (section, key) in fields.items():
+            if field in self.errors or data.get(field) is None:
+                continue
+            if section:
+                partial.setdefault(section, {})[key] = data[field]
+            else:
+                partial[key] = data[field]
+        try:
+            from_dict(Config, partial).validate()
+        except ConfigError as exc:
+            field = field_of(exc.key)
+            if field in fields and field not in self.errors:
+                self.add_error(field, str(exc))
 
     def check_registrable_code(self, data: dict[str, Any]) -> None:
         """Every tool and the reward must still be code the registry may run, for this job's team (an entry
@@ -297,7 +375,7 @@ class LaunchForm(forms.Form):
             "data": {"task": d["task"] if d["task"] in GENERATED_TASKS else d["task_path"],
                      "eval_path": (d.get("eval_path") or None) if d["task"] == "jsonl" else None,
                      "train_size": d["task_size"], "eval_size": d["eval_size"], "seed": seed},
-            "eval": {"size": d["eval_size"], "max_new_tokens": d["max_new_tokens"]},
+            "eval": {"size": d["eval_size"], "max_new_tokens": d["max_new_tokens"], "every": d.get("eval_every") or 0},
             "rollout": {
                 "tools": [t.import_path for t in d.get("tools") or []],
                 "reward": d["reward"].import_path,
@@ -446,3 +524,35 @@ class LaunchForm(forms.Form):
                                if k not in ("ranks", "nodes")}).validate()
         except ConfigError as exc:
             self.add_error(field_of(exc.key), str(exc))
+
+
+def initial_from_job(job: Any) -> dict[str, Any]:
+    """The launch form's fields as ``job`` was launched with them (``LaunchForm.trainer_config`` read back): the
+    form "clone job" opens with. Tools and reward are the registry entries of the versions it ran."""
+    c = job.config if isinstance(job.config, dict) else {}
+    model, data, rollout = c.get("model") or {}, c.get("data") or {}, c.get("rollout") or {}
+    ev, sft = c.get("eval") or {}, c.get("sft") or {}
+    tiny = bool(model.get("build_tiny", True))
+    task = data.get("task", "arithmetic")
+    initial: dict[str, Any] = {
+        "name": f"{job.name} (clone)"[:100], "team": job.team_id, "kind": job.kind, "queue": job.queue,
+        "model_source": "tiny" if tiny else "path", "model_path": "" if tiny else model.get("path", ""),
+        "task": task if task in GENERATED_TASKS else "jsonl", "task_path": "" if task in GENERATED_TASKS else task,
+        "eval_path": data.get("eval_path") or "", "task_size": data.get("train_size"),
+        "tools": [v.entry_id for v in job.tool_versions.all()],
+        "reward": job.reward_version.entry_id if job.reward_version_id else None,
+        "algorithm": (c.get("algorithm") or {}).get("name"), "steps": c.get("steps"),
+        "prompts_per_step": rollout.get("prompts_per_step"), "group_size": rollout.get("group_size"),
+        "max_turns": rollout.get("max_turns"), "max_new_tokens": rollout.get("max_new_tokens"),
+        "learning_rate": (c.get("optim") or {}).get("lr"), "temperature": rollout.get("temperature"),
+        "seed": c.get("seed"), "eval_size": ev.get("size", data.get("eval_size")), "eval_every": ev.get("every", 0),
+        "save_every": c.get("save_every"), "trackers": list(c.get("trackers") or []),
+        "resources": json.dumps(c["resources"]) if c.get("resources") else "",
+        "gpus": c.get("ranks", 1), "nodes": c.get("nodes", 1),
+        "rollout_mode": rollout.get("mode", "sync"), "max_staleness": rollout.get("max_staleness", 1),
+    }
+    if sft:
+        initial |= {"demos_path": sft.get("demos_path") or "", "sft_demos": sft.get("num_demos"),
+                    "sft_epochs": sft.get("epochs"), "sft_batch_size": sft.get("batch_size"),
+                    "sft_learning_rate": sft.get("lr")}
+    return {k: v for k, v in initial.items() if v is not None}

@@ -176,7 +176,8 @@ class TrainingJob(models.Model):
         return self.checkpoints.order_by("-step").first()
 
     def summary(self) -> dict[str, Any]:
-        return {"id": self.pk, "status": self.status, "step": self.step, "total_steps": self.total_steps}
+        return {"id": self.pk, "status": self.status, "step": self.step, "total_steps": self.total_steps,
+                "cancel_requested": self.cancel_requested}
 
 
 class Checkpoint(models.Model):

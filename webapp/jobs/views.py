@@ -10,19 +10,52 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.accounts.throttling import throttle
 from webapp.jobs import actions
-from webapp.jobs.forms import LaunchForm
-from webapp.jobs.models import TrainingJob
+from webapp.jobs.forms import PRESETS, LaunchForm, initial_from_job, preset_initial
+from webapp.jobs.models import Status, TrainingJob
 from webapp.monitor.models import JobEvent
 
 
 def visible_jobs(request: HttpRequest):  # type: ignore[no-untyped-def]
-    return TrainingJob.objects.visible_to(request.user).select_related("team__group", "created_by")
+    return TrainingJob.objects.visible_to(request.user).select_related("team__group", "created_by", "note")
+
+
+# The job list's sort keys: a column of the row, or a final metric (jobs without it last).
+SORTS = {"created": lambda j: j.created_at.timestamp(), "name": lambda j: j.name.lower(), "status": lambda j: j.status,
+         "steps": lambda j: j.step}
+FINAL_SORTS = ("eval/accuracy", "reward/mean")
+
+
+def job_filters(request: HttpRequest) -> dict[str, str]:
+    """The list's filters from the query (``?status=running&task=key_chain&algorithm=grpo&sort=-eval/accuracy``)."""
+    return {k: request.GET.get(k, "")[:60] for k in ("status", "task", "algorithm", "tag", "sort")}
 
 
 @login_required
 def job_list(request: HttpRequest) -> HttpResponse:
-    jobs = list(visible_jobs(request)[:200])
-    context = {"jobs": jobs, "any_active": any(j.is_active for j in jobs)}
+    f = job_filters(request)
+    jobs_qs = visible_jobs(request)
+    if f["status"]:
+        jobs_qs = jobs_qs.filter(status=f["status"])
+    if f["task"]:
+        jobs_qs = jobs_qs.filter(config__data__task=f["task"])
+    if f["algorithm"]:
+        jobs_qs = jobs_qs.filter(config__algorithm__name=f["algorithm"])
+    if f["tag"]:
+        jobs_qs = jobs_qs.filter(note__tags__contains=[f["tag"].strip().lower()])
+    jobs = list(jobs_qs[:200])
+    key = f["sort"].lstrip("-")
+    if key in SORTS or key in FINAL_SORTS:
+        missing = [j for j in jobs if key in FINAL_SORTS and not isinstance((j.final_metrics or {}).get(key), (int, float))]
+        ranked = [j for j in jobs if j not in missing]
+        ranked.sort(key=SORTS.get(key) or (lambda j: float(j.final_metrics[key])), reverse=f["sort"].startswith("-"))
+        jobs = ranked + missing
+    seen = visible_jobs(request).values_list("config__data__task", "config__algorithm__name")[:1000]
+    context = {"jobs": jobs, "any_active": any(j.is_active for j in jobs), "filters": f,
+               "query": request.GET.urlencode(), "statuses": Status.choices,
+               "tasks": sorted({t for t, _ in seen if isinstance(t, str)}),
+               "algorithms": sorted({a for _, a in seen if isinstance(a, str)}),
+               "sorts": [("-created", "newest"), ("created", "oldest"), ("name", "name"), ("status", "state"),
+                         ("-eval/accuracy", "best eval accuracy"), ("-reward/mean", "best final reward")]}
     template = "jobs/_job_table.html" if request.headers.get("HX-Request") else "jobs/job_list.html"
     return render(request, template, context)
 
@@ -48,18 +81,39 @@ def launch(request: HttpRequest) -> HttpResponse:
                     messages.success(request, f"Job #{job.pk} is queued on the {job.queue} queue.")
                 return redirect(job)
         return render(request, "jobs/launch.html", {"form": form}, status=400)
-    form = LaunchForm(user=request.user, initial={"launch_key": uuid.uuid4().hex, "name": "calculator-grpo"})
+    initial: dict[str, object] = {"name": "calculator-grpo"}
+    clone_of = None
+    if request.GET.get("clone", "").isdecimal() and len(request.GET["clone"]) < 18:
+        # "Clone job": the form filled in as that job was launched (only a job the user can see).
+        clone_of = visible_jobs(request).filter(pk=int(request.GET["clone"])).first()
+        if clone_of is None:
+            messages.error(request, f"Job #{request.GET['clone']} is not one of your teams' jobs; nothing to clone.")
+        else:
+            initial = initial_from_job(clone_of)
+    elif request.GET.get("preset"):
+        preset = preset_initial(request.GET["preset"][:40], request.user)
+        if preset is None:
+            messages.error(request, f"No preset named {request.GET['preset'][:40]!r}; pick one of {', '.join(PRESETS)}.")
+        else:
+            initial = preset
+    form = LaunchForm(user=request.user, initial={**initial, "launch_key": uuid.uuid4().hex})
     if not form.fields["reward"].queryset.exists():
         messages.warning(request, "No reward is registered yet. Built-ins appear when a worker starts "
                                   "(celery -A webapp worker -Q cpu); or register one in the registry.")
-    return render(request, "jobs/launch.html", {"form": form})
+    return render(request, "jobs/launch.html", {"form": form, "clone_of": clone_of,
+                                                "presets": [(k, v["title"]) for k, v in PRESETS.items()],
+                                                "preset": request.GET.get("preset", "")})
 
 
 @login_required
 def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_object_or_404(visible_jobs(request), pk=pk)
     logs = JobEvent.objects.filter(job=job, type__in=["log", "status"]).order_by("-seq")[:200]
-    context = {"job": job, "logs": list(reversed(logs)), "checkpoints": job.checkpoints.all(),
+    checkpoints = list(job.checkpoints.all())
+    # Resume is offered where it would work: the job ended failed or cancelled with a checkpoint, is not a warm
+    # start, and the user is of its team (``actions.do_resume_job``'s rules).
+    context = {"job": job, "logs": list(reversed(logs)), "checkpoints": checkpoints,
+               "can_resume": job.can_resume and job.team.has_member(request.user),
                "tool_versions": job.tool_versions.select_related("entry")}
     if request.headers.get("HX-Request"):
         return render(request, "jobs/_job_live.html", context)

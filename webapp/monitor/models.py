@@ -35,3 +35,19 @@ class JobEvent(models.Model):
     def as_message(self) -> dict[str, Any]:
         """The event as it goes over the wire (REST, websocket): the stored fields, nothing derived."""
         return {"seq": self.seq, "type": self.type, "step": self.step, "time": self.time, "data": self.data}
+
+
+class JobNote(models.Model):
+    """A team's tags and notes on one of its jobs ("lr sweep", "baseline"; what was tried and why): the job
+    list filters by tag. Kept beside the job, not in it: the job row is the worker's record of the run."""
+
+    MAX_TAGS = 10
+    MAX_TAG_LENGTH = 30
+
+    job = models.OneToOneField("jobs.TrainingJob", on_delete=models.CASCADE, related_name="note")
+    tags = models.JSONField(default=list, blank=True)
+    notes = models.TextField(blank=True, max_length=5000)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {', '.join(self.tags)}"

@@ -142,7 +142,7 @@ def _resource_row(host: Any, gpus: Any, pools: Any, engine: Any = None) -> dict[
                     row[f"gpu/{g.get('index')}/{k}"] = g[k]
     for name, s in (pools if isinstance(pools, dict) else {}).items():
         if isinstance(s, dict):
-            for k in ("in_use", "waiting"):
+            for k in ("in_use", "peak_in_use", "waiting"):
                 if isinstance(s.get(k), (int, float)):
                     row[f"pool/{name}/{k}"] = s[k]
     return row
@@ -241,6 +241,24 @@ def _lineage_arrays(job_id: int, last_seq: int, ancestors: list[Ancestor], first
     return _joined([*parts, own]), sorted(starts)
 
 
+def step_times(job_id: int, last_seq: int, first_step: int | None, last_step: int | None,
+               points: int) -> dict[str, list[Any]]:
+    """``{"x": [steps], "y": [unix times]}``: when each step's first metrics event was stored, so a chart can
+    be drawn against wall time. Evenly thinned to ``points`` (time only grows: no extreme to keep)."""
+    events = JobEvent.objects.filter(job_id=job_id, seq__lte=last_seq, type="metrics")
+    if first_step is not None:
+        events = events.filter(step__gte=first_step)
+    if last_step is not None:
+        events = events.filter(step__lte=last_step)
+    first: dict[int, float] = {}
+    for step, at in events.order_by("seq").values_list("step", "time"):
+        if step is not None and step not in first:
+            first[step] = float(at)
+    steps = list(first)
+    keep = range(len(steps)) if len(steps) <= points else np.linspace(0, len(steps) - 1, points).round().astype(int)
+    return {"x": [steps[i] for i in keep], "y": [first[steps[i]] for i in keep]}
+
+
 def job_series(job_id: int, last_seq: int, *, first_step: int | None = None, last_step: int | None = None,
                points: int = DEFAULT_POINTS, keys: list[str] | None = None, full: bool = True,
                ancestors: list[Ancestor] | None = None) -> dict[str, Any]:
@@ -252,7 +270,8 @@ def job_series(job_id: int, last_seq: int, *, first_step: int | None = None, las
     metrics, starts = _lineage_arrays(job_id, last_seq, ancestors or [], first_step, last_step)
     if keys is not None:
         metrics = {k: v for k, v in metrics.items() if norm_key(k) in keys}
-    answer: dict[str, Any] = {"last_seq": last_seq, "points": points, "metrics": downsampled(metrics, points)}
+    answer: dict[str, Any] = {"last_seq": last_seq, "points": points, "metrics": downsampled(metrics, points),
+                              "times": step_times(job_id, last_seq, first_step, last_step, points)}
     if not full:
         return answer
     answer["starts"] = starts

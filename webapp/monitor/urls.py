@@ -8,5 +8,7 @@ urlpatterns = [
     path("jobs/<int:pk>/events.json", views.events_json, name="events"),
     path("jobs/<int:pk>/series.json", views.series_json, name="series"),
     path("jobs/<int:pk>/events/<int:seq>.json", views.event_json, name="event"),
+    path("jobs/<int:pk>/samples/search.json", views.samples_search, name="samples_search"),
+    path("jobs/<int:pk>/notes/", views.job_note, name="job_note"),
     path("compare/", views.compare, name="compare"),
 ]

@@ -13,13 +13,15 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.views.decorators.http import require_POST
 
 from webapp.inputs import PG_BIGINT_MAX, query_int
 from webapp.jobs.models import Kind, TrainingJob
 from webapp.monitor.events import events_after, requested_types
-from webapp.monitor.models import EventType, JobEvent
+from webapp.monitor.models import EventType, JobEvent, JobNote
+from webapp.monitor.runs import config_diff, hyperparameter_rows, seed_groups
 from webapp.monitor.series import DEFAULT_POINTS, MAX_POINTS, Ancestor, job_series
 from webapp.monitor.tokens import job_model_path, with_token_texts
 
@@ -43,6 +45,7 @@ def _job_context(job: TrainingJob) -> dict[str, Any]:
         "cancel_url": reverse("jobs:cancel", args=[job.pk]),
         "detail_url": job.get_absolute_url(),
         "dashboard_url": reverse("monitor:dashboard", args=[job.pk]),
+        "search_url": reverse("monitor:samples_search", args=[job.pk]),
     }
 
 
@@ -55,7 +58,8 @@ def dashboard(request: HttpRequest, pk: int) -> HttpResponse:
     # A live job that may yet fail or be cancelled gets the form hidden; the page shows it when the job ends so
     # with a checkpoint, without a reload.
     offer_resume = can_resume or (member and job.is_active and job.kind != Kind.SFT)
-    return render(request, "monitor/dashboard.html", {"job": job, "monitor_config": _job_context(job),
+    return render(request, "monitor/dashboard.html", {"job": job, "monitor_config": {**_job_context(job),
+                                                                                     "user": request.user.get_username()},
                                                       "can_resume": can_resume, "offer_resume": offer_resume})
 
 
@@ -90,11 +94,14 @@ def compare(request: HttpRequest) -> HttpResponse:
     if missing:
         messages.error(request, "Not among your teams' jobs: " + ", ".join(f"#{i}" for i in missing))
     jobs = [chosen[i] for i in ids if i in chosen]
+    columns, metrics, rows = hyperparameter_rows(jobs)
     return render(request, "monitor/compare.html", {
+        "diff": config_diff([j.config if isinstance(j.config, dict) else {} for j in jobs]) if len(jobs) > 1 else [],
+        "hp_columns": columns, "hp_metrics": metrics, "hp_rows": rows, "seed_groups": seed_groups(jobs),
         "jobs": jobs,
         "candidates": visible[:100],
         "selected": {job.pk for job in jobs},
-        "monitor_config": {"jobs": [_job_context(job) for job in jobs]},
+        "monitor_config": {"jobs": [_job_context(job) for job in jobs], "user": request.user.get_username()},
     })
 
 
@@ -201,3 +208,65 @@ def event_json(request: HttpRequest, pk: int, seq: int) -> JsonResponse:
     job = get_object_or_404(TrainingJob.objects.visible_to(request.user), pk=pk)
     event = get_object_or_404(JobEvent, job_id=job.pk, seq=seq)
     return JsonResponse(with_token_texts(event.as_message(), job_model_path(job.config)))
+
+
+MAX_SEARCH_EVENTS = 200
+
+
+@login_required
+def samples_search(request: HttpRequest, pk: int) -> JsonResponse:
+    """``GET .../samples/search.json?q=text``: the job's sample steps whose stored trajectories contain ``q``
+    (case-insensitive, in any field: text, messages, tool calls, answer), newest first, with how many of each
+    step's trajectories match: ``{"q", "matches": [{"step", "seq", "count"}], "more"}``."""
+    import orjson
+    from django.db.models import TextField
+    from django.db.models.functions import Cast
+
+    job = get_object_or_404(TrainingJob.objects.visible_to(request.user), pk=pk)
+    q = request.GET.get("q", "").strip()
+    if not 2 <= len(q) <= 200:
+        return _bad_request("q must be 2 to 200 characters of text to look for in the trajectories")
+    rows = list(JobEvent.objects.filter(job_id=job.pk, type=EventType.SAMPLES)
+                .annotate(text=Cast("data", TextField())).filter(text__icontains=q)
+                .order_by("-seq").values_list("seq", "step", "text")[:MAX_SEARCH_EVENTS + 1])
+    needle = q.lower()
+    matches = []
+    for seq, step, text in rows[:MAX_SEARCH_EVENTS]:
+        trajectories = (orjson.loads(text) or {}).get("trajectories") or []
+        count = sum(1 for t in trajectories if needle in orjson.dumps(t).decode().lower())
+        if count:
+            matches.append({"step": step, "seq": seq, "count": count})
+    return JsonResponse({"q": q, "matches": matches, "more": len(rows) > MAX_SEARCH_EVENTS})
+
+
+def parse_tags(text: str) -> list[str]:
+    """Tags from ``"lr sweep, baseline"``: trimmed, lower-case, each once; raises ``ValueError`` naming the rule."""
+    tags: list[str] = []
+    for raw in text.split(","):
+        tag = " ".join(raw.split()).lower()
+        if not tag or tag in tags:
+            continue
+        if len(tag) > JobNote.MAX_TAG_LENGTH:
+            raise ValueError(f"the tag {tag[:40]!r} is longer than {JobNote.MAX_TAG_LENGTH} characters; shorten it")
+        tags.append(tag)
+    if len(tags) > JobNote.MAX_TAGS:
+        raise ValueError(f"{len(tags)} tags; a job takes at most {JobNote.MAX_TAGS}")
+    return tags
+
+
+@login_required
+@require_POST
+def job_note(request: HttpRequest, pk: int) -> HttpResponse:
+    """``POST .../notes/`` (tags: comma-separated; notes: text): the team's tags and notes on its job."""
+    job = get_object_or_404(TrainingJob.objects.visible_to(request.user), pk=pk)
+    notes = request.POST.get("notes", "")
+    try:
+        tags = parse_tags(request.POST.get("tags", "")[:2000])
+        if len(notes) > 5000:
+            raise ValueError(f"the notes are {len(notes)} characters; keep them under 5000")
+    except ValueError as exc:
+        messages.error(request, f"Tags and notes not saved: {exc}.")
+        return redirect(job)
+    JobNote.objects.update_or_create(job=job, defaults={"tags": tags, "notes": notes})
+    messages.success(request, "Tags and notes saved.")
+    return redirect(job)

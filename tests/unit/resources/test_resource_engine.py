@@ -357,3 +357,16 @@ async def test_an_engine_that_cannot_start_stops_what_it_already_started() -> No
             pass
     Flaky.fail_next = 0
     assert len(made) == 2 and all(p.closed for p in made)
+
+
+async def test_the_stats_report_the_most_held_at_once_since_the_previous_stats_as_the_step_peak() -> None:
+    async with ResourceEngine([pad_spec(pool=Pool(0, 4))]) as engine:
+        engine.stats()
+        leases = [await engine.acquire("pad", owner=f"r{i}") for i in range(3)]
+        await engine.release(leases.pop())
+        for lease in leases:
+            await engine.release(lease)
+        await engine.settle()
+        stats = engine.stats()["pad"]  # between steps: nothing held now, three at once during the step
+        assert (stats["in_use"], stats["peak_in_use"]) == (0, 3)
+        assert engine.stats()["pad"]["peak_in_use"] == 0  # the next step starts from what is held now

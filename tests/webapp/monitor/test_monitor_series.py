@@ -215,3 +215,17 @@ def test_a_run_without_points_yet_starts_at_the_step_after_its_parents_checkpoin
     child = _resumed(alice_job, 4)
     answer = signed_in(alice).get(f"/monitor/jobs/{child.pk}/series.json").json()
     assert answer["starts"] == [1, 5] and answer["metrics"]["reward/mean"]["x"] == [1, 2, 3, 4]
+
+
+def test_series_json_carries_each_pools_peak_per_step_and_the_steps_wall_times(alice: Any, alice_job: Any) -> None:
+    append_events(alice_job.pk, [
+        {"type": "metrics", "step": 1, "reward/mean": 0.1},
+        {"type": "resources", "step": 1, "host": {"cpu_percent": 5.0}, "engine": {}, "gpus": [],
+         "pools": {"kv": {"in_use": 0, "peak_in_use": 32, "waiting": 0}}},
+        {"type": "metrics", "step": 2, "reward/mean": 0.2},
+    ])
+    client = Client()
+    client.force_login(alice)
+    answer = client.get(f"/monitor/jobs/{alice_job.pk}/series.json").json()
+    assert answer["resources"]["pool/kv/peak_in_use"]["y"] == [32.0]  # 0 held between steps, 32 during step 1
+    assert answer["times"]["x"] == [1, 2] and answer["times"]["y"][0] <= answer["times"]["y"][1]

@@ -89,7 +89,7 @@ def test_the_compare_page_explains_a_malformed_job_list(alice: Any, alice_job: A
     response = signed_in(alice).get("/monitor/compare/?jobs=3,x7")
     assert response.status_code == 200
     assert "&#x27;x7&#x27; is not a job id" in response.content.decode()
-    assert response.context["monitor_config"] == {"jobs": []}
+    assert response.context["monitor_config"]["jobs"] == []
 
 
 @pytest.mark.parametrize("query", ["types=checkpoint,status", "types=checkpoint&types=status",
@@ -102,3 +102,17 @@ def test_both_event_endpoints_filter_by_types_and_read_the_deprecated_type_alias
     page = signed_in(alice).get(f"/monitor/jobs/{alice_job.pk}/events.json?{query}").json()["events"]
     api = alice_api.get(f"/api/jobs/{alice_job.pk}/events/?{query}").json()["events"]
     assert [e["type"] for e in page] == [e["type"] for e in api] == ["checkpoint", "status"]
+
+
+def test_the_compare_page_shows_the_settings_that_differ_and_the_final_metrics(alice: Any) -> None:
+    from webapp.accounts.models import Team
+    from webapp.jobs.models import TrainingJob
+
+    team = Team.objects.of(alice).get()
+    made = [TrainingJob.objects.create(team=team, created_by=alice, name=f"seed {seed}", status="succeeded",
+                                       config={"seed": seed, "optim": {"lr": 1e-4}, "steps": 5},
+                                       final_metrics={"eval/accuracy": acc})
+            for seed, acc in ((0, 0.5), (1, 0.7))]
+    html = signed_in(alice).get(f"/monitor/compare/?jobs={made[0].pk},{made[1].pk}").content.decode()
+    assert 'id="config-diff"' in html and '<td class="mono">seed</td>' in html and "optim.lr</td>" not in html
+    assert 'id="seed-groups"' in html and "0.6000 ± 0.1414" in html

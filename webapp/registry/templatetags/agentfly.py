@@ -26,3 +26,9 @@ def duration(seconds: float | None) -> str:
 def sorted_items(value: dict[str, Any]) -> list[tuple[str, Any]]:
     """A metrics dict in name order, so related metrics (eval/..., time/...) sit together."""
     return sorted(value.items())
+
+
+@register.filter
+def get_item(value: Any, key: str) -> Any:
+    """``mapping|get_item:"eval/accuracy"``: a key a template cannot spell with dots (None when absent)."""
+    return value.get(key) if isinstance(value, dict) else None

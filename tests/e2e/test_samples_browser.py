@@ -1,0 +1,86 @@
+"""The rollout viewer as a researcher digs through samples: a full-text search over every stored trajectory
+of the job finds the steps that hold a phrase and opens them; the shown step's rewards are a histogram; the
+best and the worst trajectory of the selected one's group (the same prompt) are side by side.
+
+Sample events in ``Trajectory.to_dict``'s shape are stored for a job; Daphne serves, Debian's Chromium reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import watch_for_problems
+from tests.webapp.helpers import Daphne, off_loop, sign_in, wait_for_js
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "samples"
+REWARDS = [1.0, 0.0, 0.5, 0.25]
+
+
+def trajectory(step: int, i: int) -> dict[str, Any]:
+    answer = "needle in a haystack" if (step, i) == (2, 1) else f"answer {step}.{i}"
+    return {"group_id": f"g{step}", "rollout_id": f"r{step}.{i}", "reward": REWARDS[i], "num_turns": 1,
+            "tool_errors": 0, "parse_errors": 0, "finish_reason": "answer", "final_answer": answer, "error": None,
+            "turns": [{"index": 0, "text": f"The answer is {answer}.", "start": 0, "end": 5}], "tool_calls": [],
+            "messages": [{"role": "user", "content": f"question {step}"},
+                         {"role": "assistant", "content": f"The answer is {answer}."}],
+            "token_ids": [], "loss_mask": [], "logprobs": []}
+
+
+def job_with_samples(alice: Any) -> Any:
+    from webapp.accounts.models import Team
+    from webapp.jobs.models import TrainingJob
+    from webapp.monitor.events import append_events
+
+    job = TrainingJob.objects.create(team=Team.objects.of(alice).get(), created_by=alice, name="samples",
+                                     status="succeeded", config={"steps": 3}, step=3)
+    for step in (1, 2, 3):
+        append_events(job.pk, [{"type": "metrics", "step": step, "reward/mean": 0.4},
+                               {"type": "samples", "step": step, "trajectories": [trajectory(step, i) for i in range(4)]}])
+    return job
+
+
+def test_search_finds_the_step_a_phrase_is_in_and_the_viewer_shows_histogram_and_best_vs_worst(
+        alice: Any, daphne: Daphne, browser_page: Any) -> None:
+    job = off_loop(job_with_samples, alice)
+    page = browser_page
+    problems = watch_for_problems(page, daphne.url)
+    sign_in(page, alice, daphne.url)
+    page.goto(f"{daphne.url}/monitor/jobs/{job.pk}/")
+    wait_for_js(page, "() => document.getElementById('rollout-list').dataset.seq", timeout=30_000)
+    # The newest step is shown first; its rewards are the histogram's.
+    wait_for_js(page, "() => document.getElementById('reward-histogram').data", timeout=10_000)
+    assert sorted(page.evaluate("() => Array.from(document.getElementById('reward-histogram').data[0].x)")) == sorted(REWARDS)
+    page.fill("#sample-search", "NEEDLE in a")
+    page.click("#sample-search-form button")
+    wait_for_js(page, "() => document.querySelectorAll('.search-hit').length === 1", timeout=10_000)
+    assert page.inner_text(".search-hit") == "step 2 (1)"
+    wait_for_js(page, "() => document.querySelectorAll('#rollout-list .rollout-item').length === 1", timeout=10_000)
+    assert "needle in a haystack" in page.inner_text("#rollout-view")
+    assert "1 of 4 at this step" in page.inner_text("#sample-count")
+    # Clear the search: the step's four trajectories; best vs worst of the group side by side.
+    page.fill("#sample-search", "")
+    page.click("#sample-search-form button")
+    wait_for_js(page, "() => document.querySelectorAll('#rollout-list .rollout-item').length === 4", timeout=10_000)
+    page.click("#best-worst")
+    columns = page.locator("#side-by-side > div")
+    assert columns.count() == 2
+    assert columns.nth(0).inner_text().startswith("best of its group: reward 1")
+    assert columns.nth(1).inner_text().startswith("worst of its group: reward 0")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#side-by-side").screenshot(path=str(ARTIFACTS / "best-vs-worst.png"))
+    page.wait_for_load_state("networkidle")
+    assert problems == [] and page.errors == []
+
+
+def test_a_search_too_short_is_refused_naming_the_rule(alice: Any, alice_job: Any) -> None:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(alice)
+    answer = client.get(f"/monitor/jobs/{alice_job.pk}/samples/search.json?q=a")
+    assert answer.status_code == 400 and "2 to 200 characters" in answer.json()["error"]
