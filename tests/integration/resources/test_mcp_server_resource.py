@@ -222,3 +222,26 @@ async def test_a_stdio_server_runs_sandboxed_without_network_or_the_parents_secr
     if report.get("network") != "allowed" and "namespace" in str(report.get("network")):
         assert report["network"] == "namespace"
     assert "memory_bytes" in report["limits"]
+
+
+async def test_the_key_chain_tool_over_mcp_shows_the_same_schema_and_earns_the_reward_only_after_the_walk() -> None:
+    import importlib
+
+    builtin = importlib.import_module("agentfly.tools.builtin.lookup")
+    over_mcp = importlib.import_module("agentfly.tools.builtin.mcp_lookup")
+    assert over_mcp.lookup.schema == builtin.lookup.schema  # the prompt a warm-started model reads is unchanged
+    spec = over_mcp.KEY_CHAIN_MCP.replace(pool=af.Pool(0, 1))
+    sample = {"id": "s", "start": "k1", "links": {"k1": "k7", "k7": "k3"}, "answer": "421"}
+    rewards = []
+    async with af.ResourceEngine([spec]) as engine:
+        for keys in (["k1", "k7", "k3"], ["k1"]):  # the full walk, then a rollout that stops early
+            ctx = RolloutContext(sample=sample, rollout_id="r", group_id="g", resources=engine)
+            try:
+                seen = [(await over_mcp.lookup.invoke({"key": k}, ctx)).observation for k in keys]
+                rewards.append(await over_mcp.chain_answer.fn(final_answer="421", answer="421", context=ctx))
+            finally:
+                await ctx.aclose()
+            if len(keys) == 3:
+                assert seen == ["next: k7", "next: k3", "final: 421"]
+    assert rewards[0] == {"reward": 1.0, "lookups": 3.0, "reached_final": 1.0}
+    assert rewards[1]["reward"] == 0.0 and rewards[1]["lookups"] == 1.0  # reset between rollouts: a fresh walk
