@@ -8,6 +8,7 @@ inside tasks, the web process never does.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from datetime import timedelta
@@ -93,6 +94,7 @@ INSTALLED_APPS = [
     "csp",
     "webapp.accounts",
     "webapp.registry",
+    "webapp.mcpservers",
     "webapp.jobs",
     "webapp.monitor",
 ]
@@ -246,6 +248,13 @@ AGENTFLY_TOOL_PACKAGES = env_list("AGENTFLY_TOOL_PACKAGES", [])
 # it below AGENTFLY_TRY_TIMEOUT, so the user hears why), and "try it" calls one user may have in flight.
 AGENTFLY_CHILD_TIMEOUT = env_float("AGENTFLY_CHILD_TIMEOUT", 20.0)
 AGENTFLY_TRY_CONCURRENCY = env_int("AGENTFLY_TRY_CONCURRENCY", 2)
+# MCP servers teams may register (webapp/mcpservers/rules.py): exact stdio argv the operator allows (a JSON
+# list of lists), HTTP URL prefixes, hosts allowed to resolve to loopback/link-local, and the stdio servers
+# ("team-slug/server-name") that may use the network.
+AGENTFLY_MCP_COMMANDS = json.loads(env_str("AGENTFLY_MCP_COMMANDS", "[]"))
+AGENTFLY_MCP_URLS = env_list("AGENTFLY_MCP_URLS", [])
+AGENTFLY_MCP_LOCAL_HOSTS = env_list("AGENTFLY_MCP_LOCAL_HOSTS", [])
+AGENTFLY_MCP_NETWORK = env_list("AGENTFLY_MCP_NETWORK", [])
 
 # ------------------------------------------------------------------ REST API
 REST_FRAMEWORK = {
