@@ -184,6 +184,14 @@ class SharedRateLimiter:
         self.client: Any = None
         self.closed = False
         self._serial = 0
+        # The shared counters as last read from Redis (at most every ``snapshot_every`` seconds, after a call),
+        # so the pool stats, which are synchronous, can show them: the resources event carries them to the
+        # dashboard.
+        self.snapshot: dict[str, Any] = {"rate_per_s": self.rate, "burst": self.burst,
+                                          "concurrency": self.concurrency, "daily_quota": self.daily_quota,
+                                          "shared_in": "redis", "key": self.key}
+        self.snapshot_every = float(options.get("snapshot_every", 5.0))
+        self._snapshot_at = 0.0
 
     def _keys(self) -> dict[str, str]:
         day = time.strftime("%Y-%m-%d", time.gmtime())
@@ -266,6 +274,7 @@ class SharedRateLimiter:
             else:
                 if response.status_code not in (429, 503) and response.status_code < 500:
                     await self.redis.delete(self._keys()["failures"])
+                    await self._refresh()
                     return response
                 last = f"HTTP {response.status_code}"
                 await self._count(**{"http_429": 1} if response.status_code == 429 else {"failures": 1})
@@ -276,14 +285,22 @@ class SharedRateLimiter:
                 break
             delay = retry_after if retry_after is not None else self.backoff * 2 ** attempt
             await asyncio.sleep(min(delay, self.max_wait))
+        await self._refresh()
         raise InfrastructureFailure(f"API {self.key!r}: {method} {url} failed {self.max_retries + 1} times "
                                     f"(last: {last})", "server_down")
+
+    async def _refresh(self) -> None:
+        if time.monotonic() - self._snapshot_at >= self.snapshot_every:
+            self._snapshot_at = time.monotonic()
+            self.snapshot.update(await self.stats())  # in place: the pool keeps the dict isolation() gave it
 
     async def stats(self) -> dict[str, Any]:
         """Calls, waits, wait seconds, 429s, failures, breaker openings; the quota in use; the breaker's state."""
         keys = self._keys()
         raw = await self.redis.hgetall(keys["stats"])
-        out: dict[str, Any] = {k.decode(): float(v) for k, v in raw.items()}
+        out: dict[str, Any] = dict.fromkeys(("calls", "waits", "wait_seconds", "http_429", "failures",
+                                             "breaker_opened"), 0.0)
+        out.update({k.decode(): float(v) for k, v in raw.items()})
         out["quota_used"] = int(await self.redis.get(keys["quota"]) or 0)
         out["daily_quota"] = self.daily_quota
         out["breaker"] = "open" if await self.redis.pttl(keys["breaker"]) > 0 else "closed"
@@ -312,8 +329,9 @@ class SharedRateLimiter:
         self.closed = True
 
     def isolation(self) -> dict[str, Any]:
-        return {"rate_per_s": self.rate, "burst": self.burst, "concurrency": self.concurrency,
-                "daily_quota": self.daily_quota, "shared_in": "redis", "key": self.key}
+        """Shown in the pool stats (and so in the resources event): the limits, and the shared counters
+        (calls, waits, 429s, quota in use, breaker state) as last read."""
+        return self.snapshot
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -111,19 +111,36 @@ async def test_a_429_is_retried_after_its_retry_after(api_server: LimitedAPI) ->
     url = f"http://127.0.0.1:{api_server.server_address[1]}/search"
     # This limiter believes the provider allows far more than it does: the server's 429s pace it.
     api = SharedRateLimiter(key=f"test-{uuid.uuid4().hex[:8]}", redis_url=REDIS_URL, rate=1000, burst=1000,
-                            concurrency=50, max_retries=3)
+                            concurrency=50, max_retries=6)
     await api.start()
     try:
         start = time.monotonic()
-        codes = [r.status_code for r in await asyncio.gather(*(api.request("GET", url) for _ in range(RATE + 6)))]
+        codes = [r.status_code for r in await asyncio.gather(*(api.request("GET", url) for _ in range(4 * RATE)))]
         elapsed = time.monotonic() - start
         stats = await api.stats()
     finally:
         await api.close()
-    assert codes == [200] * (RATE + 6)
+    assert codes == [200] * (4 * RATE)
     assert api_server.rejected >= 1 and stats["http_429"] >= 1
     assert elapsed >= 1.0  # the rejected ones waited the server's Retry-After: 1
     assert stats["breaker"] == "closed"  # a 429 is pacing, not a failure
+
+
+async def test_the_pool_stats_show_calls_waits_429s_quota_and_breaker(api_server: LimitedAPI) -> None:
+    from agentfly.resources import Pool, ResourceEngine, ResourceSpec
+
+    url = f"http://127.0.0.1:{api_server.server_address[1]}/search"
+    spec = ResourceSpec(name="search_api", factory=SharedRateLimiter, kind="api", scope="global", pool=Pool(0, 1),
+                        options={"key": f"test-{uuid.uuid4().hex[:8]}", "redis_url": REDIS_URL, "rate": 50,
+                                 "burst": 5, "daily_quota": 100, "snapshot_every": 0})
+    async with ResourceEngine([spec]) as engine:
+        lease = await engine.acquire("search_api")
+        for _ in range(8):
+            await lease.instance.request("GET", url)
+        await engine.release(lease)
+        shown = engine.stats()["search_api"]["isolation"]
+    assert shown["calls"] == 8 and shown["waits"] >= 1 and shown["http_429"] == 0
+    assert shown["quota_used"] == 8 and shown["daily_quota"] == 100 and shown["breaker"] == "closed"
 
 
 async def test_a_server_that_goes_down_opens_the_breaker() -> None:
