@@ -245,3 +245,37 @@ async def test_the_key_chain_tool_over_mcp_shows_the_same_schema_and_earns_the_r
                 assert seen == ["next: k7", "next: k3", "final: 421"]
     assert rewards[0] == {"reward": 1.0, "lookups": 3.0, "reached_final": 1.0}
     assert rewards[1]["reward"] == 0.0 and rewards[1]["lookups"] == 1.0  # reset between rollouts: a fresh walk
+
+
+async def test_a_redirect_to_another_origin_is_not_followed(
+        http_server: tuple[str, int, list[subprocess.Popen[bytes]]]) -> None:
+    """An allowlisted URL that redirects elsewhere (here: to the real server on another port) gets no session."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    target = http_server[0]
+
+    class Redirect(BaseHTTPRequestHandler):
+        def _go(self) -> None:
+            self.send_response(307)
+            self.send_header("Location", target)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = do_DELETE = _go
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    redirector = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    thread = threading.Thread(target=redirector.serve_forever, daemon=True)
+    thread.start()
+    try:
+        spec = af.mcp.server("kv", url=f"http://127.0.0.1:{redirector.server_address[1]}/mcp", start_timeout=15)
+        with pytest.raises(InfrastructureFailure) as refused:
+            await af.mcp.atools_from(spec)
+        assert refused.value.kind == "server_down"
+        assert "redirect" in str(refused.value).lower(), str(refused.value)
+    finally:
+        redirector.shutdown()
+        redirector.server_close()
