@@ -281,7 +281,8 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     # Two models have a field named `kind` (a job's rl/sft/sft_then_rl, a registry entry's tool/reward): each
     # enum gets its own name in the schema.
-    "ENUM_NAME_OVERRIDES": {"JobKindEnum": "webapp.jobs.models.Kind", "EntryKindEnum": "webapp.registry.models.Kind"},
+    "ENUM_NAME_OVERRIDES": {"JobKindEnum": "webapp.jobs.models.Kind", "EntryKindEnum": "webapp.registry.models.Kind",
+                            "MCPServerStatusEnum": "webapp.mcpservers.models.Status"},
     # Every operation also documents the errors it can answer (400, 401, 403, 404, ...), so a client, and
     # the schemathesis run in the tests, can rely on the schema for every status code.
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",

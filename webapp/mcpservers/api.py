@@ -6,6 +6,7 @@ from typing import Any
 
 from celery.exceptions import TimeoutError as CeleryTimeout
 from django.conf import settings
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -15,18 +16,20 @@ from webapp.accounts.models import Team
 from webapp.mcpservers import actions
 from webapp.mcpservers.models import MCPServer, MCPServerVersion, Status, Transport
 from webapp.mcpservers.rules import NotAllowed, check_url, stdio_argv
+from webapp.registry.api import TryResultSerializer
 from webapp.registry.trying import TooManyTries, try_slot
+from webapp.schema import detail_response
 
 
-class VersionSerializer(serializers.ModelSerializer):
+class MCPServerVersionSerializer(serializers.ModelSerializer):
     class Meta:
         model = MCPServerVersion
         fields = ["id", "listing_hash", "tools", "created_at"]
 
 
-class ServerSerializer(serializers.ModelSerializer):
+class MCPServerSerializer(serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    current_version = VersionSerializer(read_only=True, allow_null=True)
+    current_version = MCPServerVersionSerializer(read_only=True, allow_null=True)
 
     class Meta:
         model = MCPServer
@@ -34,7 +37,7 @@ class ServerSerializer(serializers.ModelSerializer):
                   "created_at", "inspected_at"]
 
 
-class RegisterSerializer(serializers.Serializer):
+class MCPRegisterSerializer(serializers.Serializer):
     team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
     name = serializers.SlugField(max_length=60)
     transport = serializers.ChoiceField(choices=Transport.choices)
@@ -59,13 +62,13 @@ class RegisterSerializer(serializers.Serializer):
         return attrs
 
 
-class TrySerializer(serializers.Serializer):
+class MCPTrySerializer(serializers.Serializer):
     tool = serializers.CharField(max_length=64)
     arguments = serializers.DictField(required=False, default=dict)
 
 
 class MCPServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    serializer_class = ServerSerializer
+    serializer_class = MCPServerSerializer
     lookup_value_regex = r"\d+"
     queryset = MCPServer.objects.none()
 
@@ -78,13 +81,21 @@ class MCPServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
             return MCPServer.objects.none()
         return MCPServer.objects.visible_to(self.request.user).select_related("team", "current_version")
 
+    @extend_schema(request=MCPRegisterSerializer, responses={202: MCPServerSerializer})
     def create(self, request: Request) -> Response:
         """Register a stdio or HTTP MCP server for a team; a worker lists its tools."""
-        ser = RegisterSerializer(data=request.data, context={"request": request})
+        ser = MCPRegisterSerializer(data=request.data, context={"request": request})
         ser.is_valid(raise_exception=True)
         server = actions.do_register_server(user=request.user, **ser.validated_data)
-        return Response(ServerSerializer(server).data, status=status.HTTP_202_ACCEPTED)
+        return Response(MCPServerSerializer(server).data, status=status.HTTP_202_ACCEPTED)
 
+    @extend_schema(request=MCPTrySerializer, responses={
+        200: TryResultSerializer,
+        400: OpenApiResponse(description="Bad arguments or an unknown tool."),
+        409: detail_response("The server is not ready (pending or failed inspection)."),
+        429: detail_response("The user already has AGENTFLY_TRY_CONCURRENCY calls running."),
+        504: detail_response("No worker on the try queue answered within AGENTFLY_TRY_TIMEOUT."),
+    })
     @action(detail=True, methods=["post"], url_path="try")
     def try_it(self, request: Request, pk: str | None = None) -> Response:
         """Call one of a ready server's tools on a worker and return what the model would read."""
@@ -94,7 +105,7 @@ class MCPServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
         if server.status != Status.READY or server.current_version is None:
             return Response({"detail": f"This server is {server.status}; it can be tried once it is ready."},
                             status=409)
-        ser = TrySerializer(data=request.data)
+        ser = MCPTrySerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         names = [t["name"] for t in server.current_version.tools]
         if ser.validated_data["tool"] not in names:
