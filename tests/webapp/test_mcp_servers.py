@@ -58,6 +58,12 @@ def test_an_http_url_must_be_on_the_allowlist_and_loopback_needs_its_own_setting
     assert register(alice_api, transport="http", url=url).status_code == 202
 
 
+@pytest.mark.parametrize("url", ["http://[::1", "http://a:99999/mcp", "ftp://x/", "", "http:///mcp"])
+def test_a_malformed_url_is_a_400_not_a_crash(alice_api: Any, team_a: Any, url: str) -> None:
+    response = register(alice_api, transport="http", url=url)
+    assert response.status_code == 400 and response.json()["url"]
+
+
 def test_a_link_local_address_is_refused_like_loopback(alice_api: Any, team_a: Any, settings: Any) -> None:
     settings.AGENTFLY_MCP_URLS = ["http://169.254.169.254/"]
     response = register(alice_api, transport="http", url="http://169.254.169.254/latest/meta-data")

@@ -73,7 +73,11 @@ def stdio_argv(team_slug: str, command: list[str]) -> list[str]:
 
 def check_url(url: str) -> str:
     """``url`` if an HTTP server there may be reached; NotAllowed names the setting otherwise."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises on a port out of range
+    except ValueError:
+        raise NotAllowed(f"{url[:100]!r} is not a valid URL") from None
     if parts.scheme not in ("http", "https") or not parts.hostname or len(url) > 500:
         raise NotAllowed(f"{url[:100]!r} is not an http(s) URL")
     allowed = [u for u in settings.AGENTFLY_MCP_URLS if url.startswith(u)]
@@ -82,8 +86,8 @@ def check_url(url: str) -> str:
                          "it) to AGENTFLY_MCP_URLS")
     host = parts.hostname
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, parts.port or 443, type=socket.SOCK_STREAM)}
-    except OSError as exc:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, port or 443, type=socket.SOCK_STREAM)}
+    except (OSError, UnicodeError) as exc:
         raise NotAllowed(f"{host!r} does not resolve ({exc})") from None
     local = [a for a in addresses if _is_local(a)]
     if local and host not in settings.AGENTFLY_MCP_LOCAL_HOSTS:
