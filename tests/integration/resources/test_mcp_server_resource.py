@@ -279,3 +279,29 @@ async def test_a_redirect_to_another_origin_is_not_followed(
     finally:
         redirector.shutdown()
         redirector.server_close()
+
+
+async def test_a_global_server_is_one_session_shared_by_every_rollout(
+        http_server: tuple[str, int, list[subprocess.Popen[bytes]]]) -> None:
+    spec = af.mcp.server("kv", url=http_server[0], scope="global")
+    tools = {t.name: t for t in await af.mcp.atools_from(spec)}
+    async with af.ResourceEngine([spec]) as engine:
+        await asyncio.gather(*(_rollout(engine, tools, f"r{i}", [("put", {"key": f"k{i}", "value": "v"})])
+                               for i in range(3)))
+        (listing,) = await _rollout(engine, tools, "reader", [("keys", {})])
+        stats = engine.stats()["kv"]
+    assert all(f"k{i}" in listing.observation for i in range(3))  # stateless use: one shared session
+    assert stats["created"] == 1
+
+
+async def test_an_idle_session_whose_server_died_fails_its_health_check() -> None:
+    session = MCPSession(af.mcp.server("kv", command=[sys.executable, STORE]))
+    await session.start()
+    try:
+        assert await session.health()
+        assert session.worker is not None and session.worker.pid is not None
+        os.kill(session.worker.pid, signal.SIGKILL)
+        await asyncio.sleep(0.2)
+        assert not await session.health()  # the pool's probe replaces it before a rollout gets it
+    finally:
+        await session.close()
