@@ -20,8 +20,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from agentfly.resources.mcp import MCPSession, MCPToolError, check_arguments, mcp_server
+from agentfly.resources.mcp import MCPArgumentError, MCPSession, MCPToolError, check_arguments, mcp_server
 from agentfly.resources.spec import InfrastructureFailure, ResourceSpec
+from agentfly.tools.schema import ArgumentError
 from agentfly.tools.tool import Tool
 
 server = mcp_server
@@ -35,7 +36,10 @@ class MCPTool(Tool):
     server_tool: str = ""
 
     def validate(self, arguments: Any) -> dict[str, Any]:
-        check_arguments(self.name, self.parameters, arguments)
+        try:
+            check_arguments(self.name, self.parameters, arguments)
+        except MCPArgumentError as exc:
+            raise ArgumentError(str(exc)) from None
         return {"arguments": arguments}
 
 

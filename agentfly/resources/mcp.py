@@ -50,6 +50,11 @@ class MCPToolError(Exception):
     """The server answered, and the tool reported an error (``isError``): the model reads it."""
 
 
+class MCPArgumentError(ValueError):
+    """Arguments that break the tool's input schema (the message names each problem): the model reads it.
+    (Not the tool layer's ``ArgumentError``: the resource layer sits below the tools; ``agentfly.mcp`` converts.)"""
+
+
 def mcp_server(
     name: str,
     *,
@@ -353,8 +358,8 @@ class MCPSession:
     async def call(self, tool: str, arguments: dict[str, Any] | None = None) -> str:
         """Call ``tool`` and return its text for the model; ``MCPToolError`` when the tool reports an error.
 
-        The arguments are checked against the server's input schema first (``ArgumentError`` names each
-        problem); a failure of the server raises ``InfrastructureFailure``.
+        The arguments are checked against the server's input schema first (each
+        problem, ``MCPArgumentError``); a failure of the server raises ``InfrastructureFailure``.
         """
         arguments = dict(arguments or {})
         schema = self.tool_schema(tool)
@@ -371,20 +376,18 @@ class MCPSession:
 
 
 def check_arguments(tool: str, schema: dict[str, Any], arguments: Any) -> None:
-    """Raise ``ArgumentError`` naming every way ``arguments`` break the tool's JSON schema."""
+    """Raise ``MCPArgumentError`` naming every way ``arguments`` break the tool's JSON schema."""
     import jsonschema
 
-    from agentfly.tools.schema import ArgumentError
-
     if not isinstance(arguments, dict):
-        raise ArgumentError(f"arguments for tool '{tool}' must be a JSON object, got {type(arguments).__name__}")
+        raise MCPArgumentError(f"arguments for tool '{tool}' must be a JSON object, got {type(arguments).__name__}")
     validator = jsonschema.Draft202012Validator(schema)
     problems = []
     for error in sorted(validator.iter_errors(arguments), key=lambda e: list(e.path)):
         where = ".".join(str(p) for p in error.path) or "(arguments)"
         problems.append(f"{where}: {error.message}")
     if problems:
-        raise ArgumentError(f"invalid arguments for tool '{tool}': " + "; ".join(problems))
+        raise MCPArgumentError(f"invalid arguments for tool '{tool}': " + "; ".join(problems))
 
 
 def result_text(result: Any) -> str:
