@@ -9,7 +9,7 @@
     trajectories = agent.run_sync(samples, group_size=4, sampling=af.Sampling(temperature=1.0))
 """
 
-from agentfly import envs, models, resources, retrieval, rewards, tasks, tools
+from agentfly import envs, mcp, models, resources, retrieval, rewards, tasks, tools
 from agentfly.agents import Agent
 from agentfly.context import RolloutContext
 from agentfly.engines import Engine, Generation, ReplayEngine, Sampling
@@ -36,6 +36,7 @@ __all__ = [
     "Trajectory",
     "envs",
     "mask_segments",
+    "mcp",
     "models",
     "resources",
     "retrieval",

@@ -36,4 +36,4 @@ app.conf.update(
         "fail-stale-jobs": {"task": "webapp.jobs.tasks.fail_stale_jobs", "schedule": 10.0},
     },
 )
-app.autodiscover_tasks(["webapp.registry", "webapp.jobs"])
+app.autodiscover_tasks(["webapp.registry", "webapp.mcpservers", "webapp.jobs"])

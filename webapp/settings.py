@@ -8,6 +8,7 @@ inside tasks, the web process never does.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from datetime import timedelta
@@ -93,6 +94,7 @@ INSTALLED_APPS = [
     "csp",
     "webapp.accounts",
     "webapp.registry",
+    "webapp.mcpservers",
     "webapp.jobs",
     "webapp.monitor",
 ]
@@ -277,6 +279,14 @@ AGENTFLY_QUOTA_MAX_SECONDS = env_int("AGENTFLY_QUOTA_MAX_SECONDS", 24 * 3600)  #
 # team's job waits for a worker on its queue, and is queued again to resume from there. 0 never preempts.
 AGENTFLY_TIME_SLICE = env_float("AGENTFLY_TIME_SLICE", 1800.0)
 
+# MCP servers teams may register (webapp/mcpservers/rules.py): exact stdio argv the operator allows (a JSON
+# list of lists), HTTP URL prefixes, hosts allowed to resolve to loopback/link-local, and the stdio servers
+# ("team-slug/server-name") that may use the network.
+AGENTFLY_MCP_COMMANDS = json.loads(env_str("AGENTFLY_MCP_COMMANDS", "[]"))
+AGENTFLY_MCP_URLS = env_list("AGENTFLY_MCP_URLS", [])
+AGENTFLY_MCP_LOCAL_HOSTS = env_list("AGENTFLY_MCP_LOCAL_HOSTS", [])
+AGENTFLY_MCP_NETWORK = env_list("AGENTFLY_MCP_NETWORK", [])
+
 # ------------------------------------------------------------------ REST API
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -305,7 +315,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {"JobKindEnum": "webapp.jobs.models.Kind", "EntryKindEnum": "webapp.registry.models.Kind",
                             # two invitations, each with its own `state`
                             "InvitationStateEnum": ["pending", "used", "revoked", "expired"],
-                            "TeamInvitationStateEnum": ["pending", "accepted", "declined"]},
+                            "TeamInvitationStateEnum": ["pending", "accepted", "declined"],
+                            "MCPServerStatusEnum": "webapp.mcpservers.models.Status"},
     # Every operation also documents the errors it can answer (400, 401, 403, 404, ...), so a client, and
     # the schemathesis run in the tests, can rely on the schema for every status code.
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",

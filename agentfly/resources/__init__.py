@@ -7,7 +7,7 @@ nothing of agents: the rollout layer reaches it through ``RolloutContext``.
 from agentfly.resources.backends.local import Isolation, Limits, sandbox_root, sweep_sandboxes
 from agentfly.resources.engine import ResourceEngine
 from agentfly.resources.pool import Lease
-from agentfly.resources.ratelimit import RateLimiter
+from agentfly.resources.ratelimit import RateLimiter, SharedRateLimiter
 from agentfly.resources.sandbox import PythonSandbox
 from agentfly.resources.scratchpad import Scratchpad
 from agentfly.resources.spec import (
@@ -38,6 +38,7 @@ __all__ = [
     "ResourceSpec",
     "ResourceTimeout",
     "Scratchpad",
+    "SharedRateLimiter",
     "UnknownResource",
     "sandbox_root",
     "sweep_sandboxes",

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 Scope = Literal["rollout", "global"]
-Kind = Literal["sandbox", "environment", "model_service", "api", "index", "other"]
+Kind = Literal["sandbox", "environment", "model_service", "api", "index", "mcp", "other"]
 SCOPES: tuple[str, ...] = ("rollout", "global")
-KINDS: tuple[str, ...] = ("sandbox", "environment", "model_service", "api", "index", "other")
+KINDS: tuple[str, ...] = ("sandbox", "environment", "model_service", "api", "index", "mcp", "other")
 BACKENDS: tuple[str, ...] = ("local", "docker", "inprocess")
 
 

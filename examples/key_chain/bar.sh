@@ -6,12 +6,15 @@
 #   SEEDS="0" bash examples/key_chain/bar.sh  # one seed
 #   SFT=1 bash examples/key_chain/bar.sh      # remake the warm start first (agentfly sft) and start from it
 #   MINUTES=5 bash examples/key_chain/bar.sh  # a shorter GRPO budget per seed (the bar is "within 15 minutes")
+#   CONFIG=examples/key_chain/grpo_mcp.yaml OUT=runs/key_chain_mcp bash examples/key_chain/bar.sh
+#                                             # the store served by the MCP server (stdio, one session per rollout)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 AGENTFLY=${AGENTFLY:-.venv/bin/agentfly}
 SEEDS=${SEEDS:-"0 1 2"}
 MINUTES=${MINUTES:-15}
-OUT=runs/key_chain
+OUT=${OUT:-runs/key_chain}
+CONFIG=${CONFIG:-examples/key_chain/grpo.yaml}
 RESULTS=$OUT/bar.jsonl
 START=examples/key_chain/warm_start
 mkdir -p "$OUT"
@@ -28,7 +31,7 @@ record start "$("$AGENTFLY" eval $START --split test --n 500 | tail -n 1)" $(( $
 
 for seed in $SEEDS; do
     start=$(date +%s)
-    "$AGENTFLY" train examples/key_chain/grpo.yaml --set seed="$seed" --set model.path=$START \
+    "$AGENTFLY" train "$CONFIG" --set seed="$seed" --set model.path=$START \
         --set output_dir=$OUT/grpo-seed$seed --set max_minutes="$MINUTES"
     record "grpo-seed$seed" "$("$AGENTFLY" eval $OUT/grpo-seed$seed --split test --n 500 | tail -n 1)" $(( $(date +%s) - start ))
 done

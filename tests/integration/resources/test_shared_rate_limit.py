@@ -1,0 +1,175 @@
+"""A rate-limited API shared by four processes through Redis, against a real HTTP server on loopback that
+enforces its limit (429 with ``Retry-After``) and records when each request arrived."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from agentfly.resources import InfrastructureFailure
+from agentfly.resources.ratelimit import SharedRateLimiter
+
+redis = pytest.importorskip("redis")
+pytest.importorskip("httpx")
+
+REDIS_URL = "redis://127.0.0.1:6379/12"
+CLIENT = Path(__file__).with_name("ratelimit_client.py")
+ROOT = Path(__file__).resolve().parents[3]
+RATE = 10  # requests per second the provider allows (over any 1 s window, plus a burst of 2)
+# The clients ask for 8/s with bursts of 2: at most 10 taken in any second, headroom for the jitter between
+# taking a token and the request reaching the server.
+CLIENT_RATE = 8
+
+
+class LimitedAPI(ThreadingHTTPServer):
+    """Answers 200 while fewer than RATE + 2 requests arrived in the last second, else 429 Retry-After: 1."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.arrivals: list[float] = []
+        self.rejected = 0
+        self.lock = threading.Lock()
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: LimitedAPI
+
+    def do_GET(self) -> None:
+        now = time.monotonic()
+        with self.server.lock:
+            recent = [t for t in self.server.arrivals if now - t < 1.0]
+            allowed = len(recent) < RATE + 2
+            if allowed:
+                self.server.arrivals.append(now)
+            else:
+                self.server.rejected += 1
+        self.send_response(200 if allowed else 429)
+        if not allowed:
+            self.send_header("Retry-After", "1")
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def api_server() -> Iterator[LimitedAPI]:
+    try:
+        redis.Redis.from_url(REDIS_URL).ping()
+    except Exception:
+        pytest.skip("needs Redis on 127.0.0.1:6379")
+    server = LimitedAPI()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _max_in_window(times: list[float], window: float = 1.0) -> int:
+    times = sorted(times)
+    best, lo = 0, 0
+    for hi, t in enumerate(times):
+        while t - times[lo] >= window:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
+
+
+@pytest.mark.slow
+def test_four_processes_never_exceed_the_rate_in_aggregate_measured_at_the_server(api_server: LimitedAPI) -> None:
+    url = f"http://127.0.0.1:{api_server.server_address[1]}/search"
+    key = f"test-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # Four OS processes, as two ranks, the producer and an evaluation would be: 4 x 12 requests at 8/s.
+    procs = [subprocess.Popen([sys.executable, str(CLIENT), url, key, REDIS_URL, "12"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outputs]
+    assert sum(int(o[0].strip()) for o in outputs) == 48
+    assert len(api_server.arrivals) == 48
+    assert api_server.rejected == 0  # the shared budget kept every process inside the provider's limit
+    # Never more than the rate plus the burst in any one second, all four processes together.
+    assert _max_in_window(api_server.arrivals) <= RATE + 2
+    span = max(api_server.arrivals) - min(api_server.arrivals)
+    assert span >= (48 - 2) / CLIENT_RATE * 0.9  # paced, not merely lucky
+
+
+async def test_a_429_is_retried_after_its_retry_after(api_server: LimitedAPI) -> None:
+    url = f"http://127.0.0.1:{api_server.server_address[1]}/search"
+    # This limiter believes the provider allows far more than it does: the server's 429s pace it.
+    api = SharedRateLimiter(key=f"test-{uuid.uuid4().hex[:8]}", redis_url=REDIS_URL, rate=1000, burst=1000,
+                            concurrency=50, max_retries=6)
+    await api.start()
+    try:
+        start = time.monotonic()
+        codes = [r.status_code for r in await asyncio.gather(*(api.request("GET", url) for _ in range(4 * RATE)))]
+        elapsed = time.monotonic() - start
+        stats = await api.stats()
+    finally:
+        await api.close()
+    assert codes == [200] * (4 * RATE)
+    assert api_server.rejected >= 1 and stats["http_429"] >= 1
+    assert elapsed >= 1.0  # the rejected ones waited the server's Retry-After: 1
+    assert stats["breaker"] == "closed"  # a 429 is pacing, not a failure
+
+
+async def test_the_pool_stats_show_calls_waits_429s_quota_and_breaker(api_server: LimitedAPI) -> None:
+    from agentfly.resources import Pool, ResourceEngine, ResourceSpec
+
+    url = f"http://127.0.0.1:{api_server.server_address[1]}/search"
+    spec = ResourceSpec(name="search_api", factory=SharedRateLimiter, kind="api", scope="global", pool=Pool(0, 1),
+                        options={"key": f"test-{uuid.uuid4().hex[:8]}", "redis_url": REDIS_URL, "rate": 50,
+                                 "burst": 5, "daily_quota": 100, "snapshot_every": 0})
+    async with ResourceEngine([spec]) as engine:
+        lease = await engine.acquire("search_api")
+        for _ in range(8):
+            await lease.instance.request("GET", url)
+        await engine.release(lease)
+        shown = engine.stats()["search_api"]["isolation"]
+    assert shown["calls"] == 8 and shown["waits"] >= 1 and shown["http_429"] == 0
+    assert shown["quota_used"] == 8 and shown["daily_quota"] == 100 and shown["breaker"] == "closed"
+
+
+async def test_a_server_that_goes_down_opens_the_breaker() -> None:
+    try:
+        redis.Redis.from_url(REDIS_URL).ping()
+    except Exception:
+        pytest.skip("needs Redis on 127.0.0.1:6379")
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: the server is down
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    key = f"test-{uuid.uuid4().hex[:8]}"
+    api = SharedRateLimiter(key=key, redis_url=REDIS_URL, rate=100, burst=100, max_retries=1, backoff=0.01,
+                            breaker_failures=3, breaker_cooldown=30)
+    other = SharedRateLimiter(key=key, redis_url=REDIS_URL, rate=100, burst=100)  # another process's view
+    await api.start()
+    await other.start()
+    try:
+        with pytest.raises(InfrastructureFailure) as first:
+            await api.request("GET", f"http://127.0.0.1:{port}/")
+        assert first.value.kind == "server_down"
+        with pytest.raises(InfrastructureFailure) as second:
+            await api.request("GET", f"http://127.0.0.1:{port}/")
+        assert second.value.kind == "breaker_open"  # the third failure opened it; the retry met it open
+        with pytest.raises(InfrastructureFailure) as shared:
+            await other.request("GET", f"http://127.0.0.1:{port}/")
+        assert shared.value.kind == "breaker_open"  # the breaker is shared, like the budget
+        assert (await other.stats())["breaker"] == "open"
+    finally:
+        await api.close()
+        await other.close()

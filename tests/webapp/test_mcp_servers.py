@@ -1,0 +1,113 @@
+"""A team registers an MCP server: each refusal names its setting, a worker lists the tools of an allowed one
+in the sandbox, the tools can be tried, and another team can neither see nor try it."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+import agentfly as af
+from tests.webapp.helpers import wait_for
+from tests.webapp.test_registry_security import plugin_file
+from webapp.mcpservers.models import MCPServer, Status
+
+STORE = Path(af.__file__).parent / "resources" / "mcp_servers" / "kv_store.py"
+
+
+def register(api: Any, team: str = "team-a", **fields: Any) -> Any:
+    return api.post("/api/mcp-servers/", {"team": team, "name": "kv", **fields}, format="json")
+
+
+@pytest.mark.parametrize(("command", "named"), [
+    (["bash", "-c", "python3 -m http.server"], "`bash -c`"),
+    (["python", "-c", "import os; os.system('id')"], "`python -c`"),
+    (["npx", "-y", "@modelcontextprotocol/server-everything"], "`npx <anything>`"),
+    (["../../../etc/passwd.py"], "outside your team's plugin folder"),
+    (["/usr/lib/python3/dist-packages/some_server.py"], "not a .py path relative to your team's plugin folder"),
+])
+def test_a_stdio_server_outside_the_rules_is_refused_with_the_setting_named(
+        alice_api: Any, team_a: Any, command: list[str], named: str) -> None:
+    with plugin_file("team-a/placeholder.py", "x = 1\n"):
+        response = register(alice_api, transport="stdio", command=command)
+    assert response.status_code == 400, response.content
+    message = " ".join(response.json()["command"])
+    assert named in message and "AGENTFLY_MCP_COMMANDS" in message
+    assert not MCPServer.objects.exists()
+
+
+def test_an_operator_allowlisted_exact_argv_is_accepted_and_no_other(alice_api: Any, team_a: Any,
+                                                                      settings: Any) -> None:
+    settings.AGENTFLY_MCP_COMMANDS = [["uvx", "mcp-server-time"]]
+    assert register(alice_api, transport="stdio", command=["uvx", "mcp-server-time", "--x"]).status_code == 400
+    assert register(alice_api, transport="stdio", command=["uvx", "mcp-server-time"]).status_code == 202
+
+
+def test_an_http_url_must_be_on_the_allowlist_and_loopback_needs_its_own_setting(alice_api: Any, team_a: Any,
+                                                                                 settings: Any) -> None:
+    url = "http://127.0.0.1:8765/mcp"
+    off = register(alice_api, transport="http", url=url)
+    assert off.status_code == 400 and "AGENTFLY_MCP_URLS" in " ".join(off.json()["url"])
+    settings.AGENTFLY_MCP_URLS = ["http://127.0.0.1:8765/"]
+    local = register(alice_api, transport="http", url=url)
+    assert local.status_code == 400 and "AGENTFLY_MCP_LOCAL_HOSTS" in " ".join(local.json()["url"])
+    settings.AGENTFLY_MCP_LOCAL_HOSTS = ["127.0.0.1"]
+    assert register(alice_api, transport="http", url=url).status_code == 202
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://a:99999/mcp", "ftp://x/", "", "http:///mcp"])
+def test_a_malformed_url_is_a_400_not_a_crash(alice_api: Any, team_a: Any, url: str) -> None:
+    response = register(alice_api, transport="http", url=url)
+    assert response.status_code == 400 and response.json()["url"]
+
+
+def test_a_link_local_address_is_refused_like_loopback(alice_api: Any, team_a: Any, settings: Any) -> None:
+    settings.AGENTFLY_MCP_URLS = ["http://169.254.169.254/"]
+    response = register(alice_api, transport="http", url="http://169.254.169.254/latest/meta-data")
+    assert response.status_code == 400 and "AGENTFLY_MCP_LOCAL_HOSTS" in " ".join(response.json()["url"])
+
+
+def test_a_team_cannot_register_a_server_for_another_team(bob_api: Any, team_a: Any, team_b: Any) -> None:
+    response = register(bob_api, team="team-a", transport="stdio", command=["kv.py"])
+    assert response.status_code == 400 and "team" in response.json()
+
+
+@pytest.mark.slow
+def test_a_registered_stdio_server_is_listed_in_the_sandbox_tried_and_hidden_from_other_teams(
+        transactional_db: None, worker: Any, alice: Any, bob: Any, alice_api: Any, bob_api: Any) -> None:
+    from webapp.accounts.models import Team
+
+    Team.objects.of(alice).get()
+    with plugin_file("team-a/kv_server.py", STORE.read_text()):
+        response = register(alice_api, transport="stdio", command=["kv_server.py"])
+        assert response.status_code == 202, response.content
+        server_id = response.json()["id"]
+        server = wait_for(lambda: MCPServer.objects.filter(pk=server_id).exclude(status=Status.PENDING).first(),
+                          90, "the worker to list the server's tools")
+        assert server.status == Status.READY, server.error
+        assert server.current_version is not None
+        tools = {t["name"]: t for t in server.current_version.tools}
+        assert {"put", "get", "lookup"} <= set(tools)
+        assert tools["put"]["input_schema"]["required"] == ["key", "value"]
+
+        tried = alice_api.post(f"/api/mcp-servers/{server_id}/try/",
+                               {"tool": "put", "arguments": {"key": "a", "value": "1"}}, format="json")
+        assert tried.status_code == 200 and tried.json()["observation"] == "ok", tried.content
+        bad = alice_api.post(f"/api/mcp-servers/{server_id}/try/", {"tool": "put", "arguments": {"key": 1}},
+                             format="json")
+        assert bad.status_code == 200 and "'value' is a required property" in bad.json()["error"]
+
+        # Bob's team neither sees, reads nor tries it.
+        assert bob_api.get("/api/mcp-servers/").json()["results"] == []
+        assert bob_api.get(f"/api/mcp-servers/{server_id}/").status_code == 404
+        assert bob_api.post(f"/api/mcp-servers/{server_id}/try/", {"tool": "put", "arguments": {}},
+                            format="json").status_code == 404
+
+
+def test_the_settings_default_to_nothing_allowed() -> None:
+    assert settings.AGENTFLY_MCP_URLS == [] and settings.AGENTFLY_MCP_COMMANDS == []
+    assert settings.AGENTFLY_MCP_LOCAL_HOSTS == [] and settings.AGENTFLY_MCP_NETWORK == []
+    assert socket.gethostbyname("127.0.0.1") == "127.0.0.1"

@@ -1,0 +1,124 @@
+"""REST API of a team's MCP servers: list, register (inspected on a worker), try a tool. A team sees only its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.exceptions import TimeoutError as CeleryTimeout
+from django.conf import settings
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from webapp.accounts.models import Team
+from webapp.mcpservers import actions
+from webapp.mcpservers.models import MCPServer, MCPServerVersion, Status, Transport
+from webapp.mcpservers.rules import NotAllowed, check_url, stdio_argv
+from webapp.registry.api import TryResultSerializer
+from webapp.registry.trying import TooManyTries, try_slot
+from webapp.schema import detail_response
+
+
+class MCPServerVersionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = MCPServerVersion
+        fields = ["id", "listing_hash", "tools", "created_at"]
+
+
+class MCPServerSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    current_version = MCPServerVersionSerializer(read_only=True, allow_null=True)
+
+    class Meta:
+        model = MCPServer
+        fields = ["id", "team", "name", "transport", "command", "url", "status", "error", "current_version",
+                  "created_at", "inspected_at"]
+
+
+class MCPRegisterSerializer(serializers.Serializer):
+    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
+    name = serializers.SlugField(max_length=60)
+    transport = serializers.ChoiceField(choices=Transport.choices)
+    command = serializers.ListField(child=serializers.CharField(max_length=500, trim_whitespace=False),
+                                    required=False, max_length=32)
+    url = serializers.CharField(max_length=500, required=False, allow_blank=True)
+
+    def validate_team(self, team: Team) -> Team:
+        if not team.has_member(self.context["request"].user):
+            raise serializers.ValidationError("You are not a member of this team.")
+        return team
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        try:
+            if attrs["transport"] == Transport.STDIO:
+                stdio_argv(attrs["team"].slug, list(attrs.get("command") or []))
+            else:
+                check_url(attrs.get("url") or "")
+        except NotAllowed as exc:
+            field = "command" if attrs["transport"] == Transport.STDIO else "url"
+            raise serializers.ValidationError({field: [str(exc)]}) from None
+        return attrs
+
+
+class MCPTrySerializer(serializers.Serializer):
+    tool = serializers.CharField(max_length=64)
+    arguments = serializers.DictField(required=False, default=dict)
+
+
+class MCPServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = MCPServerSerializer
+    lookup_value_regex = r"\d+"
+    queryset = MCPServer.objects.none()
+
+    @property
+    def throttle_scope(self) -> str | None:
+        return "try" if getattr(self, "action", None) == "try_it" else None
+
+    def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):
+            return MCPServer.objects.none()
+        return MCPServer.objects.visible_to(self.request.user).select_related("team", "current_version")
+
+    @extend_schema(request=MCPRegisterSerializer, responses={202: MCPServerSerializer})
+    def create(self, request: Request) -> Response:
+        """Register a stdio or HTTP MCP server for a team; a worker lists its tools."""
+        ser = MCPRegisterSerializer(data=request.data, context={"request": request})
+        ser.is_valid(raise_exception=True)
+        server = actions.do_register_server(user=request.user, **ser.validated_data)
+        return Response(MCPServerSerializer(server).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=MCPTrySerializer, responses={
+        200: TryResultSerializer,
+        400: OpenApiResponse(description="Bad arguments or an unknown tool."),
+        409: detail_response("The server is not ready (pending or failed inspection)."),
+        429: detail_response("The user already has AGENTFLY_TRY_CONCURRENCY calls running."),
+        504: detail_response("No worker on the try queue answered within AGENTFLY_TRY_TIMEOUT."),
+    })
+    @action(detail=True, methods=["post"], url_path="try")
+    def try_it(self, request: Request, pk: str | None = None) -> Response:
+        """Call one of a ready server's tools on a worker and return what the model would read."""
+        from webapp.mcpservers.tasks import try_mcp_tool
+
+        server = self.get_object()
+        if server.status != Status.READY or server.current_version is None:
+            return Response({"detail": f"This server is {server.status}; it can be tried once it is ready."},
+                            status=409)
+        ser = MCPTrySerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        names = [t["name"] for t in server.current_version.tools]
+        if ser.validated_data["tool"] not in names:
+            return Response({"tool": [f"This server has no such tool; it has: {', '.join(names)}."]}, status=400)
+        try:
+            with try_slot(request.user.pk):
+                pending = try_mcp_tool.apply_async(args=[server.pk, ser.validated_data["tool"],
+                                                         ser.validated_data["arguments"]], queue="try")
+                result = pending.get(timeout=settings.AGENTFLY_TRY_TIMEOUT, propagate=False)
+        except TooManyTries as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_429_TOO_MANY_REQUESTS)
+        except CeleryTimeout:
+            return Response({"detail": "no worker answered in time"}, status=status.HTTP_504_GATEWAY_TIMEOUT)
+        if not isinstance(result, dict):
+            result = {"observation": "", "error": f"the worker failed to run the call: {result!r}", "latency": 0.0}
+        return Response(result)

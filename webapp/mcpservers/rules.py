@@ -1,0 +1,105 @@
+"""Who may register which MCP server. Checked at registration (web process), and again on the worker before
+the server is started or reached (a row may outlive a setting's change).
+
+- **stdio**: a Python script inside the team's own plugin folder (``AGENTFLY_PLUGIN_DIRS/<team>/``), given as
+  its path relative to that folder (``["kv_server.py", "--flag"]``), run with the worker's interpreter; or a
+  command the operator allowlisted, argv for argv, in ``AGENTFLY_MCP_COMMANDS``. Nothing else: shells and
+  interpreters given code on the command line (``bash -c``, ``python -c``), package runners that download
+  what they run (``npx``, ``uvx``, ``pipx``), and paths out of the folder are refused, each with the setting
+  that would allow it. The server then runs in the sandbox (no secrets, rlimits, Landlock) with no network
+  unless ``AGENTFLY_MCP_NETWORK`` names it (``team-slug/server-name``).
+- **HTTP**: the URL must start with an entry of ``AGENTFLY_MCP_URLS``; a host that resolves to a loopback,
+  link-local or unspecified address must also be in ``AGENTFLY_MCP_LOCAL_HOSTS`` (so an allowlisted name
+  cannot be pointed at the worker's own services). The SDK's client follows a redirect only on the same
+  origin, so a redirect off the allowlisted host is refused by the client itself.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+from webapp.registry.plugins import team_folders
+
+SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish", "busybox", "env"}
+RUNNERS = {"npx", "npm", "pnpm", "yarn", "bunx", "bun", "uvx", "pipx", "deno", "node", "docker", "curl", "wget"}
+MAX_ARGS, MAX_ARG = 32, 500
+
+
+class NotAllowed(ValueError):
+    """The server may not be registered or started; the message names the setting that would allow it."""
+
+
+def _plugin_dirs() -> list[Path]:
+    return [Path(p) for p in settings.AGENTFLY_PLUGIN_DIRS]
+
+
+def stdio_argv(team_slug: str, command: list[str]) -> list[str]:
+    """The argv to start a team's stdio server with; NotAllowed says why not and what to change."""
+    if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
+        raise NotAllowed("command must be a list of strings, e.g. [\"kv_server.py\"] (a script in your team's "
+                         "plugin folder)")
+    if len(command) > MAX_ARGS or any(len(a) > MAX_ARG or "\0" in a for a in command):
+        raise NotAllowed(f"command has more than {MAX_ARGS} arguments or one longer than {MAX_ARG} characters")
+    if command in [list(c) for c in settings.AGENTFLY_MCP_COMMANDS]:
+        return list(command)
+    fix = ("put the server's script in your team's plugin folder (AGENTFLY_PLUGIN_DIRS/<team>/) and register "
+           "its path there, or ask the operator to add this exact argv to AGENTFLY_MCP_COMMANDS")
+    program = os.path.basename(command[0])
+    if program in SHELLS or program.startswith("python") or program in RUNNERS:
+        what = (f"`{program} -c`" if "-c" in command[1:] else f"`{program}`") if program not in RUNNERS else \
+            f"`{program} <anything>` (it fetches and runs code)"
+        raise NotAllowed(f"{what} is not an MCP server AgentFly may start: {fix}.")
+    folders = team_folders(team_slug.replace("-", "_"), _plugin_dirs())
+    if len(folders) != 1:
+        raise NotAllowed(f"team {team_slug!r} has no plugin folder (AGENTFLY_PLUGIN_DIRS/{team_slug}/): {fix}.")
+    folder = folders[0].resolve()
+    script = command[0]
+    if os.path.isabs(script) or not script.endswith(".py"):
+        raise NotAllowed(f"{script!r} is not a .py path relative to your team's plugin folder: {fix}.")
+    target = (folder / script).resolve()  # symlinks and .. resolved: the real file must be inside
+    if not target.is_relative_to(folder):
+        raise NotAllowed(f"{script!r} is outside your team's plugin folder: {fix}.")
+    if not target.is_file():
+        raise NotAllowed(f"{script!r} does not exist in your team's plugin folder ({folder.name}/)")
+    return [sys.executable, str(target), *command[1:]]
+
+
+def check_url(url: str) -> str:
+    """``url`` if an HTTP server there may be reached; NotAllowed names the setting otherwise."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises on a port out of range
+    except ValueError:
+        raise NotAllowed(f"{url[:100]!r} is not a valid URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or len(url) > 500:
+        raise NotAllowed(f"{url[:100]!r} is not an http(s) URL")
+    allowed = [u for u in settings.AGENTFLY_MCP_URLS if url.startswith(u)]
+    if not allowed:
+        raise NotAllowed(f"{url!r} is not on the operator's allowlist: ask the operator to add it (or a prefix of "
+                         "it) to AGENTFLY_MCP_URLS")
+    host = parts.hostname
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, port or 443, type=socket.SOCK_STREAM)}
+    except (OSError, UnicodeError) as exc:
+        raise NotAllowed(f"{host!r} does not resolve ({exc})") from None
+    local = [a for a in addresses if _is_local(a)]
+    if local and host not in settings.AGENTFLY_MCP_LOCAL_HOSTS:
+        raise NotAllowed(f"{host!r} resolves to a loopback or link-local address ({', '.join(sorted(local))}); "
+                         "only hosts in AGENTFLY_MCP_LOCAL_HOSTS may")
+    return url
+
+
+def _is_local(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%")[0])
+    return ip.is_loopback or ip.is_link_local or ip.is_unspecified
+
+
+def network_allowed(team_slug: str, name: str) -> bool:
+    return f"{team_slug}/{name}" in settings.AGENTFLY_MCP_NETWORK

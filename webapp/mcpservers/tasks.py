@@ -1,0 +1,116 @@
+"""Worker-side: start or reach a team's MCP server, list its tools, try one. Never run in the web process.
+
+A stdio server runs in the sandbox of the local backend (``agentfly.mcp``: no secrets in its environment,
+rlimits, Landlock, no network unless allowed). The rule is checked again here, before anything starts. What the
+server says (names, descriptions, schemas, results) is bounded in size before it is stored or returned; pages
+and the API render it escaped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import time
+from typing import Any
+
+from celery import shared_task
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from webapp.mcpservers.models import MCPServer, MCPServerVersion, Status, Transport
+from webapp.mcpservers.rules import NotAllowed, check_url, network_allowed, stdio_argv
+
+ONCE = {"acks_late": False, "reject_on_worker_lost": False}
+MAX_TOOLS, MAX_DESCRIPTION, MAX_SCHEMA, MAX_OBSERVATION = 64, 2000, 16_000, 16_000
+NAME = re.compile(r"[A-Za-z_][\w.-]{0,63}")
+
+
+def server_spec(server: MCPServer) -> Any:
+    """The ``af.mcp.server`` spec of a row, after the rule allows it again."""
+    from agentfly.mcp import server as mcp_server
+
+    timeout = float(settings.AGENTFLY_CHILD_TIMEOUT)
+    start = max(timeout, 60.0)  # a Python server imports the SDK first: seconds on a busy worker
+    slug = server.team.slug
+    if server.transport == Transport.STDIO:
+        return mcp_server(server.name, command=stdio_argv(slug, list(server.command)), start_timeout=start,
+                          call_timeout=timeout, network="host" if network_allowed(slug, server.name) else "none")
+    return mcp_server(server.name, url=check_url(server.url), start_timeout=start, call_timeout=timeout)
+
+
+def bounded_listing(tools: list[Any]) -> list[dict[str, Any]]:
+    """The listing as stored: at most MAX_TOOLS tools, valid names, descriptions and schemas cut to size."""
+    if len(tools) > MAX_TOOLS:
+        raise NotAllowed(f"the server lists {len(tools)} tools; at most {MAX_TOOLS} are accepted")
+    out = []
+    for tool in tools:
+        name = str(tool.name)
+        if not NAME.fullmatch(name):
+            raise NotAllowed(f"the server lists a tool named {name[:80]!r}; names must be letters, digits, "
+                             "'_', '-', '.' (at most 64)")
+        schema = dict(tool.input_schema or {})
+        if len(json.dumps(schema)) > MAX_SCHEMA:
+            raise NotAllowed(f"tool {name!r}'s input schema is larger than {MAX_SCHEMA} characters")
+        out.append({"name": name, "description": str(tool.description or "")[:MAX_DESCRIPTION],
+                    "input_schema": schema})
+    return out
+
+
+@shared_task(name="webapp.mcpservers.tasks.inspect_mcp_server", time_limit=120, **ONCE)
+def inspect_mcp_server(server_id: int) -> str:
+    """Start (or reach) the server, list its tools, store the listing as a version, or the reason it failed."""
+    from agentfly.resources.mcp import MCPSession
+
+    server = MCPServer.objects.select_related("team").filter(pk=server_id).first()
+    if server is None:
+        return "gone"
+
+    async def listing() -> list[Any]:
+        session = MCPSession(server_spec(server))
+        await session.start()
+        try:
+            return list(session.tools)
+        finally:
+            await session.close()
+
+    try:
+        tools = bounded_listing(asyncio.run(listing()))
+    except Exception as exc:  # NotAllowed, a server that did not start: the user reads why
+        MCPServer.objects.filter(pk=server_id).update(status=Status.FAILED, error=str(exc)[:2000],
+                                                      inspected_at=timezone.now())
+        return "failed"
+    digest = hashlib.sha256(json.dumps(tools, sort_keys=True).encode()).hexdigest()
+    with transaction.atomic():
+        version, _ = MCPServerVersion.objects.get_or_create(server=server, listing_hash=digest,
+                                                            defaults={"tools": tools})
+        MCPServer.objects.filter(pk=server_id).update(status=Status.READY, error="", current_version=version,
+                                                      inspected_at=timezone.now())
+    return "ready"
+
+
+@shared_task(name="webapp.mcpservers.tasks.try_mcp_tool", time_limit=120, **ONCE)
+def try_mcp_tool(server_id: int, tool: str, arguments: Any) -> dict[str, Any]:
+    """Call one tool of the server in a fresh session, as a rollout's first call would."""
+    from agentfly.resources.mcp import MCPSession
+
+    server = MCPServer.objects.select_related("team").filter(pk=server_id).first()
+    if server is None:
+        return {"observation": "", "error": "this MCP server no longer exists", "latency": 0.0}
+    start = time.perf_counter()
+
+    async def call() -> str:
+        session = MCPSession(server_spec(server))
+        await session.start()
+        try:
+            return await session.call(tool, arguments)
+        finally:
+            await session.close()
+
+    try:
+        observation, error = asyncio.run(call()), None
+    except Exception as exc:  # an argument error, the tool's error, a dead server: shown as the model would see it
+        observation, error = "", f"{type(exc).__name__}: {exc}"[:MAX_OBSERVATION]
+    return {"observation": observation[:MAX_OBSERVATION], "error": error, "latency": time.perf_counter() - start}
