@@ -84,6 +84,9 @@ class RaySettings:
         lease_check_interval: seconds between the coordinator's checks that the lease owners are alive.
         orphan_timeout: seconds a coordinator waits with no live owner before it stops its instances and exits.
         call_timeout: the longest a single call to an instance may take (a lost node's call never hangs).
+        node_grace: seconds a call that lost its actor's connection waits for the GCS to decide whether the
+            node died (``node_lost``) or only the actor (``instance_crashed``); set it to the cluster's
+            ``health_check_period_ms`` x ``health_check_failure_threshold`` (Ray's defaults: 3 s x 5).
     """
 
     address: str | None = None
@@ -95,6 +98,7 @@ class RaySettings:
     lease_check_interval: float = 1.0
     orphan_timeout: float = 30.0
     call_timeout: float = 600.0
+    node_grace: float = 20.0
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -211,6 +215,13 @@ class ResourceActor:
     async def reset(self) -> tuple[str, Any]:
         return await self.call("reset", (), {})
 
+    async def set(self, name: str, value: Any) -> tuple[str, Any]:
+        try:
+            setattr(self.resource, name, value)
+            return ("ok", None)
+        except Exception as exc:
+            return ("raise", _portable(exc))
+
     async def health(self) -> bool:
         try:
             return bool(await self.resource.health())
@@ -314,38 +325,46 @@ class _JobPool:
                 raise ResourceTimeout(
                     f"team {self.settings.team!r} has used its budget of {key!r} instances across its jobs; "
                     f"waited {remaining or 0:g} s. Raise the team's budget, or wait for its other jobs")
-        actor = None
-        try:
-            options: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0, "max_concurrency": 64,
-                                       "scheduling_strategy": "SPREAD" if self.settings.strategy == "spread"
-                                       else "DEFAULT"}
-            custom = (self.spec.options.get("ray") or {}).get("resources") or self.settings.resources.get(
-                self.spec.name) or self.settings.resources.get(str(self.spec.kind))
-            if custom:
-                options["resources"] = dict(custom)
-            actor = _remote(ResourceActor).options(**options).remote(self.spec)
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            # A node without room leaves the actor pending: the acquire timeout bounds that wait.
-            info = await asyncio.wait_for(actor.start.remote(), remaining)
-        except BaseException as exc:
-            if actor is not None:
-                with contextlib.suppress(Exception):
-                    ray.kill(actor)
-            if team is not None:
-                team.release.remote(self.coordinator.job, key)
-            if isinstance(exc, TimeoutError):
-                self.timeouts += 1
-                raise ResourceTimeout(
-                    f"no node of the Ray cluster had room for a {self.spec.name!r} instance in time (it asks for "
-                    f"{options.get('resources') or 'no custom resource'}); add nodes or raise acquire_timeout"
-                ) from None
-            if isinstance(exc, Exception):
-                self.failed += 1
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                raise InfrastructureFailure(
-                    f"could not start a {self.spec.name!r} instance on the Ray cluster: {type(exc).__name__}: "
-                    f"{exc}", "unhealthy") from None
-            raise
+        options: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0, "max_concurrency": 64,
+                                   "scheduling_strategy": "SPREAD" if self.settings.strategy == "spread"
+                                   else "DEFAULT"}
+        custom = (self.spec.options.get("ray") or {}).get("resources") or self.settings.resources.get(
+            self.spec.name) or self.settings.resources.get(str(self.spec.kind))
+        if custom:
+            options["resources"] = dict(custom)
+        info: dict[str, Any] = {}
+        for attempt in range(3):
+            actor = None
+            try:
+                actor = _remote(ResourceActor).options(**options).remote(self.spec)
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                # A node without room leaves the actor pending: the acquire timeout bounds that wait.
+                info = await asyncio.wait_for(actor.start.remote(), remaining)
+                break
+            except BaseException as exc:
+                if actor is not None:
+                    with contextlib.suppress(Exception):
+                        ray.kill(actor)
+                # Placed on a node that died before it started: Ray places the next try on a live one.
+                if (isinstance(exc, ray.exceptions.RayActorError) and attempt < 2 and "node" in str(exc).lower()
+                        and (deadline is None or time.monotonic() < deadline)):
+                    self._note_failed(_Slot(None, 0), f"a node died while starting an instance: {exc}")
+                    continue
+                if team is not None:
+                    team.release.remote(self.coordinator.job, key)
+                if isinstance(exc, TimeoutError):
+                    self.timeouts += 1
+                    raise ResourceTimeout(
+                        f"no node of the Ray cluster had room for a {self.spec.name!r} instance in time (it asks "
+                        f"for {options.get('resources') or 'no custom resource'}); add nodes or raise "
+                        "acquire_timeout") from None
+                if isinstance(exc, Exception):
+                    self.failed += 1
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    raise InfrastructureFailure(
+                        f"could not start a {self.spec.name!r} instance on the Ray cluster: {type(exc).__name__}: "
+                        f"{exc}", "unhealthy") from None
+                raise
         self.created += 1
         slot = _Slot(actor, next(_slot_ids), info["node_id"], info["host"], info["methods"])
         self.slots[slot.id] = slot
@@ -841,11 +860,27 @@ class RayInstance:
     block for one round trip. A call to a dead actor raises ``InfrastructureFailure`` (``node_lost`` or
     ``instance_crashed``) and marks the instance dead, so that its release destroys it."""
 
+    _own = frozenset({"_actor", "_name", "_methods", "_call_timeout", "_node_grace", "node", "host", "dead"})
+
     def __init__(self, actor: Any, name: str, node: str, host: str, methods: dict[str, str],
-                 call_timeout: float) -> None:
+                 call_timeout: float, node_grace: float = 20.0) -> None:
         self._actor, self._name, self._methods = actor, name, methods
         self.node, self.host, self.dead = node, host, False
-        self._call_timeout = call_timeout
+        self._call_timeout, self._node_grace = call_timeout, node_grace
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        """The proxy's own fields here; any other attribute is set on the resource in its actor."""
+        if attr in self._own:
+            object.__setattr__(self, attr, value)
+            return
+        import ray
+
+        try:
+            status, error = ray.get(self._actor.set.remote(attr, value), timeout=self._call_timeout)
+        except Exception as exc:
+            raise self._failure(exc) from None
+        if status == "raise":
+            raise error
 
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("_"):
@@ -868,7 +903,8 @@ class RayInstance:
             raise InfrastructureFailure(f"{self._name} instance on {self.host} did not answer {attr}() within "
                                         f"{self._call_timeout:g} s", "instance_crashed") from None
         except Exception as exc:
-            raise self._failure(exc) from None
+            failure = await asyncio.to_thread(self._failure, exc)  # may wait for the GCS: not on the loop
+            raise failure from None
         if status == "raise":
             raise value
         return value
@@ -892,7 +928,14 @@ class RayInstance:
             return InfrastructureFailure(f"{self._name} instance on {self.host} did not answer in time",
                                          "instance_crashed")
         text = str(exc).lower()
-        lost = not node_alive(self.node) or ("node" in text and "died" in text)
+        lost = "node" in text and "died" in text
+        if not lost and isinstance(exc, ray.exceptions.ActorUnavailableError):
+            # The connection to the actor broke and its node may be on the way out: the GCS declares a node
+            # dead only after its health check misses, so wait that long before calling it a crash.
+            deadline = time.monotonic() + self._node_grace
+            while node_alive(self.node) and time.monotonic() < deadline:
+                time.sleep(0.25)
+        lost = lost or not node_alive(self.node)
         kind = "node_lost" if lost else "instance_crashed"
         where = f"node {self.node[:12]} ({self.host})"
         what = "its node was lost" if kind == "node_lost" else "its actor died"
@@ -972,7 +1015,7 @@ class RayPool:
             self.last_error = reply["message"]
             raise InfrastructureFailure(reply["message"], reply["error"])
         proxy = RayInstance(reply["actor"], self.spec.name, reply["node"], reply["host"], reply["methods"],
-                            self.settings.call_timeout)
+                            self.settings.call_timeout, self.settings.node_grace)
         slot = Instance(proxy)
         slot.uses = 1
         self.instances.add(slot)
@@ -1021,7 +1064,7 @@ class RayPool:
         if self.settings.team is not None:
             with contextlib.suppress(Exception):
                 team = ray.get_actor(team_name(self.settings.team), namespace=NAMESPACE)
-                usage: dict[str, dict[str, Any]] = ray.get(team.usage.remote(), timeout=5)
+                usage: Any = ray.get(team.usage.remote(), timeout=5)
                 key = self.spec.name if self.spec.name in usage else str(self.spec.kind)
                 if key in usage:
                     merged["team_budget"] = {"team": self.settings.team, "key": key, **usage[key]}
@@ -1043,8 +1086,11 @@ class RayPool:
 
     def kill_all(self) -> None:
         """Interpreter exit or SIGTERM: leave the job without waiting (the coordinator destroys our leases)."""
+        import ray
+
         self.closed = True
-        if self.coordinator is not None:
+        # Never after ray.shutdown(): a call then would start a new local Ray at interpreter exit.
+        if self.coordinator is not None and ray.is_initialized():
             with contextlib.suppress(Exception):
                 self.coordinator.unregister.remote(self.owner)
         self.instances.clear()
