@@ -8,6 +8,7 @@ check), as an operator may configure it. Every test closes its engines and check
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -152,10 +153,8 @@ async def test_two_gloo_ranks_and_the_producer_share_one_pool_never_above_max_ac
     try:
         while any(p.poll() is None for p in procs):
             if coordinator is None:
-                try:
+                with contextlib.suppress(ValueError):  # not made yet
                     coordinator = ray.get_actor(coordinator_name(job), namespace=NAMESPACE)
-                except ValueError:
-                    pass
             if coordinator is not None:
                 try:
                     box = ray.get(coordinator.stats.remote(), timeout=5).get("box")
