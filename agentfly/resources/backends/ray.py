@@ -61,6 +61,8 @@ from agentfly.resources.spec import (
 
 log = logging.getLogger(__name__)
 NAMESPACE = "agentfly"
+# Coordinators and team ledgers live on the head node: it is the cluster, so they fail only with it.
+ON_HEAD = {"node:__internal_head__": 0.001}
 STRATEGIES = ("spread", "pack")
 
 
@@ -284,6 +286,7 @@ class _JobPool:
         self.failed_on: dict[str, int] = {}
         self.reclaimed_on: dict[str, int] = {}
         self.last_error: str | None = None
+        self.last_probe = time.monotonic()
         self.shared_slot: _Slot | None = None
         self.shared_lock = asyncio.Lock()
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -565,8 +568,14 @@ class _JobPool:
                 log.warning("could not pre-warm %s: %s", self.spec.name, r)
 
     async def check(self) -> None:
-        """Probe idle instances (the dead ones, e.g. on a lost node, are replaced) and refill to ``min``."""
-        for slot in list(self.idle):
+        """Probe idle instances every ``health_interval`` (the dead ones, e.g. on a lost node, are replaced) and
+        refill to ``min``."""
+        now = time.monotonic()
+        probe = self.spec.health_check and self.spec.health_interval > 0 and (
+            now - self.last_probe >= self.spec.health_interval)
+        if probe:
+            self.last_probe = now
+        for slot in list(self.idle) if probe else []:
             if slot in self.idle and not await self._alive(slot) and slot in self.idle:
                 self.idle.remove(slot)
                 self._note_failed(slot, f"instance {slot.id} on node {slot.node[:12]} stopped answering")
@@ -633,7 +642,7 @@ class JobCoordinator:
         if settings.team is not None:
             self.team = _remote(TeamBudget).options(
                 name=team_name(settings.team), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-                num_cpus=0).remote(settings.team)
+                num_cpus=0, resources=ON_HEAD).remote(settings.team)
             if settings.team_budget:
                 self.team.set_budget.remote(settings.team_budget)
             self.team.join.remote(job, ray.get_runtime_context().current_actor)
@@ -849,7 +858,12 @@ def _process_token() -> Any:
     """This process's owner token (one per process; each pool of each engine is an owner holding it)."""
     global _token
     if _token is None or _token[0] != os.getpid():
-        _token = (os.getpid(), _remote(OwnerToken).options(num_cpus=0).remote())
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # On this process's own node: a token elsewhere could die with another node and look like our death.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        _token = (os.getpid(), _remote(OwnerToken).options(num_cpus=0, scheduling_strategy=here).remote())
     return _token[1]
 
 
@@ -993,7 +1007,7 @@ class RayPool:
             connect(self.settings.address)
             self.coordinator = _remote(JobCoordinator).options(
                 name=coordinator_name(self.job), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-                num_cpus=0, max_concurrency=1000).remote(self.job, self.settings)
+                num_cpus=0, max_concurrency=1000, resources=ON_HEAD).remote(self.job, self.settings)
             self.owner = f"{socket.gethostname()}:{os.getpid()}:{self.spec.name}:{uuid.uuid4().hex[:8]}"
             await self.coordinator.register.remote(self.owner, _process_token())
             await self.coordinator.ensure.remote(self.spec)
@@ -1004,7 +1018,13 @@ class RayPool:
             raise ResourceClosed(f"resource engine is closed; cannot acquire {self.spec.name!r}")
         await self.start()
         t0 = time.monotonic()
-        reply = await self.coordinator.acquire.remote(self.spec.name, self.owner, owner, timeout)
+        pending = asyncio.ensure_future(self.coordinator.acquire.remote(self.spec.name, self.owner, owner, timeout))
+        try:
+            reply = await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            # Cancelling our await does not cancel the coordinator's: give back what it grants after we left.
+            pending.add_done_callback(self._give_back_late)
+            raise
         if "error" in reply:
             if reply["error"] == "acquire_timeout":
                 self.timeouts += 1
@@ -1026,6 +1046,13 @@ class RayPool:
             self.release(Lease(self.spec.name, owner, slot), healthy=True)
             raise ResourceClosed(f"resource engine closed while acquiring {self.spec.name!r}")
         return Lease(self.spec.name, owner, slot)
+
+    def _give_back_late(self, pending: asyncio.Future[Any]) -> None:
+        if pending.cancelled() or pending.exception() is not None:
+            return
+        reply = pending.result()
+        if "lease" in reply and self.coordinator is not None:
+            self.coordinator.release.remote(self.spec.name, reply["lease"], True)
 
     def release(self, lease: Lease, healthy: bool) -> None:
         """Synchronous bookkeeping; the coordinator resets (or destroys) the instance in the background."""

@@ -260,3 +260,119 @@ async def test_cancelling_a_job_stops_its_coordinator_and_every_instance_it_owns
         await asyncio.sleep(0.3)
     assert live_actors_of(actors) == 0
     engine.kill()
+
+
+CHAOS = ["ok", "ok", "ok", "raise", "sleep", "break", "unhealthy", "shared"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+async def test_a_thousand_chaotic_rollouts_across_three_nodes_survive_losing_one_and_leave_nothing_behind(
+        cluster: Cluster) -> None:
+    """The local backend's chaos test (tests/unit/resources/test_resource_chaos.py) on the ray backend, with a
+    third node removed a third of the way through. AGENTFLY_CHAOS_ROLLOUTS=100 runs a smaller one."""
+    import random
+
+    from agentfly.context import RolloutContext
+    from agentfly.tools import tool
+
+    rollouts = int(os.environ.get("AGENTFLY_CHAOS_ROLLOUTS", "1000"))
+    rng = random.Random(1234)
+    third = cluster.add_node(num_cpus=1, resources={"sandbox": 4})
+    cluster.wait_for_nodes()
+    violations: list[str] = []
+    actors: dict[int, Any] = {}
+
+    @tool(resource="pad", timeout=2.0)
+    async def step(action: str, context: Any) -> str:
+        """One chaotic tool call."""
+        pad = await context.resource("pad")
+        actors[id(pad._actor)] = pad._actor
+        owner = await asyncio.to_thread(pad.read, "owner")
+        if owner not in (None, context.rollout_id):
+            violations.append(f"{context.rollout_id} got a pad still holding {owner}'s notes")
+        await asyncio.to_thread(pad.write, "owner", context.rollout_id)
+        if action == "raise":
+            raise RuntimeError("the tool failed")
+        if action == "sleep":
+            await asyncio.sleep(5)  # past the tool timeout: cancelled inside Tool.invoke
+        if action == "break":
+            await asyncio.to_thread(setattr, pad, "broken", True)  # its reset fails: the pool destroys it
+        if action == "shared":
+            index = await context.resource("index")
+            await asyncio.to_thread(index.write, context.rollout_id, "seen")
+        return "ok"
+
+    specs = [
+        on_ray(ResourceSpec(name="pad", factory=Scratchpad, backend="inprocess", pool=Pool(min=2, max=8),
+                            acquire_timeout=10, health_interval=1, options={"ray": {"resources": {"sandbox": 1}}})),
+        on_ray(ResourceSpec(name="index", factory=Scratchpad, backend="inprocess", scope="global", pool=Pool(1, 1))),
+    ]
+    engine = ResourceEngine(specs, ray=settings("chaos"))
+    await engine.start()
+    limit = asyncio.Semaphore(16)
+    outcomes = {"done": 0, "cancelled": 0, "infra": 0}
+    finished = 0
+
+    async def rollout(i: int) -> None:
+        nonlocal finished
+        ctx = RolloutContext(sample={"i": i}, rollout_id=f"r{i}", group_id=f"g{i // 4}", resources=engine)
+        async with limit:
+            try:
+                for _ in range(rng.randint(1, 3)):
+                    action = rng.choice(CHAOS)
+                    result = await step.invoke({"action": action}, context=ctx)
+                    if result.error and ("InfrastructureFailure" in result.error or "ResourceTimeout" in result.error):
+                        outcomes["infra"] += 1
+                        ctx.mark_unhealthy("pad")
+                        return
+                    if action == "unhealthy":
+                        ctx.mark_unhealthy("pad")
+            except InfrastructureFailure:  # once the rollout layer raises them instead of telling the model
+                outcomes["infra"] += 1
+            finally:
+                finished += 1
+                await asyncio.shield(ctx.aclose())
+
+    peak = 0
+    stop = asyncio.Event()
+
+    async def watch() -> None:  # the job's bound holds at every moment, across all nodes
+        nonlocal peak
+        removed = False
+        while not stop.is_set():
+            peak = max(peak, engine.stats()["pad"]["size"])
+            if not removed and finished >= rollouts // 3:
+                removed = True
+                await asyncio.to_thread(cluster.remove_node, third, False)
+            await asyncio.sleep(0.1)
+
+    watcher = asyncio.create_task(watch())
+    tasks = [asyncio.create_task(rollout(i)) for i in range(rollouts)]
+    for task in rng.sample(tasks, rollouts // 10):  # cancel some while they wait, act, or release
+        asyncio.get_running_loop().call_later(rng.random() * 5, task.cancel)
+    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 900)  # never a hang
+    for r in results:
+        if isinstance(r, asyncio.CancelledError):
+            outcomes["cancelled"] += 1
+        elif r is None:
+            outcomes["done"] += 1
+        else:
+            raise r
+    stop.set()
+    await watcher
+    await asyncio.sleep(2)  # background resets at the coordinator
+    pad = engine.stats()["pad"]
+    print("chaos", outcomes, {k: pad[k] for k in ("created", "destroyed", "failed", "reclaimed", "timeouts")})
+    assert violations == []
+    assert outcomes["done"] + outcomes["cancelled"] == rollouts and outcomes["cancelled"] > 0
+    assert pad["in_use"] == 0 and pad["waiting"] == 0
+    assert peak <= 8 and pad["size"] <= 8
+    assert pad["reclaimed"] == 0  # this process never died: losing a node must not look like its death
+    assert pad["failed"] > 0  # the chaos did happen (broken instances, the lost node)
+    await engine.aclose()
+    assert job_gone("chaos")
+    deadline = time.monotonic() + 20
+    while live_actors_of(list(actors.values())) and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    assert live_actors_of(list(actors.values())) == 0  # no instance outlives the job
