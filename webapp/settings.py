@@ -249,6 +249,10 @@ if not isinstance(AGENTFLY_RAY_TEAM_BUDGETS, dict) or not all(
         for b in AGENTFLY_RAY_TEAM_BUDGETS.values()):
     raise ImproperlyConfigured('AGENTFLY_RAY_TEAM_BUDGETS: give {"team slug or *": {"resource": whole number}}, '
                                'e.g. {"*": {"sandbox": 64}, "vision": {"sandbox": 16}}')
+# The custom Ray resources an instance asks for, by resource name or kind: sandboxes go to the nodes started
+# with --resources='{"sandbox": N}', N at a time.
+AGENTFLY_RAY_PLACEMENT: dict[str, dict[str, float]] = json.loads(
+    env_str("AGENTFLY_RAY_PLACEMENT", "") or '{"sandbox": {"sandbox": 1}}')
 # Registrable code (docs/security.md): besides AgentFly's built-ins and AGENTFLY_PLUGIN_DIRS, the installed
 # packages whose @agentfly.tool / @agentfly.reward objects teams may register (comma list of package names).
 AGENTFLY_TOOL_PACKAGES = env_list("AGENTFLY_TOOL_PACKAGES", [])

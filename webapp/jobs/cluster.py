@@ -2,7 +2,7 @@
 
 When it is set, every job's config gets ``resource_backend`` (``resources.backend=ray``): its pools run on
 the cluster, one pool per resource for the whole job (id ``job-<pk>``, so a resumed job finds its leases),
-drawing on its team's budget (``AGENTFLY_RAY_TEAM_BUDGETS``, JSON by team slug, ``"*"`` for every other team:
+its sandboxes on the nodes with ``sandbox`` room (``AGENTFLY_RAY_PLACEMENT``), drawing on its team's budget (``AGENTFLY_RAY_TEAM_BUDGETS``, JSON by team slug, ``"*"`` for every other team:
 ``{"*": {"sandbox": 64}, "vision": {"sandbox": 16, "scienceworld": 4}}``). When the job ends, fails or is
 cancelled, or the sweep finds its worker dead, ``stop_ray_job`` stops its coordinator and with it every
 instance the job had on the cluster (the coordinator also stops itself once no process of the job is alive).
@@ -41,6 +41,7 @@ def with_ray(config: dict[str, Any], job_pk: int, team_slug: str) -> dict[str, A
         resources.pop(key, None)  # a user may not name another job's pool or another team's budget
     backend.update(backend="ray", address=address, job=ray_job_id(job_pk), team=team_slug,
                    team_budget=team_budget(team_slug))
+    backend.setdefault("placement", dict(settings.AGENTFLY_RAY_PLACEMENT))
     return {**config, "resources": resources, "resource_backend": backend}
 
 
