@@ -387,7 +387,8 @@ class _JobPool:
             self.coordinator.team.release.remote(self.coordinator.job, self._budget_key())
 
     # -- acquire / release ------------------------------------------------------------------------------
-    async def acquire(self, owner: str, label: str | None, timeout: float | None) -> dict[str, Any]:
+    async def acquire(self, owner: str, label: str | None, timeout: float | None,
+                      known: frozenset[int] = frozenset()) -> dict[str, Any]:
         if self.closed:
             return {"error": "closed", "message": f"the job's pool of {self.spec.name!r} is closed"}
         start = time.monotonic()
@@ -404,8 +405,12 @@ class _JobPool:
         slot.holders += 1
         self.leases[lease_id] = _Held(slot, owner, label)
         self.acquires += 1
-        return {"lease": lease_id, "actor": slot.actor, "slot": slot.id, "node": slot.node, "host": slot.host,
-                "methods": slot.methods, "waited": time.monotonic() - start}
+        reply = {"lease": lease_id, "slot": slot.id, "waited": time.monotonic() - start}
+        if slot.id not in known:
+            # A handle costs its receiver a registration with Ray's reference counting: each process gets it
+            # once per instance and keeps it, so a warm acquire is one small round trip.
+            reply.update(actor=slot.actor, node=slot.node, host=slot.host, methods=slot.methods)
+        return reply
 
     async def _shared(self) -> _Slot:
         async with self.shared_lock:
@@ -675,11 +680,12 @@ class JobCoordinator:
             # After this call has answered, and only if nobody joined meanwhile (a rank starting late).
             asyncio.get_running_loop().call_later(0.2, lambda: asyncio.ensure_future(self._shutdown(idle_only=True)))
 
-    async def acquire(self, name: str, owner: str, label: str | None, timeout: float | None) -> dict[str, Any]:
+    async def acquire(self, name: str, owner: str, label: str | None, timeout: float | None,
+                      known: frozenset[int] = frozenset()) -> dict[str, Any]:
         pool = self.pools.get(name)
         if pool is None:
             return {"error": "closed", "message": f"resource {name!r} was not declared for job {self.job}"}
-        return await pool.acquire(owner, label, timeout)
+        return await pool.acquire(owner, label, timeout, known)
 
     async def release(self, name: str, lease_id: str, healthy: bool) -> None:
         pool = self.pools.get(name)
@@ -989,6 +995,8 @@ class RayPool:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.instances: set[Instance] = set()  # this process's leased instances
         self.leases: dict[int, str] = {}  # Instance.id -> lease id at the coordinator
+        self.slots: dict[int, int] = {}  # Instance.id -> the coordinator's slot id
+        self.handles: dict[int, tuple[Any, str, str, dict[str, str]]] = {}  # slot id -> actor, node, host, methods
         self.latency = Latencies()
         self.acquires = self.timeouts = self.failed = 0
         self.coordinator: Any = None
@@ -1018,7 +1026,8 @@ class RayPool:
             raise ResourceClosed(f"resource engine is closed; cannot acquire {self.spec.name!r}")
         await self.start()
         t0 = time.monotonic()
-        pending = asyncio.ensure_future(self.coordinator.acquire.remote(self.spec.name, self.owner, owner, timeout))
+        pending = asyncio.ensure_future(self.coordinator.acquire.remote(
+            self.spec.name, self.owner, owner, timeout, frozenset(self.handles)))
         try:
             reply = await asyncio.shield(pending)
         except asyncio.CancelledError:
@@ -1034,12 +1043,19 @@ class RayPool:
             self.failed += 1
             self.last_error = reply["message"]
             raise InfrastructureFailure(reply["message"], reply["error"])
-        proxy = RayInstance(reply["actor"], self.spec.name, reply["node"], reply["host"], reply["methods"],
-                            self.settings.call_timeout, self.settings.node_grace)
+        if "actor" in reply:
+            if len(self.handles) > 2 * self.spec.pool.max + 16:  # instances destroyed since: sent again if needed
+                held = set(self.slots.values())
+                self.handles = {k: v for k, v in self.handles.items() if k in held}
+            self.handles[reply["slot"]] = (reply["actor"], reply["node"], reply["host"], reply["methods"])
+        actor, node, host, methods = self.handles[reply["slot"]]
+        proxy = RayInstance(actor, self.spec.name, node, host, methods, self.settings.call_timeout,
+                            self.settings.node_grace)
         slot = Instance(proxy)
         slot.uses = 1
         self.instances.add(slot)
         self.leases[slot.id] = reply["lease"]
+        self.slots[slot.id] = reply["slot"]
         self.acquires += 1
         self.latency.add(time.monotonic() - t0)
         if self.closed:  # closed while we waited: hand it straight back
@@ -1061,8 +1077,11 @@ class RayPool:
         lease.released = True
         self.instances.discard(lease.slot)
         lease_id = self.leases.pop(lease.slot.id, None)
+        slot_id = self.slots.pop(lease.slot.id, None)
         if lease_id is not None and self.coordinator is not None:
             dead = getattr(lease.slot.resource, "dead", False)
+            if dead or not healthy:  # destroyed at the coordinator: its handle is of no more use
+                self.handles.pop(slot_id or 0, None)
             self.coordinator.release.remote(self.spec.name, lease_id, healthy and not dead)
 
     def stats(self) -> dict[str, Any]:
