@@ -42,7 +42,7 @@ LOGS = REPO / "runs" / "bench" / "logs"
 # Arguments for scripts whose doc-worthy run is not their bare default (keep each under ~3 minutes).
 ARGS: dict[str, list[str]] = {"rollout_async": ["--sweep", "--turns", "2"]}
 # Scripts that may need longer than --timeout on a first run (installing TRL, building the warm start).
-TIMEOUTS: dict[str, float] = {"trl_compare": 1500.0}
+TIMEOUTS: dict[str, float] = {"trl_compare": 1500.0, "resources_cluster": 1800.0}
 
 
 @dataclass
