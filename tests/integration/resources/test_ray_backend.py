@@ -376,3 +376,28 @@ async def test_a_thousand_chaotic_rollouts_across_three_nodes_survive_losing_one
     while live_actors_of(list(actors.values())) and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
     assert live_actors_of(list(actors.values())) == 0  # no instance outlives the job
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_training_run_with_resources_backend_ray_rolls_out_on_the_cluster_and_leaves_nothing_there(
+        cluster: Cluster, tmp_path: Path) -> None:
+    from trainer.config import load_config
+    from trainer.events import CallbackSink
+    from trainer.loop import Trainer
+
+    root = Path(__file__).parents[3]
+    events: list[dict[str, Any]] = []
+    config = load_config(root / "examples/key_chain/grpo.yaml", [
+        f"model.path={root / 'examples/key_chain/warm_start'}", f"output_dir={tmp_path}", "steps=1",
+        "max_minutes=null", "threads=1", "update_threads=1", "progress=false", "data.train_size=2",
+        "rollout.prompts_per_step=2", "rollout.group_size=2", "data.eval_size=2", "save_every=0",
+        "resources.backend=ray", f"resources.address={cluster.address}", "resources.job=trainer-run",
+        "resources.kv.max=4"])
+    Trainer(config, sinks=[CallbackSink(events.append)]).train()
+    pools = [e["data"]["pools"]["kv"] for e in events if e["type"] == "resources" and "kv" in e["data"]["pools"]]
+    assert pools and pools[-1]["backend"] == "ray" and pools[-1]["job"] == "trainer-run"
+    assert max(p["cluster_acquires"] for p in pools) >= 4  # every rollout's store came from the cluster
+    assert any(p["nodes"] for p in pools)  # the events carry the nodes
+    assert all(p["size"] <= 4 for p in pools)
+    assert job_gone("trainer-run")
