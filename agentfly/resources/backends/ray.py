@@ -1012,12 +1012,23 @@ class RayPool:
         async with self._start_lock:
             if self.started:
                 return
+            import ray
+
             connect(self.settings.address)
-            self.coordinator = _remote(JobCoordinator).options(
-                name=coordinator_name(self.job), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-                num_cpus=0, max_concurrency=1000, resources=ON_HEAD).remote(self.job, self.settings)
             self.owner = f"{socket.gethostname()}:{os.getpid()}:{self.spec.name}:{uuid.uuid4().hex[:8]}"
-            await self.coordinator.register.remote(self.owner, _process_token())
+            for attempt in range(5):
+                self.coordinator = _remote(JobCoordinator).options(
+                    name=coordinator_name(self.job), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+                    num_cpus=0, max_concurrency=1000, resources=ON_HEAD).remote(self.job, self.settings)
+                try:
+                    await self.coordinator.register.remote(self.owner, _process_token())
+                    break
+                except ray.exceptions.RayActorError:
+                    # The job's last process left a moment ago and its coordinator is stopping: once its name
+                    # is free, this process starts the next one.
+                    if attempt == 4:
+                        raise
+                    await asyncio.sleep(0.5)
             await self.coordinator.ensure.remote(self.spec)
             self.started = True
 
@@ -1034,6 +1045,9 @@ class RayPool:
             # Cancelling our await does not cancel the coordinator's: give back what it grants after we left.
             pending.add_done_callback(self._give_back_late)
             raise
+        except Exception as exc:  # the coordinator is gone: the job was stopped (cancel) or the head failed
+            raise ResourceClosed(f"the job's pool of {self.spec.name!r} on the Ray cluster is gone (the job was "
+                                 f"stopped, or the head node failed): {type(exc).__name__}") from None
         if "error" in reply:
             if reply["error"] == "acquire_timeout":
                 self.timeouts += 1

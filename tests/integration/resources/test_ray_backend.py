@@ -33,7 +33,7 @@ from agentfly.resources.backends.ray import (  # noqa: E402
     stop_job,
 )
 from agentfly.resources.scratchpad import Scratchpad  # noqa: E402
-from agentfly.resources.spec import InfrastructureFailure, ResourceTimeout  # noqa: E402
+from agentfly.resources.spec import InfrastructureFailure, ResourceClosed, ResourceTimeout  # noqa: E402
 
 OWNER = Path(__file__).with_name("_ray_owner.py")
 FAST_HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 8, "health_check_timeout_ms": 2000}
@@ -137,6 +137,9 @@ async def test_a_team_budget_is_shared_by_two_jobs_and_a_job_over_it_waits_inste
             await b.acquire("box", timeout=1)
         await b.release(lease)
         await a.release(held[1])
+    # A job started again right after its last process left gets a fresh pool, not the one stopping.
+    async with ResourceEngine([pad(max=2)], ray=settings("team-a", **team)) as again:
+        await again.release(await again.acquire("box"))
     assert job_gone("team-a") and job_gone("team-b")
 
 
@@ -255,6 +258,8 @@ async def test_cancelling_a_job_stops_its_coordinator_and_every_instance_it_owns
     waiter.cancel()
     assert stop_job("cancelled")  # what the web app does when the job is cancelled
     assert job_gone("cancelled")
+    with pytest.raises(ResourceClosed, match="is gone"):  # the job's rollouts stop, no Ray error leaks out
+        await engine.acquire("box", timeout=5)
     deadline = time.monotonic() + 15
     while live_actors_of(actors) and time.monotonic() < deadline:
         await asyncio.sleep(0.3)
