@@ -150,6 +150,9 @@ def main() -> None:
     import ray
     from ray.cluster_utils import Cluster
 
+    if "c" in args.only and args.only == ["c"]:
+        bench_chaos(60 if args.quick else 1000)
+        return
     slots = 4
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     cluster.add_node(num_cpus=1, resources={"slot": slots})

@@ -316,7 +316,7 @@ async def test_a_thousand_chaotic_rollouts_across_three_nodes_survive_losing_one
     engine = ResourceEngine(specs, ray=settings("chaos"))
     await engine.start()
     limit = asyncio.Semaphore(16)
-    outcomes = {"done": 0, "cancelled": 0, "infra": 0}
+    outcomes = {"done": 0, "cancelled": 0, "infra": 0, "node_lost": 0}
     finished = 0
 
     async def rollout(i: int) -> None:
@@ -329,12 +329,14 @@ async def test_a_thousand_chaotic_rollouts_across_three_nodes_survive_losing_one
                     result = await step.invoke({"action": action}, context=ctx)
                     if result.error and ("InfrastructureFailure" in result.error or "ResourceTimeout" in result.error):
                         outcomes["infra"] += 1
+                        outcomes["node_lost"] += "node was lost" in result.error
                         ctx.mark_unhealthy("pad")
                         return
                     if action == "unhealthy":
                         ctx.mark_unhealthy("pad")
-            except InfrastructureFailure:  # once the rollout layer raises them instead of telling the model
+            except InfrastructureFailure as exc:  # once the rollout layer raises them instead of telling the model
                 outcomes["infra"] += 1
+                outcomes["node_lost"] += exc.kind == "node_lost"
             finally:
                 finished += 1
                 await asyncio.shield(ctx.aclose())
@@ -371,6 +373,7 @@ async def test_a_thousand_chaotic_rollouts_across_three_nodes_survive_losing_one
     print("chaos", outcomes, {k: pad[k] for k in ("created", "destroyed", "failed", "reclaimed", "timeouts")})
     assert violations == []
     assert outcomes["done"] + outcomes["cancelled"] == rollouts and outcomes["cancelled"] > 0
+    assert outcomes["infra"] > 0  # the removed node's and the timed-out rollouts ended as infrastructure failures
     assert pad["in_use"] == 0 and pad["waiting"] == 0
     assert peak <= 8 and pad["size"] <= 8
     assert pad["reclaimed"] == 0  # this process never died: losing a node must not look like its death
