@@ -40,7 +40,8 @@ DOC = REPO / "docs" / "benchmarks.md"
 LOGS = REPO / "runs" / "bench" / "logs"
 
 # Arguments for scripts whose doc-worthy run is not their bare default (keep each under ~3 minutes).
-ARGS: dict[str, list[str]] = {"rollout_async": ["--sweep", "--turns", "2"]}
+ARGS: dict[str, list[str]] = {"rollout_async": ["--sweep", "--turns", "2"],
+                              "turn_credit": ["--seeds", "0", "--minutes", "2", "--eval-every", "5"]}
 # Scripts that may need longer than --timeout on a first run (installing TRL, building the warm start).
 TIMEOUTS: dict[str, float] = {"trl_compare": 1500.0, "resources_cluster": 1800.0}
 

@@ -57,6 +57,47 @@ def collate(trajectories: Sequence[Trajectory], rewards: Sequence[float], group_
                  torch.tensor(list(group_ids), dtype=torch.long, device=device))
 
 
+@dataclass
+class TurnLayout:
+    """A batch's turns as tensors (see ``trainer.algorithms.turns``): K = the most turns of any row."""
+
+    rewards: torch.Tensor  # [B, K]  turn rewards, the row's outcome (shaped) reward added on its last turn
+    mask: torch.Tensor  # [B, K]  1 for the turns a row has
+    states: torch.Tensor  # [B, K]  an integer per distinct ``Turn.state`` (-1 past a row's turns)
+    turn_of: torch.Tensor  # [B, L-1]  the turn of each predicted position, -1 on prompt, observations, padding
+
+
+def turn_layout(trajectories: Sequence[Trajectory], outcome: torch.Tensor, width: int,
+                kl_reward: torch.Tensor | None = None, kl_coef: float = 0.0) -> TurnLayout:
+    """The turns of ``trajectories`` laid out for turn-level credit; positions are shifted as ``Batch.mask``
+    is (position t predicts token t + 1). ``kl_reward`` ([B, L-1]), when KL is applied in the reward, is taken
+    off each turn as the sum over the turn's tokens, times ``kl_coef``."""
+    B, K = len(trajectories), max((t.num_turns for t in trajectories), default=0)
+    device = outcome.device
+    rewards = torch.zeros(B, K, dtype=torch.float32)
+    mask = torch.zeros(B, K, dtype=torch.float32)
+    states = torch.full((B, K), -1, dtype=torch.long)
+    turn_of = torch.full((B, width), -1, dtype=torch.long)
+    codes: dict[str, int] = {}
+    for i, t in enumerate(trajectories):
+        if not t.turns:
+            continue
+        per_turn = t.rewards_per_turn()
+        for k, turn in enumerate(t.turns):
+            rewards[i, k] = per_turn[k]
+            mask[i, k] = 1.0
+            states[i, k] = codes.setdefault(turn.state, len(codes))
+            turn_of[i, max(turn.start - 1, 0):max(turn.end - 1, 0)] = k
+        rewards[i, t.num_turns - 1] += float(outcome[i])
+    turn_of, rewards = turn_of.to(device), rewards.to(device)
+    if kl_reward is not None and kl_coef and K:
+        on = turn_of >= 0
+        penalty = torch.zeros(B, K, dtype=torch.float32, device=device)
+        penalty.scatter_add_(1, turn_of.clamp(min=0), torch.where(on, kl_reward.float(), torch.zeros_like(kl_reward)))
+        rewards = rewards - kl_coef * penalty
+    return TurnLayout(rewards, mask.to(device), states.to(device), turn_of)
+
+
 def trim(batch: Batch, width: int) -> Batch:
     """The batch cut to ``width`` token positions (its longest row), dropping padding columns."""
     return Batch(batch.input_ids[:, :width], batch.attention_mask[:, :width], batch.mask[:, : width - 1],

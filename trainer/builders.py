@@ -133,6 +133,9 @@ def load_samples(config: Config) -> tuple[list[dict[str, Any]], list[dict[str, A
     builtin: dict[str, Any] = {
         "arithmetic": lambda split, n: arithmetic.generate(n, seed=data.seed, split=split),
         "key_chain": lambda split, n: key_chain.generate(n, seed=data.seed, split=split),
+        "key_chain_long": lambda split, n: key_chain.generate(n, seed=data.seed, split=split,
+                                                              min_hops=key_chain.LONG_MIN_HOPS,
+                                                              max_hops=key_chain.LONG_MAX_HOPS),
         "wiki_qa": lambda split, n: wiki_qa.load(split),
         "scienceworld": lambda split, n: _scienceworld(split, data.seed),
     }
@@ -208,20 +211,18 @@ def build_agent(config: Config, engine: Engine, resources: ResourceEngine | None
     r = config.rollout
     tools = [import_object(spec, "rollout.tools entry") for spec in r.tools]
     reward = import_object(r.reward, "rollout.reward")
+    # The agent owns the pools made for it (``agent.close()`` stops them), not those it is given to share.
     return af.Agent(engine, tools=tools, reward=reward, parser=r.parser, max_turns=r.max_turns,
                     system_prompt=r.system_prompt,
                     resources=resources if resources is not None else build_resources(config, tools),
-                    chat_template_kwargs=r.chat_template_kwargs)
+                    owns_resources=resources is None, chat_template_kwargs=r.chat_template_kwargs)
 
 
-def close_agent(agent: Agent) -> None:
-    """Stop what ``build_agent`` made: the agent's resource pools (on the event loop their instances belong
-    to, ``run_sync``'s, idle between calls), then that loop."""
-    resources = agent.runner.resources
-    close = getattr(resources, "close", None)
-    if callable(close):
-        close()
-    agent.close()
+def pools_of(agent: Agent) -> ResourceEngine | None:
+    """The agent's ``ResourceEngine`` (what the trainer reports and shares), or None when it has no pools."""
+    from agentfly.resources.engine import ResourceEngine
+
+    return agent.resources if isinstance(agent.resources, ResourceEngine) else None
 
 
 def build_engine(config: Config, model: Any, tokenizer: Any) -> Engine:

@@ -106,7 +106,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
     from agentfly.engines.hf import HFEngine
-    from trainer.builders import build_agent, close_agent, load_policy, load_samples, setup_torch
+    from trainer.builders import build_agent, load_policy, load_samples, setup_torch
     from trainer.checkpoint import resolve
     from trainer.evaluation import report, run_eval, sampled_eval, split_field, table
 
@@ -134,7 +134,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         with torch.inference_mode():
             run = run_eval(agent, samples, config.eval.max_new_tokens, config.eval.batch_size, sampled_eval(config))
     finally:
-        close_agent(agent)
+        agent.close()
     rep = report(run, by, source)
     result: dict[str, Any] = {"checkpoint": str(path), "split": args.split, "n": len(run.greedy), **rep["all"],
                               "group_by": rep["group_by"], "splits": rep["splits"]}

@@ -96,7 +96,8 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     task: str = _f("arithmetic", "A built-in task ('arithmetic': generated calculator problems; 'key_chain': generated "
-                                 "chains of 3-5 keys to follow with the `lookup` tool; 'wiki_qa': questions on the "
+                                 "chains of 3-5 keys to follow with the `lookup` tool; 'key_chain_long': chains of "
+                                 "6-10 keys, for per-turn credit; 'wiki_qa': questions on the "
                                  "bundled WIKI_MINI corpus; 'scienceworld': its tasks, 5 variations each) or a JSONL "
                                  "file of samples.")
     train_size: int = _f(20000, "Training problems generated for 'arithmetic' and 'key_chain' (ignored for a JSONL "
@@ -130,6 +131,11 @@ class RolloutConfig:
     max_staleness: int = _f(1, "async: the most policy versions a batch may lag the update it trains (k): the "
                                "producer samples steps s+1..s+k while step s updates, and a batch older than k "
                                "versions is dropped (counted in rollout/dropped_stale), never trained on.")
+    infra_failures: Literal["exclude", "drop_group"] = _f(
+        "exclude", "A trajectory the infrastructure ended (a dead sandbox, a lost node, a server down; counted in "
+        "rollout/infra_failed) is never trained on. exclude: it leaves its group, whose statistics and loss are "
+        "those of the rest. drop_group: its whole group is dropped and fresh prompts refill the batch, for up to "
+        "algorithm.max_sample_batches rounds (for estimators that need full groups).")
 
 
 @dataclass
@@ -198,6 +204,14 @@ class AlgorithmConfig:
     whiten_advantages: bool = _f(True, "PPO: whiten GAE advantages over the batch's mask-1 tokens.")
     dynamic_sampling: bool | None = _f(None, "Drop groups with equal rewards and refill; None = on for dapo.")
     max_sample_batches: int = _f(3, "Dynamic sampling: most rollout rounds per step before training anyway.")
+    credit: Literal["outcome", "turn", "step", "turn_gae"] = _f(
+        "outcome", "How a trajectory's rewards reach its tokens. outcome: every sampled token gets the sequence's "
+        "advantage from the outcome plus its turn rewards. turn: turn t's tokens get the discounted return from "
+        "turn t (gamma) minus the mean return of the group's other rollouts at turn t, an unbiased baseline "
+        "(trainer/algorithms/turns.py derives it). step: GiGPO (Feng et al. 2025): the outcome's leave-one-out "
+        "advantage plus step_weight times the turn return's leave-one-out advantage among the group's turns that "
+        "acted from the same observations. turn_gae: PPO's GAE with one step per turn (needs algorithm.name=ppo).")
+    step_weight: float = _f(1.0, "credit=step: weight of the step-level advantage (GiGPO's omega).")
     overlong_buffer: int = _f(0, "Overlong shaping buffer in tokens (DAPO: 4096 of 20480); 0 is off.")
     overlong_max_tokens: int = _f(256, "Overlong shaping: response length that gets the full penalty.")
     overlong_penalty: float = _f(1.0, "Overlong shaping: the largest penalty.")
@@ -373,13 +387,24 @@ class Config:
     eval: EvalConfig = _f(EvalConfig(), "Held-out evaluation (greedy decoding).")
     sft: SFTConfig = _f(SFTConfig(), "Supervised warm start (agentfly sft).")
 
+    def __post_init__(self) -> None:
+        # Checked on construction, so no caller can forget: a Config that exists is one that can run.
+        self.validate()
+
     def validate(self) -> Config:
-        """Reject combinations that cannot work, saying which keys to change."""
+        """Reject combinations that cannot work, saying which keys to change (run on construction)."""
         a, r = self.algorithm, self.rollout
         if r.group_size < 2 and a.name in ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp_baseline"):
             raise ConfigError(f"rollout.group_size={r.group_size}: {a.name} compares responses to the same prompt, "
                               "so it needs rollout.group_size >= 2 (or use algorithm.name=ppo / reinforce_pp)",
                               key="rollout.group_size")
+        if a.credit == "turn_gae" and a.name != "ppo":
+            raise ConfigError(f"algorithm.credit=turn_gae needs a critic: use algorithm.name=ppo, or credit=turn / step "
+                              f"with {a.name}", key="algorithm.credit")
+        if a.credit in ("turn", "step") and a.name in ("ppo", "reinforce_pp"):
+            raise ConfigError(f"algorithm.credit={a.credit} compares the rollouts of a group, which {a.name} does not "
+                              "make: use credit=turn_gae with ppo, or a group algorithm (grpo, dr_grpo, dapo, rloo, "
+                              "reinforce_pp_baseline)", key="algorithm.credit")
         if r.prompts_per_step * r.group_size % a.minibatches:
             raise ConfigError(f"algorithm.minibatches={a.minibatches} must divide rollout.prompts_per_step * "
                               f"rollout.group_size = {r.prompts_per_step * r.group_size}", key="algorithm.minibatches")

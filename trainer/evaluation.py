@@ -87,8 +87,11 @@ class EvalRun:
         from trainer.loop import rollout_metrics
 
         idx = list(range(len(self.samples))) if indices is None else list(indices)
-        greedy = [self.greedy[i] for i in idx]
-        out = rollout_metrics(greedy, prefix)
+        out = rollout_metrics([self.greedy[i] for i in idx], prefix)
+        # A problem the infrastructure failed on (counted in rollout/infra_failed) says nothing of the agent.
+        greedy = [self.greedy[i] for i in idx if not self.greedy[i].infra_failed]
+        if not greedy:
+            return out
         calls = sum(len(t.tool_calls) for t in greedy)
         out |= {
             f"{prefix}problems": float(len(greedy)),

@@ -30,25 +30,26 @@ import os
 import shutil
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from trainer import algorithms as algos
 from trainer import distributed as dist
-from trainer.batch import Batch, agg_denominator, collate, forward, trim
+from trainer.batch import Batch, agg_denominator, collate, forward, trim, turn_layout
 from trainer.builders import (
     DataCursor,
     build_agent,
     build_engine,
-    close_agent,
     ensure_tiny,
     load_policy,
     load_samples,
+    pools_of,
     setup_torch,
 )
 from trainer.checkpoint import load_state, partial_path, rng_state, save_checkpoint, set_rng_state
@@ -62,7 +63,6 @@ from trainer.trackers import tracker_sinks
 if TYPE_CHECKING:
     from agentfly.agents.agent import Agent
     from agentfly.engines.base import Engine
-    from agentfly.resources import ResourceEngine
     from agentfly.rollout.trajectory import Trajectory
 
 # ------------------------------------------------------------------------------------------ the trainer
@@ -99,7 +99,20 @@ def summary(t: Trajectory) -> dict[str, Any]:
     """The few numbers of a trajectory its metrics need (what ranks exchange, not the whole trajectory)."""
     return {"reward": t.reward, "length": t.num_trained_tokens, "turns": t.num_turns, "tool_calls": len(t.tool_calls),
             "tool_errors": t.tool_errors, "parse_errors": t.parse_errors, "error": t.error is not None,
-            "finish": t.finish_reason}
+            "finish": t.finish_reason, "failure": t.failure}
+
+
+def infra_kept(trajectories: Sequence[Trajectory], groups: Sequence[int], mode: str) -> list[bool]:
+    """Which trajectories stay in training: not those the infrastructure ended (``Trajectory.failure``).
+
+    ``exclude`` drops each failed trajectory alone; ``drop_group`` drops every group that holds one.
+    """
+    if mode == "exclude":
+        return [not t.infra_failed for t in trajectories]
+    if mode == "drop_group":
+        broken = {g for t, g in zip(trajectories, groups, strict=True) if t.infra_failed}
+        return [g not in broken for g in groups]
+    raise ValueError(f"Unknown infra_failures mode: {mode!r}; use 'exclude' or 'drop_group'")
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory], prefix: str = "") -> dict[str, float]:
@@ -108,10 +121,20 @@ def rollout_metrics(trajectories: Sequence[Trajectory], prefix: str = "") -> dic
 
 
 def summary_metrics(rows: Sequence[dict[str, Any]], prefix: str = "") -> dict[str, float]:
-    """``rollout_metrics`` of trajectories given by their ``summary`` (gathered from every rank)."""
+    """``rollout_metrics`` of trajectories given by their ``summary`` (gathered from every rank).
+
+    Trajectories that ended in an infrastructure failure are counted (``rollout/infra_failed``, and by kind)
+    and left out of every other statistic: their reward says nothing of the agent.
+    """
+    failures = Counter(r["failure"] for r in rows if r.get("failure"))
+    counts = {f"{prefix}rollout/infra_failed": float(sum(failures.values()))}
+    counts |= {f"{prefix}rollout/infra_failed/{kind}": float(n) for kind, n in sorted(failures.items())}
+    rows = [r for r in rows if not r.get("failure")]
+    if not rows:
+        return counts
     rewards = np.array([r["reward"] for r in rows], dtype=np.float64)
     lengths = np.array([r["length"] for r in rows], dtype=np.float64)
-    out = {
+    out = counts | {
         f"{prefix}reward/mean": float(rewards.mean()), f"{prefix}reward/std": float(rewards.std()),
         f"{prefix}reward/min": float(rewards.min()), f"{prefix}reward/max": float(rewards.max()),
         f"{prefix}accuracy": float((rewards >= 1.0 - 1e-9).mean()),
@@ -242,7 +265,7 @@ class Trainer:
                                                                  ", or a ZeRO stage below 3"), key="rollout.mode")
         self.agent: Agent = build_agent(config, self.engine)
         # build_agent gives the agent build_resources' engine (or none): the trainer reports and closes it.
-        self.resources = cast("ResourceEngine | None", self.agent.runner.resources)
+        self.resources = pools_of(self.agent)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
                           else self.tokenizer.eos_token_id)
         train, held_out = load_samples(config)
@@ -374,7 +397,11 @@ class Trainer:
 
     def _shaped_rewards(self, trajectories: Sequence[Trajectory]) -> list[float]:
         a = self.config.algorithm
-        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+        # Outcome credit trains on the sequence's whole score: its outcome plus the rewards of its turns. The
+        # turn-level estimators place each turn's reward on that turn instead (``turn_layout``).
+        outcome = a.credit == "outcome"
+        rewards = torch.tensor([t.reward + (sum(t.rewards_per_turn()) if outcome else 0.0) for t in trajectories],
+                               dtype=torch.float32)
         if a.overlong_buffer:
             lengths = torch.tensor([t.num_trained_tokens for t in trajectories])
             rewards = rewards + algos.overlong_penalty(lengths, a.overlong_max_tokens, a.overlong_buffer,
@@ -400,7 +427,8 @@ class Trainer:
         kept: list[list[tuple[Trajectory, float, int]]] = []  # per round
         counts: list[list[int]] = []  # per round, per rank: rows kept
         everything: list[Trajectory] = []
-        rounds = a.max_sample_batches if a.resolved_dynamic_sampling else 1
+        refill = a.resolved_dynamic_sampling or r.infra_failures == "drop_group"
+        rounds = a.max_sample_batches if refill else 1
         n = r.prompts_per_step * r.group_size
         agent = self.agent if agent is None else agent
         cursor = self.cursor if cursor is None else cursor
@@ -414,10 +442,15 @@ class Trainer:
                                               first_index=first * r.group_size)
             everything += trajectories
             with timer("reward"):
-                shaped = self._shaped_rewards(trajectories)
                 groups = [round_index * r.prompts_per_step + first + i // r.group_size
                           for i in range(len(trajectories))]
-                if a.resolved_dynamic_sampling:
+                # A trajectory the infrastructure ended is not the agent's failure: it leaves its group before
+                # any statistic is taken, so the group's mean, std and the loss are those of the rest.
+                healthy = infra_kept(trajectories, groups, r.infra_failures)
+                trajectories = [t for t, k in zip(trajectories, healthy, strict=True) if k]
+                groups = [g for g, k in zip(groups, healthy, strict=True) if k]
+                shaped = self._shaped_rewards(trajectories)
+                if a.resolved_dynamic_sampling and trajectories:
                     keep = algos.informative_groups(torch.tensor(shaped), torch.tensor(groups)).tolist()
                 else:
                     keep = [True] * len(trajectories)
@@ -499,8 +532,8 @@ class Trainer:
             self.events.samples(self.step, [t.to_dict(self.tokenizer) for t in shown])
         # The engine and pools the rollouts ran on: the producer's in async mode.
         engine = self.engine if self._producer_engine is None else self._producer_engine
-        pools = self.resources if self._producer_agent is None else self._producer_agent.runner.resources
-        self.events.resources(self.step, engine.stats(), cast("ResourceEngine", pools).stats() if pools else None)
+        pools = self.resources if self._producer_agent is None else pools_of(self._producer_agent)
+        self.events.resources(self.step, engine.stats(), pools.stats() if pools else None)
         return metrics
 
     def _async_metrics(self, produced: ProducedBatch, dropped: int, trained: Sequence[Trajectory]
@@ -558,11 +591,18 @@ class Trainer:
             if ref_logp is not None and a.kl_in_reward:
                 behaviour = old_logp if old_logp is not None else batch.rollout_logprobs
                 kl_reward = algos.kl_estimate(behaviour, ref_logp, a.kl_estimator)
-            token_rewards = algos.outcome_token_rewards(batch.rewards, mask, kl_reward, a.kl_coef)
-            advantages, returns = algos.compute_advantages(
-                a.name, token_rewards, mask, batch.group_ids, values=values, std_normalize=a.std_normalize,
-                gamma=a.gamma, lam=a.lam, whiten=a.whiten_advantages,
-                reduce=dist.all_reduce_sum if self.world > 1 else None)
+            reduce = dist.all_reduce_sum if self.world > 1 else None
+            if a.credit == "outcome":
+                token_rewards = algos.outcome_token_rewards(batch.rewards, mask, kl_reward, a.kl_coef)
+                advantages, returns = algos.compute_advantages(
+                    a.name, token_rewards, mask, batch.group_ids, values=values, std_normalize=a.std_normalize,
+                    gamma=a.gamma, lam=a.lam, whiten=a.whiten_advantages, reduce=reduce)
+            else:
+                turns = turn_layout(trajectories, batch.rewards, mask.shape[1], kl_reward, a.kl_coef)
+                advantages, returns = algos.compute_turn_advantages(
+                    a.credit, turns.rewards, turns.mask, turns.turn_of, mask, batch.group_ids, states=turns.states,
+                    values=values, gamma=a.gamma, lam=a.lam, step_weight=a.step_weight,
+                    whiten=a.whiten_advantages, reduce=reduce)
         # Thread counts are process-wide: in async mode the producer's core is not the update's to take.
         with timer("update"), _torch_threads(cfg.update_threads if cfg.rollout.mode == "sync" else 0):
             metrics |= self._optimise(batch, old_logp, ref_logp, advantages, values, returns, placeholder)
@@ -702,7 +742,7 @@ class Trainer:
 
     def _shares_pools(self) -> bool:
         """Async mode with resource pools: evaluations use the producer's pools, with the producer paused."""
-        return self._producer_agent is not None and self._producer_agent.runner.resources is not None
+        return self._producer_agent is not None and pools_of(self._producer_agent) is not None
 
     def _eval_agent(self) -> Agent:
         """The agent evaluations run on: the trainer's own, except while an asynchronous producer runs and
@@ -718,8 +758,7 @@ class Trainer:
 
             engine = HFEngine(model=self.model, tokenizer=self.tokenizer) if self.separate_engine else self.engine
             if self._shares_pools():
-                agent = build_agent(self.config, engine,
-                                    resources=cast("ResourceEngine", self._producer_agent.runner.resources))
+                agent = build_agent(self.config, engine, resources=pools_of(self._producer_agent))
                 agent.share_loop(self._producer_agent)
             else:
                 agent = build_agent(self.config, engine)
@@ -765,7 +804,7 @@ class Trainer:
                 return
         for agent in (self._producer_agent, self._async_eval_agent):
             if agent is not None:
-                close_agent(agent)
+                agent.close()
 
     def train(self, should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
         """Run to ``steps`` (or the time budget); returns the final metrics and the last checkpoint path.
@@ -825,7 +864,7 @@ class Trainer:
             self._stop_producer()
             # Sandboxes and environments (kept warm across steps on run_sync's loop), then that loop; the
             # rollouts have all ended.
-            close_agent(self.agent)
+            self.agent.close()
             if self._owns_engine:
                 # Now, not whenever the garbage collector gets to it: vLLM's teardown resets process-wide
                 # state, and run in the middle of the next engine's start it breaks that one.
@@ -854,11 +893,10 @@ class _Progress:
         if not self.enabled:
             return
         row = []
-        for name, key, fmt in self.COLUMNS:
+        for _, key, fmt in self.COLUMNS:
             width = len(fmt.format(0.0))
             value = metrics.get(key)
             row.append(fmt.format(value) if isinstance(value, (int, float)) else f"{'-':>{width}}")
-            _ = name
         self.bar.write(" ".join(row))
         self.bar.update(step - self.bar.n)
 

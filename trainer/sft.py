@@ -25,7 +25,7 @@ import torch
 
 from trainer import algorithms as algos
 from trainer.batch import collate, forward
-from trainer.builders import build_agent, close_agent, load_policy, load_samples, setup_torch
+from trainer.builders import build_agent, load_policy, load_samples, setup_torch
 from trainer.config import Config, ConfigError, SFTConfig, save_config
 from trainer.evaluation import evaluate, sampled_eval
 from trainer.events import EventStream, JSONLSink, Sink
@@ -222,7 +222,7 @@ def demonstration_trajectories(config: Config, tokenizer: Any) -> list[Any]:
                                       sampling=af.Sampling(temperature=1.0, max_new_tokens=512))
                 replayed.update(zip(chunk, done, strict=True))
     finally:
-        close_agent(agent)
+        agent.close()
     trajectories = [replayed[i] for i in range(len(pairs))]  # in the demonstrations' order
     # A tool error means the written call does not fit the sample (a wrong key): never train on it.
     broken = [t for t in trajectories if t.error is not None or t.finish_reason != "answer"
@@ -299,7 +299,7 @@ def run_sft(config: Config, sinks: Sequence[Sink] = (), should_stop: Callable[[]
             metrics, _ = evaluate(agent, held_out[: config.eval.size or config.data.eval_size],
                                   config.eval.max_new_tokens, config.eval.batch_size, sampled_eval(config))
         finally:
-            close_agent(agent)
+            agent.close()
         metrics |= {"sft/train_seconds": train_seconds, "sft/demonstrations": float(len(trajectories))}
         events.metrics(step, metrics)
         events.checkpoint(step, out, metrics.get("eval/accuracy"))

@@ -11,15 +11,18 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agentfly.agents.parsers import Parser, get_parser
 from agentfly.context import ResourceProvider
 from agentfly.engines.base import Engine, Sampling
 from agentfly.rewards.reward import Reward, make_reward
 from agentfly.rollout.loop import RolloutRunner
+from agentfly.rollout.parsers import Parser, get_parser
 from agentfly.rollout.trajectory import Trajectory
 from agentfly.tools.tool import Tool, make_tool
+
+if TYPE_CHECKING:
+    from agentfly.resources.engine import ResourceEngine
 
 ENGINES = ("hf", "vllm")
 
@@ -57,11 +60,13 @@ class Agent:
     parser: ``"hermes"``, ``"react"`` or a ``Parser``. max_turns: assistant turns per rollout.
     max_length: the most tokens in a trajectory (defaults to the engine's context length).
     resources: the job's ``ResourceEngine`` for tools that declare ``resource=``.
+    owns_resources: whether ``close`` (and leaving ``async with agent``) also closes ``resources``: True for
+    pools made for this agent, False (the default) for pools the caller shares with other agents and closes.
     max_concurrency: rollouts in flight at once (with the pool limits, this bounds memory).
     chat_template_kwargs: extra chat template variables, e.g. ``{"enable_thinking": False}`` (Qwen3).
 
     ``run_sync`` keeps one event loop for all its calls, so resource instances stay in their pools between
-    calls (a trainer's steps, an evaluation's batches); ``close`` ends that loop.
+    calls (a trainer's steps, an evaluation's batches); ``close`` stops the pools it owns, then ends that loop.
     """
 
     def __init__(
@@ -74,10 +79,11 @@ class Agent:
         engine: str = "hf",
         system_prompt: str | None = None,
         max_length: int | None = None,
-        resources: ResourceProvider | None = None,
+        resources: ResourceEngine | ResourceProvider | None = None,
         max_concurrency: int | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        owns_resources: bool = False,
     ) -> None:
         if isinstance(model, Engine):
             self.engine = model
@@ -99,12 +105,32 @@ class Agent:
             max_length=max_length, system_prompt=system_prompt, resources=resources, model_name=self.model_name,
             chat_template_kwargs=chat_template_kwargs,
         )
+        self.owns_resources = owns_resources
         self._loop: asyncio.Runner | None = None  # run_sync's event loop, made on first use
         self._loop_owner: Agent = self  # share_loop: the agent whose loop this is (it closes it)
 
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
+
+    @property
+    def resources(self) -> ResourceEngine | ResourceProvider | None:
+        """The resource pools this agent's tools draw from (None when it has none)."""
+        return self.runner.resources
+
+    async def __aenter__(self) -> Agent:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """``close`` for async code: the owned pools are stopped on the running loop (where ``await
+        agent.run`` filled them), then ``run_sync``'s loop, if one was made, ends."""
+        aclose = getattr(self.resources, "aclose", None) if self.owns_resources else None
+        if callable(aclose):
+            await aclose()
+        self.close()
 
     async def run(self, samples: Sequence[Mapping[str, Any]], group_size: int = 1,
                   sampling: Sampling | None = None, first_index: int = 0) -> list[Trajectory]:
@@ -150,9 +176,12 @@ class Agent:
         self._loop_owner = other._loop_owner
 
     def close(self) -> None:
-        """End ``run_sync``'s event loop (its pending tasks are cancelled). Close the agent's
-        ``ResourceEngine`` first to stop its instances on the loop they belong to; the agent does not own it.
-        An agent may run again after ``close``, on a new loop (and so with fresh pools)."""
+        """Stop the pools this agent owns (``owns_resources``) on the loop their instances belong to, then end
+        ``run_sync``'s event loop (its pending tasks are cancelled). Pools it does not own are the caller's to
+        close. An agent without owned pools may run again after ``close``, on a new loop."""
+        close = getattr(self.resources, "close", None) if self.owns_resources else None
+        if callable(close):
+            close()
         if self._loop_owner is not self:  # a shared loop is its owner's to close
             self._loop_owner = self
             return

@@ -55,6 +55,21 @@ class RolloutContext:
     _leases: dict[str, Any] = field(default_factory=dict, repr=False)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict, repr=False)
     _unhealthy: set[str] = field(default_factory=set, repr=False)
+    # The assistant turn whose tool calls are running (set by the rollout loop), and the rewards credited to
+    # turns so far as (turn, value, reason).
+    turn: int = 0
+    turn_rewards: list[tuple[int, float, str]] = field(default_factory=list)
+
+    def reward_turn(self, value: float, reason: str = "") -> None:
+        """Credit ``value`` to the turn whose tool call is running (e.g. a key found on one hop of a chain).
+
+        Turn rewards are kept on the trajectory beside the outcome reward and shown per turn in the rollout
+        viewer; the trainer's turn-level estimators (``algorithm.credit``) train on them, the outcome-only
+        ones add them to the outcome.
+        """
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+            raise TypeError(f"reward_turn(value={value!r}): give a finite number, e.g. context.reward_turn(0.1)")
+        self.turn_rewards.append((self.turn, float(value), str(reason)))
 
     def resource(self, name: str, timeout: float | None = None) -> _Held:
         """The instance of resource ``name`` this rollout holds, acquiring it on first use.

@@ -22,7 +22,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentfly.resources.spec import ResourceClosed, ResourceError, ResourceSpec, ResourceTimeout
+from agentfly.resources.spec import (
+    InfrastructureFailure,
+    ResourceClosed,
+    ResourceError,
+    ResourceSpec,
+    ResourceTimeout,
+)
 
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
@@ -106,7 +112,8 @@ class BasePool:
             self.last_error = f"{type(exc).__name__}: {exc}"
             if resource is not None:
                 await _quietly_close(resource)
-            raise ResourceError(f"could not start resource {self.spec.name!r}: {type(exc).__name__}: {exc}") from exc
+            raise InfrastructureFailure(f"could not start resource {self.spec.name!r}: {type(exc).__name__}: {exc}",
+                                        "unhealthy") from exc
         self.created += 1
         slot = Instance(resource)
         self.instances.add(slot)

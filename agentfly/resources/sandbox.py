@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agentfly.resources.backends.local import Isolation, Limits, LocalWorker
-from agentfly.resources.spec import ResourceError
+from agentfly.resources.spec import InfrastructureFailure, ResourceError
 
 DEFAULT_MAX_OUTPUT = 10_000
 
@@ -155,7 +155,12 @@ class PythonSandbox:
                 error="Timeout", restarted=True,
             )
         except ResourceError as exc:  # the process died (a crash, a limit) or broke the protocol
+            killed = self.worker.killed_from_outside()
             await self._restart()
+            if killed:
+                # SIGKILLed by neither its own limits nor its timeout: the host's OOM killer, an operator, a
+                # node going down. Not the agent's doing, so the rollout ends as an infrastructure failure.
+                raise InfrastructureFailure(f"the sandbox process was killed from outside ({exc})", "killed") from exc
             return Execution(
                 text=f"Error: {exc}; the sandbox was restarted, so variables and files from earlier calls are gone.",
                 error="Died", restarted=True,

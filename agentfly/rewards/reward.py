@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+from agentfly.resources.spec import InfrastructureFailure
+
 BUILTIN_INPUTS = ("final_answer", "trajectory", "context")
 
 
@@ -26,6 +28,7 @@ class RewardResult:
     reward: float
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    turn_rewards: list[float] | None = None  # per-turn scores, when the reward returned ``turn_rewards``
 
 
 @dataclass
@@ -68,8 +71,8 @@ class Reward:
             kwargs = self.bind(final_answer, trajectory, context, sample)
             value = await self.fn(**kwargs) if self.is_async else await asyncio.to_thread(self.fn, **kwargs)
             return normalise(self.name, value)
-        except asyncio.CancelledError:
-            raise
+        except (asyncio.CancelledError, InfrastructureFailure):
+            raise  # a judge or service that failed says nothing of the answer: the rollout ends as a failure
         except Exception as exc:
             return RewardResult(0.0, {}, f"reward '{self.name}' raised {type(exc).__name__}: {exc}")
 
@@ -82,8 +85,13 @@ def normalise(name: str, value: Any) -> RewardResult:
     if isinstance(value, Mapping):
         if "reward" not in value:
             raise RewardError(f"reward '{name}' returned a dict without a 'reward' key: {sorted(value)}")
-        metrics = {k: float(v) for k, v in value.items() if k != "reward" and isinstance(v, (int, float))}
-        return RewardResult(float(value["reward"]), metrics)
+        metrics = {k: float(v) for k, v in value.items()
+                   if k not in ("reward", "turn_rewards") and isinstance(v, (int, float))}
+        turns = value.get("turn_rewards")
+        if turns is not None and (not isinstance(turns, (list, tuple))
+                                  or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in turns)):
+            raise RewardError(f"reward '{name}' returned turn_rewards={turns!r}; give a list of numbers, one per turn")
+        return RewardResult(float(value["reward"]), metrics, turn_rewards=None if turns is None else [float(v) for v in turns])
     raise RewardError(f"reward '{name}' returned {type(value).__name__}; return a float or a dict with 'reward'")
 
 

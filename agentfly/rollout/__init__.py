@@ -3,7 +3,7 @@
 from agentfly.rollout.loop import RolloutRunner, initial_messages
 from agentfly.rollout.mask import mask_segments, visualize_mask
 from agentfly.rollout.render import ChatRenderer, TemplateError
-from agentfly.rollout.trajectory import ToolCallRecord, Trajectory, Turn
+from agentfly.rollout.trajectory import ToolCallRecord, Trajectory, Turn, TurnReward
 
-__all__ = ["ChatRenderer", "RolloutRunner", "TemplateError", "ToolCallRecord", "Trajectory", "Turn",
+__all__ = ["ChatRenderer", "RolloutRunner", "TemplateError", "ToolCallRecord", "Trajectory", "Turn", "TurnReward",
            "initial_messages", "mask_segments", "visualize_mask"]

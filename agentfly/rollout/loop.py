@@ -2,10 +2,13 @@
 
 Each rollout is an explicit state machine, one handler per state:
 
-    GENERATE -> (no tool call) ............................................ DONE
-             -> PARSE -> TOOLS (concurrently) -> OBSERVE -> GENERATE ...
-             -> turn limit / context length .................................. DONE
-    DONE -> REWARD (runs as soon as this rollout ends, while others still generate)
+    GENERATE (sample a turn, parse its tool calls) -> no tool call ...................... DONE
+                                                    -> turn limit / context length ....... DONE
+                                                    -> TOOLS (run the calls concurrently, append their
+                                                       observations with mask 0) -> GENERATE ...
+
+At DONE the rollout's reward is computed at once, while other rollouts still generate. An infrastructure
+failure (``InfrastructureFailure``) from a tool, a reward or the engine ends the rollout with ``failure`` set.
 
 Many rollouts run as asyncio tasks against one engine, which batches their generation requests. Token ids
 are appended, never re-derived from text; the loss mask is written as each token is appended (1 for
@@ -17,18 +20,21 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import hashlib
+import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentfly.agents.parsers import Parser, ParseResult, ToolCall
 from agentfly.context import ResourceProvider, RolloutContext
 from agentfly.engines.base import Engine, Generation, Sampling
+from agentfly.resources.spec import InfrastructureFailure
 from agentfly.rewards.reward import Reward
+from agentfly.rollout.parsers import Parser, ParseResult, ToolCall
 from agentfly.rollout.render import ChatRenderer
-from agentfly.rollout.trajectory import ToolCallRecord, Trajectory, Turn
+from agentfly.rollout.trajectory import ToolCallRecord, Trajectory, Turn, TurnReward
 from agentfly.tools.tool import Tool, ToolResult
 
 
@@ -72,6 +78,7 @@ class _Rollout:
     turn: int = 0
     last: Generation | None = None
     parsed: ParseResult | None = None
+    state: str = ""  # digest of the observations that lead into the next turn ("" before the first)
 
 
 @dataclass
@@ -122,9 +129,14 @@ class RolloutRunner:
             while step is not State.DONE:
                 step = await (self._generate(r, sampling) if step is State.GENERATE else self._tools(r))
             traj.timings["rollout"] = time.perf_counter() - started
+            traj.turn_rewards += [TurnReward(turn, value, reason) for turn, value, reason in ctx.turn_rewards]
             await self._score(traj, ctx)
         except asyncio.CancelledError:
             raise
+        except InfrastructureFailure as exc:  # not the agent's doing: typed, so the trainer can leave it out
+            traj.finish_reason = "error"
+            traj.error = f"{type(exc).__name__}: {exc}"
+            traj.failure, traj.failure_reason = exc.kind, str(exc)
         except Exception as exc:  # a broken rollout is reported, never a crashed batch
             traj.finish_reason = "error"
             traj.error = f"{type(exc).__name__}: {exc}"
@@ -154,7 +166,8 @@ class RolloutRunner:
         parsed = self.parser.parse(content)
         r.messages.append({"role": "assistant", "content": content})
         traj.turns.append(Turn(index=r.turn, start=start, end=end, text=content, finish_reason=gen.finish_reason,
-                               tool_calls=[c.name for c in parsed.tool_calls], parse_errors=list(parsed.errors)))
+                               tool_calls=[c.name for c in parsed.tool_calls], parse_errors=list(parsed.errors),
+                               state=r.state))
         r.turn += 1
         r.last, r.parsed = gen, parsed
         if not parsed.tool_calls and not parsed.errors:
@@ -175,7 +188,14 @@ class RolloutRunner:
         assert r.parsed is not None and r.last is not None
         traj = r.traj
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(self._call(c, r.ctx) for c in r.parsed.tool_calls))
+        r.ctx.turn = r.turn - 1  # what context.reward_turn credits
+        # Every call runs to its end even when another fails, so none is left running while the rollout
+        # releases its resources; an infrastructure failure among them then ends the rollout.
+        outcomes = await asyncio.gather(*(self._call(c, r.ctx) for c in r.parsed.tool_calls), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        results = [o for o in outcomes if isinstance(o, ToolResult)]
         traj.timings["tools"] = traj.timings.get("tools", 0.0) + time.perf_counter() - t0
         new_messages: list[dict[str, Any]] = []
         for error in r.parsed.errors:
@@ -188,6 +208,7 @@ class RolloutRunner:
             new_messages.append({"role": "tool", "name": call.name, "content": result.observation})
         glue = self.renderer.glue_ids(r.messages, new_messages, r.last.token_ids, self.engine.stop_token_ids)
         r.messages.extend(new_messages)
+        r.state = hashlib.sha1(json.dumps([m["content"] for m in new_messages]).encode()).hexdigest()[:16]
         if len(traj.token_ids) + len(glue) >= self.token_limit:
             traj.finish_reason = "length"
             return State.DONE
@@ -207,6 +228,9 @@ class RolloutRunner:
         t0 = time.perf_counter()
         result = await self.reward.score(traj.final_answer, traj, ctx, traj.sample)
         traj.reward, traj.reward_metrics, traj.reward_error = result.reward, result.metrics, result.error
+        if result.turn_rewards is not None:
+            name = getattr(self.reward, "name", "reward")
+            traj.turn_rewards += [TurnReward(k, v, name) for k, v in enumerate(result.turn_rewards[:traj.num_turns])]
         traj.timings["reward"] = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ many rollouts

@@ -28,7 +28,11 @@ class ToolCallRecord:
 
 @dataclass
 class Turn:
-    """One assistant turn: the span of sampled tokens ``[start, end)`` in ``token_ids``."""
+    """One assistant turn: the span of sampled tokens ``[start, end)`` in ``token_ids``.
+
+    ``state`` names what the turn acted from: a digest of the observations that led into it (the prompt for
+    the first turn). Turns of one group with equal ``state`` faced the same situation, which step-level
+    credit (``algorithm.credit: step``) compares them by."""
 
     index: int
     start: int
@@ -37,6 +41,16 @@ class Turn:
     finish_reason: str
     tool_calls: list[str] = field(default_factory=list)  # names, in order
     parse_errors: list[str] = field(default_factory=list)
+    state: str = ""
+
+
+@dataclass
+class TurnReward:
+    """A reward credited to one turn (``context.reward_turn`` from a tool, or a reward's per-turn scores)."""
+
+    turn: int
+    value: float
+    reason: str = ""
 
 
 @dataclass
@@ -55,6 +69,7 @@ class Trajectory:
     reward: float = 0.0
     reward_metrics: dict[str, float] = field(default_factory=dict)
     reward_error: str | None = None
+    turn_rewards: list[TurnReward] = field(default_factory=list)  # beside the outcome ``reward``
     finish_reason: FinishReason = "answer"
     error: str | None = None
     temperature: float = 1.0
@@ -63,6 +78,12 @@ class Trajectory:
     # The trainer's policy version (updates applied) of the weights that sampled it; None when no trainer
     # counts (asynchronous training measures staleness with it).
     policy_version: int | None = None
+    # Set when the rollout ended because of the infrastructure, never because of the agent: one of
+    # ``agentfly.resources.FAILURE_KINDS`` (a dead sandbox, a lost node, a server that stopped answering).
+    # Such a trajectory says nothing of the policy, so the trainer leaves it out of its group's statistics
+    # and out of the loss, and counts it (``rollout/infra_failed``).
+    failure: str | None = None
+    failure_reason: str | None = None
 
     # ---------------------------------------------------------------- building (the mask is born here)
     def extend_prompt(self, ids: list[int]) -> None:
@@ -95,12 +116,24 @@ class Trajectory:
         return sum(self.loss_mask)
 
     @property
+    def infra_failed(self) -> bool:
+        return self.failure is not None
+
+    @property
     def tool_errors(self) -> int:
         return sum(1 for c in self.tool_calls if c.error is not None)
 
     @property
     def parse_errors(self) -> int:
         return sum(len(t.parse_errors) for t in self.turns)
+
+    def rewards_per_turn(self) -> list[float]:
+        """The turn rewards summed per turn, one entry per turn (the outcome ``reward`` is not in them)."""
+        out = [0.0] * self.num_turns
+        for r in self.turn_rewards:
+            if 0 <= r.turn < len(out):
+                out[r.turn] += r.value
+        return out
 
     def mask_spans(self) -> list[tuple[int, int, int]]:
         """Runs of equal mask value as ``(start, end, mask)``, covering the whole sequence."""
@@ -135,4 +168,5 @@ class Trajectory:
         d = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         d["turns"] = [Turn(**t) for t in d.get("turns", [])]
         d["tool_calls"] = [ToolCallRecord(**c) for c in d.get("tool_calls", [])]
+        d["turn_rewards"] = [TurnReward(**r) for r in d.get("turn_rewards", [])]
         return cls(**d)

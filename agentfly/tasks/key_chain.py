@@ -31,12 +31,18 @@ def make_chain(rng: random.Random, hops: int) -> tuple[list[str], str]:
     return keys, str(rng.randint(100, 999))
 
 
-def generate(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
-    """``n`` problems; different ``split`` names give disjoint random streams for the same seed."""
-    rng = random.Random(f"key_chain:{split}:{seed}")
+LONG_MIN_HOPS, LONG_MAX_HOPS = 6, 10  # the long-horizon variant (``data.task: key_chain_long``)
+
+
+def generate(n: int, seed: int = 0, split: str = "train", min_hops: int = MIN_HOPS,
+             max_hops: int = MAX_HOPS) -> list[dict[str, Any]]:
+    """``n`` problems of ``min_hops``..``max_hops`` links; different ``split`` names give disjoint random streams
+    for the same seed (and the long variant its own)."""
+    name = "key_chain" if (min_hops, max_hops) == (MIN_HOPS, MAX_HOPS) else f"key_chain:{min_hops}-{max_hops}"
+    rng = random.Random(f"{name}:{split}:{seed}")
     samples = []
     for i in range(n):
-        hops = rng.randint(MIN_HOPS, MAX_HOPS)
+        hops = rng.randint(min_hops, max_hops)
         keys, value = make_chain(rng, hops)
         question = rng.choice(TEMPLATES).format(k=keys[0])
         samples.append({"id": f"{split}-{seed}-{i}", "question": question, "start": keys[0],

@@ -19,6 +19,7 @@ from typing import Any, overload
 
 import pydantic
 
+from agentfly.resources.spec import InfrastructureFailure
 from agentfly.tools.schema import ArgumentError, signature_schema, validate_arguments
 
 DEFAULT_TIMEOUT = 30.0
@@ -110,7 +111,9 @@ class Tool:
             return _failure(str(exc), start)
         except TimeoutError:
             return _failure(f"tool '{self.name}' timed out after {self.timeout:g} s", start)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, InfrastructureFailure):
+            # The infrastructure's failure is not an observation for the model: the rollout ends with it
+            # (``Trajectory.failure``) and the trainer leaves it out of the loss.
             raise
         except Exception as exc:
             return _failure(f"tool '{self.name}' raised {type(exc).__name__}: {exc}", start)

@@ -1,7 +1,7 @@
 """The pieces every algorithm shares, as pure functions of tensors.
 
 Shapes: ``B`` sequences, ``T`` token positions. Per-token tensors are aligned to *predicted* tokens: position
-``t`` holds the logprob of token ``t + 1`` of the sequence (the trainer shifts once, in ``trainer.loop``).
+``t`` holds the logprob of token ``t + 1`` of the sequence (the trainer shifts once, in ``trainer.batch.collate``).
 ``mask`` is the trajectory's ``loss_mask`` shifted the same way: 1 where the engine sampled the token, 0 for
 prompt, tool observations, template glue and padding. Nothing here ever lets a mask-0 position reach a loss:
 masked values are selected with ``torch.where`` (not multiplied), so even a NaN or an infinity there cannot

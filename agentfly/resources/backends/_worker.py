@@ -93,7 +93,10 @@ def apply_limits(limits: dict[str, Any]) -> dict[str, str]:
         if value is None:
             continue
         try:
-            resource.setrlimit(which, (int(value), int(value)))
+            # The CPU limit's hard bound sits a second above the soft one, so a process that spends its CPU
+            # time dies of SIGXCPU, and a SIGKILL always comes from outside (see LocalWorker.killed_from_outside).
+            hard = int(value) + 1 if which == resource.RLIMIT_CPU else int(value)
+            resource.setrlimit(which, (int(value), hard))
             applied[key] = str(value)
         except (ValueError, OSError) as exc:
             applied[key] = f"not set: {exc}"

@@ -193,6 +193,11 @@ class DockerWorker:
     def alive(self) -> bool:
         return self.container is not None and not self._dead
 
+    def killed_from_outside(self) -> bool:
+        """A container that stopped answering is reported as the sandbox's own death (an observation): the
+        engine does not say who killed it. The local backend tells the two apart."""
+        return False
+
     def _create(self) -> None:
         import docker
 

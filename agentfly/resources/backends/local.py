@@ -273,10 +273,17 @@ class LocalWorker:
         self.uid: int | None = None
         self.report: dict[str, Any] = {}
         self.lock = asyncio.Lock()
+        self.killed_by_us = False
 
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.returncode is None
+
+    def killed_from_outside(self) -> bool:
+        """Whether the process died of a SIGKILL that neither this worker (a timeout, a reset, close) nor the
+        sandbox's own limits sent: the host's OOM killer, an operator, a node shutting down. Its CPU limit
+        ends it with SIGXCPU, so a SIGKILL is never the limit's."""
+        return (self.proc is not None and self.proc.returncode == -signal.SIGKILL and not self.killed_by_us)
 
     async def start(self) -> None:
         if self.workdir is None:
@@ -379,6 +386,7 @@ class LocalWorker:
         """Kill the process group, the worker's process tree and every process of the private uid; remove the
         working directory."""
         _live_workers.discard(self)
+        self.killed_by_us = True
         if self.pid is not None:
             strays = descendants(self.pid)  # before the worker dies and its tree is handed to init
             with contextlib.suppress(ProcessLookupError, PermissionError):

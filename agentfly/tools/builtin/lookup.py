@@ -8,6 +8,10 @@ the key it has reached can be looked up, so the chain must be followed in order,
 from the previous observation) and how many lookups were made. The reward (``chain_answer``) reads that state:
 an answer counts only when the walk reached the final value.
 
+``lookup_rewarded`` is the same tool (the model sees the same name and schema) that also credits each turn
+whose call follows a new link with ``HOP_REWARD`` (``context.reward_turn``): the per-hop turn reward that the
+turn-level estimators (``algorithm.credit``) use on long chains.
+
 ``KEY_CHAIN`` is the pool this tool uses (the trainer and the web app take it from here)::
 
     agent = af.Agent(model, tools=[lookup], resources=af.ResourceEngine([KEY_CHAIN]))
@@ -128,8 +132,31 @@ async def lookup(key: str, context: Any) -> str:
     Args:
         key: A key, e.g. k42.
     """
+    store = await _seeded_store(context)
+    return store.lookup(key)
+
+
+async def _seeded_store(context: Any) -> KeyChainStore:
     store: KeyChainStore = await context.resource(RESOURCE)
     if not store.seeded:  # the rollout's first lookup: load its task sample's chain
         sample = context.sample
         store.seed(str(sample.get("id", context.rollout_id)), sample["start"], sample["links"], sample["answer"])
-    return store.lookup(key)
+    return store
+
+
+HOP_REWARD = 0.1  # per link followed; a 10-hop chain's hops add up to the outcome's 1.0
+
+
+@tool(name="lookup", resource=RESOURCE, timeout=None)
+async def lookup_rewarded(key: str, context: Any) -> str:
+    """Look up a key: returns the next key or the final value.
+
+    Args:
+        key: A key, e.g. k42.
+    """
+    store = await _seeded_store(context)
+    before = (store.position, store.done)
+    reply = store.lookup(key)  # a wrong key raises: an observation, and no reward
+    if (store.position, store.done) != before:  # a new link followed (each one credited once)
+        context.reward_turn(HOP_REWARD, f"followed {key}")
+    return reply

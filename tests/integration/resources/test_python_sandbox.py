@@ -21,7 +21,14 @@ import psutil
 import pytest
 
 from agentfly.context import RolloutContext
-from agentfly.resources import Limits, Pool, PythonSandbox, ResourceEngine, ResourceSpec
+from agentfly.resources import (
+    InfrastructureFailure,
+    Limits,
+    Pool,
+    PythonSandbox,
+    ResourceEngine,
+    ResourceSpec,
+)
 from agentfly.tools.builtin.python_code import python_code
 
 
@@ -131,8 +138,20 @@ async def test_an_endless_loop_is_killed_at_its_timeout_and_the_sandbox_restarts
 
 
 async def test_a_crashed_interpreter_is_restarted_with_an_observation_that_says_so(box: PythonSandbox) -> None:
-    out = await box.run("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
-    assert out.startswith("Error: sandbox process exited (killed by SIGKILL")
+    out = await box.run("import ctypes\nctypes.string_at(0)")
+    assert out.startswith("Error: sandbox process exited (killed by SIGSEGV")
+    assert await box.run("2 + 2") == "4\n"
+
+
+async def test_an_interpreter_sigkilled_from_outside_is_restarted_and_reported_as_an_infrastructure_failure(
+        box: PythonSandbox) -> None:
+    # A SIGKILL is what the host's OOM killer, an operator or a node shutting down sends; the sandbox's own
+    # limits end it otherwise (SIGXCPU), so the rollout is not the agent's failure. Code that SIGKILLs its
+    # own interpreter looks the same from outside, and is left out of training rather than trained on.
+    asyncio.get_running_loop().call_later(0.3, os.kill, box.pid, signal.SIGKILL)
+    with pytest.raises(InfrastructureFailure) as failure:
+        await box.run("import time; time.sleep(10)")
+    assert failure.value.kind == "killed"
     assert await box.run("2 + 2") == "4\n"
 
 

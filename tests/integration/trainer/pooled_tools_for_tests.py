@@ -1,9 +1,14 @@
 """A calculator that holds a pooled instance for its rollout, and a resource that counts how many of its
-instances are alive at once, across every pool and thread of the process (tests of pool limits)."""
+instances are alive at once, across every pool and thread of the process (tests of pool limits), and a
+calculator whose sandbox is killed from outside in about one rollout of ten (infrastructure failures)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import threading
+import zlib
 from typing import Any
 
 from agentfly.resources import Pool, ResourceSpec
@@ -62,4 +67,25 @@ async def calculator(expression: str, context: Any) -> str:
         expression: Arithmetic with + - * / ( ) and integers, e.g. "37*48".
     """
     await context.resource("counted")
+    return evaluate_arithmetic(expression)
+
+
+def chaos_target(rollout_id: str) -> bool:
+    """About one rollout in ten, chosen by its id (the same in every run): the ones whose sandbox is killed."""
+    return zlib.crc32(rollout_id.encode()) % 10 == 0
+
+
+@tool(name="calculator", resource="python", timeout=30)
+async def chaos_calculator(expression: str, context: Any) -> str:
+    """Evaluate an arithmetic expression.
+
+    Args:
+        expression: Arithmetic with + - * / ( ) and integers, e.g. "37*48".
+    """
+    sandbox = await context.resource("python")
+    if chaos_target(context.rollout_id):
+        # Killed from outside while it runs, as the host's OOM killer or a lost node would.
+        asyncio.get_running_loop().call_later(0.2, os.kill, sandbox.pid, signal.SIGKILL)
+        await sandbox.run("import time; time.sleep(10)")
+    await sandbox.run("pass")
     return evaluate_arithmetic(expression)

@@ -103,7 +103,7 @@ def test_tools_that_declare_a_resource_get_a_pool_whose_stats_are_events(tiny_mo
     trainer.train()
     pools = [e["data"]["pools"] for e in events if e["type"] == "resources"]
     assert pools and pools[0]["python"]["max"] == 2 and pools[0]["python"]["kind"] == "sandbox"
-    assert trainer.agent.runner.resources.stats()["python"]["size"] == 0  # closed at the end: nothing left
+    assert trainer.agent.resources.stats()["python"]["size"] == 0  # closed at the end: nothing left
 
 
 def test_an_unknown_resource_names_the_config_key_to_add(tiny_model_dir, tmp_path):

@@ -124,3 +124,30 @@ def test_an_agent_closed_or_dropped_inside_async_code_ends_its_loop_without_an_e
 
     asyncio.run(inside())
     assert all(loop.is_closed() for loop in loops) and not unraisable
+
+
+def test_an_agent_closes_the_pools_it_owns_and_leaves_shared_ones_to_their_owner(tiny_tokenizer: Any) -> None:
+    owned = af.ResourceEngine([PY])
+    agent = af.Agent(model=af.ReplayEngine(tiny_tokenizer, script), tools=[python_code], resources=owned,
+                     owns_resources=True, max_turns=4)
+    shared = af.ResourceEngine([PY])
+    guest = af.Agent(model=af.ReplayEngine(tiny_tokenizer, script), tools=[python_code], resources=shared,
+                     max_turns=4)
+    for a in (agent, guest):
+        assert a.run_sync([{"question": "#k=3#"}])[0].tool_calls[-1].observation == "30\n"
+        assert a.resources is not None
+    agent.close()
+    guest.close()
+    assert owned.closed and owned.stats()["python"]["size"] == 0  # its sandboxes stopped with it
+    assert not shared.closed  # the caller's to close
+    shared.close()
+
+
+async def test_leaving_async_with_agent_stops_its_pools_on_the_running_loop(tiny_tokenizer: Any) -> None:
+    pools = af.ResourceEngine([PY])
+    async with af.Agent(model=af.ReplayEngine(tiny_tokenizer, script), tools=[python_code], resources=pools,
+                        owns_resources=True, max_turns=4) as agent:
+        [traj] = await agent.run([{"question": "#k=2#"}])
+        assert traj.tool_calls[-1].observation == "20\n"
+        assert pools.stats()["python"]["size"] == 1
+    assert pools.closed and pools.stats()["python"]["size"] == 0

@@ -12,7 +12,7 @@ import random
 from typing import Any
 
 from agentfly.context import RolloutContext
-from agentfly.resources import Pool, ResourceEngine, ResourceSpec
+from agentfly.resources import InfrastructureFailure, Pool, ResourceEngine, ResourceSpec
 from agentfly.resources.scratchpad import Scratchpad
 from agentfly.tools import tool
 
@@ -57,9 +57,9 @@ async def test_a_thousand_chaotic_rollouts_leave_every_pool_empty_and_every_inst
     engine = ResourceEngine(specs)
     await engine.start()
     limit = asyncio.Semaphore(64)
-    outcomes = {"done": 0, "cancelled": 0}
+    outcomes = {"done": 0, "cancelled": 0, "infra_failed": 0}
 
-    async def rollout(i: int) -> None:
+    async def rollout(i: int) -> str | None:
         ctx = RolloutContext(sample={"i": i}, rollout_id=f"r{i}", group_id=f"g{i // 4}", resources=engine)
         async with limit:
             try:
@@ -69,6 +69,8 @@ async def test_a_thousand_chaotic_rollouts_leave_every_pool_empty_and_every_inst
                     if action == "unhealthy":
                         ctx.mark_unhealthy("pad")
                     await asyncio.sleep(rng.random() * 0.002)
+            except InfrastructureFailure:  # an acquire timeout ends the rollout, as the rollout loop does
+                return "infra_failed"
             finally:
                 await asyncio.shield(ctx.aclose())
 
@@ -91,6 +93,8 @@ async def test_a_thousand_chaotic_rollouts_leave_every_pool_empty_and_every_inst
             outcomes["cancelled"] += 1
         elif r is None:
             outcomes["done"] += 1
+        elif r == "infra_failed":
+            outcomes["infra_failed"] += 1
         else:
             raise r
     await engine.settle()
@@ -100,7 +104,8 @@ async def test_a_thousand_chaotic_rollouts_leave_every_pool_empty_and_every_inst
     stats = engine.stats()
     pad = stats["pad"]
     assert violations == []
-    assert outcomes["done"] + outcomes["cancelled"] == ROLLOUTS and outcomes["cancelled"] > 0
+    assert sum(outcomes.values()) == ROLLOUTS and outcomes["cancelled"] > 0
+    assert outcomes["infra_failed"] == pad["timeouts"] > 0  # each acquire timeout ended its rollout, typed
     assert pad["in_use"] == 0 and pad["waiting"] == 0 and pad["resetting"] == 0 and pad["creating"] == 0
     assert 2 <= pad["size"] <= 8
     assert peaks["size"] <= 8

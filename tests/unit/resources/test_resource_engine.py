@@ -10,6 +10,7 @@ import pytest
 
 from agentfly.context import RolloutContext
 from agentfly.resources import (
+    InfrastructureFailure,
     Pool,
     ResourceClosed,
     ResourceEngine,
@@ -116,7 +117,8 @@ async def test_an_acquire_on_a_full_pool_times_out_with_an_error_naming_the_pool
         await engine.release(held)
 
 
-async def test_a_timed_out_acquire_reaches_the_model_as_an_error_observation() -> None:
+async def test_a_timed_out_acquire_is_an_infrastructure_failure_never_an_observation_for_the_model() -> None:
+    # The agent did not cause the wait: reading "Error: ..." and scoring 0 would train it on the pool's fault.
     @tool(resource="pad")
     async def note(text: str, context: Any) -> str:
         """Write a note."""
@@ -128,9 +130,9 @@ async def test_a_timed_out_acquire_reaches_the_model_as_an_error_observation() -
         holder = RolloutContext(sample={}, rollout_id="holder", group_id="g", resources=engine)
         assert (await note.invoke({"text": "a"}, context=holder)).observation == "ok"
         starved = RolloutContext(sample={}, rollout_id="starved", group_id="g", resources=engine)
-        result = await note.invoke({"text": "b"}, context=starved)
-        assert not result.ok
-        assert result.observation.startswith("Error: tool 'note' raised ResourceTimeout: no 'pad' instance")
+        with pytest.raises(ResourceTimeout, match="no 'pad' instance") as failure:
+            await note.invoke({"text": "b"}, context=starved)
+        assert isinstance(failure.value, InfrastructureFailure) and failure.value.kind == "acquire_timeout"
         await holder.aclose()
         await starved.aclose()
 

@@ -115,3 +115,12 @@ def test_pass_at_k_at_periodic_eval_is_off_by_default_and_checked_when_configure
         load_config(None, ["eval.pass_k=[4]", "eval.samples=2"])
     with pytest.raises(ConfigError, match="temperature > 0"):
         load_config(None, ["eval.pass_k=[2]", "eval.temperature=0"])
+
+
+def test_a_problem_the_infrastructure_failed_on_is_counted_and_left_out_of_pass_at_1() -> None:
+    lost = traj(0.0, 1, [])
+    lost.failure, lost.failure_reason = "node_lost", "the node running its sandbox went away"
+    m = EvalRun(SAMPLES, [traj(1.0, 2, [None]), lost, traj(0.0, 1, [])]).metrics()
+    assert m["eval/rollout/infra_failed"] == m["eval/rollout/infra_failed/node_lost"] == 1
+    assert m["eval/problems"] == 2 and m["eval/pass_at_1"] == pytest.approx(1 / 2)
+    assert m["eval/reward/mean"] == pytest.approx(1 / 2)

@@ -243,3 +243,15 @@ def test_resources_backend_ray_and_its_address_are_settings_not_a_resource_named
                                                   f"output_dir={tmp_path / 'run'}"]), [])
     assert again is not None and pool.settings.job == again.pools["python"].settings.job  # type: ignore[union-attr]
     assert pool.settings.address == "auto" and pool.spec.pool.max == 3  # type: ignore[union-attr]
+
+
+def test_a_config_is_checked_when_it_is_made_so_no_caller_can_forget_to_validate() -> None:
+    import dataclasses
+
+    from trainer.config import AlgorithmConfig, Config, ConfigError, RolloutConfig
+
+    with pytest.raises(ConfigError, match=r"needs rollout\.group_size >= 2"):
+        Config(rollout=RolloutConfig(group_size=1))
+    ok = Config()
+    with pytest.raises(ConfigError, match=r"algorithm\.credit=turn_gae needs a critic"):
+        dataclasses.replace(ok, algorithm=AlgorithmConfig(name="grpo", credit="turn_gae"))
