@@ -9,7 +9,7 @@
 #                test uses one made locally with debootstrap, see docs/deployment.md)
 #   TORCH_INDEX  where torch==2.13.0 comes from: PyTorch's CPU index by default, a CUDA index for GPU hosts,
 #                or empty to take it from PyPI / deploy/local/wheels only
-#   EXTRAS       the pyproject extras installed besides the base dependencies (default "docker,trackers")
+#   EXTRAS       the pyproject extras installed besides the base dependencies (default "docker,ray,trackers")
 # Files in deploy/local/wheels/ (wheels pip may use) and deploy/local/ca-certificates/ (*.crt trusted while
 # building, for a network that inspects TLS) are seen by the build stage only; both are empty in git.
 ARG BASE_IMAGE=debian:bookworm-slim
@@ -33,7 +33,7 @@ RUN pip install --find-links /wheels ${TORCH_INDEX:+--index-url ${TORCH_INDEX}} 
 # are listed in a stage of their own, so that a pyproject edit that changes no dependency (a test marker, a
 # lint rule) leaves the requirements file, and so the install layer below, as it was.
 FROM build AS requirements
-ARG EXTRAS=docker,trackers
+ARG EXTRAS=docker,ray,trackers
 COPY pyproject.toml /tmp/pyproject.toml
 RUN python3 -c "import tomllib, sys; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; \
 extras = [e for e in sys.argv[1].split(',') if e]; \

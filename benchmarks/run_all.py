@@ -43,7 +43,7 @@ LOGS = REPO / "runs" / "bench" / "logs"
 ARGS: dict[str, list[str]] = {"rollout_async": ["--sweep", "--turns", "2"],
                               "turn_credit": ["--seeds", "0", "--minutes", "2", "--eval-every", "5"]}
 # Scripts that may need longer than --timeout on a first run (installing TRL, building the warm start).
-TIMEOUTS: dict[str, float] = {"trl_compare": 1500.0}
+TIMEOUTS: dict[str, float] = {"trl_compare": 1500.0, "resources_cluster": 1800.0}
 
 
 @dataclass

@@ -3,6 +3,7 @@ engine, the tools' resource pools and the agent. ``trainer.loop.Trainer`` calls 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import random
@@ -188,6 +189,17 @@ def build_resources(config: Config, tools: Sequence[Any]) -> ResourceEngine | No
         else:
             specs.append(with_pool(spec, name=name, pool_min=res.min, pool_max=res.max,
                                    acquire_timeout=res.acquire_timeout))
+    rb = config.resource_backend
+    if rb.backend == "ray" or (rb.backend is None and os.environ.get("AGENTFLY_RAY_ADDRESS")):
+        from agentfly.resources.backends.ray import RaySettings, job_id_for, on_ray
+
+        settings = RaySettings.from_env(
+            address=rb.address, team=rb.team, team_budget=rb.team_budget or None, strategy=rb.strategy,
+            resources=rb.placement or None, lease_check_interval=rb.lease_check_interval,
+            orphan_timeout=rb.orphan_timeout)
+        if rb.job is not None or settings.job is None:  # every rank and a resumed run agree on it
+            settings = dataclasses.replace(settings, job=rb.job or job_id_for(config.output_dir))
+        return ResourceEngine([on_ray(s) for s in specs], ray=settings)
     return ResourceEngine(specs)
 
 

@@ -173,6 +173,39 @@ class ResourceConfig:
 
 
 @dataclass
+class ResourceBackendConfig:
+    """Where the job's resource pools run. Written as ``resources.backend``, ``resources.address`` ... (the
+    keys below are reserved in the ``resources`` mapping), kept here as ``resource_backend``."""
+
+    backend: Literal["local", "ray"] | None = _f(
+        None, "local: each spec's own backend (child processes, containers) in every rank; ray: every pool on a "
+        "Ray cluster, one pool per resource for the whole job (all ranks, the producer, evaluations). None = "
+        "ray when AGENTFLY_RAY_ADDRESS is set (the web app's workers), else local.")
+    address: str | None = _f(None, "The Ray cluster: auto (the one `ray start` made on this host), "
+                                   "ray://head:10001 or head:6379; None = AGENTFLY_RAY_ADDRESS, else a private "
+                                   "single-node Ray.")
+    job: str | None = _f(None, "The job id shared by its ranks and by a resumed run (it names the job's pool "
+                               "coordinator); None = AGENTFLY_JOB_ID, else one derived from output_dir.")
+    team: str | None = _f(None, "The team whose cluster-wide budget the job draws on; None = AGENTFLY_TEAM, "
+                                "else no team budget.")
+    team_budget: dict[str, int] = _f({}, "The team's budget per resource name or kind, e.g. {sandbox: 64} "
+                                         "(usually the operator's AGENTFLY_TEAM_BUDGET); {} = unchanged.")
+    strategy: Literal["spread", "pack"] = _f("spread", "spread instances over the nodes, or pack them onto as few "
+                                                      "as fit.")
+    placement: dict[str, dict[str, float]] = _f({}, "Custom Ray resources each instance asks for, by resource "
+                                                    "name or kind, e.g. {python: {sandbox: 1}}; a spec's own "
+                                                    "options.ray.resources wins.")
+    lease_check_interval: float = _f(1.0, "Seconds between the coordinator's checks that lease owners are alive "
+                                          "(a killed rank's instances come back within this plus Ray's "
+                                          "death detection).")
+    orphan_timeout: float = _f(30.0, "Seconds a job's coordinator waits with no live process before it stops "
+                                     "every instance of the job.")
+
+
+RESOURCE_BACKEND_KEYS = tuple(f.name for f in dataclasses.fields(ResourceBackendConfig))
+
+
+@dataclass
 class AlgorithmConfig:
     name: AlgorithmName = _f("grpo", "grpo | dr_grpo | dapo | rloo | reinforce_pp | reinforce_pp_baseline | ppo.")
     clip_low: float = _f(0.2, "Lower clip: ratio >= 1 - clip_low (PPO: 0.2).")
@@ -366,7 +399,11 @@ class Config:
     tracker_options: TrackerOptions = _f(TrackerOptions(), "Settings of each tracker named in `trackers`.")
     progress: bool = _f(True, "Print a progress bar and a per-step table to the terminal.")
     resources: dict[str, ResourceConfig] = _f({}, "Resource pools by name, e.g. {python: {max: 4}}; tools that "
-                                               "declare a built-in resource get its default pool without this.")
+                                               "declare a built-in resource get its default pool without this. "
+                                               "The keys of resource_backend (backend, address, ...) are "
+                                               "reserved here and go there.")
+    resource_backend: ResourceBackendConfig = _f(ResourceBackendConfig(), "Where the pools run (local or a Ray "
+                                                                          "cluster); set as resources.backend=ray.")
     model: ModelConfig = _f(ModelConfig(), "The policy model.")
     data: DataConfig = _f(DataConfig(), "Task samples.")
     rollout: RolloutConfig = _f(RolloutConfig(), "How trajectories are sampled.")
@@ -629,8 +666,22 @@ def load_config(
     for text in overrides or []:
         key, value = parse_override(text)
         _set_path(data, key, value)
+    _hoist_resource_backend(data)
     config: Config = from_dict(Config, data).validate()
     return config
+
+
+def _hoist_resource_backend(data: dict[str, Any]) -> None:
+    """``resources.backend`` (and the other reserved keys) -> ``resource_backend.backend``."""
+    resources = data.get("resources")
+    if not isinstance(resources, dict):
+        return
+    moved = {k: resources.pop(k) for k in list(resources) if k in RESOURCE_BACKEND_KEYS}
+    if moved:
+        section = data.setdefault("resource_backend", {})
+        if not isinstance(section, dict):
+            raise ConfigError("resource_backend: expected a mapping", key="resource_backend")
+        section.update(moved)
 
 
 def known_keys(data: dict[str, Any], cls: type = Config, prefix: str = "") -> tuple[dict[str, Any], list[str]]:

@@ -245,6 +245,19 @@ AGENTFLY_PLUGIN_DIRS = [Path(p) for p in env_list("AGENTFLY_PLUGIN_DIRS", [])]
 AGENTFLY_ALLOWED_PATHS = [Path(p) for p in env_list("AGENTFLY_ALLOWED_PATHS", [])]
 # Time the web process waits for a worker to answer a "try it" call before telling the user.
 AGENTFLY_TRY_TIMEOUT = env_float("AGENTFLY_TRY_TIMEOUT", 30.0)
+# The Ray cluster that runs jobs' environments ("" = each job's own host); budgets per team slug as JSON,
+# "*" for every other team: {"*": {"sandbox": 64}, "vision": {"sandbox": 16}} (webapp/jobs/cluster.py).
+AGENTFLY_RAY_ADDRESS = env_str("AGENTFLY_RAY_ADDRESS", "")
+AGENTFLY_RAY_TEAM_BUDGETS: dict[str, dict[str, int]] = json.loads(env_str("AGENTFLY_RAY_TEAM_BUDGETS", "") or "{}")
+if not isinstance(AGENTFLY_RAY_TEAM_BUDGETS, dict) or not all(
+        isinstance(b, dict) and all(isinstance(n, int) and n >= 0 for n in b.values())
+        for b in AGENTFLY_RAY_TEAM_BUDGETS.values()):
+    raise ImproperlyConfigured('AGENTFLY_RAY_TEAM_BUDGETS: give {"team slug or *": {"resource": whole number}}, '
+                               'e.g. {"*": {"sandbox": 64}, "vision": {"sandbox": 16}}')
+# The custom Ray resources an instance asks for, by resource name or kind: sandboxes go to the nodes started
+# with --resources='{"sandbox": N}', N at a time.
+AGENTFLY_RAY_PLACEMENT: dict[str, dict[str, float]] = json.loads(
+    env_str("AGENTFLY_RAY_PLACEMENT", "") or '{"sandbox": {"sandbox": 1}}')
 # Registrable code (docs/security.md): besides AgentFly's built-ins and AGENTFLY_PLUGIN_DIRS, the installed
 # packages whose @agentfly.tool / @agentfly.reward objects teams may register (comma list of package names).
 AGENTFLY_TOOL_PACKAGES = env_list("AGENTFLY_TOOL_PACKAGES", [])

@@ -24,11 +24,14 @@ import signal
 import threading
 from collections.abc import Iterable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentfly.resources.backends.local import kill_all_workers, sweep_sandboxes
 from agentfly.resources.pool import GlobalPool, Lease, RolloutPool
 from agentfly.resources.spec import ResourceClosed, ResourceSpec, UnknownResource
+
+if TYPE_CHECKING:
+    from agentfly.resources.backends.ray import RayPool, RaySettings
 
 # Strong references: an engine dropped without aclose() still owns processes, and must be found at exit.
 _live_engines: set[ResourceEngine] = set()
@@ -37,11 +40,16 @@ _previous_sigterm: Any = None
 
 
 class ResourceEngine:
-    """The resource pools of one job. Safe to share between all rollouts of that job (one event loop)."""
+    """The resource pools of one job. Safe to share between all rollouts of that job (one event loop).
 
-    def __init__(self, specs: Iterable[ResourceSpec] = ()) -> None:
+    Specs with ``backend="ray"`` get a ``RayPool``: the job's one pool on the Ray cluster that ``ray``
+    (default: ``RaySettings.from_env()``) names, shared with every other process of the same job id.
+    """
+
+    def __init__(self, specs: Iterable[ResourceSpec] = (), *, ray: RaySettings | None = None) -> None:
         self.specs: dict[str, ResourceSpec] = {}
-        self.pools: dict[str, RolloutPool | GlobalPool] = {}
+        self.pools: dict[str, RolloutPool | GlobalPool | RayPool] = {}
+        self.ray_settings = ray
         for spec in specs:
             self.add(spec)
         self.closed = False
@@ -54,12 +62,26 @@ class ResourceEngine:
         if spec.name in self.specs:
             raise ValueError(f"two resources are named {spec.name!r}; give each ResourceSpec a distinct name")
         self.specs[spec.name] = spec
-        self.pools[spec.name] = RolloutPool(spec) if spec.scope == "rollout" else GlobalPool(spec)
+        self.pools[spec.name] = self._new_pool(spec)
+
+    def _new_pool(self, spec: ResourceSpec) -> RolloutPool | GlobalPool | RayPool:
+        if spec.backend == "ray":
+            from agentfly.resources.backends.ray import RayPool, RaySettings
+
+            if self.ray_settings is None:
+                self.ray_settings = RaySettings.from_env()
+            if self.ray_settings.job is None:  # one private job for this engine's pools, not one per pool
+                import dataclasses
+                import uuid
+
+                self.ray_settings = dataclasses.replace(self.ray_settings, job=f"private-{uuid.uuid4().hex[:12]}")
+            return RayPool(spec, self.ray_settings)
+        return RolloutPool(spec) if spec.scope == "rollout" else GlobalPool(spec)
 
     def __contains__(self, name: str) -> bool:
         return name in self.pools
 
-    def _pool(self, name: str) -> RolloutPool | GlobalPool:
+    def _pool(self, name: str) -> RolloutPool | GlobalPool | RayPool:
         try:
             return self.pools[name]
         except KeyError:
@@ -81,10 +103,7 @@ class ResourceEngine:
         if self._loop is not None:
             for pool in self.pools.values():
                 pool.kill_all()
-            self.pools = {
-                name: RolloutPool(spec) if spec.scope == "rollout" else GlobalPool(spec)
-                for name, spec in self.specs.items()
-            }
+            self.pools = {name: self._new_pool(spec) for name, spec in self.specs.items()}
         self._loop = loop
         _live_engines.add(self)
         _install_exit_hooks()

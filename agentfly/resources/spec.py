@@ -17,7 +17,7 @@ Scope = Literal["rollout", "global"]
 Kind = Literal["sandbox", "environment", "model_service", "api", "index", "mcp", "other"]
 SCOPES: tuple[str, ...] = ("rollout", "global")
 KINDS: tuple[str, ...] = ("sandbox", "environment", "model_service", "api", "index", "mcp", "other")
-BACKENDS: tuple[str, ...] = ("local", "docker", "inprocess")
+BACKENDS: tuple[str, ...] = ("local", "docker", "inprocess", "ray")
 
 
 class ResourceError(RuntimeError):
@@ -128,8 +128,9 @@ class ResourceSpec:
             A class such as ``PythonSandbox`` works as is.
         kind: what it is (sandbox, environment, model_service, api, index, other); shown in stats and the
             dashboard. Defaults to the factory's ``kind`` attribute (PythonSandbox: "sandbox"), else "other".
-        backend: where instances run: ``local`` child processes (the default), ``docker`` containers, or
-            ``inprocess`` objects. Resources that do not run code ignore it.
+        backend: where instances run: ``local`` child processes (the default), ``docker`` containers,
+            ``inprocess`` objects, or ``ray`` actors on a Ray cluster (one pool for the whole job; see
+            ``agentfly.resources.backends.ray``). Resources that do not run code ignore the first three.
         pool: ``Pool(min, max)``; with scope "global" there is exactly one shared instance.
         scope: "rollout" (acquired on a rollout's first use, the same instance for its later turns, released
             when it ends) or "global" (one instance shared by every rollout, e.g. an index or a judge model).

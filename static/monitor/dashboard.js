@@ -477,12 +477,20 @@
       })), { barmode: "group", height: 220, margin: { l: 50, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: 1.15 },
         yaxis: yTitle("instances") },
       { displaylogo: false, responsive: true });
-      const rows = names.map((n) => {
+      const rows = names.flatMap((n) => {
         const s = pools[n];
-        return el("tr", {}, el("td", { text: n }), el("td", { text: `${fmt(s.size)} / ${fmt(s.max)}` }), el("td", { text: fmt(s.in_use) }),
-          el("td", { text: fmt(s.idle) }), el("td", { text: fmt(s.waiting) }), el("td", { text: fmt(s.created) }),
+        // ray backend: the team budget beside the job's max, waits on it beside the pool's own, one row per node.
+        const budget = s.team_budget ? ` (team ${fmt(s.team_budget.in_use)} / ${fmt(s.team_budget.budget)})` : "";
+        const waiting = s.budget_waiting ? `${fmt(s.waiting)} + ${fmt(s.budget_waiting)} on budget` : fmt(s.waiting);
+        const row = el("tr", {}, el("td", { text: n }), el("td", { text: `${fmt(s.size)} / ${fmt(s.max)}${budget}` }), el("td", { text: fmt(s.in_use) }),
+          el("td", { text: fmt(s.idle) }), el("td", { text: waiting }), el("td", { text: fmt(s.created) }),
           el("td", { class: s.failed ? "bad" : "", text: fmt(s.failed) }),
           el("td", { text: `${fmt(s.acquire_p50_ms, 1)} / ${fmt(s.acquire_p99_ms, 1)}` }));
+        const nodes = Object.entries(s.nodes || {}).map(([node, c]) => el("tr", { class: "pool-node" },
+          el("td", { text: `  node ${node.slice(0, 8)}` }), el("td", { text: `${fmt(c.starting)} starting` }), el("td", { text: fmt(c.in_use) }),
+          el("td", { text: fmt(c.idle) }), el("td", { text: "" }), el("td", { text: `${fmt(c.reclaimed)} reclaimed` }),
+          el("td", { class: c.failed ? "bad" : "", text: fmt(c.failed) }), el("td", { text: "" })));
+        return [row, ...nodes];
       });
       document.getElementById("pool-table").replaceChildren(el("table", { class: "table small", id: "pool-stats" },
         el("thead", {}, el("tr", {}, ...["pool", "size/max", "in use", "idle", "waiting", "created", "failed", "acquire p50/p99 ms"].map((h) => el("th", { text: h })))),

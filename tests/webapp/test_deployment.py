@@ -80,7 +80,11 @@ def test_the_compose_file_is_valid_for_a_real_compose_parser() -> None:
 
     config = yaml.safe_load(result.stdout)
     services = config["services"]
-    assert set(services) == {"web", "worker-cpu", "worker-try", "worker-gpu", "redis", "postgres"}
+    assert set(services) == {"web", "worker-cpu", "worker-try", "worker-gpu", "redis", "postgres", "ray-head", "ray-worker"}
+    # Jobs' environments go to the Ray worker node, the one with sandbox room, from the project's image.
+    assert services["worker-cpu"]["environment"]["AGENTFLY_RAY_ADDRESS"] == "ray-head:6379"
+    assert '--resources={"sandbox": 16}' in services["ray-worker"]["command"]
+    assert services["ray-head"]["image"] == services["ray-worker"]["image"] == services["web"]["image"]
     assert all("healthcheck" in services[name] for name in services)
     devices = services["worker-gpu"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"] and devices[0]["driver"] == "nvidia"

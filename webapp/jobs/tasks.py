@@ -18,7 +18,7 @@ from celery.worker.control import inspect_command
 from django.conf import settings
 from django.db import connection
 
-from webapp.jobs import paths, worker
+from webapp.jobs import cluster, paths, worker
 from webapp.jobs.models import Status, TrainingJob
 from webapp.jobs.queues import host_of
 
@@ -179,7 +179,8 @@ def run_job(job_id: int) -> str:
                 sink.emit({"type": "log", "level": "info", "message": f"node 0 of {node.count} runs on worker "
                                                                       f"{here}; rendezvous at {node.endpoint}"})
             outcome = isolation.run_job(
-                job, job.config, output_dir=output_dir, sinks=[Yielding(sink, heartbeat)],
+                job, cluster.with_ray(job.config, job.pk, job.team.slug), output_dir=output_dir,
+                sinks=[Yielding(sink, heartbeat)],
                 should_stop=heartbeat.stop_requested, node=node,
                 on_checkpoint=lambda step, path, metrics: on_checkpoint(job_id, sink, step, path, metrics),
                 on_step=lambda step: off_loop(worker.record_progress, job_id, step),
@@ -209,6 +210,7 @@ def run_job(job_id: int) -> str:
                                   step=outcome.last_step if outcome else 0)
     finally:
         heartbeat.stop()
+        cluster.stop_ray_job(job_id)  # nothing of the job stays on the Ray cluster, however it ended
     return ended or status
 
 
@@ -255,7 +257,7 @@ def run_node(self: Any, job_id: int, node_rank: int, endpoint: str, leader: str)
     def job_ended() -> bool:
         return not TrainingJob.objects.filter(pk=job_id, status=Status.RUNNING).exists()
 
-    isolation.run_node(job, job.config, output_dir=output_dir,
+    isolation.run_node(job, cluster.with_ray(job.config, job.pk, job.team.slug), output_dir=output_dir,
                        node=body.Node(node_rank, int(job.config["nodes"]), endpoint), job_ended=job_ended)
     return "done"
 
@@ -264,4 +266,7 @@ def run_node(self: Any, job_id: int, node_rank: int, endpoint: str, leader: str)
 def fail_stale_jobs() -> list[int]:
     """Beat runs this every few seconds: running jobs whose worker stopped beating end (failed, or cancelled
     when a cancel was pending). Only this task sweeps: reading a job never writes it."""
-    return worker.sweep_stale_jobs()
+    ended = worker.sweep_stale_jobs()
+    for job_id in ended:  # a worker that died (SIGKILL, OOM) left its job's pools: stop them now
+        cluster.stop_ray_job(job_id)
+    return ended

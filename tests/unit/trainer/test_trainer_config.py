@@ -225,6 +225,26 @@ def test_a_gguf_model_needs_build_tiny_off_and_the_hf_engine_and_a_file_that_is_
         load_policy(config, torch.device("cpu"))
 
 
+def test_resources_backend_ray_and_its_address_are_settings_not_a_resource_named_backend(tmp_path) -> None:
+    from trainer.builders import build_resources
+    from trainer.config import load_config
+
+    config = load_config(overrides=["resources.backend=ray", "resources.address=auto",
+                                    "resources.team_budget={sandbox: 8}", "resources.python.max=3",
+                                    f"output_dir={tmp_path / 'run'}"])
+    assert list(config.resources) == ["python"] and config.resources["python"].max == 3
+    rb = config.resource_backend
+    assert (rb.backend, rb.address, rb.team_budget) == ("ray", "auto", {"sandbox": 8})
+    engine = build_resources(config, [])
+    assert engine is not None and engine.specs["python"].backend == "ray"
+    pool = engine.pools["python"]
+    # Every rank of the job, and a resumed run of the same directory, name the same pool coordinator.
+    again = build_resources(load_config(overrides=["resources.backend=ray", "resources.python.max=3",
+                                                  f"output_dir={tmp_path / 'run'}"]), [])
+    assert again is not None and pool.settings.job == again.pools["python"].settings.job  # type: ignore[union-attr]
+    assert pool.settings.address == "auto" and pool.spec.pool.max == 3  # type: ignore[union-attr]
+
+
 def test_a_config_is_checked_when_it_is_made_so_no_caller_can_forget_to_validate() -> None:
     import dataclasses
 

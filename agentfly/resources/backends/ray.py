@@ -1,0 +1,1170 @@
+"""The ``ray`` backend: a job's pools live on a Ray cluster, one pool per resource for the whole job.
+
+    ray start --head --resources='{"sandbox": 64}'        # more nodes: ray start --address=HEAD:6379 ...
+    agentfly train grpo.yaml --set resources.backend=ray --set resources.address=auto
+
+Three kinds of actors, all in the namespace ``agentfly``:
+
+- **an instance** (``ResourceActor``): one resource instance (a ``PythonSandbox``, a ScienceWorld, a ``kv``
+  store, any factory) built and started *inside* the actor, on whichever node Ray's scheduler picks for the
+  spec's custom resources (``{"sandbox": 1}``) and strategy (spread or pack). A sandbox's actor hosts the
+  local backend's worker process, so rlimits, the network namespace and Landlock apply on that node.
+  Rollouts reach it through ``RayInstance``, a proxy with the resource's own methods.
+- **the job's pool coordinator** (``JobCoordinator``, named ``job:<job id>``, detached): holds every
+  instance of the job, idle or leased, and hands them out first come first served. Every rank, the async
+  producer and the evaluations of a job connect to it by name, so the job never holds more than ``max``
+  instances of a resource across the cluster. It owns the instance actors, so they die with it.
+- **a team's budget** (``TeamBudget``, named ``team:<team>``, detached): a ledger of instances per resource
+  type across the team's jobs; a coordinator takes a permit before creating an instance and gives it back
+  when the instance is gone. A job waiting on it shows ``budget_waiting`` in its stats (waiting, not failed).
+
+Leases survive crashes. Each process that acquires registers an owner token, a small actor it owns: Ray
+kills that token when the process dies (fate sharing). The coordinator pings the tokens every
+``lease_check_interval`` seconds and reclaims the leases of dead owners: their instances are destroyed (a
+dead owner may have left one mid-call) and counted as ``reclaimed``. The bound: a SIGKILLed trainer's
+instances are gone within ``lease_check_interval`` + Ray's owner-death detection (about 1 s for a process;
+for a lost node the GCS health check, ``health_check_period_ms`` x ``health_check_failure_threshold``).
+A coordinator with no live owner for ``orphan_timeout`` seconds stops its instances and exits, so nothing
+outlives its job even when the Celery worker that ran it was killed; a job resumed before then finds its
+coordinator and gets its whole budget back (the dead owners' leases are reclaimed first).
+
+A call to an instance whose actor died raises ``InfrastructureFailure``: ``node_lost`` when its node is
+gone, ``instance_crashed`` otherwise; the proxy is then marked dead, so its release destroys it and the pool
+creates the next instance on a live node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import inspect
+import itertools
+import logging
+import os
+import pickle
+import socket
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from agentfly.resources.pool import Instance, Latencies, Lease
+from agentfly.resources.spec import (
+    InfrastructureFailure,
+    ResourceClosed,
+    ResourceError,
+    ResourceSpec,
+    ResourceTimeout,
+)
+
+log = logging.getLogger(__name__)
+NAMESPACE = "agentfly"
+# Coordinators and team ledgers live on the head node: it is the cluster, so they fail only with it.
+ON_HEAD = {"node:__internal_head__": 0.001}
+STRATEGIES = ("spread", "pack")
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    """Where and how a job's pools run on Ray. Every field has an environment variable, so the ranks and the
+    producer a job starts agree on them without being told (the web app's worker sets them).
+
+    Attributes:
+        address: the cluster: ``auto`` (the one ``ray start`` made on this host), ``ray://head:10001``, or
+            ``head:6379``; None starts a private single-node Ray in this process. ``AGENTFLY_RAY_ADDRESS``.
+        job: the job id that names its pool coordinator; every process with the same id shares one pool per
+            resource. None: a fresh id per engine (a pool of its own). ``AGENTFLY_JOB_ID``.
+        team: the team whose budget the job draws on; None: no team budget. ``AGENTFLY_TEAM``.
+        team_budget: the team's cluster-wide limit per resource name or kind, e.g. ``{"sandbox": 64}``; set by
+            the operator (the last job to start with a budget sets it for the team). ``AGENTFLY_TEAM_BUDGET``
+            as ``sandbox=64,scienceworld=8``.
+        strategy: ``spread`` instances over the nodes (the default) or ``pack`` them onto as few as fit.
+        resources: custom Ray resources each instance asks for, by resource name or kind, e.g.
+            ``{"python": {"sandbox": 1}}``; a spec's own ``options["ray"]["resources"]`` wins.
+        lease_check_interval: seconds between the coordinator's checks that the lease owners are alive.
+        orphan_timeout: seconds a coordinator waits with no live owner before it stops its instances and exits.
+        call_timeout: the longest a single call to an instance may take (a lost node's call never hangs).
+        node_grace: seconds a call that lost its actor's connection waits for the GCS to decide whether the
+            node died (``node_lost``) or only the actor (``instance_crashed``); set it to the cluster's
+            ``health_check_period_ms`` x ``health_check_failure_threshold`` (Ray's defaults: 3 s x 5).
+    """
+
+    address: str | None = None
+    job: str | None = None
+    team: str | None = None
+    team_budget: dict[str, int] = field(default_factory=dict)
+    strategy: str = "spread"
+    resources: dict[str, dict[str, float]] = field(default_factory=dict)
+    lease_check_interval: float = 1.0
+    orphan_timeout: float = 30.0
+    call_timeout: float = 600.0
+    node_grace: float = 20.0
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"RaySettings(strategy={self.strategy!r}): use one of {STRATEGIES}")
+        for key, value in self.team_budget.items():
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"team budget {key}={value!r}: give a whole number of instances >= 0")
+        if self.lease_check_interval <= 0 or self.orphan_timeout <= 0 or self.call_timeout <= 0:
+            raise ValueError("RaySettings: lease_check_interval, orphan_timeout and call_timeout must be positive")
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> RaySettings:
+        """Settings from ``AGENTFLY_RAY_ADDRESS``, ``AGENTFLY_JOB_ID``, ``AGENTFLY_TEAM``,
+        ``AGENTFLY_TEAM_BUDGET``, ``AGENTFLY_RAY_STRATEGY``; ``overrides`` that are not None win."""
+        env = os.environ
+        values: dict[str, Any] = {
+            "address": env.get("AGENTFLY_RAY_ADDRESS") or None,
+            "job": env.get("AGENTFLY_JOB_ID") or None,
+            "team": env.get("AGENTFLY_TEAM") or None,
+            "team_budget": parse_budget(env.get("AGENTFLY_TEAM_BUDGET", "")),
+            "strategy": env.get("AGENTFLY_RAY_STRATEGY") or "spread",
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def parse_budget(text: str) -> dict[str, int]:
+    """``"sandbox=64, scienceworld=8"`` -> ``{"sandbox": 64, "scienceworld": 8}``; raises naming a bad entry."""
+    budget: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip() or not value.strip().isdigit():
+            raise ValueError(f"team budget entry {part!r}: write name=count, e.g. sandbox=64")
+        budget[key.strip()] = int(value)
+    return budget
+
+
+def job_id_for(path: str) -> str:
+    """A stable job id for a run directory: every rank and a resumed run of the same directory share it."""
+    return "run-" + hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:16]
+
+
+def coordinator_name(job: str) -> str:
+    return f"job:{job}"
+
+
+def team_name(team: str) -> str:
+    return f"team:{team}"
+
+
+def on_ray(spec: ResourceSpec) -> ResourceSpec:
+    """``spec`` with ``backend="ray"``; the backend it had runs inside the actor (``inprocess`` objects and
+    ``local`` processes alike: the actor is the process)."""
+    if spec.backend == "ray":
+        return spec
+    ray_options = dict(spec.options.get("ray") or {})
+    ray_options.setdefault("inner_backend", spec.backend)
+    return replace(spec, backend="ray", options={**spec.options, "ray": ray_options})
+
+
+def connect(address: str | None) -> None:
+    """Join the cluster once per process (``ray.init`` takes seconds: the edge, never per acquire)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    kwargs: dict[str, Any] = {"namespace": NAMESPACE, "include_dashboard": False, "log_to_driver": False,
+                              "ignore_reinit_error": True}
+    if address is None:
+        kwargs["num_cpus"] = 1  # a private Ray for this process: instances ask for no CPU of their own
+    ray.init(address=address, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Actors. Plain classes; ``ray.remote`` is applied in ``_remote`` so that importing this module needs no Ray.
+# ----------------------------------------------------------------------------------------------------------
+
+
+class ResourceActor:
+    """Hosts one resource instance on a node. Every reply is an envelope, ``("ok", value)`` or
+    ``("raise", exception)``, so that the agent's own errors (a bad key, a refused request) reach the tool with
+    their type, and only the actor's death is an infrastructure failure."""
+
+    def __init__(self, spec: ResourceSpec) -> None:
+        inner = (spec.options.get("ray") or {}).get("inner_backend") or "local"
+        self.resource = replace(spec, backend=inner if inner != "ray" else "local").build()
+
+    async def start(self) -> dict[str, Any]:
+        import ray
+
+        await self.resource.start()
+        methods = {}
+        for name in dir(type(self.resource)):
+            if name.startswith("_"):
+                continue
+            attr = getattr(type(self.resource), name, None)
+            if callable(attr):
+                methods[name] = "async" if inspect.iscoroutinefunction(attr) else "sync"
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
+                "methods": methods}
+
+    async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any]:
+        try:
+            value = getattr(self.resource, name)
+            if callable(value):
+                value = value(*args, **kwargs)
+                if inspect.isawaitable(value):
+                    value = await value
+            return ("ok", value)
+        except Exception as exc:
+            return ("raise", _portable(exc))
+
+    async def reset(self) -> tuple[str, Any]:
+        return await self.call("reset", (), {})
+
+    async def set(self, name: str, value: Any) -> tuple[str, Any]:
+        try:
+            setattr(self.resource, name, value)
+            return ("ok", None)
+        except Exception as exc:
+            return ("raise", _portable(exc))
+
+    async def health(self) -> bool:
+        try:
+            return bool(await self.resource.health())
+        except Exception:
+            return False
+
+    async def close(self) -> None:
+        await self.resource.close()
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling, else a RuntimeError with its type and message."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+class OwnerToken:
+    """A process's proof of life: the process owns it, so Ray kills it when the process dies."""
+
+    def ping(self) -> bool:
+        return True
+
+
+@dataclass(eq=False)
+class _Slot:
+    actor: Any
+    id: int
+    node: str = "pending"
+    host: str = ""
+    methods: dict[str, str] = field(default_factory=dict)
+    idle_since: float = field(default_factory=time.monotonic)
+    holders: int = 0
+
+
+@dataclass(eq=False)
+class _Held:
+    slot: _Slot
+    owner: str
+    label: str | None
+
+
+class _JobPool:
+    """One resource's pool inside the coordinator: the same invariants as ``RolloutPool`` (a slot is reserved
+    before an instance is created, FIFO hand-over, a released instance is reset before reuse), for the job's
+    processes together. ``scope="global"``: one instance, shared by every lease."""
+
+    def __init__(self, coordinator: JobCoordinator, spec: ResourceSpec, settings: RaySettings) -> None:
+        self.coordinator, self.spec, self.settings = coordinator, spec, settings
+        self.shared = spec.scope == "global"
+        self.max = 1 if self.shared else spec.pool.max
+        self.slots: dict[int, _Slot] = {}
+        self.idle: deque[_Slot] = deque()
+        self.leases: dict[str, _Held] = {}
+        self.waiters: deque[asyncio.Future[_Slot | None]] = deque()
+        self.creating = self.resetting = self.budget_waiting = 0
+        self.created = self.destroyed = self.failed = self.reclaimed = self.timeouts = self.acquires = 0
+        self.failed_on: dict[str, int] = {}
+        self.reclaimed_on: dict[str, int] = {}
+        self.last_error: str | None = None
+        self.last_probe = time.monotonic()
+        self.shared_slot: _Slot | None = None
+        self.shared_lock = asyncio.Lock()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.closed = False
+
+    # -- bookkeeping ------------------------------------------------------------------------------------
+    @property
+    def in_use(self) -> int:
+        return len({id(h.slot) for h in self.leases.values()}) if self.shared else len(self.leases)
+
+    @property
+    def size(self) -> int:
+        return len(self.slots) + self.creating
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _budget_key(self) -> str:
+        budget = self.settings.team_budget
+        return self.spec.name if self.spec.name in budget or self.spec.kind not in budget else str(self.spec.kind)
+
+    # -- create / destroy -------------------------------------------------------------------------------
+    async def _create(self, deadline: float | None) -> _Slot:
+        """Start one instance in a slot already counted in ``creating`` (the caller frees it on failure)."""
+        import ray
+
+        team = self.coordinator.team
+        key = self._budget_key()
+        if team is not None:
+            self.budget_waiting += 1
+            try:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                granted = await team.acquire.remote(self.coordinator.job, key, remaining)
+            finally:
+                self.budget_waiting -= 1
+            if not granted:
+                raise ResourceTimeout(
+                    f"team {self.settings.team!r} has used its budget of {key!r} instances across its jobs; "
+                    f"waited {remaining or 0:g} s. Raise the team's budget, or wait for its other jobs")
+        options: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0, "max_concurrency": 64,
+                                   "scheduling_strategy": "SPREAD" if self.settings.strategy == "spread"
+                                   else "DEFAULT"}
+        custom = (self.spec.options.get("ray") or {}).get("resources") or self.settings.resources.get(
+            self.spec.name) or self.settings.resources.get(str(self.spec.kind))
+        if custom:
+            options["resources"] = dict(custom)
+        info: dict[str, Any] = {}
+        for attempt in range(3):
+            actor = None
+            try:
+                actor = _remote(ResourceActor).options(**options).remote(self.spec)
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                # A node without room leaves the actor pending: the acquire timeout bounds that wait.
+                info = await asyncio.wait_for(actor.start.remote(), remaining)
+                break
+            except BaseException as exc:
+                if actor is not None:
+                    with contextlib.suppress(Exception):
+                        ray.kill(actor)
+                # Placed on a node that died before it started: Ray places the next try on a live one.
+                if (isinstance(exc, ray.exceptions.RayActorError) and attempt < 2 and "node" in str(exc).lower()
+                        and (deadline is None or time.monotonic() < deadline)):
+                    self._note_failed(_Slot(None, 0), f"a node died while starting an instance: {exc}")
+                    continue
+                if team is not None:
+                    team.release.remote(self.coordinator.job, key)
+                if isinstance(exc, TimeoutError):
+                    self.timeouts += 1
+                    raise ResourceTimeout(
+                        f"no node of the Ray cluster had room for a {self.spec.name!r} instance in time (it asks "
+                        f"for {options.get('resources') or 'no custom resource'}); add nodes or raise "
+                        "acquire_timeout") from None
+                if isinstance(exc, Exception):
+                    self.failed += 1
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    raise InfrastructureFailure(
+                        f"could not start a {self.spec.name!r} instance on the Ray cluster: {type(exc).__name__}: "
+                        f"{exc}", "unhealthy") from None
+                raise
+        self.created += 1
+        slot = _Slot(actor, next(_slot_ids), info["node_id"], info["host"], info["methods"])
+        self.slots[slot.id] = slot
+        return slot
+
+    async def _destroy(self, slot: _Slot) -> None:
+        import ray
+
+        if self.slots.pop(slot.id, None) is None:
+            return
+        self.destroyed += 1
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(slot.actor.close.remote(), 10)
+        with contextlib.suppress(Exception):
+            ray.kill(slot.actor)
+        if self.coordinator.team is not None:
+            self.coordinator.team.release.remote(self.coordinator.job, self._budget_key())
+
+    # -- acquire / release ------------------------------------------------------------------------------
+    async def acquire(self, owner: str, label: str | None, timeout: float | None,
+                      known: frozenset[int] = frozenset()) -> dict[str, Any]:
+        if self.closed:
+            return {"error": "closed", "message": f"the job's pool of {self.spec.name!r} is closed"}
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        try:
+            slot = await (self._shared() if self.shared else self._obtain(deadline, timeout))
+        except ResourceTimeout as exc:
+            return {"error": "acquire_timeout", "message": str(exc)}
+        except InfrastructureFailure as exc:
+            return {"error": exc.kind, "message": str(exc)}
+        except ResourceError as exc:
+            return {"error": "closed", "message": str(exc)}
+        lease_id = uuid.uuid4().hex
+        slot.holders += 1
+        self.leases[lease_id] = _Held(slot, owner, label)
+        self.acquires += 1
+        reply = {"lease": lease_id, "slot": slot.id, "waited": time.monotonic() - start}
+        if slot.id not in known:
+            # A handle costs its receiver a registration with Ray's reference counting: each process gets it
+            # once per instance and keeps it, so a warm acquire is one small round trip.
+            reply.update(actor=slot.actor, node=slot.node, host=slot.host, methods=slot.methods)
+        return reply
+
+    async def _shared(self) -> _Slot:
+        async with self.shared_lock:
+            if self.shared_slot is None or self.shared_slot.id not in self.slots:
+                self.creating += 1
+                try:
+                    self.shared_slot = await self._create(None)
+                finally:
+                    self.creating -= 1
+            return self.shared_slot
+
+    async def _obtain(self, deadline: float | None, timeout: float | None) -> _Slot:
+        slot: _Slot | None
+        if not self.waiters and self.idle:
+            slot = self.idle.popleft()
+        elif not self.waiters and self.size < self.max:
+            self.creating += 1
+            slot = None
+        else:
+            slot = await self._wait(deadline, timeout)
+        if slot is None:
+            try:
+                return await self._create(deadline)
+            finally:
+                self.creating -= 1
+                self._wake_creator()
+        # Probe an instance that sat idle a while (its node may have gone); a fresh one is trusted.
+        if self.spec.health_check and time.monotonic() - slot.idle_since > 1.0 and not await self._alive(slot):
+            self._note_failed(slot, f"instance {slot.id} failed its health check")
+            await self._destroy(slot)
+            self.creating += 1
+            try:
+                return await self._create(deadline)
+            finally:
+                self.creating -= 1
+                self._wake_creator()
+        return slot
+
+    async def _wait(self, deadline: float | None, timeout: float | None) -> _Slot | None:
+        fut: asyncio.Future[_Slot | None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(fut)
+        try:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return await asyncio.wait_for(asyncio.shield(fut), remaining)
+        except BaseException as exc:
+            if fut in self.waiters:
+                self.waiters.remove(fut)
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                handed = fut.result()
+                if handed is None:
+                    self.creating -= 1
+                    self._wake_creator()
+                else:
+                    self._give(handed)
+            else:
+                fut.cancel()
+            if isinstance(exc, TimeoutError):
+                self.timeouts += 1
+                raise ResourceTimeout(
+                    f"no {self.spec.name!r} instance became free within {timeout:g} s: the job's pool is at its "
+                    f"max of {self.max} across the cluster ({self.in_use} in use, {len(self.waiters)} waiting). "
+                    "Raise the pool's max, raise acquire_timeout, or run fewer rollouts at once."
+                ) from None
+            raise
+
+    def _give(self, slot: _Slot) -> None:
+        slot.idle_since = time.monotonic()
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_result(slot)
+                return
+        if self.closed:
+            self._spawn(self._destroy(slot))
+        else:
+            self.idle.append(slot)
+
+    def _wake_creator(self) -> None:
+        while self.waiters and self.size < self.max:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                self.creating += 1
+                fut.set_result(None)
+                return
+
+    def release(self, lease_id: str, healthy: bool, reclaimed: bool = False) -> None:
+        held = self.leases.pop(lease_id, None)
+        if held is None:
+            return
+        slot = held.slot
+        slot.holders -= 1
+        if reclaimed:
+            self.reclaimed += 1
+            self.reclaimed_on[slot.node] = self.reclaimed_on.get(slot.node, 0) + 1
+        if self.shared:
+            if (not healthy or reclaimed) and self.shared_slot is slot:
+                self.shared_slot = None  # new acquirers get a fresh one; this goes with its last holder
+            if slot.holders == 0 and self.shared_slot is not slot:
+                self._spawn(self._destroy(slot))
+            return
+        self.resetting += 1
+        # A dead owner may have left its instance mid-call: never reuse it.
+        self._spawn(self._recycle(slot, healthy and not reclaimed))
+
+    async def _recycle(self, slot: _Slot, healthy: bool) -> None:
+        ok = healthy and not self.closed
+        if ok and self.spec.reset:
+            try:
+                status, value = await asyncio.wait_for(slot.actor.reset.remote(), 60)
+                if status != "ok":
+                    ok = False
+                    self._note_failed(slot, f"reset failed: {type(value).__name__}: {value}")
+            except Exception as exc:
+                ok = False
+                self._note_failed(slot, f"reset failed: {type(exc).__name__}: {exc}")
+        if ok:
+            self.resetting -= 1
+            self._give(slot)
+            return
+        try:
+            await self._destroy(slot)
+        finally:
+            self.resetting -= 1
+        self._wake_creator()
+        if not self.closed and self.size < self.spec.pool.min:
+            self._spawn(self.fill_to_min())
+
+    def _note_failed(self, slot: _Slot, why: str) -> None:
+        self.failed += 1
+        self.failed_on[slot.node] = self.failed_on.get(slot.node, 0) + 1
+        self.last_error = why
+
+    async def _alive(self, slot: _Slot) -> bool:
+        try:
+            return bool(await asyncio.wait_for(slot.actor.health.remote(), 10))
+        except Exception:
+            return False
+
+    async def fill_to_min(self) -> None:
+        if self.shared:
+            if self.spec.pool.min > 0:
+                await self._shared()
+            return
+        need = self.spec.pool.min - self.size
+        if need <= 0 or self.closed:
+            return
+        self.creating += need
+
+        async def one() -> None:
+            try:
+                slot = await self._create(None if self.spec.acquire_timeout is None
+                                          else time.monotonic() + self.spec.acquire_timeout)
+            finally:
+                self.creating -= 1
+            self._give(slot)
+
+        results = await asyncio.gather(*(one() for _ in range(need)), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                log.warning("could not pre-warm %s: %s", self.spec.name, r)
+
+    async def check(self) -> None:
+        """Probe idle instances every ``health_interval`` (the dead ones, e.g. on a lost node, are replaced) and
+        refill to ``min``."""
+        now = time.monotonic()
+        probe = self.spec.health_check and self.spec.health_interval > 0 and (
+            now - self.last_probe >= self.spec.health_interval)
+        if probe:
+            self.last_probe = now
+        for slot in list(self.idle) if probe else []:
+            if slot in self.idle and not await self._alive(slot) and slot in self.idle:
+                self.idle.remove(slot)
+                self._note_failed(slot, f"instance {slot.id} on node {slot.node[:12]} stopped answering")
+                self.resetting += 1
+                try:
+                    await self._destroy(slot)
+                finally:
+                    self.resetting -= 1
+                self._wake_creator()
+        if self.size < self.spec.pool.min:
+            await self.fill_to_min()
+
+    async def close(self) -> None:
+        self.closed = True
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_exception(ResourceClosed(f"the job's pool of {self.spec.name!r} closed"))
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.idle.clear()
+        self.leases.clear()
+        await asyncio.gather(*(self._destroy(s) for s in list(self.slots.values())), return_exceptions=True)
+
+    def stats(self) -> dict[str, Any]:
+        nodes: dict[str, dict[str, int]] = {}
+
+        def node(n: str) -> dict[str, int]:
+            return nodes.setdefault(n, {"in_use": 0, "idle": 0, "starting": 0, "failed": 0, "reclaimed": 0})
+
+        leased = {id(h.slot) for h in self.leases.values()}
+        for slot in self.slots.values():
+            node(slot.node)["in_use" if id(slot) in leased else "idle"] += 1
+        if self.creating:
+            node("pending")["starting"] += self.creating
+        for n, count in self.failed_on.items():
+            node(n)["failed"] += count
+        for n, count in self.reclaimed_on.items():
+            node(n)["reclaimed"] += count
+        return {
+            "size": self.size, "in_use": self.in_use, "idle": len(self.idle),
+            "waiting": sum(1 for f in self.waiters if not f.done()), "budget_waiting": self.budget_waiting,
+            "resetting": self.resetting, "creating": self.creating, "created": self.created,
+            "destroyed": self.destroyed, "failed": self.failed, "reclaimed": self.reclaimed,
+            "timeouts": self.timeouts, "cluster_acquires": self.acquires, "last_error": self.last_error,
+            "max": self.max, "nodes": nodes,
+        }
+
+
+_slot_ids = itertools.count(1)
+
+
+class JobCoordinator:
+    """The job's pools, one per resource, for every process of the job (a named, detached async actor)."""
+
+    def __init__(self, job: str, settings: RaySettings) -> None:
+        import ray
+
+        self.job, self.settings = job, settings
+        self.pools: dict[str, _JobPool] = {}
+        self.owners: dict[str, Any] = {}
+        self.team: Any = None
+        if settings.team is not None:
+            self.team = _remote(TeamBudget).options(
+                name=team_name(settings.team), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+                num_cpus=0, resources=ON_HEAD).remote(settings.team)
+            if settings.team_budget:
+                self.team.set_budget.remote(settings.team_budget)
+            self.team.join.remote(job, ray.get_runtime_context().current_actor)
+        self.orphan_since: float | None = time.monotonic()
+        self.started = False
+
+    async def ensure(self, spec: ResourceSpec) -> dict[str, Any]:
+        """Declare a pool (the first process to declare a resource sets its spec) and pre-warm its ``min``."""
+        if not self.started:
+            self.started = True
+            asyncio.get_running_loop().create_task(self._watch())
+        pool = self.pools.get(spec.name)
+        if pool is None:
+            pool = self.pools[spec.name] = _JobPool(self, spec, self.settings)
+        elif pool.spec.pool != spec.pool:
+            log.warning("job %s: %s declared with %s and %s; keeping the first", self.job, spec.name,
+                        pool.spec.pool, spec.pool)
+        await pool.fill_to_min()
+        return {"max": pool.max}
+
+    async def register(self, owner: str, token: Any) -> None:
+        self.owners[owner] = token
+        self.orphan_since = None
+
+    async def unregister(self, owner: str) -> None:
+        """An owner closed cleanly: its leases are released (destroyed), and the last one out closes the job."""
+        self.owners.pop(owner, None)
+        self._reclaim(owner, counted=False)
+        if not self.owners:
+            # After this call has answered, and only if nobody joined meanwhile (a rank starting late).
+            asyncio.get_running_loop().call_later(0.2, lambda: asyncio.ensure_future(self._shutdown(idle_only=True)))
+
+    async def acquire(self, name: str, owner: str, label: str | None, timeout: float | None,
+                      known: frozenset[int] = frozenset()) -> dict[str, Any]:
+        pool = self.pools.get(name)
+        if pool is None:
+            return {"error": "closed", "message": f"resource {name!r} was not declared for job {self.job}"}
+        return await pool.acquire(owner, label, timeout, known)
+
+    async def release(self, name: str, lease_id: str, healthy: bool) -> None:
+        pool = self.pools.get(name)
+        if pool is not None:
+            pool.release(lease_id, healthy)
+
+    async def stats(self) -> dict[str, Any]:
+        return {name: pool.stats() for name, pool in self.pools.items()}
+
+    async def ping(self) -> bool:
+        return True
+
+    def _reclaim(self, owner: str, counted: bool = True) -> None:
+        for pool in self.pools.values():
+            for lease_id, held in list(pool.leases.items()):
+                if held.owner == owner:
+                    pool.release(lease_id, healthy=False, reclaimed=counted)
+
+    async def _watch(self) -> None:
+        """Reclaim the leases of dead owners; exit when no owner has been alive for ``orphan_timeout``."""
+        import ray
+
+        while True:
+            await asyncio.sleep(self.settings.lease_check_interval)
+            for owner, token in list(self.owners.items()):
+                try:
+                    await asyncio.wait_for(token.ping.remote(), 10)
+                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                    log.warning("job %s: owner %s died; reclaiming its leases", self.job, owner)
+                    self.owners.pop(owner, None)
+                    self._reclaim(owner)
+                except TimeoutError:
+                    pass  # busy or partitioned: not proof of death
+            if self.owners:
+                self.orphan_since = None
+            elif self.orphan_since is None:
+                self.orphan_since = time.monotonic()
+            elif time.monotonic() - self.orphan_since > self.settings.orphan_timeout:
+                log.warning("job %s: no live owner for %g s; stopping its instances", self.job,
+                            self.settings.orphan_timeout)
+                await self._shutdown()
+                return
+            for pool in self.pools.values():
+                with contextlib.suppress(Exception):
+                    await pool.check()
+
+    async def _shutdown(self, idle_only: bool = False) -> None:
+        """Stop every instance and this actor (Ray then stops any instance actor it still owns)."""
+        import ray
+
+        if idle_only and self.owners:
+            return
+        await asyncio.gather(*(pool.close() for pool in self.pools.values()), return_exceptions=True)
+        if self.team is not None:
+            with contextlib.suppress(Exception):
+                await self.team.leave.remote(self.job)
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+
+
+class TeamBudget:
+    """A team's cluster-wide instances per resource type, shared by its jobs (a named, detached async actor).
+
+    Permits are taken FIFO per key; a job's permits come back when its coordinator dies, whatever killed it."""
+
+    def __init__(self, team: str) -> None:
+        self.team = team
+        self.budget: dict[str, int] = {}
+        self.used: dict[str, dict[str, int]] = {}
+        self.waiters: dict[str, deque[tuple[str, asyncio.Future[bool]]]] = {}
+        self.jobs: dict[str, Any] = {}
+        self.watching = False
+
+    async def set_budget(self, budget: dict[str, int]) -> None:
+        self.budget = dict(budget)
+        for key in list(self.waiters):
+            self._wake(key)
+
+    async def join(self, job: str, coordinator: Any) -> None:
+        self.jobs[job] = coordinator
+        if not self.watching:
+            self.watching = True
+            asyncio.get_running_loop().create_task(self._watch())
+
+    async def leave(self, job: str) -> None:
+        self.jobs.pop(job, None)
+        for key, by_job in self.used.items():
+            if by_job.pop(job, 0):
+                self._wake(key)
+
+    def _total(self, key: str) -> int:
+        return sum(self.used.get(key, {}).values())
+
+    async def acquire(self, job: str, key: str, timeout: float | None) -> bool:
+        limit = self.budget.get(key)
+        if limit is None:
+            self._take(job, key)
+            return True
+        queue = self.waiters.setdefault(key, deque())
+        if not queue and self._total(key) < limit:
+            self._take(job, key)
+            return True
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        queue.append((job, fut))
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            if fut.done() and fut.result():
+                self._give_back(job, key)
+            fut.cancel()
+            return False
+        finally:
+            with contextlib.suppress(ValueError):
+                queue.remove((job, fut))
+
+    def _take(self, job: str, key: str) -> None:
+        by_job = self.used.setdefault(key, {})
+        by_job[job] = by_job.get(job, 0) + 1
+
+    async def release(self, job: str, key: str) -> None:
+        self._give_back(job, key)
+
+    def _give_back(self, job: str, key: str) -> None:
+        by_job = self.used.get(key, {})
+        if by_job.get(job, 0) > 0:
+            by_job[job] -= 1
+        self._wake(key)
+
+    def _wake(self, key: str) -> None:
+        queue = self.waiters.get(key)
+        limit = self.budget.get(key)
+        while queue and (limit is None or self._total(key) < limit):
+            job, fut = queue.popleft()
+            if not fut.done():
+                self._take(job, key)
+                fut.set_result(True)
+
+    async def usage(self) -> dict[str, dict[str, Any]]:
+        keys = set(self.budget) | set(self.used)
+        return {k: {"budget": self.budget.get(k), "in_use": self._total(k),
+                    "waiting": sum(1 for _, f in self.waiters.get(k, ()) if not f.done()),
+                    "jobs": {j: n for j, n in self.used.get(k, {}).items() if n}} for k in sorted(keys)}
+
+    async def _watch(self) -> None:
+        import ray
+
+        while True:
+            await asyncio.sleep(2.0)
+            for job, coordinator in list(self.jobs.items()):
+                try:
+                    await asyncio.wait_for(coordinator.ping.remote(), 10)
+                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                    await self.leave(job)
+                except TimeoutError:
+                    pass
+
+
+_remote_classes: dict[type, Any] = {}
+
+
+def _remote(cls: type) -> Any:
+    import ray
+
+    if cls not in _remote_classes:
+        _remote_classes[cls] = ray.remote(cls)
+    return _remote_classes[cls]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The client side: what a ResourceEngine in a trainer, rank or producer process holds.
+# ----------------------------------------------------------------------------------------------------------
+
+_token: tuple[int, Any] | None = None
+
+
+def _process_token() -> Any:
+    """This process's owner token (one per process; each pool of each engine is an owner holding it)."""
+    global _token
+    if _token is None or _token[0] != os.getpid():
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # On this process's own node: a token elsewhere could die with another node and look like our death.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        _token = (os.getpid(), _remote(OwnerToken).options(num_cpus=0, scheduling_strategy=here).remote())
+    return _token[1]
+
+
+class RayInstance:
+    """A rollout's handle on an instance actor: the resource's own methods, called on the node that runs it.
+
+    Async methods of the resource are async here; sync ones (a ``kv`` store's ``lookup``) and attributes
+    block for one round trip. A call to a dead actor raises ``InfrastructureFailure`` (``node_lost`` or
+    ``instance_crashed``) and marks the instance dead, so that its release destroys it."""
+
+    _own = frozenset({"_actor", "_name", "_methods", "_call_timeout", "_node_grace", "node", "host", "dead"})
+
+    def __init__(self, actor: Any, name: str, node: str, host: str, methods: dict[str, str],
+                 call_timeout: float, node_grace: float = 20.0) -> None:
+        self._actor, self._name, self._methods = actor, name, methods
+        self.node, self.host, self.dead = node, host, False
+        self._call_timeout, self._node_grace = call_timeout, node_grace
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        """The proxy's own fields here; any other attribute is set on the resource in its actor."""
+        if attr in self._own:
+            object.__setattr__(self, attr, value)
+            return
+        import ray
+
+        try:
+            status, error = ray.get(self._actor.set.remote(attr, value), timeout=self._call_timeout)
+        except Exception as exc:
+            raise self._failure(exc) from None
+        if status == "raise":
+            raise error
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        kind = self._methods.get(attr)
+        if kind == "async":
+            async def call(*args: Any, **kwargs: Any) -> Any:
+                return await self._call(attr, args, kwargs)
+
+            return call
+        if kind == "sync":
+            return lambda *args, **kwargs: self._call_sync(attr, args, kwargs)
+        return self._call_sync(attr, (), {})
+
+    async def _call(self, attr: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            status, value = await asyncio.wait_for(self._actor.call.remote(attr, args, kwargs), self._call_timeout)
+        except TimeoutError:
+            self.dead = True
+            raise InfrastructureFailure(f"{self._name} instance on {self.host} did not answer {attr}() within "
+                                        f"{self._call_timeout:g} s", "instance_crashed") from None
+        except Exception as exc:
+            failure = await asyncio.to_thread(self._failure, exc)  # may wait for the GCS: not on the loop
+            raise failure from None
+        if status == "raise":
+            raise value
+        return value
+
+    def _call_sync(self, attr: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        import ray
+
+        try:
+            status, value = ray.get(self._actor.call.remote(attr, args, kwargs), timeout=self._call_timeout)
+        except Exception as exc:
+            raise self._failure(exc) from None
+        if status == "raise":
+            raise value
+        return value
+
+    def _failure(self, exc: BaseException) -> InfrastructureFailure:
+        import ray
+
+        self.dead = True
+        if isinstance(exc, ray.exceptions.GetTimeoutError):
+            return InfrastructureFailure(f"{self._name} instance on {self.host} did not answer in time",
+                                         "instance_crashed")
+        text = str(exc).lower()
+        lost = "node" in text and "died" in text
+        if not lost and isinstance(exc, ray.exceptions.ActorUnavailableError):
+            # The connection to the actor broke and its node may be on the way out: the GCS declares a node
+            # dead only after its health check misses, so wait that long before calling it a crash.
+            deadline = time.monotonic() + self._node_grace
+            while node_alive(self.node) and time.monotonic() < deadline:
+                time.sleep(0.25)
+        lost = lost or not node_alive(self.node)
+        kind = "node_lost" if lost else "instance_crashed"
+        where = f"node {self.node[:12]} ({self.host})"
+        what = "its node was lost" if kind == "node_lost" else "its actor died"
+        return InfrastructureFailure(f"the {self._name} instance on {where} is gone: {what} "
+                                     f"({type(exc).__name__})", kind)
+
+    async def start(self) -> None:  # started by the coordinator; the pool never calls these on a lease
+        return None
+
+    def kill(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"RayInstance({self._name} on {self.host}, node {self.node[:12]})"
+
+
+def node_alive(node_id: str) -> bool:
+    import ray
+
+    try:
+        nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+        return any(n.get("NodeID") == node_id and n.get("Alive") for n in nodes)
+    except Exception:
+        return True
+
+
+class RayPool:
+    """The engine's side of a job's pool: acquires from the job's coordinator, with the ``RolloutPool``
+    interface (``start``, ``acquire``, ``release``, ``stats``, ``aclose``, ``kill_all``)."""
+
+    def __init__(self, spec: ResourceSpec, settings: RaySettings | None = None) -> None:
+        self.spec = spec
+        self.settings = settings or RaySettings.from_env()
+        self.job = self.settings.job or f"private-{uuid.uuid4().hex[:12]}"
+        self.closed = False
+        self.started = False
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.instances: set[Instance] = set()  # this process's leased instances
+        self.leases: dict[int, str] = {}  # Instance.id -> lease id at the coordinator
+        self.slots: dict[int, int] = {}  # Instance.id -> the coordinator's slot id
+        self.handles: dict[int, tuple[Any, str, str, dict[str, str]]] = {}  # slot id -> actor, node, host, methods
+        self.latency = Latencies()
+        self.acquires = self.timeouts = self.failed = 0
+        self.coordinator: Any = None
+        self.owner: str | None = None
+        self.last_error: str | None = None
+        self._start_lock: asyncio.Lock | None = None
+
+    async def start(self) -> None:
+        if self.started:
+            return
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self.started:
+                return
+            import ray
+
+            connect(self.settings.address)
+            self.owner = f"{socket.gethostname()}:{os.getpid()}:{self.spec.name}:{uuid.uuid4().hex[:8]}"
+            for attempt in range(5):
+                self.coordinator = _remote(JobCoordinator).options(
+                    name=coordinator_name(self.job), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+                    num_cpus=0, max_concurrency=1000, resources=ON_HEAD).remote(self.job, self.settings)
+                try:
+                    await self.coordinator.register.remote(self.owner, _process_token())
+                    break
+                except ray.exceptions.RayActorError:
+                    # The job's last process left a moment ago and its coordinator is stopping: once its name
+                    # is free, this process starts the next one.
+                    if attempt == 4:
+                        raise
+                    await asyncio.sleep(0.5)
+            await self.coordinator.ensure.remote(self.spec)
+            self.started = True
+
+    async def acquire(self, owner: str | None, timeout: float | None) -> Lease:
+        if self.closed:
+            raise ResourceClosed(f"resource engine is closed; cannot acquire {self.spec.name!r}")
+        await self.start()
+        t0 = time.monotonic()
+        pending = asyncio.ensure_future(self.coordinator.acquire.remote(
+            self.spec.name, self.owner, owner, timeout, frozenset(self.handles)))
+        try:
+            reply = await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            # Cancelling our await does not cancel the coordinator's: give back what it grants after we left.
+            pending.add_done_callback(self._give_back_late)
+            raise
+        except Exception as exc:  # the coordinator is gone: the job was stopped (cancel) or the head failed
+            raise ResourceClosed(f"the job's pool of {self.spec.name!r} on the Ray cluster is gone (the job was "
+                                 f"stopped, or the head node failed): {type(exc).__name__}") from None
+        if "error" in reply:
+            if reply["error"] == "acquire_timeout":
+                self.timeouts += 1
+                raise ResourceTimeout(reply["message"])
+            if reply["error"] == "closed":
+                raise ResourceClosed(reply["message"])
+            self.failed += 1
+            self.last_error = reply["message"]
+            raise InfrastructureFailure(reply["message"], reply["error"])
+        if "actor" in reply:
+            if len(self.handles) > 2 * self.spec.pool.max + 16:  # instances destroyed since: sent again if needed
+                held = set(self.slots.values())
+                self.handles = {k: v for k, v in self.handles.items() if k in held}
+            self.handles[reply["slot"]] = (reply["actor"], reply["node"], reply["host"], reply["methods"])
+        actor, node, host, methods = self.handles[reply["slot"]]
+        proxy = RayInstance(actor, self.spec.name, node, host, methods, self.settings.call_timeout,
+                            self.settings.node_grace)
+        slot = Instance(proxy)
+        slot.uses = 1
+        self.instances.add(slot)
+        self.leases[slot.id] = reply["lease"]
+        self.slots[slot.id] = reply["slot"]
+        self.acquires += 1
+        self.latency.add(time.monotonic() - t0)
+        if self.closed:  # closed while we waited: hand it straight back
+            self.release(Lease(self.spec.name, owner, slot), healthy=True)
+            raise ResourceClosed(f"resource engine closed while acquiring {self.spec.name!r}")
+        return Lease(self.spec.name, owner, slot)
+
+    def _give_back_late(self, pending: asyncio.Future[Any]) -> None:
+        if pending.cancelled() or pending.exception() is not None:
+            return
+        reply = pending.result()
+        if "lease" in reply and self.coordinator is not None:
+            self.coordinator.release.remote(self.spec.name, reply["lease"], True)
+
+    def release(self, lease: Lease, healthy: bool) -> None:
+        """Synchronous bookkeeping; the coordinator resets (or destroys) the instance in the background."""
+        if lease.released:
+            return
+        lease.released = True
+        self.instances.discard(lease.slot)
+        lease_id = self.leases.pop(lease.slot.id, None)
+        slot_id = self.slots.pop(lease.slot.id, None)
+        if lease_id is not None and self.coordinator is not None:
+            dead = getattr(lease.slot.resource, "dead", False)
+            if dead or not healthy:  # destroyed at the coordinator: its handle is of no more use
+                self.handles.pop(slot_id or 0, None)
+            self.coordinator.release.remote(self.spec.name, lease_id, healthy and not dead)
+
+    def stats(self) -> dict[str, Any]:
+        p50, p99 = self.latency.percentile(50), self.latency.percentile(99)
+        stats: dict[str, Any] = {
+            "kind": self.spec.kind, "scope": self.spec.scope, "backend": "ray", "min": self.spec.pool.min,
+            "max": self.spec.pool.max if self.spec.scope == "rollout" else 1, "job": self.job,
+            "acquires": self.acquires, "timeouts": self.timeouts, "failed": self.failed,
+            "acquire_p50_ms": None if p50 is None else round(p50 * 1000, 3),
+            "acquire_p99_ms": None if p99 is None else round(p99 * 1000, 3), "last_error": self.last_error,
+            "held_here": len(self.instances),
+        }
+        if self.coordinator is None:
+            return {**stats, "size": 0, "in_use": 0, "idle": 0, "waiting": 0, "resetting": 0, "creating": 0,
+                    "created": 0, "destroyed": 0, "reclaimed": 0, "nodes": {}}
+        import ray
+
+        try:
+            cluster = ray.get(self.coordinator.stats.remote(), timeout=5).get(self.spec.name, {})
+        except Exception as exc:
+            cluster = {"last_error": f"the job's coordinator did not answer: {type(exc).__name__}"}
+        timeouts, failed = cluster.pop("timeouts", 0), cluster.pop("failed", 0)
+        merged = {**stats, **{k: v for k, v in cluster.items() if v is not None or k not in stats}}
+        merged["timeouts"] = max(self.timeouts, timeouts)
+        merged["failed"] = self.failed + failed
+        if self.settings.team is not None:
+            with contextlib.suppress(Exception):
+                team = ray.get_actor(team_name(self.settings.team), namespace=NAMESPACE)
+                usage: Any = ray.get(team.usage.remote(), timeout=5)
+                key = self.spec.name if self.spec.name in usage else str(self.spec.kind)
+                if key in usage:
+                    merged["team_budget"] = {"team": self.settings.team, "key": key, **usage[key]}
+        return merged
+
+    async def aclose(self) -> None:
+        """Give back what this process holds and leave the job; the last process out closes the job's pools."""
+        if self.closed:
+            return
+        self.closed = True
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.coordinator is not None:
+            for slot in list(self.instances):
+                self.release(Lease(self.spec.name, None, slot), healthy=False)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.coordinator.unregister.remote(self.owner), 30)
+
+    def kill_all(self) -> None:
+        """Interpreter exit or SIGTERM: leave the job without waiting (the coordinator destroys our leases)."""
+        import ray
+
+        self.closed = True
+        # Never after ray.shutdown(): a call then would start a new local Ray at interpreter exit.
+        if self.coordinator is not None and ray.is_initialized():
+            with contextlib.suppress(Exception):
+                self.coordinator.unregister.remote(self.owner)
+        self.instances.clear()
+
+
+def stop_job(job: str, address: str | None = None) -> bool:
+    """Stop a job's coordinator and every instance it owns (the web app calls this when a job ends, fails or
+    is cancelled). True if there was one to stop."""
+    import ray
+
+    connect(address)
+    try:
+        actor = ray.get_actor(coordinator_name(job), namespace=NAMESPACE)
+    except ValueError:
+        return False
+    ray.kill(actor, no_restart=True)  # its instance actors are owned by it, so Ray stops them too
+    return True
