@@ -224,7 +224,11 @@ def build_engine(config: Config, model: Any, tokenizer: Any) -> Engine:
         from agentfly.engines.vllm import VLLMEngine
 
         return VLLMEngine(config.model.path, seed=config.seed)
-    raise ValueError(f"engine={config.engine!r}: use hf or vllm")
+    if config.engine == "remote":
+        from trainer.remote_servers import build_remote_engine
+
+        return build_remote_engine(config)
+    raise ValueError(f"engine={config.engine!r}: use hf, vllm or remote")
 
 
 class DataCursor:

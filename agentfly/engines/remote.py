@@ -211,7 +211,7 @@ def start_servers(model_dir: str | os.PathLike[str], n: int, *, seed: int = 0, l
                 popen = subprocess.Popen(
                     server_command(model_dir, port, seed=seed, on_cpu=not gpus, extra_args=extra_args),
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                    preexec_fn=_die_with_parent,  # noqa: PLW1509 - setsid + prctl need the child's side of fork
+                    preexec_fn=_die_with_parent,  # setsid and prctl act on the child, between fork and exec
                 )
             servers.append(ServerProcess(popen, f"http://127.0.0.1:{port}", log_path))
         if wait:
