@@ -8,6 +8,7 @@ inside tasks, the web process never does.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from datetime import timedelta
@@ -234,6 +235,10 @@ CHANNEL_LAYERS = {
 AGENTFLY_RUNS_DIR = Path(env_str("AGENTFLY_RUNS_DIR", str(BASE_DIR / "runs" / "webapp")))
 # Folders whose Python modules teams may register as tools and rewards (added to sys.path on workers).
 AGENTFLY_PLUGIN_DIRS = [Path(p) for p in env_list("AGENTFLY_PLUGIN_DIRS", [])]
+# Inference servers (vLLM, OpenAI-compatible) each team may run its jobs on (engine=remote), as JSON: team slug
+# -> base URLs, "*" for every team, e.g. {"*": ["http://gpu1:8000"], "nlp": ["http://gpu2:8000"]}. A job on
+# them gets new weights after each update, so list only servers a team may change. Empty: none.
+AGENTFLY_INFERENCE_SERVERS: dict[str, list[str]] = json.loads(env_str("AGENTFLY_INFERENCE_SERVERS", "{}") or "{}")
 # When set, model and task paths given at launch must lie inside one of these folders (a production server
 # should not let users probe its whole filesystem); empty allows any path (the demo, a single-user machine).
 AGENTFLY_ALLOWED_PATHS = [Path(p) for p in env_list("AGENTFLY_ALLOWED_PATHS", [])]

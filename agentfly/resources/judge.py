@@ -146,7 +146,7 @@ class Judge:
         extra = f"\n\nReference answer:\n{reference}" if reference else ""
         reply = await self.ask(JUDGE_SYSTEM.format(lo=lo, hi=hi),
                                JUDGE_USER.format(question=question, answer=answer, rubric=rubric, reference=extra,
-                                                 lo=lo, hi=hi))
+                                                 lo=lo, hi=hi), prefix="Score:")
         matches = SCORE_RE.findall(reply)
         value = float(matches[-1]) if matches else None
         if value is None or not lo <= value <= hi:
@@ -161,7 +161,7 @@ class Judge:
         rubric_line = f"Criteria: {rubric}\n\n" if rubric else ""
         orders = [(answer, reference), (reference, answer)] if both_orders else [(answer, reference)]
         replies = await asyncio.gather(*(self.ask(COMPARE_SYSTEM, COMPARE_USER.format(
-            question=question, a=a, b=b, rubric=rubric_line)) for a, b in orders))
+            question=question, a=a, b=b, rubric=rubric_line), prefix="Winner:") for a, b in orders))
         points = []
         for i, reply in enumerate(replies):
             found = WINNER_RE.findall(reply)
@@ -177,8 +177,10 @@ class Judge:
         self.last_parse_failure = reply[-300:]
         raise JudgeParseError(f"the judge's reply has {expected}: {reply[-300:]!r}")
 
-    async def ask(self, system: str, user: str) -> str:
-        """The judge's reply to one chat (system + user message), through the batcher."""
+    async def ask(self, system: str, user: str, prefix: str = "") -> str:
+        """The judge's reply to one chat (system + user message), through the batcher. ``prefix`` starts the
+        judge's reply for it (e.g. "Score:"), so a small model answers in the form asked; it is part of the
+        returned reply."""
         if self.engine is None:
             await self.start()
         assert self.engine is not None
@@ -189,6 +191,8 @@ class Judge:
             prompt = list(tok(text, add_special_tokens=False)["input_ids"])
         else:
             prompt = list(tok(f"{system}\n\n{user}\n")["input_ids"])
+        if prefix:
+            prompt += list(tok(prefix, add_special_tokens=False)["input_ids"])
         room = self.engine.max_model_len - self.sampling.max_new_tokens
         if len(prompt) > room:  # keep the end, where the answer and the instruction to grade it are
             prompt = prompt[-room:]
@@ -198,7 +202,7 @@ class Judge:
         self.counters["calls"] += 1
         if self._drainer is None or self._drainer.done() or self._drainer.get_loop() is not loop:
             self._drainer = loop.create_task(self._drain())
-        return await call.future
+        return prefix + await call.future
 
     async def _drain(self) -> None:
         """Send pending calls out in batches, never more than ``max_concurrency`` generations at once."""

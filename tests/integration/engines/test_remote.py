@@ -242,8 +242,10 @@ def test_a_training_run_on_the_fleet_syncs_each_update_and_reports_the_logprob_m
         checked = trained if mode == "sync" else [m for m in trained if m["step"] == 1]
         assert checked and all(m["logprob_mismatch"] < 0.05 for m in checked), checked
         resources = [e["data"]["engine"] for e in events if e["type"] == "resources"]
-        assert resources[-1]["weight_syncs"] >= 1 and resources[-1]["replicas_live"] == 2.0
-        if mode == "async":
+        assert resources[-1]["replicas_live"] == 2.0
+        if mode == "sync":  # each update reached the servers before the next batch
+            assert resources[-1]["weight_syncs"] >= 1
+        else:  # two steps with staleness 1: the producer may sample both before the first update lands
             assert all(m["rollout/staleness_max"] <= 1.0 for m in steps)
     finally:
         # The servers belong to the module's fleet: put its weights back for the tests after this one.
