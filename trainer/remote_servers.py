@@ -19,7 +19,17 @@ if TYPE_CHECKING:
 
 
 def build_remote_engine(config: Config) -> RemoteEngine:
+    import os
+
     from agentfly.engines.remote import RemoteEngine, start_servers
+    from trainer.config import ConfigError
+
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world > 1:
+        # Every rank would save and push the same weights into the same servers, with no barrier between one
+        # rank's sync and another rank's next rollout; one rank drives the fleet until that is in place.
+        raise ConfigError(f"engine=remote runs on one training rank (this job has {world}); drop ranks/torchrun, "
+                          "or use engine=vllm on each rank", key="engine")
 
     out = Path(config.output_dir)
     sync_dir = config.engine_sync_dir or str(out / "weight-sync")
