@@ -16,7 +16,7 @@ from trainer.config import ConfigError, load_config
 
 
 def test_engine_remote_needs_servers_or_replicas_and_urls_and_refuses_them_on_another_engine() -> None:
-    with pytest.raises(ConfigError, match="engine_servers=.*or engine_replicas=N"):
+    with pytest.raises(ConfigError, match=r"engine_servers=.*or engine_replicas=N"):
         load_config(None, ["engine=remote"])
     with pytest.raises(ConfigError, match="not both"):
         load_config(None, ["engine=remote", "engine_replicas=1", "engine_servers=[http://a:1]"])
