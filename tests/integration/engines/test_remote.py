@@ -254,6 +254,25 @@ def test_a_training_run_on_the_fleet_syncs_each_update_and_reports_the_logprob_m
         engine.update_weights(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict())
 
 
+async def test_a_judge_on_the_servers_batches_within_its_bound_counts_parse_failures_and_never_syncs_weights(
+    engine: RemoteEngine, tiny_model_dir: Path
+) -> None:
+    from agentfly.resources.judge import Judge, JudgeParseError
+
+    judge_engine = RemoteEngine([r.url for r in engine.replicas], tiny_model_dir, allow_weight_sync=False)
+    judge = Judge(judge_engine, max_concurrency=3, sampling=af.Sampling(temperature=0.0, max_new_tokens=6))
+    results = await asyncio.gather(*(judge.score(question=f"{i}+1?", answer=str(i + 1), rubric="correct")
+                                     for i in range(8)), return_exceptions=True)
+    stats = judge.stats()
+    assert all(isinstance(r, JudgeParseError) for r in results)  # the tiny model's replies are noise
+    assert stats["parse_failures"] == 8 and stats["max_in_flight"] <= 3 and 1 < stats["max_batch"] <= 3
+    assert judge_engine.stats()["max_in_flight"] <= 3
+    with pytest.raises(PermissionError, match="operator"):
+        judge_engine.update_weights({"model.norm.weight": torch.ones(128)})
+    judge_engine.close()  # servers found by URL stay up
+    assert all(s.alive() for s in engine.processes)
+
+
 async def test_a_replica_killed_mid_step_hands_its_requests_to_the_other_and_the_step_completes(
     engine: RemoteEngine, fleet: list[ServerProcess], prompts: list[list[int]]
 ) -> None:
