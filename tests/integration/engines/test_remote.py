@@ -325,7 +325,8 @@ sys.stdin.read()  # until the test kills this process
 
 
 def test_servers_die_with_the_process_that_started_them(tiny_model_dir: Path, engine: RemoteEngine) -> None:
-    # After the fleet is gone (never more than two servers at once): a worker that dies without cleaning up.
+    engine.close()  # the fleet goes first (idempotent): never more than two servers at once
+    # A worker that dies without cleaning up.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(af.__file__).parents[1]),
                                                         os.environ.get("PYTHONPATH", "")])}
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(tiny_model_dir)], stdout=subprocess.PIPE,
@@ -345,3 +346,42 @@ def test_servers_die_with_the_process_that_started_them(tiny_model_dir: Path, en
             child.kill()
         with contextlib.suppress(ProcessLookupError, NameError):
             os.killpg(pid, signal.SIGKILL)  # a failed check must not leave the server running
+
+
+def server_pids_on(ports: list[str]) -> list[int]:
+    """Live API-server processes listening on one of ``ports`` (by their command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"vllm.entrypoints.openai.api_server" in argv and any(
+                argv[i + 1].decode() in ports for i, a in enumerate(argv[:-1]) if a == b"--port"):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.timeout(900)
+def test_a_cli_run_with_engine_replicas_starts_its_server_trains_and_leaves_no_server(
+    tiny_model_dir: Path, tmp_path: Path, engine: RemoteEngine
+) -> None:
+    engine.close()  # the fleet goes first (idempotent): never more than two servers at once
+    out = tmp_path / "run"
+    sets = [f"model.path={tiny_model_dir}", f"output_dir={out}", "steps=2", "threads=1", "progress=false",
+            "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "rollout.max_turns=2",
+            "data.train_size=16", "data.eval_size=2", "eval.max_new_tokens=4", "engine=remote", "engine_replicas=1",
+            "rollout.reward=rewards_for_tests:answer_length"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRAINER_TESTS), str(Path(af.__file__).parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "trainer.cli", "train", *[a for s in sets for a in ("--set", s)]],
+                          capture_output=True, text=True, timeout=800, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logs = sorted((out / "servers").glob("server-*.log"))
+    assert len(logs) == 1
+    ports = [log.stem.rsplit("-", 1)[1] for log in logs]
+    assert server_pids_on(ports) == []
+    resources = [line for line in (out / "events.jsonl").read_text().splitlines() if '"resources"' in line]
+    assert resources and '"replicas_live": 1.0' in resources[-1]
