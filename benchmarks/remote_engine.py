@@ -147,7 +147,8 @@ def bar(minutes: float, target: float) -> None:
     for engine, sets in (("vllm", ["engine=vllm"]), ("remote", ["engine=remote", "engine_replicas=1"])):
         run = out / engine
         cmd = [sys.executable, "-m", "trainer.cli", "train", "examples/calculator/grpo.yaml",
-               *[a for s in [*sets, f"output_dir={run}", f"max_minutes={minutes}", "save_every=10",
+               *[a for s in [*sets, f"model.path={REPO / 'examples/calculator/warm_start'}", f"output_dir={run}",
+                             f"max_minutes={minutes}", "save_every=10",
                              "keep_last=100000", "progress=false"] for a in ("--set", s)]]
         subprocess.run(cmd, cwd=REPO, env=env, check=True)
         scored = subprocess.run([sys.executable, "benchmarks/time_to_accuracy.py", str(run), "--target", str(target)],
