@@ -1,4 +1,4 @@
-"""GPU throughput: generation tokens/s of HFEngine and VLLMEngine at batch 1, 8 and 64 and one training step, for the tiny model and a ~0.5 B Qwen2-architecture model, and the step on 1 versus N ranks.
+"""GPU throughput: generation tokens/s of HFEngine, VLLMEngine and RemoteEngine (one vLLM server, with its weight-sync time) at batch 1, 8 and 64 and one training step, for the tiny model and a ~0.5 B Qwen2-architecture model, and the step on 1 versus N ranks.
 
     python benchmarks/gpu.py                       # every GPU this machine has
     python benchmarks/gpu.py --models tiny --batches 1 8 --skip-vllm
@@ -85,6 +85,35 @@ def generation(path: Path, batches: list[int], max_new: int, vllm: bool) -> list
     return rows
 
 
+def remote(path: Path, batches: list[int], max_new: int) -> list[dict[str, Any]] | str:
+    """The remote engine on one vLLM server on GPU 0: tokens/s per batch, the one-token request time and the
+    weight-sync time (save safetensors, reload on the server); a sentence saying why not where vLLM is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return "remote engine: skipped, vLLM is not installed (pip install 'agentfly[vllm]')"
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import torch
+    from remote_engine import measure
+    from transformers import AutoModelForCausalLM
+
+    from agentfly.engines.remote import RemoteEngine, start_servers
+
+    servers = start_servers(path, 1, extra_args=["--gpu-memory-utilization", "0.3"])
+    engine = RemoteEngine(servers, path)
+    try:
+        measured = measure(engine, batches, max_new, repeats=3)
+        state = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).state_dict()
+        started = time.perf_counter()
+        engine.update_weights(state)
+        sync = time.perf_counter() - started
+    finally:
+        engine.close()
+    rows: list[dict[str, Any]] = [{"engine": "remote", "batch": b, "tok_s": measured[f"tok_s@{b}"]} for b in batches]
+    rows.append({"engine": "remote", "request_ms": measured["request_s"] * 1000, "sync_s": sync})
+    return rows
+
+
 def train_step(path: Path, out: Path, ranks: int, steps: int) -> float:
     """Trajectories per second of ``steps`` training steps (after one warm-up) on ``ranks`` ranks."""
     sets = [f"model.path={path}", f"output_dir={out}", f"steps={steps + 1}", "progress=false",
@@ -109,6 +138,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--skip-remote", action="store_true", help="no remote-engine rows (a vLLM server per model)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gpu.py needs a CUDA GPU; this machine has none")
@@ -121,6 +151,16 @@ def main() -> None:
             print("| engine | batch | tokens/s |\n|---|---|---|")
             for row in generation(path, args.batches, args.max_new_tokens, vllm=not args.skip_vllm):
                 print(f"| {row['engine']} | {row['batch']} | {row['tok_s']:.0f} |")
+            remote_rows = remote(path, args.batches, args.max_new_tokens) if not args.skip_remote else []
+            if isinstance(remote_rows, str):
+                print(remote_rows)
+            else:
+                for row in remote_rows:
+                    if "tok_s" in row:
+                        print(f"| remote (1 vLLM server) | {row['batch']} | {row['tok_s']:.0f} |")
+                    else:
+                        print(f"| remote: one-token request | ms | {row['request_ms']:.1f} |")
+                        print(f"| remote: weight sync | s | {row['sync_s']:.2f} |")
             one = train_step(path, Path(tmp) / f"{name}-1", 1, args.steps)
             print(f"| training, 1 rank | trajectories/s | {one:.2f} |")
             if gpus > 1:

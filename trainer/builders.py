@@ -163,11 +163,12 @@ def _scienceworld(split: str, seed: int) -> list[dict[str, Any]]:
     return scienceworld_tasks(split, variations_per_task=5, seed=seed)
 
 
-def build_resources(config: Config, tools: Sequence[Any]) -> ResourceEngine | None:
-    """A ``ResourceEngine`` with a pool for every resource the tools declare or the config names (None if
-    there are none): ``resources.<name>.spec`` when the config gives one, else the built-in spec
+def build_resources(config: Config, tools: Sequence[Any], reward: Any = None) -> ResourceEngine | None:
+    """A ``ResourceEngine`` with a pool for every resource the tools or the reward (``@reward(resource=...)``,
+    e.g. a judge) declare or the config names (None if there are none): ``resources.<name>.spec`` when the config gives one, else the built-in spec
     (``agentfly.resources.builtin``). Pool sizes and timeouts from ``config.resources`` override the specs' own."""
-    needed = dict.fromkeys([*config.resources, *(t.resource for t in tools if getattr(t, "resource", None))])
+    needed = dict.fromkeys([*config.resources, *(t.resource for t in tools if getattr(t, "resource", None)),
+                            *([reward.resource] if getattr(reward, "resource", None) else [])])
     if not needed:
         return None
     from agentfly.resources import ResourceEngine, UnknownResource
@@ -182,7 +183,7 @@ def build_resources(config: Config, tools: Sequence[Any]) -> ResourceEngine | No
             try:
                 spec = builtin_spec(name)
             except UnknownResource:
-                raise ValueError(f"a tool needs resource {name!r}, which is not built in; add "
+                raise ValueError(f"a tool or the reward needs resource {name!r}, which is not built in; add "
                                  f"resources.{name}.spec: 'module:attribute' (a ResourceSpec) to the config") from None
         if res is None:
             specs.append(with_pool(spec, name=name))
@@ -214,7 +215,7 @@ def build_agent(config: Config, engine: Engine, resources: ResourceEngine | None
     # The agent owns the pools made for it (``agent.close()`` stops them), not those it is given to share.
     return af.Agent(engine, tools=tools, reward=reward, parser=r.parser, max_turns=r.max_turns,
                     system_prompt=r.system_prompt,
-                    resources=resources if resources is not None else build_resources(config, tools),
+                    resources=resources if resources is not None else build_resources(config, tools, reward),
                     owns_resources=resources is None, chat_template_kwargs=r.chat_template_kwargs)
 
 
@@ -236,7 +237,11 @@ def build_engine(config: Config, model: Any, tokenizer: Any) -> Engine:
         from agentfly.engines.vllm import VLLMEngine
 
         return VLLMEngine(config.model.path, seed=config.seed)
-    raise ValueError(f"engine={config.engine!r}: use hf or vllm")
+    if config.engine == "remote":
+        from trainer.remote_servers import build_remote_engine
+
+        return build_remote_engine(config)
+    raise ValueError(f"engine={config.engine!r}: use hf, vllm or remote")
 
 
 class DataCursor:

@@ -379,7 +379,17 @@ class Config:
     seed: int = _f(0, "Seed of everything random: data order, sampling, initialisation of new heads.")
     steps: int = _f(150, "Training steps (one rollout batch and its update each).")
     max_minutes: float | None = _f(None, "Stop after this many minutes of training (time budget); None = no limit.")
-    engine: Literal["hf", "vllm"] = _f("hf", "Rollout engine: hf (shares the trainer's module) or vllm.")
+    engine: Literal["hf", "vllm", "remote"] = _f("hf", "Rollout engine: hf (shares the trainer's module), vllm (in "
+                                                 "process) or remote (a fleet of vLLM servers: `engine_servers` "
+                                                 "or `engine_replicas`).")
+    engine_servers: list[str] = _f([], "engine=remote: base URLs of running vLLM servers, e.g. "
+                                       "[http://gpu1:8000, http://gpu2:8000] (started as docs/remote.md says).")
+    engine_replicas: int = _f(0, "engine=remote: start this many vLLM servers on model.path for the job, and "
+                                 "stop them when it ends, is cancelled or its process dies.")
+    engine_max_concurrency: int = _f(32, "engine=remote: requests in flight per server replica.")
+    engine_sync_dir: LocalPath | None = _f(None, "engine=remote: a folder every server can read, where the weights are "
+                                           "saved after each update for the servers to reload; None = "
+                                           "<output_dir>/weight-sync (servers on this host).")
     deepspeed: LocalPath | None = _f(None, "DeepSpeed JSON config path (ZeRO 1/2/3, bf16); None = plain torch.")
     device: str = _f("auto", "'auto', 'cpu' or 'cuda[:i]'.")
     threads: int = _f(0, "torch intra-op threads for rollouts, eval and setup; 0 = all cores but one.")
@@ -474,6 +484,7 @@ class Config:
         if r.temperature <= 0:
             raise ConfigError("rollout.temperature must be > 0 for RL (greedy rollouts have no exploration); "
                               "evaluation is greedy anyway", key="rollout.temperature")
+        self._validate_remote_engine()
         if self.model.gguf_file is not None:
             if self.model.build_tiny:
                 raise ConfigError("model.gguf_file loads an existing model, but model.build_tiny=true would build the "
@@ -497,6 +508,26 @@ class Config:
             raise ConfigError(f"deepspeed={self.deepspeed!r}: no such file; pass the path of a DeepSpeed JSON config",
                               key="deepspeed")
         return self
+
+    def _validate_remote_engine(self) -> None:
+        servers, replicas = self.engine_servers, self.engine_replicas
+        if self.engine != "remote":
+            if servers or replicas:
+                raise ConfigError(f"engine_servers/engine_replicas are set but engine={self.engine!r}; set "
+                                  "engine=remote to use them", key="engine")
+            return
+        if replicas < 0 or bool(servers) == bool(replicas):
+            raise ConfigError("engine=remote needs either engine_servers=[http://host:port, ...] (running servers) "
+                              "or engine_replicas=N (the job starts N servers), not both and not neither",
+                              key="engine_servers")
+        bad = [u for u in servers if not str(u).startswith(("http://", "https://"))]
+        if bad:
+            raise ConfigError(f"engine_servers {bad}: give base URLs such as http://gpu1:8000", key="engine_servers")
+        if self.engine_max_concurrency < 1:
+            raise ConfigError("engine_max_concurrency must be >= 1", key="engine_max_concurrency")
+        if self.model.gguf_file is not None:
+            raise ConfigError("model.gguf_file with engine=remote: vLLM serves Hugging Face folders; point "
+                              "model.path at one and drop model.gguf_file", key="engine")
 
     def _validate_trackers(self) -> None:
         seen = [t for i, t in enumerate(self.trackers) if t in self.trackers[:i]]

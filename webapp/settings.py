@@ -240,6 +240,10 @@ CHANNEL_LAYERS = {
 AGENTFLY_RUNS_DIR = Path(env_str("AGENTFLY_RUNS_DIR", str(BASE_DIR / "runs" / "webapp")))
 # Folders whose Python modules teams may register as tools and rewards (added to sys.path on workers).
 AGENTFLY_PLUGIN_DIRS = [Path(p) for p in env_list("AGENTFLY_PLUGIN_DIRS", [])]
+# Inference servers (vLLM, OpenAI-compatible) each team may run its jobs on (engine=remote), as JSON: team slug
+# -> base URLs, "*" for every team, e.g. {"*": ["http://gpu1:8000"], "nlp": ["http://gpu2:8000"]}. A job on
+# them gets new weights after each update, so list only servers a team may change. Empty: none.
+AGENTFLY_INFERENCE_SERVERS: dict[str, list[str]] = json.loads(env_str("AGENTFLY_INFERENCE_SERVERS", "{}") or "{}")
 # The shared folders (models, datasets) every team's jobs may read; besides these a job may use only its own
 # team's folder (webapp.jobs.paths.check_config). Empty: nothing outside the team's folder.
 AGENTFLY_ALLOWED_PATHS = [Path(p) for p in env_list("AGENTFLY_ALLOWED_PATHS", [])]

@@ -6,6 +6,7 @@ nothing of agents: the rollout layer reaches it through ``RolloutContext``.
 
 from agentfly.resources.backends.local import Isolation, Limits, sandbox_root, sweep_sandboxes
 from agentfly.resources.engine import ResourceEngine
+from agentfly.resources.judge import Judge, JudgeParseError, RewardModel, judge_spec, reward_model_spec
 from agentfly.resources.pool import Lease
 from agentfly.resources.ratelimit import RateLimiter, SharedRateLimiter
 from agentfly.resources.sandbox import PythonSandbox
@@ -26,6 +27,8 @@ __all__ = [
     "FAILURE_KINDS",
     "InfrastructureFailure",
     "Isolation",
+    "Judge",
+    "JudgeParseError",
     "Lease",
     "Limits",
     "Pool",
@@ -37,9 +40,12 @@ __all__ = [
     "ResourceError",
     "ResourceSpec",
     "ResourceTimeout",
+    "RewardModel",
     "Scratchpad",
     "SharedRateLimiter",
     "UnknownResource",
+    "judge_spec",
+    "reward_model_spec",
     "sandbox_root",
     "sweep_sandboxes",
 ]

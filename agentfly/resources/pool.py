@@ -504,7 +504,11 @@ class GlobalPool(BasePool):
 
     def stats(self) -> dict[str, Any]:
         holders = sum(s.holders for s in self.instances)
+        # A shared model service (a judge, a reward model) reports its own calls, batches and latency.
+        service = getattr(self.current.resource, "stats", None) if self.current is not None else None
+        extra = {"service": service()} if callable(service) else {}
         return {
+            **extra,
             **self.base_stats(),
             "size": len(self.instances),
             "in_use": holders,

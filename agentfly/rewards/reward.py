@@ -38,6 +38,7 @@ class Reward:
     required: tuple[str, ...]
     optional: tuple[str, ...]
     takes_all: bool
+    resource: str | None = None  # a model service the reward calls (``context.resource(name)``), e.g. "judge"
 
     def __post_init__(self) -> None:
         functools.update_wrapper(self, self.fn, updated=())
@@ -95,7 +96,7 @@ def normalise(name: str, value: Any) -> RewardResult:
     raise RewardError(f"reward '{name}' returned {type(value).__name__}; return a float or a dict with 'reward'")
 
 
-def make_reward(fn: Callable[..., Any], *, name: str | None = None) -> Reward:
+def make_reward(fn: Callable[..., Any], *, name: str | None = None, resource: str | None = None) -> Reward:
     if isinstance(fn, Reward):
         return fn
     sig = inspect.signature(fn)
@@ -109,17 +110,21 @@ def make_reward(fn: Callable[..., Any], *, name: str | None = None) -> Reward:
             required.append(pname)
         else:
             optional.append(pname)
-    return Reward(fn, name or fn.__name__, tuple(required), tuple(optional), takes_all)
+    if resource is not None and "context" not in (*required, *optional) and not takes_all:
+        raise RewardError(f"reward '{fn.__name__}' declares resource={resource!r} but takes no 'context' "
+                          "parameter; add one and call await context.resource(...)")
+    return Reward(fn, name or fn.__name__, tuple(required), tuple(optional), takes_all, resource)
 
 
 @overload
 def reward(fn: Callable[..., Any], /) -> Reward: ...
 @overload
-def reward(*, name: str | None = None) -> Callable[[Callable[..., Any]], Reward]: ...
+def reward(*, name: str | None = None, resource: str | None = None) -> Callable[[Callable[..., Any]], Reward]: ...
 
 
-def reward(fn: Callable[..., Any] | None = None, /, *, name: str | None = None) -> Any:
-    """Declare a reward. Use as ``@reward`` or ``@reward(name=...)``."""
+def reward(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, resource: str | None = None) -> Any:
+    """Declare a reward. Use as ``@reward`` or ``@reward(name=..., resource="judge")``; a reward with a
+    ``resource`` reads it from its context (``judge = await context.resource("judge")``)."""
     if fn is not None:
         return make_reward(fn)
-    return lambda f: make_reward(f, name=name)
+    return lambda f: make_reward(f, name=name, resource=resource)

@@ -161,6 +161,8 @@ class RolloutRunner:
         t0 = time.perf_counter()
         gen = await self.engine.generate(traj.token_ids, turn_sampling)
         traj.timings["generate"] = traj.timings.get("generate", 0.0) + time.perf_counter() - t0
+        if "weights_version" in gen.extra:  # a remote engine says which weights sampled the turn
+            traj.policy_version = int(gen.extra["weights_version"])
         start, end = traj.extend_sampled(gen.token_ids, gen.logprobs)
         content = self.renderer.assistant_content(gen.token_ids, self.engine.stop_token_ids)
         parsed = self.parser.parse(content)

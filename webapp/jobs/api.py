@@ -109,6 +109,9 @@ class LaunchSerializer(serializers.Serializer):
     max_staleness = bounded(serializers.IntegerField, "max_staleness", 1)
     nodes = bounded(serializers.IntegerField, "nodes", 1)
     launch_key = serializers.CharField(required=False, allow_blank=True, max_length=64)
+    engine_servers = serializers.ListField(
+        child=serializers.CharField(), default=list,
+        help_text="Inference servers to roll out on (engine=remote), among AGENTFLY_INFERENCE_SERVERS for the team.")
     trackers = serializers.ListField(child=serializers.ChoiceField(choices=TRACKERS), default=list,
                                      help_text="Experiment trackers that also get the metrics.")
 
@@ -131,6 +134,9 @@ def launch_form(request: Request) -> LaunchForm:
     if not isinstance(merged.get("resources"), dict):
         raise serializers.ValidationError({"resources": ['Give an object like {"python": {"max": 4}}.']})
     merged["resources"] = json.dumps(merged["resources"])
+    if not isinstance(merged.get("engine_servers"), list):
+        raise serializers.ValidationError({"engine_servers": ["Give a list of server URLs."]})
+    merged["engine_servers"] = ", ".join(str(u) for u in merged["engine_servers"])
     merged["launch_key"] = merged.get("launch_key") or request.headers.get("Idempotency-Key", "")
     return LaunchForm(merged, user=request.user)
 

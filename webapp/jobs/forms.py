@@ -199,6 +199,10 @@ class LaunchForm(forms.Form):
     nodes = forms.IntegerField(min_value=1, max_value=16, initial=1, required=False, label="Nodes (hosts)",
                                help_text="Hosts the job runs on, each with the ranks above (one torchrun per "
                                          "host, on different workers of the queue).")
+    engine_servers = forms.CharField(
+        required=False, max_length=2000, label="Inference servers",
+        help_text="Roll out on these vLLM servers (comma-separated base URLs, among those the operator allows "
+                  "your team); they get the new weights after each update. Empty: the job's own engine.")
     launch_key = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
@@ -251,6 +255,24 @@ class LaunchForm(forms.Form):
 
     def clean_max_staleness(self) -> int:
         return self.cleaned_data.get("max_staleness") or 1
+
+    def clean_engine_servers(self) -> list[str]:
+        raw = self.cleaned_data.get("engine_servers") or ""
+        return [u.strip().rstrip("/") for u in raw.split(",") if u.strip()]
+
+    def check_engine_servers(self, data: dict[str, Any]) -> None:
+        """Only servers the operator listed for the team (``AGENTFLY_INFERENCE_SERVERS``): a job changes the
+        weights of the servers it runs on."""
+        servers, team = data.get("engine_servers") or [], data.get("team")
+        if not servers or team is None:
+            return
+        allowed_by = getattr(settings, "AGENTFLY_INFERENCE_SERVERS", {}) or {}
+        allowed = {u.rstrip("/") for u in [*allowed_by.get("*", []), *allowed_by.get(team.slug, [])]}
+        refused = [u for u in servers if u not in allowed]
+        if refused:
+            offer = ", ".join(sorted(allowed)) or "none (the operator sets AGENTFLY_INFERENCE_SERVERS)"
+            self.add_error("engine_servers", f"{', '.join(refused)} is not a server team {team.slug!r} may use; "
+                                             f"allowed: {offer}.")
 
     def clean_nodes(self) -> int:
         return self.cleaned_data.get("nodes") or 1  # left empty: one host
@@ -305,6 +327,7 @@ class LaunchForm(forms.Form):
         self.check_queue_has_worker(data.get("queue"))
         self.check_warm_start(data)
         self.check_ranks(data)
+        self.check_engine_servers(data)
         tools = data.get("tools") or []
         self.check_registrable_code(data)
         names = [t.name for t in tools]
@@ -395,6 +418,7 @@ class LaunchForm(forms.Form):
             **({"ranks": d["gpus"]} if d.get("gpus", 1) > 1 else {}),
             **self.warm_start_config(),
             **({"nodes": d["nodes"]} if d.get("nodes", 1) > 1 else {}),
+            **({"engine": "remote", "engine_servers": d["engine_servers"]} if d.get("engine_servers") else {}),
         }
 
     def warm_start_config(self) -> dict[str, Any]:

@@ -1,0 +1,56 @@
+"""A reward that declares ``resource="judge"`` gets a judge pool from the trainer's config
+(``resources.judge.spec``), and one step trains with it: the tiny judge's unparseable verdicts are each
+trajectory's visible reward error and the judge's counted parse failures, in the step's resources event."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentfly.resources import judge_spec
+from agentfly.rewards.builtin import rubric_judge
+from trainer.builders import build_resources
+from trainer.config import load_config
+
+# What a config names as resources.judge.spec (the model folder comes from the test, through the environment).
+JUDGE = judge_spec(model_dir=os.environ.get("AGENTFLY_TEST_JUDGE_DIR", "."), max_concurrency=2)
+
+
+def test_the_reward_s_resource_gets_a_pool_and_one_not_configured_names_the_key_to_add(tmp_path: Path) -> None:
+    config = load_config(None, [f"output_dir={tmp_path}", "resources.judge.spec=tests.unit.trainer."
+                                "test_judge_reward_config:JUDGE"])
+    resources = build_resources(config, [], rubric_judge)
+    assert resources is not None and "judge" in resources
+    assert resources.specs["judge"].kind == "model_service" and resources.specs["judge"].scope == "global"
+    with pytest.raises(ValueError, match=r"resources\.judge\.spec"):
+        build_resources(load_config(None, [f"output_dir={tmp_path}"]), [], rubric_judge)
+
+
+@pytest.mark.timeout(600)
+def test_a_step_with_a_judge_reward_records_each_unparseable_verdict(tiny_model_dir: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    from trainer.events import CallbackSink
+    from trainer.loop import Trainer
+
+    monkeypatch.setenv("AGENTFLY_TEST_JUDGE_DIR", str(tiny_model_dir))
+    importlib.reload(importlib.import_module("tests.unit.trainer.test_judge_reward_config"))
+    config = load_config(None, [
+        f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "steps=1", "threads=1", "progress=false",
+        "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "rollout.max_turns=1",
+        "rollout.tools=[]", "data.train_size=8", "data.eval_size=2", "eval.max_new_tokens=4", "log_samples=-1",
+        "rollout.reward=agentfly.rewards.builtin:rubric_judge",
+        "resources.judge.spec=tests.unit.trainer.test_judge_reward_config:JUDGE"])
+    events: list[dict[str, Any]] = []
+    Trainer(config, sinks=[CallbackSink(events.append)]).train()
+    pools = [e["data"]["pools"] for e in events if e["type"] == "resources" and e["data"].get("pools")]
+    assert pools and "judge" in pools[-1], pools
+    service = pools[-1]["judge"]["service"]
+    samples = [t for e in events if e["type"] == "samples" for t in e["data"]["trajectories"]]
+    graded = [t for t in samples if t.get("final_answer")]
+    assert service["calls"] == service["parse_failures"] >= len(graded) >= 1
+    assert all("judge's reply" in (t.get("reward_error") or "") for t in graded)
