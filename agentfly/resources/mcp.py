@@ -39,7 +39,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from agentfly.resources.backends.local import Isolation, Limits, LocalWorker
+from agentfly.resources.backends.local import WORKER, Isolation, Limits, LocalWorker
 from agentfly.resources.spec import InfrastructureFailure, Pool, ResourceError, ResourceSpec
 
 LAUNCHER = Path(__file__).with_name("_mcp_launch.py")
@@ -234,7 +234,9 @@ class MCPSession:
                     worker = LocalWorker(
                         [sys.executable, "-I", str(LAUNCHER), "--", *self.command],
                         limits=self.limits,
-                        isolation=Isolation(network=self.network, read_paths=tuple(self.read_paths)),
+                        # The launcher and the sandbox worker it hardens itself with, read-only, besides the server.
+                        isolation=Isolation(network=self.network,
+                                            read_paths=(str(LAUNCHER), str(WORKER), *self.read_paths)),
                         env=self.env, ready_timeout=self.start_timeout,
                     )
                     self.worker = worker

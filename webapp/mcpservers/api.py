@@ -17,7 +17,7 @@ from webapp.mcpservers import actions
 from webapp.mcpservers.models import MCPServer, MCPServerVersion, Status, Transport
 from webapp.mcpservers.rules import NotAllowed, check_url, stdio_argv
 from webapp.registry.api import TryResultSerializer
-from webapp.registry.trying import TooManyTries, try_slot
+from webapp.registry.tryslots import TooManyTries, acquire_slot, release_slot
 from webapp.schema import detail_response
 
 
@@ -110,15 +110,19 @@ class MCPServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
         names = [t["name"] for t in server.current_version.tools]
         if ser.validated_data["tool"] not in names:
             return Response({"tool": [f"This server has no such tool; it has: {', '.join(names)}."]}, status=400)
-        try:
-            with try_slot(request.user.pk):
-                pending = try_mcp_tool.apply_async(args=[server.pk, ser.validated_data["tool"],
-                                                         ser.validated_data["arguments"]], queue="try")
-                result = pending.get(timeout=settings.AGENTFLY_TRY_TIMEOUT, propagate=False)
+        try:  # a place in the bounded "try it" pool, charged to the server's team (webapp.registry.trying)
+            slot = acquire_slot(request.user.pk, server.team_id)
         except TooManyTries as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_429_TOO_MANY_REQUESTS)
+        try:
+            pending = try_mcp_tool.apply_async(args=[server.pk, ser.validated_data["tool"],
+                                                     ser.validated_data["arguments"]], queue="try",
+                                               time_limit=settings.AGENTFLY_CHILD_TIMEOUT + 15)
+            result = pending.get(timeout=settings.AGENTFLY_TRY_TIMEOUT, propagate=False)
         except CeleryTimeout:
             return Response({"detail": "no worker answered in time"}, status=status.HTTP_504_GATEWAY_TIMEOUT)
+        finally:
+            release_slot(slot)
         if not isinstance(result, dict):
             result = {"observation": "", "error": f"the worker failed to run the call: {result!r}", "latency": 0.0}
         return Response(result)

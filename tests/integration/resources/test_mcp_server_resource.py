@@ -220,7 +220,7 @@ async def test_a_stdio_server_runs_sandboxed_without_network_or_the_parents_secr
     assert not any(e.startswith(b"AGENTFLY_TEST_SECRET") for e in env)
     assert report["transport"] == "stdio"
     if report.get("network") != "allowed" and "namespace" in str(report.get("network")):
-        assert report["network"] == "namespace"
+        assert report["network"].startswith("namespace")  # the network namespace, from bubblewrap where used
     assert "memory_bytes" in report["limits"]
 
 
