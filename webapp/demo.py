@@ -164,6 +164,8 @@ def configure_environment(args: argparse.Namespace, services: Services) -> dict[
         example.write_text(EXAMPLE_TEAM_TOOL)
     os.environ.setdefault("AGENTFLY_PLUGIN_DIRS", str(plugins))
     os.environ.setdefault("AGENTFLY_SIGNUP", "open")  # anyone who reaches the demo may make an account
+    # The shipped warm starts are the demo's shared models; paths outside a team's folder are refused otherwise.
+    os.environ.setdefault("AGENTFLY_ALLOWED_PATHS", str(Path(__file__).resolve().parents[1] / "examples"))
     os.environ.setdefault("DATABASE_URL", f"sqlite:///{demo_dir / 'webapp.sqlite3'}")
     os.environ.setdefault("AGENTFLY_RUNS_DIR", str(demo_dir / "runs"))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")

@@ -104,8 +104,10 @@ def test_the_500_page_is_the_apps_own_and_renders_without_a_request_context(rf: 
 
 
 def test_the_demo_job_from_a_warm_start_passes_the_launch_form_with_the_demo_recipe(
-        alice: Any, tmp_path: Any) -> None:
+        alice: Any, tmp_path: Any, settings: Any) -> None:
     from webapp.demo import launch_demo_job
+
+    settings.AGENTFLY_ALLOWED_PATHS = [tmp_path]  # the operator's shared folder the demo's warm start sits in
 
     builtin_entries()
     warm = tmp_path / "warm_start"

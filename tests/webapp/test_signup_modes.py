@@ -171,7 +171,7 @@ def test_the_demo_keeps_signup_open(monkeypatch: pytest.MonkeyPatch, tmp_path: A
     monkeypatch.delenv("AGENTFLY_SIGNUP", raising=False)
     for name in ("DEBUG", "DATABASE_URL", "AGENTFLY_RUNS_DIR"):  # configure_environment sets them
         monkeypatch.setenv(name, os.environ.get(name, ""))
-    env = demo.configure_environment(argparse.Namespace(dir=str(tmp_path)), demo.Services(tmp_path))
+    env = demo.configure_environment(argparse.Namespace(dir=str(tmp_path), debug=False), demo.Services(tmp_path))
     assert env["AGENTFLY_SIGNUP"] == "open"
 
 

@@ -2,7 +2,7 @@ from typing import Any
 
 from django.contrib import admin
 
-from webapp.accounts.admin import TeamScoped, TeamScopedAdmin
+from webapp.accounts.admin import SuperuserOnly, TeamScoped, TeamScopedAdmin
 from webapp.jobs.models import Checkpoint, TeamQuota, TrainingJob
 
 
@@ -27,22 +27,10 @@ class CheckpointAdmin(TeamScopedAdmin):
 
 
 @admin.register(TeamQuota)
-class TeamQuotaAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class TeamQuotaAdmin(SuperuserOnly, admin.ModelAdmin):  # type: ignore[type-arg]
     """Quotas are the operator's: only superusers see or change them (a team's staff cannot raise its own)."""
 
     list_display = ["team", "concurrent_jobs", "max_steps", "max_seconds"]
 
-    def has_module_permission(self, request: Any) -> bool:
-        return bool(request.user.is_superuser)
-
-    def has_view_permission(self, request: Any, obj: Any = None) -> bool:
-        return bool(request.user.is_superuser)
-
     def has_add_permission(self, request: Any) -> bool:
-        return bool(request.user.is_superuser)
-
-    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
-        return bool(request.user.is_superuser)
-
-    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
         return bool(request.user.is_superuser)

@@ -117,7 +117,7 @@ def describe_components(config: dict[str, Any], team_slug: str) -> list[tuple[st
     wanted = [("tool", p) for p in rollout.get("tools", [])]
     if rollout.get("reward"):
         wanted.append(("reward", rollout["reward"]))
-    return [(kind, path, describe_in_child(kind, path, check_registrable(kind, path, team_slug)))
+    return [(kind, path, describe_in_child(kind, path, check_registrable(kind, path, team_slug), team_slug))
             for kind, path in wanted]
 
 
