@@ -14,16 +14,19 @@ export PYTHONUNBUFFERED=1
 # agentfly strict, trainer with mypy's defaults ([tool.mypy] in pyproject.toml).
 .venv/bin/python -m mypy agentfly trainer
 
+# Each step has a wall-clock limit (seconds, several times its usual time) so that a hang fails that step
+# with pytest's report of where it was (SIGINT), instead of running into CI's own limit with no report.
 run() {  # pytest exits 5 when a selection is empty (e.g. vLLM not installed): that is not a failure
-    local name=$1 rc=0 start
-    shift
+    local name=$1 limit=$2 rc=0 start
+    shift 2
     start=$(date +%s)
-    echo "test.sh: step '$name'"
-    .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || rc=$?
+    echo "test.sh: step '$name' (limit $limit s)"
+    timeout -s INT -k 60 "$limit" .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || rc=$?
     echo "test.sh: step '$name' took $(( $(date +%s) - start )) s"
+    [ "$rc" != 124 ] || echo "test.sh: step '$name' ran past its limit of $limit s" >&2
     [ "$rc" = 0 ] || [ "$rc" = 5 ] || return "$rc"
 }
-run default -m "not vllm and not slow" "$@"
+run default "${AGENTFLY_DEFAULT_LIMIT:-1200}" -m "not vllm and not slow" "$@"
 [ "${AGENTFLY_TEST_STEPS:-all}" = default ] && exit 0
-run vllm -m "vllm" "$@"
-run slow -m "slow and not vllm" "$@"
+run vllm "${AGENTFLY_VLLM_LIMIT:-900}" -m "vllm" "$@"
+run slow "${AGENTFLY_SLOW_LIMIT:-2700}" -m "slow and not vllm" "$@"

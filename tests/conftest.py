@@ -15,9 +15,17 @@ skip, saying why, where it is missing.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# The property tests draw the same examples on every run (CI and a developer's machine alike), so a failure
+# reproduces; HYPOTHESIS_PROFILE=explore draws new ones each run.
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ followed by the end-of-turn token, as a model would produce it. With ``model=`` 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -35,6 +36,9 @@ class ReplayEngine(Engine):
         self.max_model_len = int(max_model_len or getattr(tokenizer, "model_max_length", 4096) or 4096)
         self.model_name = getattr(tokenizer, "name_or_path", None)
         self.counters = {"sequences": 0.0, "generated_tokens": 0.0, "prompt_tokens": 0.0}
+        # One forward at a time on the shared model: forwards from several worker threads at once compete for
+        # the same intra-op threads, and would race a weight update.
+        self._forward = threading.Lock()
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
         text = self.script(self.tokenizer.decode(list(prompt_ids), skip_special_tokens=False))
@@ -64,7 +68,7 @@ class ReplayEngine(Engine):
         import torch
 
         device = next(self.model.parameters()).device
-        with torch.inference_mode():
+        with self._forward, torch.inference_mode():
             seq = torch.tensor([prompt + ids], device=device)
             logits = self.model(input_ids=seq).logits[0, len(prompt) - 1: -1].float()
             if sampling.temperature > 0:
@@ -74,5 +78,6 @@ class ReplayEngine(Engine):
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         if self.model is not None:
-            self.model.load_state_dict(dict(state_dict), strict=False)
+            with self._forward:
+                self.model.load_state_dict(dict(state_dict), strict=False)
 
