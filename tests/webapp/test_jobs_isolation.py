@@ -131,3 +131,35 @@ def test_a_teams_reward_reaches_no_secret_no_other_team_and_no_database_and_the_
     events = alice_api.get(f"/api/jobs/{job_id}/events/?type=metrics&limit=5000").json()["events"]
     assert sorted({e["step"] for e in events}) == [1, 2]
     assert job.step == 2 and job.checkpoints.filter(step=2).exists()
+
+
+# A job's own tools still get sandboxes of their own inside the job's sandbox: code a model wrote runs there,
+# confined further, and is never an infrastructure failure of every rollout.
+SANDBOX_IN_JOB = """
+import asyncio
+from agentfly.resources import PythonSandbox
+
+async def main():
+    async with PythonSandbox() as box:
+        print(box.isolation()["user"])
+        print(await box.run("print(6 * 7)"), end="")
+
+asyncio.run(main())
+"""
+
+
+def test_a_python_sandbox_starts_and_runs_code_inside_a_jobs_sandbox(runs_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    from webapp.jobs import isolation
+
+    output = runs_dir / "team-a" / "job-sandbox-in-job"
+    output.mkdir(parents=True, exist_ok=True)
+    sandbox = isolation.Sandbox(job_id=0, team_slug="team-a", output_dir=output, writable=[output])
+    done = subprocess.run([*isolation.sandbox_argv(sandbox), sys.executable, "-P", "-c", SANDBOX_IN_JOB],
+                          env=isolation.process_env(sandbox), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    user, answer = done.stdout.splitlines()[-2:]
+    assert answer == "42"
+    assert "user namespace" in user or user.startswith("uid "), user

@@ -152,6 +152,16 @@ def _others_can_reach(path: str) -> bool:
         current = parent
 
 
+def _uid_mapped(uid: int) -> bool:
+    """Whether ``uid`` exists in this process's user namespace (``/proc/self/uid_map``: inside, outside, count)."""
+    try:
+        with open("/proc/self/uid_map") as f:
+            ranges = [tuple(int(n) for n in line.split()) for line in f if line.strip()]
+    except OSError:
+        return True
+    return any(inside <= uid < inside + count for inside, _outside, count in ranges)
+
+
 def drop_privileges(workdir: str, uid: int | None = None) -> str:
     """As root, become a uid of our own so RLIMIT_NPROC counts only this sandbox's processes.
 
@@ -161,6 +171,11 @@ def drop_privileges(workdir: str, uid: int | None = None) -> str:
     if os.geteuid() != 0:
         return f"uid {os.getuid()} (not root: the process limit is shared with that user's processes)"
     uid = uid or 100000 + os.getpid()
+    if not _uid_mapped(uid):
+        # Root of a user namespace that maps no other uid (a sandbox started inside a job's sandbox): there is
+        # no uid to move to, and chown/setuid to one fails with EINVAL.
+        return (f"uid {os.getuid()} of a user namespace that maps no uid of its own "
+                "(the process limit is shared with the enclosing sandbox's processes)")
     keep_read = not _others_can_reach(os.path.join(sys.base_prefix, "lib")) or not _others_can_reach(sys.prefix)
     libc = _libc()
     if keep_read:
