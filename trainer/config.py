@@ -161,6 +161,9 @@ class RolloutConfig:
         "rollout/infra_failed) is never trained on. exclude: it leaves its group, whose statistics and loss are "
         "those of the rest. drop_group: its whole group is dropped and fresh prompts refill the batch, for up to "
         "algorithm.max_sample_batches rounds (for estimators that need full groups).")
+    max_infra_failed_steps: int = _f(
+        3, "Stop the job (an error naming the failure) when every rollout of this many steps in a row ended in an "
+           "infrastructure failure: such steps train nothing. 0 never stops.")
 
 
 @dataclass
@@ -453,6 +456,9 @@ class Config:
             raise ConfigError(f"rollout.max_staleness={r.max_staleness} must be >= 1 (the producer runs at least "
                               "one step ahead); for on-policy training use rollout.mode=sync",
                               key="rollout.max_staleness")
+        if r.max_infra_failed_steps < 0:
+            raise ConfigError(f"rollout.max_infra_failed_steps={r.max_infra_failed_steps} must be >= 0 (0 never "
+                              "stops)", key="rollout.max_infra_failed_steps")
         if a.tis_cap <= 0:
             raise ConfigError(f"algorithm.tis_cap={a.tis_cap} must be > 0 (the note uses 2)", key="algorithm.tis_cap")
         if len(a.mis_band) != 2 or not 0 <= a.mis_band[0] <= 1 <= a.mis_band[1]:

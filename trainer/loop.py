@@ -194,6 +194,10 @@ def _reduce_metrics(values: dict[str, float]) -> dict[str, float]:
     return reduced
 
 
+class InfrastructureStop(RuntimeError):
+    """The job stopped because the infrastructure failed every rollout of several steps in a row."""
+
+
 class Trainer:
     """Owns the policy module, the engine that shares it, the optimizer and the event stream of one run.
 
@@ -277,6 +281,7 @@ class Trainer:
         self._producer_engine: Engine | None = None
         self._producer_agent: Agent | None = None
         self._producer_idle = 0.0  # the producer's idle seconds already reported
+        self._infra_streak = 0  # steps in a row whose every rollout the infrastructure ended
         self._async_eval_agent: Agent | None = None  # async mode: evaluations run on this (_eval_agent)
         if resume is not None:
             self._resume(resume)
@@ -534,7 +539,24 @@ class Trainer:
         engine = self.engine if self._producer_engine is None else self._producer_engine
         pools = self.resources if self._producer_agent is None else pools_of(self._producer_agent)
         self.events.resources(self.step, engine.stats(), pools.stats() if pools else None)
+        self._check_infrastructure(everything, metrics, len(rows))
         return metrics
+
+    def _check_infrastructure(self, everything: Sequence[Trajectory], metrics: dict[str, float], rolled: int) -> None:
+        """Stop a job that trains on nothing: every rollout of ``rollout.max_infra_failed_steps`` steps in a
+        row ended in an infrastructure failure (a pool that cannot start, a cluster gone). Such steps would
+        otherwise succeed with every update skipped."""
+        limit = self.config.rollout.max_infra_failed_steps
+        failed = metrics.get("rollout/infra_failed", 0.0)
+        self._infra_streak = self._infra_streak + 1 if rolled and failed >= rolled else 0
+        if not limit or self._infra_streak < limit:
+            return
+        first = next((t for t in everything if t.infra_failed), None)
+        why = f"{first.failure}: {first.failure_reason}" if first is not None else "on another rank"
+        raise InfrastructureStop(
+            f"every rollout of the last {self._infra_streak} steps ended in an infrastructure failure ({why}), so "
+            "nothing was trained; fix what the reason names and resume from the last checkpoint, or raise "
+            "rollout.max_infra_failed_steps (0 never stops)")
 
     def _async_metrics(self, produced: ProducedBatch, dropped: int, trained: Sequence[Trajectory]
                        ) -> dict[str, float]:

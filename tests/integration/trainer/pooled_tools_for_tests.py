@@ -11,7 +11,8 @@ import threading
 import zlib
 from typing import Any
 
-from agentfly.resources import Pool, ResourceSpec
+from agentfly.resources import InfrastructureFailure, Pool, ResourceSpec
+from agentfly.rewards import reward
 from agentfly.tools.builtin.calculator import evaluate_arithmetic
 from agentfly.tools.tool import tool
 
@@ -89,3 +90,9 @@ async def chaos_calculator(expression: str, context: Any) -> str:
         await sandbox.run("import time; time.sleep(10)")
     await sandbox.run("pass")
     return evaluate_arithmetic(expression)
+
+
+@reward
+def judge_down(final_answer: str | None) -> float:
+    """A reward whose judging service stopped answering: every rollout it scores is an infrastructure failure."""
+    raise InfrastructureFailure("the judge at 127.0.0.1:9 stopped answering", "server_down")

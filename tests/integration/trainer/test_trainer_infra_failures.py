@@ -11,7 +11,7 @@ import torch
 
 from trainer import algorithms
 from trainer.config import load_config
-from trainer.loop import StageTimer, Trainer, rollout_metrics
+from trainer.loop import InfrastructureStop, StageTimer, Trainer, rollout_metrics
 
 ROOT = Path(__file__).resolve().parents[3]
 GROUP = 4
@@ -86,3 +86,21 @@ def test_drop_group_leaves_out_every_group_that_met_an_infrastructure_failure(tm
     assert broken
     assert not set(collected.groups) & broken
     assert all(collected.groups.count(g) == GROUP for g in set(collected.groups))  # whole groups only
+
+
+def test_a_job_whose_every_rollout_fails_in_the_infrastructure_stops_naming_the_failure(tmp_path: Path) -> None:
+    # Steps that train nothing are not a success: after rollout.max_infra_failed_steps of them in a row the job
+    # stops with the failure's kind and reason, its metrics recorded up to there.
+    config = _config(tmp_path / "c", "steps=6", "rollout.prompts_per_step=2", "rollout.group_size=2",
+                     "rollout.tools=[agentfly.tools.builtin.calculator:calculator]",
+                     "rollout.reward=pooled_tools_for_tests:judge_down", "rollout.max_infra_failed_steps=2",
+                     "resources={}")
+    trainer = Trainer(config)
+    try:
+        with pytest.raises(InfrastructureStop) as stopped:
+            trainer.train()
+    finally:
+        trainer.agent.close()
+    assert "last 2 steps" in str(stopped.value)
+    assert "server_down: the judge at 127.0.0.1:9 stopped answering" in str(stopped.value)
+    assert trainer.step == 2
