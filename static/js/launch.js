@@ -10,7 +10,8 @@
     const field = form.elements[name];
     return field ? field.value : "";
   };
-  const RL = ["algorithm", "steps", "prompts_per_step", "group_size", "max_new_tokens", "learning_rate", "temperature",
+  // max_new_tokens is not among them: the held-out evaluation of every kind generates with it.
+  const RL = ["algorithm", "steps", "prompts_per_step", "group_size", "learning_rate", "temperature",
     "rollout_mode", "max_staleness", "eval_every", "save_every"];
   const rules = {
     model_path: () => value("model_source") === "path",

@@ -27,6 +27,9 @@ def test_a_user_launches_an_sft_job_from_the_launch_form_and_sees_it_succeed(
 
     page.fill("#id_name", "warm start from the browser")
     page.select_option("#id_kind", "sft")
+    # Only the fields a warm start uses are shown: not the RL ones, but the evaluation's generation length.
+    expect(page.locator('.field[data-field="steps"]')).to_be_hidden()
+    expect(page.locator("#id_max_new_tokens")).to_be_visible()
     page.fill("#id_sft_demos", "8")
     page.fill("#id_sft_epochs", "1")
     page.fill("#id_sft_batch_size", "4")

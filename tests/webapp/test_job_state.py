@@ -112,9 +112,13 @@ def test_a_database_error_that_persists_stops_the_run_and_fails_the_job_naming_i
     assert done["status"] == "failed"
     assert done["error"] == ("TrackingError: the progress of step 1 could not be stored after 5 attempts: "
                              "OperationalError: database is locked")
-    # The run stopped instead of training on unseen, and the error was logged through the still-open sink.
+    # The run stopped instead of training on unseen, and the error was logged through the still-open sink. The
+    # training process runs in a sandbox of its own, a step or two ahead of the worker that stores its
+    # progress: it stops at its next step boundary after the error, far short of its 20 steps, and every step
+    # it trained has its metrics stored.
     metrics = alice_api.get(f"/api/jobs/{job['id']}/events/?types=metrics").json()["events"]
-    assert max(e["step"] for e in metrics) == 1
+    steps = sorted({e["step"] for e in metrics})
+    assert steps == list(range(1, steps[-1] + 1)) and steps[-1] < 10, steps
     logs = alice_api.get(f"/api/jobs/{job['id']}/events/?types=log").json()["events"]
     assert any(e["data"]["level"] == "error" and "TrackingError" in e["data"]["message"] for e in logs)
 
