@@ -49,10 +49,14 @@ def stop_ray_job(job_pk: int) -> None:
     """Stop the job's coordinator and its instances on the cluster; quiet when there is nothing to stop."""
     if not settings.AGENTFLY_RAY_ADDRESS:
         return
+    from agentfly.resources import ResourceError
+
     try:
         from agentfly.resources.backends.ray import stop_job
 
         stop_job(ray_job_id(job_pk), settings.AGENTFLY_RAY_ADDRESS)
+    except ResourceError as exc:  # the cluster is down: its coordinator stops itself once no process of the job lives
+        log.warning("job %d's pools on the Ray cluster were not stopped: %s", job_pk, exc)
     except Exception:
         log.exception("could not stop job %d's pools on the Ray cluster", job_pk)
 

@@ -161,12 +161,29 @@ def on_ray(spec: ResourceSpec) -> ResourceSpec:
     return replace(spec, backend="ray", options={**spec.options, "ray": ray_options})
 
 
+def _check_reachable(address: str | None, timeout: float = 5.0) -> None:
+    """Refuse at once a cluster address nothing answers at (``ray.init`` would wait minutes on it): a
+    ``host:port`` of a head node that is down, misspelt or not started. ``auto``, ``local`` and ``ray://``
+    addresses are left to Ray."""
+    if not address or address in ("auto", "local") or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return
+    except (OSError, ValueError) as exc:
+        raise ResourceError(
+            f"the Ray cluster at {address} does not answer ({type(exc).__name__}: {exc}); start its head "
+            "(ray start --head) or fix the address (resources.address, AGENTFLY_RAY_ADDRESS)") from None
+
+
 def connect(address: str | None) -> None:
     """Join the cluster once per process (``ray.init`` takes seconds: the edge, never per acquire)."""
     import ray
 
     if ray.is_initialized():
         return
+    _check_reachable(address)
     kwargs: dict[str, Any] = {"namespace": NAMESPACE, "include_dashboard": False, "log_to_driver": False,
                               "ignore_reinit_error": True}
     if address is None:
