@@ -35,7 +35,7 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 CLONE_NEWNET = 0x40000000
@@ -162,11 +162,12 @@ def _uid_mapped(uid: int) -> bool:
     return any(inside <= uid < inside + count for inside, _outside, count in ranges)
 
 
-def drop_privileges(workdir: str, uid: int | None = None) -> str:
+def drop_privileges(workdir: str, uid: int | None = None, read_paths: Sequence[str] = ()) -> str:
     """As root, become a uid of our own so RLIMIT_NPROC counts only this sandbox's processes.
 
-    When the interpreter lives where other users cannot read it (e.g. under /root), the new uid keeps one
-    capability, CAP_DAC_READ_SEARCH, to go on importing modules; Landlock still confines what it may read.
+    When the interpreter, or a path the sandbox is given to read (a server's script), lives where other users
+    cannot reach it (e.g. under /root, or a 0700 temporary folder), the new uid keeps one capability,
+    CAP_DAC_READ_SEARCH, to go on reading them; Landlock still confines what it may read.
     """
     if os.geteuid() != 0:
         return f"uid {os.getuid()} (not root: the process limit is shared with that user's processes)"
@@ -176,7 +177,7 @@ def drop_privileges(workdir: str, uid: int | None = None) -> str:
         # no uid to move to, and chown/setuid to one fails with EINVAL.
         return (f"uid {os.getuid()} of a user namespace that maps no uid of its own "
                 "(the process limit is shared with the enclosing sandbox's processes)")
-    keep_read = not _others_can_reach(os.path.join(sys.base_prefix, "lib")) or not _others_can_reach(sys.prefix)
+    keep_read = not all(_others_can_reach(p) for p in (os.path.join(sys.base_prefix, "lib"), sys.prefix, *read_paths))
     libc = _libc()
     if keep_read:
         libc.prctl(8, 1, 0, 0, 0)  # PR_SET_KEEPCAPS: keep the permitted set across setuid
@@ -191,7 +192,7 @@ def drop_privileges(workdir: str, uid: int | None = None) -> str:
     data = (_CapData * 2)(_CapData(cap, cap, 0), _CapData(0, 0, 0))
     if libc.capset(ctypes.byref(header), data) != 0:
         return f"uid {uid} (capset failed: {_errno_text()}; imports outside the standard library may fail)"
-    return f"uid {uid} (+CAP_DAC_READ_SEARCH: the Python installation is not readable by other users)"
+    return f"uid {uid} (+CAP_DAC_READ_SEARCH: the Python installation or a readable path is not reachable by other users)"
 
 
 def landlock(read_paths: list[str], write_paths: list[str], list_paths: list[str] | None = None) -> str:
@@ -252,7 +253,7 @@ def harden(config: dict[str, Any]) -> dict[str, Any]:
     else:
         report["network"] = "allowed"
     if config.get("own_uid"):
-        report["user"] = drop_privileges(workdir, config.get("uid"))
+        report["user"] = drop_privileges(workdir, config.get("uid"), list(config.get("read_paths") or []))
         # The kernel clears the parent-death signal when the credentials change: ask for it again.
         die_with_parent(config.get("parent_pid"))
     if config.get("filesystem") == "restricted":

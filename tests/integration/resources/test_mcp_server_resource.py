@@ -305,3 +305,16 @@ async def test_an_idle_session_whose_server_died_fails_its_health_check() -> Non
         assert not await session.health()  # the pool's probe replaces it before a rollout gets it
     finally:
         await session.close()
+
+
+async def test_a_stdio_server_whose_script_is_in_a_folder_only_its_owner_may_enter_starts(tmp_path: Path) -> None:
+    # e.g. a project under /root, or pytest's 0700 temporary folders: the sandbox's private uid keeps the
+    # right to read the paths it is given (and Landlock still allows only those).
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    script = private / "kv_store.py"
+    script.write_text((Path(af.__file__).parent / "resources/mcp_servers/kv_store.py").read_text())
+    os.chmod(tmp_path, 0o700)
+    spec = af.mcp.server("kv-private", command=[sys.executable, str(script)])
+    tools = await af.mcp.atools_from(spec)
+    assert {"put", "get"} <= {t.name for t in tools}
