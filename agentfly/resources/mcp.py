@@ -42,7 +42,7 @@ from typing import Any
 from agentfly.resources.backends.local import WORKER, Isolation, Limits, LocalWorker
 from agentfly.resources.spec import InfrastructureFailure, Pool, ResourceError, ResourceSpec
 
-LAUNCHER = Path(__file__).with_name("_mcp_launch.py")
+LAUNCHER = Path(__file__).resolve().with_name("_mcp_launch.py")
 MAX_OBSERVATION = 16_000  # characters of a tool result the model reads; the rest is cut with a note
 
 
@@ -103,7 +103,7 @@ def mcp_server(
         raise ValueError(f"mcp_server {name!r}: call_timeout and start_timeout must be positive seconds")
     options: dict[str, Any] = {
         # Files named relative to here: the server runs in its own working directory.
-        "command": [os.path.abspath(a) if i and os.path.isfile(a) else a for i, a in enumerate(command)]
+        "command": [os.path.realpath(a) if i and os.path.isfile(a) else a for i, a in enumerate(command)]
         if command is not None else None,
         "url": url,
         "call_timeout": float(call_timeout),

@@ -37,7 +37,7 @@ from typing import Any
 
 from agentfly.resources.spec import ResourceError
 
-WORKER = Path(__file__).with_name("_worker.py")
+WORKER = Path(__file__).resolve().with_name("_worker.py")
 WORKER_ARG = str(WORKER)
 # Every worker started and not yet killed, so that interpreter exit and SIGTERM can stop the ones nobody
 # closed (a sandbox used without an engine, an engine that was dropped without aclose()).
