@@ -96,7 +96,10 @@ def test_the_dashboard_grows_live_shows_rollouts_and_pools_and_cancels_the_job(
                            timeout=180_000)
     page.screenshot(path=str(ARTIFACTS / "monitor-dashboard-cancelled.png"), full_page=True)
     assert not page.errors, page.errors
-    job = off_loop(lambda: TrainingJob.objects.get(pk=job_id))
+    # The page hears "cancelled" from the training process's last status event; the worker finishes the
+    # job's row just after it.
+    job = off_loop(lambda: wait_for(lambda: TrainingJob.objects.filter(pk=job_id).exclude(status=Status.RUNNING)
+                                    .first(), 60, "the job's row to leave running"))
     assert job.status == Status.CANCELLED and job.step < 300
     # The cancelled job saved a checkpoint on its way out: Resume is offered at once, without a reload, from it.
     wait_for_js(page, "!document.getElementById('resume-form').hidden", timeout=30_000)

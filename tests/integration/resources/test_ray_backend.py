@@ -373,7 +373,9 @@ async def test_a_thousand_chaotic_rollouts_across_three_nodes_survive_losing_one
     print("chaos", outcomes, {k: pad[k] for k in ("created", "destroyed", "failed", "reclaimed", "timeouts")})
     assert violations == []
     assert outcomes["done"] + outcomes["cancelled"] == rollouts and outcomes["cancelled"] > 0
-    assert outcomes["infra"] > 0  # the removed node's and the timed-out rollouts ended as infrastructure failures
+    # Rollouts whose pad was on the removed node, mid-call, ended as infrastructure failures (node_lost); how
+    # many were mid-call then is chance (often none: calls take about a millisecond), so the count is printed,
+    # and test_an_instance_on_a_removed_node_ends_... checks that path on purpose.
     assert pad["in_use"] == 0 and pad["waiting"] == 0
     assert peak <= 8 and pad["size"] <= 8
     assert pad["reclaimed"] == 0  # this process never died: losing a node must not look like its death
