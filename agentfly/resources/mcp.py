@@ -210,14 +210,17 @@ class MCPSession:
         try:
             await asyncio.wait_for(asyncio.shield(ready), self.start_timeout)
         except BaseException as exc:
+            # What the server printed before it went (e.g. a script it could not open), while its pipe is open.
+            printed = await self.worker.printed() if self.worker is not None else ""
             await self._shutdown()
             if isinstance(exc, InfrastructureFailure | asyncio.CancelledError):
                 raise
             where = " ".join(self.command) if self.command else self.url
             while isinstance(exc, BaseExceptionGroup) and exc.exceptions:  # anyio's task groups wrap the cause
                 exc = exc.exceptions[0]
+            said = f"; it printed: {printed[-1000:]}" if printed else ""
             raise InfrastructureFailure(f"MCP server {self.name!r} ({where}) did not start: "
-                                        f"{type(exc).__name__}: {exc}", "server_down") from exc
+                                        f"{type(exc).__name__}: {exc}{said}", "server_down") from exc
 
     async def _serve(self, ready: asyncio.Future[None], stop: asyncio.Event) -> None:
         """Own the transport and the session from entry to exit (anyio wants one task to do both)."""

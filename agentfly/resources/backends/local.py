@@ -368,6 +368,11 @@ class LocalWorker:
             return 128 - code
         return code
 
+    async def printed(self) -> str:
+        """What the process wrote to its stderr so far, up to 4000 bytes, waiting at most 2 s ("" when it has
+        none: the sandbox worker moves its own stderr away at once, so this is bubblewrap's or a server's)."""
+        return await self._launcher_error()
+
     async def _launcher_error(self) -> str:
         """What bubblewrap printed before it gave up (it could not make the namespaces), or ""."""
         if self.launcher != "bwrap" or self.proc is None or self.proc.stderr is None:

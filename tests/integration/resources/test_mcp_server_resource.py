@@ -318,3 +318,13 @@ async def test_a_stdio_server_whose_script_is_in_a_folder_only_its_owner_may_ent
     spec = af.mcp.server("kv-private", command=[sys.executable, str(script)])
     tools = await af.mcp.atools_from(spec)
     assert {"put", "get"} <= {t.name for t in tools}
+
+
+async def test_a_server_that_cannot_start_is_refused_with_what_it_printed(tmp_path: Path) -> None:
+    script = tmp_path / "broken_server.py"
+    script.write_text("import sys\nsys.exit('the server needs KV_BACKEND set')\n")
+    spec = af.mcp.server("broken", command=[sys.executable, str(script)], start_timeout=20)
+    with pytest.raises(InfrastructureFailure) as refused:
+        await af.mcp.atools_from(spec)
+    assert refused.value.kind == "server_down"
+    assert "MCP server 'broken'" in str(refused.value) and "the server needs KV_BACKEND set" in str(refused.value)
