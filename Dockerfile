@@ -48,7 +48,8 @@ RUN pip uninstall -y -q pip setuptools wheel || true
 
 # ------------------------------------------------------------------ runtime: Python, the venv, the code
 FROM ${BASE_IMAGE} AS runtime
-RUN apt-get update && apt-get install -y --no-install-recommends python3 ca-certificates \
+# bubblewrap: each job runs as its team, and each sandbox in a root of its own (docs/security.md).
+RUN apt-get update && apt-get install -y --no-install-recommends python3 ca-certificates bubblewrap \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 1000 --user-group agentfly \
     && mkdir -p /data/runs /data/plugins /data/models /data/datasets && chown -R agentfly:agentfly /data
