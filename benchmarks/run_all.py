@@ -57,8 +57,21 @@ class Result:
     log: str = ""
 
     @property
+    def measured(self) -> bool:
+        """It ran to its end: its table is a result. A script that failed, timed out or did not run has none,
+        whatever it printed before it stopped."""
+        return self.status == "ok"
+
+    @property
+    def why_not_measured(self) -> str:
+        """The status of a script with no result, and where its standard error went when it ran."""
+        if self.log and self.log not in self.status:
+            return f"{self.status}; its standard error is in `{self.log}`"
+        return self.status
+
+    @property
     def headline(self) -> str:
-        return self.table[-1] if self.table and self.status == "ok" else self.status
+        return self.table[-1] if self.table and self.measured else self.status
 
 
 def discover() -> list[Path]:
@@ -206,19 +219,34 @@ def render(results: list[Result], command: str, started: dt.datetime, load: tupl
         "",
         "## Summary",
         "",
-        "| script | question | result (last line) | seconds |",
-        "| --- | --- | --- | --- |",
     ]
-    for r in results:
-        cell = r.headline.strip().replace("|", "\\|")
-        out.append(f"| `{r.name}` | {r.question} | {cell} | {r.seconds:.0f} |")
-    for r in results:
+    # Only scripts that ran to their end are results; the others are listed apart, with why, and what a
+    # failed or timed-out script printed before it stopped is not shown (it is no result).
+    measured = [r for r in results if r.measured]
+    missing = [r for r in results if not r.measured]
+    if measured:
+        out += ["| script | question | result (last line) | seconds |", "| --- | --- | --- | --- |"]
+        out += [f"| `{r.name}` | {r.question} | {cell(r.headline)} | {r.seconds:.0f} |" for r in measured]
+    else:
+        out.append("No script ran to its end in this run.")
+    if missing:
+        out += ["", NOT_MEASURED_HEADING, "",
+                "These scripts gave no result in this run, so none is shown for them above or below.", "",
+                "| script | question | why | seconds |", "| --- | --- | --- | --- |"]
+        out += [f"| `{r.name}` | {r.question} | {cell(r.why_not_measured)} | {r.seconds:.0f} |" for r in missing]
+    for r in measured:
         out += ["", f"## {r.name}: {r.question}", "", f"`{r.command}` — {r.status}, {r.seconds:.0f} s", ""]
         if r.table:
             out += ["```", *r.table, "```"]
-        if r.status != "ok" and r.log:
-            out += ["", f"Its standard error is in `{r.log}`."]
     return "\n".join(out) + "\n" + notes()
+
+
+NOT_MEASURED_HEADING = "## Not measured"
+
+
+def cell(text: str) -> str:
+    """Text for one cell of a Markdown table."""
+    return text.strip().replace("|", "\\|")
 
 
 NOTES_HEADING = "# Notes from the benchmark owners"

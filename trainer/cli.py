@@ -14,11 +14,46 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 from trainer.config import Config, ConfigError, describe, load_config
+
+# Notices from other packages that every run printed and nobody running AgentFly can act on. Silenced at the
+# command line's entry only: a script that imports the library keeps them, and AgentFly's own warnings (and a
+# third-party warning about how AgentFly calls it, which names AgentFly's module) are never filtered.
+QUIET_LOGGERS = ("math_verify.parser", "math_verify.grader")  # "Timeout is disabled ...": the math rewards turn
+# it off on purpose in worker threads, where math-verify's signal-based timeout cannot work.
+QUIET_PACKAGES = ("torch", "transformers", "deepspeed", "accelerate", "huggingface_hub", "math_verify", "wandb",
+                  "mlflow", "tensorboard", "google.protobuf", "pydantic", "vllm", "ray")
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.start)
+
+
+_DEEPSPEED_CPU_GUESS = _DropMessage("Setting accelerator to CPU")  # one object: added once however often
+
+
+def quiet_third_party() -> None:
+    """Silence the known third-party noise for this process: the loggers above, DeepSpeed's guess of the
+    accelerator on a machine without a GPU (the trainer picks its device itself), and deprecation notices
+    raised inside other packages (addressed to their own code, not to a user of AgentFly)."""
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    # DeepSpeed builds its logger when imported (setting its level then), so a filter is what lasts.
+    logging.getLogger("DeepSpeed").addFilter(_DEEPSPEED_CPU_GUESS)
+    packages = "|".join(p.replace(".", r"\.") for p in QUIET_PACKAGES)
+    for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category, module=rf"({packages})(\.|$)")
 
 
 def _add_config_args(p: argparse.ArgumentParser, positional: bool = True) -> None:
@@ -202,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_third_party()
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -76,7 +76,17 @@ class WandbSink:
             self._exit_code = 0 if event["data"]["state"] != "failed" else 1
 
     def close(self) -> None:
-        self.run.finish(exit_code=self._exit_code)
+        import wandb
+
+        try:
+            self.run.finish(exit_code=self._exit_code)
+        finally:
+            # W&B keeps its service process (wandb-core) for the life of this one and stops it from an atexit
+            # hook; if the service is gone by then (reaped with the rest of a test's or a worker's children),
+            # the hook prints "ConnectionResetError: Connection lost" as the interpreter exits. So it is stopped
+            # here, while it is known to be alive, once no other run of this process still uses it.
+            if wandb.setup().most_recent_active_run is None:
+                wandb.teardown()
 
 
 class MLflowSink:

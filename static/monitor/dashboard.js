@@ -136,11 +136,37 @@
   const rewardMin = document.getElementById("sample-reward-min");
   const rewardMax = document.getElementById("sample-reward-max");
   const failedOnly = document.getElementById("sample-failed");
+  const infraOnly = document.getElementById("sample-infra");
   const list = document.getElementById("rollout-list");
   const view = document.getElementById("rollout-view");
 
   // A samples payload is {"trajectories": [Trajectory.to_dict(tokenizer), ...]}.
   function toolErrors(t) { return t.tool_errors; }
+  // A trajectory the infrastructure ended (a killed sandbox, a lost node, a server down) carries `failure` (its
+  // kind) and `failure_reason`; the trainer leaves it out of its group's statistics and out of the loss.
+  function infraFailed(t) { return typeof t.failure === "string" && t.failure !== ""; }
+  const rewardOf = (i) => (typeof i.t.reward === "number" ? i.t.reward : -Infinity);
+
+  /* The turn rewards of a trajectory summed per turn (Trajectory.rewards_per_turn), with their reasons:
+   * Map(turn index -> {value, reasons}); empty when it has none. */
+  function turnRewards(t) {
+    const out = new Map();
+    for (const r of Array.isArray(t.turn_rewards) ? t.turn_rewards : []) {
+      if (!r || typeof r.turn !== "number" || typeof r.value !== "number") continue;
+      const entry = out.get(r.turn) || { value: 0, reasons: [] };
+      entry.value += r.value;
+      if (r.reason) entry.reasons.push(`${r.reason} ${signed(r.value)}`);
+      out.set(r.turn, entry);
+    }
+    return out;
+  }
+  function signed(value) { return `${value > 0 ? "+" : ""}${fmt(value, 3)}`; }
+  /* The reward credited to one turn, shown beside it ("turn reward +0.25 · found k1 +0.25"); null for none. */
+  function turnRewardBadge(entry) {
+    if (!entry) return null;
+    return el("span", { class: `turn-reward ${entry.value > 0 ? "pos" : entry.value < 0 ? "neg" : "zero"}`,
+      text: `turn reward ${signed(entry.value)}${entry.reasons.length ? " · " + entry.reasons.join(", ") : ""}` });
+  }
 
   function indexSamples(step, seq, follow) {
     sampleIndex.push([step, seq]);
@@ -177,15 +203,16 @@
   }
 
   /* The shown step's trajectories that pass the filters (reward within [min, max], only those with a failed
-   * tool call), in the chosen order. */
+   * tool call, only those the infrastructure ended), in the chosen order. */
   function visibleTrajectories() {
-    const reward = (i) => (typeof i.t.reward === "number" ? i.t.reward : -Infinity);
+    const reward = rewardOf;
     const order = (a, b) => a.index - b.index;
     const lo = rewardMin.value === "" ? -Infinity : Number(rewardMin.value);
     const hi = rewardMax.value === "" ? Infinity : Number(rewardMax.value);
     const needle = searchText.toLowerCase();
     const items = trajectories.filter((i) => reward(i) >= lo && reward(i) <= hi
       && (!failedOnly.checked || toolErrors(i.t) > 0 || i.t.tool_calls.some((c) => c.error))
+      && (!infraOnly.checked || infraFailed(i.t))
       && (!needle || JSON.stringify(i.t).toLowerCase().includes(needle)));
     switch (orderSelect.value) {
       case "best": items.sort((a, b) => reward(b) - reward(a) || order(a, b)); break;
@@ -214,7 +241,8 @@
       const li = el("li", { class: `rollout-item${item.key === selectedKey ? " selected" : ""}`, "data-key": item.key },
         el("span", { class: "reward " + (t.reward > 0 ? "pos" : "zero"), text: fmt(t.reward, 2) }),
         el("span", { text: ` step ${item.step ?? "?"} · ${plural(t.num_turns, "turn")} · ${plural(t.tool_calls.length, "call")}` }),
-        errors ? el("span", { class: "badge failed", text: `${errors} failed` }) : null);
+        errors ? el("span", { class: "badge failed", text: `${errors} failed` }) : null,
+        infraFailed(t) ? el("span", { class: "badge infra", title: t.failure_reason || "", text: `left out: ${t.failure}` }) : null);
       li.addEventListener("click", () => { selectedKey = item.key; followNewest = false; rolloutsDirty = true; renderRollouts(); });
       list.append(li);
     }
@@ -234,15 +262,27 @@
     const t = item.t;
     const side = Boolean(target); // a column of the side-by-side view: no token view there
     if (!side) view.dataset.key = item.key;
+    const failed = infraFailed(t);
     const head = el("div", { class: "traj-head" },
-      el("span", { class: "badge big " + (t.reward > 0 ? "succeeded" : "neutral"), text: `reward ${fmt(t.reward, 3)}` }),
-      el("span", { class: "muted", text: ` step ${item.step ?? "?"} · ${t.finish_reason || ""}${t.error ? " · error: " + t.error : ""}` }));
+      el("span", { class: "badge big " + (t.reward > 0 && !failed ? "succeeded" : "neutral"), text: `reward ${fmt(t.reward, 3)}` }),
+      el("span", { class: "muted", text: ` step ${item.step ?? "?"} · ${t.finish_reason || ""}${t.error && !failed ? " · error: " + t.error : ""}` }));
+    // Not the agent's doing: said plainly, so nobody reads its reward as the policy's.
+    const failure = failed ? el("div", { class: "infra-failure", role: "note" },
+      el("span", { class: "badge infra", text: `infrastructure failure: ${t.failure}` }),
+      el("strong", { text: " left out of training: infrastructure failure" }),
+      el("div", { class: "infra-reason", text: t.failure_reason || t.error || "no reason was recorded" })) : null;
+    const perTurn = turnRewards(t);
+    const turnCount = (t.turns || []).length || t.num_turns || 0;
     const conversation = el("div", { class: "conversation" });
     const calls = t.tool_calls;
     const messages = t.messages;
     if (messages.length) {
+      // The rollout's assistant messages are its turns, in order, after any the prompt held itself.
+      let assistantIndex = -messages.filter((m) => m.role === "assistant").length + turnCount;
       for (const m of messages) {
-        const body = el("div", { class: "msg-body" }, el("pre", { text: contentText(m.content) }));
+        const turn = m.role === "assistant" ? assistantIndex++ : -1;
+        const body = el("div", { class: "msg-body" }, el("pre", { text: contentText(m.content) }),
+          turn >= 0 ? turnRewardBadge(perTurn.get(turn)) : null);
         for (const call of m.tool_calls || []) {
           const fn = call.function || call;
           body.append(el("div", { class: "tool-call" }, el("strong", { text: `→ ${fn.name}` }),
@@ -257,11 +297,12 @@
         conversation.append(el("div", { class: `turn role-${s.mask ? "assistant" : "tool"}` }, el("div", { class: "role", text: role }),
           el("div", { class: "msg-body" }, el("pre", { text: s.text }))));
       }
+      if (perTurn.size) conversation.append(turnRewardList(perTurn));
     } else {
       for (const turn of t.turns || []) {
         // Numbered from 1, as the list's "2 turns" counts them (the trajectory stores 0-based indices).
         conversation.append(el("div", { class: "turn role-assistant" }, el("div", { class: "role", text: `turn ${turn.index + 1}` }),
-          el("div", { class: "msg-body" }, el("pre", { text: turn.text }))));
+          el("div", { class: "msg-body" }, el("pre", { text: turn.text }), turnRewardBadge(perTurn.get(turn.index)))));
       }
     }
     const callTable = el("table", { class: "table tool-calls" },
@@ -276,9 +317,17 @@
     callTable.append(tbody);
     const answer = el("div", { class: "final-answer" }, el("strong", { text: "Final answer: " }),
       el("code", { text: t.final_answer ?? "—" }), el("span", { class: "muted", text: `  reward ${fmt(t.reward, 3)}` }));
-    const parts = [head, conversation, calls.length ? callTable : el("p", { class: "muted", text: "No tool calls." }), answer];
+    const parts = [head, failure, conversation, calls.length ? callTable : el("p", { class: "muted", text: "No tool calls." }), answer]
+      .filter((p) => p !== null);
     if (side) target.replaceChildren(...parts);
     else view.replaceChildren(...parts, el("h3", { text: "Tokens" }), tokenView(t));
+  }
+
+  /* The turn rewards as a list, for a trajectory shown as mask spans (no turn of its own to stand beside). */
+  function turnRewardList(perTurn) {
+    const items = [...perTurn.keys()].sort((a, b) => a - b)
+      .map((k) => el("li", {}, el("span", { text: `turn ${k + 1}: ` }), turnRewardBadge(perTurn.get(k))));
+    return el("div", { class: "turn-rewards" }, el("strong", { text: "Turn rewards" }), el("ul", {}, ...items));
   }
 
   /* Trained tokens (loss mask 1, sampled by the model) and forced tokens (mask 0: prompt, tool output,
@@ -334,12 +383,15 @@
 
   /* The shown step's rewards as a histogram: how the group's rollouts spread, which a mean hides. */
   function drawHistogram() {
-    const rewards = trajectories.map((i) => i.t.reward).filter((r) => typeof r === "number");
+    // A trajectory the infrastructure ended has no reward of the policy's: it is left out, as in training.
+    const left = trajectories.filter((i) => infraFailed(i.t)).length;
+    const rewards = trajectories.filter((i) => !infraFailed(i.t)).map((i) => i.t.reward).filter((r) => typeof r === "number");
     if (!rewards.length) return;
     const step = trajectories[0].step;
+    const note = left ? `; ${left} left out: infrastructure failure` : "";
     Plotly.react("reward-histogram", [{ type: "histogram", x: rewards, marker: { color: "#4f46e5" }, nbinsx: 20, name: "reward" }],
       { height: 170, margin: { l: 50, r: 10, t: 28, b: 36 }, bargap: 0.05,
-        title: { text: `rewards at step ${step} (${rewards.length} trajectories)`, font: { size: 12 }, x: 0.02, xanchor: "left" },
+        title: { text: `rewards at step ${step} (${rewards.length} trajectories${note})`, font: { size: 12 }, x: 0.02, xanchor: "left" },
         xaxis: { title: { text: "reward", font: { size: 11 } } }, yaxis: yTitle("trajectories") },
       { displaylogo: false, responsive: true });
   }
@@ -350,8 +402,11 @@
     const selected = trajectories.find((i) => i.key === selectedKey);
     if (!selected) return;
     const group = selected.t.group_id;
-    const members = trajectories.filter((i) => group === undefined || i.t.group_id === group);
-    const reward = (i) => (typeof i.t.reward === "number" ? i.t.reward : -Infinity);
+    const inGroup = trajectories.filter((i) => group === undefined || i.t.group_id === group);
+    // Best and worst of what was trained on: a trajectory the infrastructure ended says nothing of the policy.
+    const scored = inGroup.filter((i) => !infraFailed(i.t));
+    const members = scored.length ? scored : inGroup;
+    const reward = rewardOf;
     const best = members.reduce((a, b) => (reward(b) > reward(a) ? b : a));
     const worst = members.reduce((a, b) => (reward(b) < reward(a) ? b : a));
     const column = (item, label) => {
@@ -373,8 +428,8 @@
   followBox.addEventListener("change", () => {
     if (followBox.checked && sampleIndex.length) showSeq(sampleIndex[sampleIndex.length - 1][1]);
   });
-  for (const control of [orderSelect, rewardMin, rewardMax, failedOnly]) {
-    control.addEventListener(control === orderSelect || control === failedOnly ? "change" : "input",
+  for (const control of [orderSelect, rewardMin, rewardMax, failedOnly, infraOnly]) {
+    control.addEventListener(control === rewardMin || control === rewardMax ? "input" : "change",
       () => { followNewest = true; rolloutsDirty = true; renderRollouts(); });
   }
 

@@ -711,18 +711,58 @@
     const smooth = document.getElementById("smooth-toggle");
     const weight = document.getElementById("smooth-weight");
     const shown = document.getElementById("smooth-value");
-    const update = () => { shown.textContent = Number(weight.value).toFixed(2); charts.setSmoothing(smooth.checked, Number(weight.value)); };
-    smooth.addEventListener("change", update);
-    weight.addEventListener("input", update);
-    document.getElementById("log-toggle").addEventListener("change", (e) => { charts.setLogScale(e.target.checked); for (const c of charts.charts.values()) charts._pressed(c); });
+    const logScale = document.getElementById("log-toggle");
     const search = document.getElementById("metric-search");
-    if (search) search.addEventListener("input", () => charts.setSearch(search.value));
     const xAxis = document.getElementById("x-axis");
-    if (xAxis) xAxis.addEventListener("change", () => charts.setXMode(xAxis.value));
+    const controls = { smooth, weight, logScale, search, xAxis };
+    // A shared link opens the view it was copied from: the controls start from the URL, and every change is
+    // written back to it (replaceState: no history entry per keystroke).
+    viewFromUrl(controls);
+    const update = () => { shown.textContent = Number(weight.value).toFixed(2); charts.setSmoothing(smooth.checked, Number(weight.value)); };
+    const applyLog = () => { charts.setLogScale(logScale.checked); for (const c of charts.charts.values()) charts._pressed(c); };
+    if (smooth.checked) update(); else shown.textContent = Number(weight.value).toFixed(2);
+    if (logScale.checked) applyLog();
+    if (search && search.value) charts.setSearch(search.value);
+    if (xAxis && xAxis.value !== "step") charts.setXMode(xAxis.value);
+    const remember = () => viewToUrl(controls);
+    smooth.addEventListener("change", () => { update(); remember(); });
+    weight.addEventListener("input", () => { update(); remember(); });
+    logScale.addEventListener("change", () => { applyLog(); remember(); });
+    if (search) search.addEventListener("input", () => { charts.setSearch(search.value); remember(); });
+    if (xAxis) xAxis.addEventListener("change", () => { charts.setXMode(xAxis.value); remember(); });
     const showHidden = document.getElementById("show-hidden");
     if (showHidden) showHidden.addEventListener("click", () => charts.showAllPanels());
     const band = document.getElementById("band-kind");
     if (band) band.addEventListener("change", (e) => charts.setBandKind(e.target.value));
+  }
+
+  /* The chart view's URL parameters: x (step, time or tokens; step when absent), log=1, smooth=<EMA weight>
+   * (smoothing on), q=<metric search>. Others (the compare page's jobs) are left as they are. */
+  const VIEW_PARAMS = ["x", "log", "smooth", "q"];
+  const MAX_SEARCH = 200;
+
+  function viewFromUrl(c) {
+    const q = new URLSearchParams(window.location.search);
+    const x = q.get("x");
+    if (c.xAxis && x !== null && [...c.xAxis.options].some((o) => o.value === x)) c.xAxis.value = x;
+    if (q.get("log") === "1") c.logScale.checked = true;
+    const w = q.get("smooth");
+    if (w !== null && w.trim() !== "" && Number.isFinite(Number(w))) {
+      c.smooth.checked = true;
+      c.weight.value = String(Math.min(Number(c.weight.max), Math.max(Number(c.weight.min), Number(w))));
+    }
+    if (c.search && q.get("q")) c.search.value = q.get("q").slice(0, MAX_SEARCH);
+  }
+
+  function viewToUrl(c) {
+    const q = new URLSearchParams(window.location.search);
+    for (const name of VIEW_PARAMS) q.delete(name);
+    if (c.xAxis && c.xAxis.value !== "step") q.set("x", c.xAxis.value);
+    if (c.logScale.checked) q.set("log", "1");
+    if (c.smooth.checked) q.set("smooth", Number(c.weight.value).toFixed(2));
+    if (c.search && c.search.value.trim()) q.set("q", c.search.value.trim().slice(0, MAX_SEARCH));
+    const query = q.toString();
+    window.history.replaceState(window.history.state, "", `${window.location.pathname}${query ? `?${query}` : ""}${window.location.hash}`);
   }
 
   /* The collapsed "More metrics" section: every metric no known chart claims gets a chart there. Plotly

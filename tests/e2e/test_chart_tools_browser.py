@@ -148,3 +148,33 @@ def test_the_head_shows_an_eta_from_the_recent_step_time(opened: tuple[Any, Any,
     assert page.inner_text("#job-eta").startswith("ETA ")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.locator(".monitor-head").screenshot(path=str(ARTIFACTS / "dashboard-head-eta.png"))
+
+
+def test_the_chart_view_is_kept_in_the_url_so_a_link_opens_the_same_view(opened: tuple[Any, Any, list[str]]) -> None:
+    job, page, problems = opened
+    page.select_option("#x-axis", "time")
+    page.check("#log-toggle")
+    page.check("#smooth-toggle")
+    page.fill("#metric-search", "entropy")
+    query = page.evaluate("() => Object.fromEntries(new URLSearchParams(location.search))")
+    assert query == {"x": "time", "log": "1", "smooth": "0.60", "q": "entropy"}
+    link = page.url
+    page.goto(link)  # as a colleague opens the link
+    wait_for_js(page, DRAWN, timeout=30_000)
+    assert page.evaluate("() => [document.getElementById('x-axis').value, document.getElementById('log-toggle').checked, "
+                         "document.getElementById('smooth-toggle').checked, document.getElementById('metric-search').value]"
+                         ) == ["time", True, True, "entropy"]
+    shown = "() => [...document.querySelectorAll('#charts .chart')].filter((c) => c.offsetParent !== null).map((c) => c.dataset.chart)"
+    wait_for_js(page, f"() => ({shown})().length === 1", timeout=5_000)
+    assert page.evaluate(shown) == ["entropy"]
+    wait_for_js(page, "() => document.getElementById('chart-entropy').layout.xaxis.title.text.startsWith('wall time')",
+                timeout=5_000)
+    assert page.evaluate("() => document.getElementById('chart-entropy').layout.yaxis.type") == "log"
+    # Back to the defaults: the URL is the page's own again.
+    page.select_option("#x-axis", "step")
+    page.uncheck("#log-toggle")
+    page.uncheck("#smooth-toggle")
+    page.fill("#metric-search", "")
+    assert page.url.endswith(f"/monitor/jobs/{job.pk}/")
+    page.wait_for_load_state("networkidle")
+    assert problems == []

@@ -84,3 +84,64 @@ def test_a_search_too_short_is_refused_naming_the_rule(alice: Any, alice_job: An
     client.force_login(alice)
     answer = client.get(f"/monitor/jobs/{alice_job.pk}/samples/search.json?q=a")
     assert answer.status_code == 400 and "2 to 200 characters" in answer.json()["error"]
+
+
+HOSTILE = '<img src=x onerror="window.pwned=1"> the host killed the sandbox'
+
+
+def job_with_failures_and_turn_rewards(alice: Any) -> Any:
+    """One step of three: a scored two-turn trajectory with a reward on each turn, a one-turn one without, and
+    one a killed sandbox ended (its reason carries markup, which must show as text)."""
+    from webapp.accounts.models import Team
+    from webapp.jobs.models import TrainingJob
+    from webapp.monitor.events import append_events
+
+    credited = {**trajectory(1, 0), "rollout_id": "credited", "num_turns": 2, "reward": 1.0,
+                "turns": [{"index": 0, "text": "lookup k1", "start": 0, "end": 2},
+                          {"index": 1, "text": "The answer is 7.", "start": 3, "end": 5}],
+                "messages": [{"role": "user", "content": "follow the chain"},
+                             {"role": "assistant", "content": "lookup k1"},
+                             {"role": "tool", "content": "k2"},
+                             {"role": "assistant", "content": "The answer is 7."}],
+                "turn_rewards": [{"turn": 0, "value": 0.25, "reason": "found k1"},
+                                 {"turn": 1, "value": -0.1, "reason": "late"}]}
+    plain = {**trajectory(1, 1), "rollout_id": "plain", "reward": 0.5}
+    ended = {**trajectory(1, 2), "rollout_id": "ended", "reward": 0.0, "finish_reason": "error",
+             "error": "InfrastructureFailure: sandbox killed", "failure": "killed", "failure_reason": HOSTILE}
+    job = TrainingJob.objects.create(team=Team.objects.of(alice).get(), created_by=alice, name="infra",
+                                     status="succeeded", config={"steps": 1}, step=1)
+    append_events(job.pk, [{"type": "metrics", "step": 1, "reward/mean": 0.75},
+                           {"type": "samples", "step": 1, "trajectories": [credited, plain, ended]}])
+    return job
+
+
+def test_the_viewer_marks_infrastructure_failures_left_out_filters_them_and_shows_each_turns_reward(
+        alice: Any, daphne: Daphne, browser_page: Any) -> None:
+    job = off_loop(job_with_failures_and_turn_rewards, alice)
+    page = browser_page
+    problems = watch_for_problems(page, daphne.url)
+    sign_in(page, alice, daphne.url)
+    page.goto(f"{daphne.url}/monitor/jobs/{job.pk}/")
+    wait_for_js(page, "() => document.querySelectorAll('#rollout-list .rollout-item').length === 3", timeout=30_000)
+    # The first trajectory is shown: each assistant turn with the reward credited to it.
+    assert page.locator("#rollout-view .turn-reward").all_inner_texts() == [
+        "turn reward +0.250 · found k1 +0.250", "turn reward -0.100 · late -0.100"]
+    # Its histogram is of what was trained on: the killed one is left out, and says so.
+    wait_for_js(page, "() => document.getElementById('reward-histogram').data", timeout=10_000)
+    assert sorted(page.evaluate("() => Array.from(document.getElementById('reward-histogram').data[0].x)")) == [0.5, 1.0]
+    assert "1 left out: infrastructure failure" in page.evaluate(
+        "() => document.getElementById('reward-histogram').layout.title.text")
+    assert page.locator("#rollout-list .badge.infra").all_inner_texts() == ["left out: killed"]
+    # Only infrastructure failures: the killed one, with its kind and its reason as plain text.
+    page.check("#sample-infra")
+    wait_for_js(page, "() => document.querySelectorAll('#rollout-list .rollout-item').length === 1", timeout=10_000)
+    notice = page.locator("#rollout-view .infra-failure")
+    assert "infrastructure failure: killed" in notice.inner_text()
+    assert "left out of training: infrastructure failure" in notice.inner_text()
+    assert page.inner_text("#rollout-view .infra-reason") == HOSTILE
+    assert page.locator("#rollout-view img").count() == 0 and page.evaluate("() => window.pwned") is None
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#rollout-view").screenshot(path=str(ARTIFACTS / "infrastructure-failure.png"))
+    page.uncheck("#sample-infra")
+    wait_for_js(page, "() => document.querySelectorAll('#rollout-list .rollout-item').length === 3", timeout=10_000)
+    assert problems == [] and page.errors == []

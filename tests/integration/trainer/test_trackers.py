@@ -106,3 +106,33 @@ def test_no_tracker_package_is_imported_until_a_run_names_it() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+# A W&B run's whole life in a fresh interpreter, then what a test's (or a worker's) cleanup does: every process
+# still running under this one is killed. W&B's service process must be gone by then, stopped by the sink's close;
+# else its atexit hook meets a dead service and can print "ConnectionResetError: Connection lost". (The kill does
+# not reliably bring the traceback out, so the service left behind is what the test tells apart.)
+WANDB_LIFECYCLE = """
+import pathlib, sys, psutil
+from trainer.config import WandbOptions
+from trainer.trackers import WandbSink
+sink = WandbSink(WandbOptions(project="exit-test", mode="offline"), pathlib.Path(sys.argv[1]), {"seed": 0})
+sink.emit({"type": "metrics", "step": 1, "time": 0.0, "data": {"reward/mean": 0.5}})
+sink.emit({"type": "status", "step": 1, "time": 0.0, "data": {"state": "succeeded"}})
+sink.close()
+left = psutil.Process().children(recursive=True)
+print("children left after close:", len(left))
+for child in left:
+    child.kill()
+"""
+
+
+@pytest.mark.slow
+def test_a_closed_wandb_sink_leaves_no_service_behind_and_no_traceback_at_exit(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[3]), WANDB_MODE="offline", WANDB_SILENT="true")
+    done = subprocess.run([sys.executable, "-c", WANDB_LIFECYCLE, str(tmp_path / "run")], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "children left after close: 0" in done.stdout
+    assert "Traceback" not in done.stderr and "Connection lost" not in done.stderr, done.stderr
+    assert list((tmp_path / "run").glob("wandb/offline-run-*/run-*.wandb"))  # the run was written, then stopped

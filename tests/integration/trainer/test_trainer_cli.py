@@ -116,3 +116,13 @@ def test_train_with_the_vllm_engine_runs_two_steps_and_reports_the_logprob_misma
     # vLLM samples with its own kernels; after each weight sync its logprobs must stay close to the trainer's.
     # Every trained step reports the mismatch (a missing key fails here, it is not skipped).
     assert {m["step"]: m["logprob_mismatch"] < 0.05 for m in trained} == {m["step"]: True for m in trained}, trained
+
+
+def test_a_run_prints_no_third_party_notice_on_stderr(tiny_model_dir, tmp_path, agentfly, tiny_overrides):
+    # The default reward (math_equal, through math-verify) and a checkpoint save (which wakes DeepSpeed on a
+    # machine without a GPU) are what printed them.
+    sets = tiny_overrides(tiny_model_dir, tmp_path / "run", "steps=1")
+    proc = agentfly("train", *[a for s in sets for a in ("--set", s)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for notice in ("Timeout is disabled", "Setting accelerator", "Warning:", "[WARNING]"):
+        assert notice not in proc.stderr, proc.stderr[-3000:]

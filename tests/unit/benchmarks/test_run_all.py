@@ -117,3 +117,37 @@ def test_notes_can_be_remerged_without_rerunning_the_benchmarks(run_all: ModuleT
     text = page.read_text()
     assert "new note" in text and "old note" not in text
     assert "ratio: 0.50" in text and text.count(run_all.NOTES_HEADING) == 1
+
+
+def test_scripts_that_failed_timed_out_or_did_not_run_are_listed_apart_as_not_measured_with_why(
+        run_all: ModuleType) -> None:
+    import datetime as dt
+
+    results = [
+        run_all.Result("good", "Good: a question", "python benchmarks/good.py", "ok", 3.0, ["ratio: 2.00"]),
+        run_all.Result("broken", "Broken: a question", "python benchmarks/broken.py",
+                       "failed (exit 2; see runs/logs/broken.log)", 1.0, ["partial row 0.01"], "runs/logs/broken.log"),
+        run_all.Result("slow", "Slow: a question", "python benchmarks/slow.py", "timed out after 600 s", 600.0,
+                       ["half a table 9.99"], "runs/logs/slow.log"),
+        run_all.Result("gpu", "GPU: a question", "python benchmarks/gpu.py", "not run: needs a CUDA GPU"),
+    ]
+    page = run_all.render(results, "python benchmarks/run_all.py", dt.datetime(2026, 1, 1), None)
+    summary, rest = page.split("## Summary", 1)[1].split(run_all.NOT_MEASURED_HEADING, 1)
+    assert "| `good` | Good: a question | ratio: 2.00 | 3 |" in summary
+    assert not any(name in summary for name in ("broken", "slow", "gpu"))
+    not_measured = rest.split("\n## ", 1)[0]
+    assert "| `broken` | Broken: a question | failed (exit 2; see runs/logs/broken.log) | 1 |" in not_measured
+    assert ("| `slow` | Slow: a question | timed out after 600 s; its standard error is in `runs/logs/slow.log` | 600 |"
+            in not_measured)
+    assert "| `gpu` | GPU: a question | not run: needs a CUDA GPU | 0 |" in not_measured
+    # What a stopped script printed is no result: it appears nowhere, and only measured scripts get a section.
+    assert "partial row" not in page and "half a table" not in page
+    assert "## good: Good: a question" in page and "## broken:" not in page and "## slow:" not in page
+
+
+def test_a_run_where_every_script_was_measured_has_no_not_measured_list(run_all: ModuleType) -> None:
+    import datetime as dt
+
+    results = [run_all.Result("good", "Good", "python benchmarks/good.py", "ok", 1.0, ["ratio: 1.00"])]
+    page = run_all.render(results, "cmd", dt.datetime(2026, 1, 1), None)
+    assert run_all.NOT_MEASURED_HEADING not in page and "| `good` | Good | ratio: 1.00 | 1 |" in page

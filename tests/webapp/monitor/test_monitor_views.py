@@ -116,3 +116,22 @@ def test_the_compare_page_shows_the_settings_that_differ_and_the_final_metrics(a
     html = signed_in(alice).get(f"/monitor/compare/?jobs={made[0].pk},{made[1].pk}").content.decode()
     assert 'id="config-diff"' in html and '<td class="mono">seed</td>' in html and "optim.lr</td>" not in html
     assert 'id="seed-groups"' in html and "0.6000 ± 0.1414" in html
+
+
+def test_the_rollout_viewer_filters_infrastructure_failures_and_gets_them_and_turn_rewards_as_stored(
+        alice: Any, alice_job: Any) -> None:
+    from agentfly.rollout import Trajectory, Turn, TurnReward
+
+    ended = Trajectory(sample={"question": "k1?"}, rollout_id="r0", group_id="g0",
+                       turns=[Turn(0, 0, 3, "<b>look up k1</b>", "stop")], turn_rewards=[TurnReward(0, 0.25, "found k1")],
+                       finish_reason="error", failure="killed",
+                       failure_reason="<script>alert(1)</script> the host killed the sandbox")
+    (stored,) = append_events(alice_job.pk, [{"type": "samples", "step": 1, "trajectories": [ended.to_dict()]}])
+    client = signed_in(alice)
+    html = client.get(f"/monitor/jobs/{alice_job.pk}/").content.decode()
+    assert 'id="sample-infra"' in html and "only infrastructure failures" in html
+    assert "monitor/dashboard.js" in html  # which draws the badge, the reason and each turn's reward from these
+    (served,) = client.get(f"/monitor/jobs/{alice_job.pk}/events/{stored.seq}.json").json()["data"]["trajectories"]
+    assert (served["failure"], served["failure_reason"]) == ("killed", ended.failure_reason)
+    assert served["turn_rewards"] == [{"turn": 0, "value": 0.25, "reason": "found k1"}]
+    assert Trajectory.from_dict(served).rewards_per_turn() == [0.25]
