@@ -29,4 +29,4 @@ run() {  # pytest exits 5 when a selection is empty (e.g. vLLM not installed): t
 run default "${AGENTFLY_DEFAULT_LIMIT:-1200}" -m "not vllm and not slow" "$@"
 [ "${AGENTFLY_TEST_STEPS:-all}" = default ] && exit 0
 run vllm "${AGENTFLY_VLLM_LIMIT:-900}" -m "vllm" "$@"
-run slow "${AGENTFLY_SLOW_LIMIT:-2700}" -m "slow and not vllm" "$@"
+run slow "${AGENTFLY_SLOW_LIMIT:-3300}" -m "slow and not vllm" "$@"
