@@ -163,3 +163,17 @@ def test_a_python_sandbox_starts_and_runs_code_inside_a_jobs_sandbox(runs_dir: P
     user, answer = done.stdout.splitlines()[-2:]
     assert answer == "42"
     assert "user namespace" in user or user.startswith("uid "), user
+
+
+def test_a_job_whose_pools_run_on_the_ray_cluster_may_reach_it_and_others_keep_their_own_loopback(
+        settings: Any) -> None:
+    from webapp.jobs import cluster, isolation
+
+    settings.AGENTFLY_JOB_NETWORK = "auto"
+    settings.AGENTFLY_RAY_ADDRESS = "ray-head:6379"
+    assert isolation.network_for(cluster.with_ray({"steps": 2}, 7, "team-a")) == "host"
+    settings.AGENTFLY_RAY_ADDRESS = ""
+    assert isolation.network_for(cluster.with_ray({"steps": 2}, 7, "team-a")) == "none"
+    settings.AGENTFLY_JOB_NETWORK = "none"  # the operator's choice stands
+    settings.AGENTFLY_RAY_ADDRESS = "ray-head:6379"
+    assert isolation.network_for(cluster.with_ray({"steps": 2}, 7, "team-a")) == "none"

@@ -84,10 +84,12 @@ def enabled() -> bool:
 
 
 def network_for(config: dict[str, Any]) -> str:
-    """``AGENTFLY_JOB_NETWORK``: none, host, or auto (the host's network only for a job that spans hosts)."""
+    """``AGENTFLY_JOB_NETWORK``: none, host, or auto: the host's network only for a job that must reach other
+    hosts (it spans several, or its pools run on the operator's Ray cluster), its own loopback otherwise."""
     mode = settings.AGENTFLY_JOB_NETWORK
     if mode == "auto":
-        return "host" if int(config.get("nodes", 1)) > 1 else "none"
+        on_ray = (config.get("resource_backend") or {}).get("backend") == "ray"
+        return "host" if int(config.get("nodes", 1)) > 1 or on_ray else "none"
     if mode not in ("none", "host"):
         raise SandboxUnavailable(f"AGENTFLY_JOB_NETWORK={mode!r} is not auto, none or host")
     return str(mode)
