@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import threading
 import weakref
@@ -38,6 +39,21 @@ def build_engine(model: str | os.PathLike[str], engine: str, **kwargs: Any) -> E
 
         return VLLMEngine(model, **kwargs)
     raise ValueError(f"unknown engine {engine!r}; choose one of {ENGINES}")
+
+
+_ORPHANED: list[asyncio.Runner] = []  # loops of agents that were garbage-collected unclosed
+
+
+def _close_orphans() -> None:
+    while _ORPHANED:
+        try:
+            runner = _ORPHANED.pop()
+        except IndexError:
+            return
+        _close_runner(runner)
+
+
+atexit.register(_close_orphans)
 
 
 def _close_runner(runner: asyncio.Runner) -> None:
@@ -165,7 +181,12 @@ class Agent:
         owner = self._loop_owner
         if owner._loop is None:
             owner._loop = asyncio.Runner()
-            weakref.finalize(owner, _close_runner, owner._loop)  # at the latest when the agent goes, or at exit
+            # At the latest when the agent goes, or at exit. Not closed inside the finalizer: the garbage
+            # collector may run it anywhere, even inside threading's own bookkeeping while a new thread starts
+            # (where joining the loop's executor threads deadlocks); the next run_sync or close of any agent
+            # closes it, in ordinary code.
+            weakref.finalize(owner, _ORPHANED.append, owner._loop)
+        _close_orphans()
         return owner._loop
 
     def share_loop(self, other: Agent) -> None:
@@ -188,3 +209,4 @@ class Agent:
         loop, self._loop = self._loop, None
         if loop is not None:
             _close_runner(loop)
+        _close_orphans()
