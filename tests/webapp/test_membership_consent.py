@@ -206,8 +206,8 @@ def test_a_plain_member_inviting_is_refused_with_the_admins_named(team_a: Team, 
     assert not MembershipInvitation.objects.exists() and not Invitation.objects.exists()
     # The team page offers a plain member no invitation form.
     shown = client_for(dave).get(reverse("accounts:team", args=[team_a.slug])).content.decode()
-    assert f'action="{reverse("accounts:add_member", args=[team_a.slug])}"' not in shown
-    assert f'action="{reverse("accounts:invite", args=[team_a.slug])}"' not in shown
+    assert reverse("accounts:add_member", args=[team_a.slug]) not in shown
+    assert reverse("accounts:invite", args=[team_a.slug]) not in shown
 
 
 def test_a_plain_member_cannot_revoke_an_invitation(alice: Any, team_a: Team, dave: Any) -> None:
@@ -235,7 +235,7 @@ def test_only_an_admin_removes_a_member_and_the_last_admin_cannot_go(alice: Any,
     erin = get_user_model().objects.create_user("erin", password=PASSWORD)
     team_a.add_member(erin)
     refused = client_for(dave).post(reverse("accounts:remove_member", args=[team_a.slug, "erin"]))
-    assert refused.status_code == 403 and "Only the admins of Team A can remove members" in refused.content.decode()
+    assert refused.status_code == 403 and "only the admins of Team A can remove members" in refused.content.decode()
     assert team_a.has_member(erin)
     assert alice_client.post(reverse("accounts:remove_member", args=[team_a.slug, "erin"])).status_code == 302
     assert not team_a.has_member(erin)
