@@ -44,13 +44,18 @@ def job_with_samples(alice: Any) -> Any:
     return job
 
 
-def test_search_finds_the_step_a_phrase_is_in_and_the_viewer_shows_histogram_and_best_vs_worst(
-        alice: Any, daphne: Daphne, browser_page: Any) -> None:
-    job = off_loop(job_with_samples, alice)
-    page = browser_page
+def open_dashboard(page: Any, alice: Any, daphne: Daphne, job: Any) -> Any:
+    """Sign in as alice and open ``job``'s dashboard, watching the page for problems (returned)."""
     problems = watch_for_problems(page, daphne.url)
     sign_in(page, alice, daphne.url)
     page.goto(f"{daphne.url}/monitor/jobs/{job.pk}/")
+    return problems
+
+
+def test_search_finds_the_step_a_phrase_is_in_and_the_viewer_shows_histogram_and_best_vs_worst(
+        alice: Any, daphne: Daphne, browser_page: Any) -> None:
+    page = browser_page
+    problems = open_dashboard(page, alice, daphne, off_loop(job_with_samples, alice))
     wait_for_js(page, "() => document.getElementById('rollout-list').dataset.seq", timeout=30_000)
     # The newest step is shown first; its rewards are the histogram's.
     wait_for_js(page, "() => document.getElementById('reward-histogram').data", timeout=10_000)
@@ -117,11 +122,8 @@ def job_with_failures_and_turn_rewards(alice: Any) -> Any:
 
 def test_the_viewer_marks_infrastructure_failures_left_out_filters_them_and_shows_each_turns_reward(
         alice: Any, daphne: Daphne, browser_page: Any) -> None:
-    job = off_loop(job_with_failures_and_turn_rewards, alice)
     page = browser_page
-    problems = watch_for_problems(page, daphne.url)
-    sign_in(page, alice, daphne.url)
-    page.goto(f"{daphne.url}/monitor/jobs/{job.pk}/")
+    problems = open_dashboard(page, alice, daphne, off_loop(job_with_failures_and_turn_rewards, alice))
     wait_for_js(page, "() => document.querySelectorAll('#rollout-list .rollout-item').length === 3", timeout=30_000)
     # The first trajectory is shown: each assistant turn with the reward credited to it.
     assert page.locator("#rollout-view .turn-reward").all_inner_texts() == [
