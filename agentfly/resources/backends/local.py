@@ -371,10 +371,6 @@ class LocalWorker:
     async def printed(self) -> str:
         """What the process wrote to its stderr so far, up to 4000 bytes, waiting at most 2 s ("" when it has
         none: the sandbox worker moves its own stderr away at once, so this is bubblewrap's or a server's)."""
-        return await self._launcher_error()
-
-    async def _launcher_error(self) -> str:
-        """What bubblewrap printed before it gave up (it could not make the namespaces), or ""."""
         if self.launcher != "bwrap" or self.proc is None or self.proc.stderr is None:
             return ""
         try:
@@ -453,7 +449,7 @@ class LocalWorker:
                 await self.proc.stdin.drain()
             hello = await asyncio.wait_for(self._read(), self.ready_timeout)
         except (ResourceError, ConnectionResetError, BrokenPipeError) as exc:
-            reason = await self._launcher_error()
+            reason = await self.printed()
             await self.kill_async()
             if reason.startswith("bwrap:"):
                 raise SandboxUnavailable(NO_BWRAP.format(reason=f"it failed ({reason})")) from exc
