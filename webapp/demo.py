@@ -42,7 +42,10 @@ DEMO_TEAM = "demo-team"
 # The example team tool of docs/guides/webapp.md, in the demo team's plugin folder.
 EXAMPLE_TEAM_TOOL = '''"""An example team tool: register it as agentfly_teams.demo_team.word_tools:count (docs/guides/webapp.md)."""
 
+from agentfly.tools import tool
 
+
+@tool
 def count(text: str) -> int:
     """Count the words in a text.
 
@@ -51,6 +54,19 @@ def count(text: str) -> int:
     """
     return len(text.split())
 '''
+
+
+# What demos before the registry took only decorated functions wrote; replaced, as it is no longer registrable.
+UNDECORATED_EXAMPLE = EXAMPLE_TEAM_TOOL.replace("from agentfly.tools import tool\n\n\n@tool\n", "\n")
+
+
+def write_example_tool(folder: Path) -> Path:
+    """The guide's example tool in the demo team's plugin folder, unless the user has one there already."""
+    folder.mkdir(parents=True, exist_ok=True)
+    example = folder / "word_tools.py"
+    if not example.exists() or example.read_text() == UNDECORATED_EXAMPLE:
+        example.write_text(EXAMPLE_TEAM_TOOL)
+    return example
 
 
 def free_port() -> int:
@@ -158,10 +174,7 @@ def configure_environment(args: argparse.Namespace, services: Services) -> dict[
         os.environ.setdefault(name, "0")
     os.environ.setdefault("STATIC_ROOT", str(demo_dir / "static"))
     plugins = demo_dir / "plugins"
-    (plugins / DEMO_TEAM).mkdir(parents=True, exist_ok=True)
-    example = plugins / DEMO_TEAM / "word_tools.py"
-    if not example.exists():
-        example.write_text(EXAMPLE_TEAM_TOOL)
+    write_example_tool(plugins / DEMO_TEAM)
     os.environ.setdefault("AGENTFLY_PLUGIN_DIRS", str(plugins))
     os.environ.setdefault("AGENTFLY_SIGNUP", "open")  # anyone who reaches the demo may make an account
     # The shipped warm starts are the demo's shared models; paths outside a team's folder are refused otherwise.

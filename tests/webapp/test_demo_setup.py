@@ -35,7 +35,7 @@ def test_the_demo_runs_with_debug_off_serves_its_pages_and_sets_up_a_team_plugin
         with urllib.request.urlopen(f"{base}/static/monitor/monitor.js", timeout=10) as script:
             assert script.status == 200
         tool = tmp_path / "plugins" / "demo-team" / "word_tools.py"
-        assert "def count(text: str) -> int:" in tool.read_text()
+        assert "@tool\ndef count(text: str) -> int:" in tool.read_text()
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGTERM)

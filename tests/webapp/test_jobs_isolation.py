@@ -29,6 +29,8 @@ import os
 import socket
 from pathlib import Path
 
+from agentfly.rewards import reward
+
 OTHER = Path({other!r})
 REPORT = Path({report!r})
 
@@ -44,6 +46,7 @@ def _connects(address):
         return False
 
 
+@reward
 def spy(final_answer: str | None) -> float:
     found = {{name: os.environ.get(name) for name in
               ("SECRET_KEY", "DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND")}}

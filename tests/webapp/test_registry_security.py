@@ -125,7 +125,8 @@ def test_a_plugin_symlink_that_escapes_the_folder_is_refused(alice_api: Any, tea
 
 
 def test_team_b_cannot_register_from_team_a_folder(alice_api: Any, bob_api: Any, team_a: Any, team_b: Any) -> None:
-    with plugin_file("team-a/secrets.py", "def whisper() -> str:\n    return 'team a only'\n"):
+    whisper = "from agentfly.tools import tool\n\n\n@tool\ndef whisper() -> str:\n    return 'team a only'\n"
+    with plugin_file("team-a/secrets.py", whisper):
         path = "agentfly_teams.team_a.secrets:whisper"
         refused = api_register(bob_api, path, team="team-b")
         assert refused.status_code == 400

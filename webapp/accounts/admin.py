@@ -2,7 +2,8 @@
 
 A staff member who is not a superuser sees and changes only rows of the teams they belong to, and every
 foreign-key and many-to-many choice offers only such rows (plus the built-in tools and rewards, which every
-team may pick). ``TEAM_PATHS`` says how each model reaches its team; every ModelAdmin of the project mixes
+team may pick). Users and invitations are narrower: a staff member changes a user only when they administer
+every team of that user (``Team.admins``), and sees only the invitations of the teams they administer. ``TEAM_PATHS`` says how each model reaches its team; every ModelAdmin of the project mixes
 in ``TeamScoped``, so one rule covers lists, change forms, choices, autocomplete and raw-id pop-ups alike.
 Privileges (superuser, staff, permissions) are granted by superusers only.
 """
@@ -127,12 +128,24 @@ class SuperuserOnly:
 class TeamAdmin(TeamScopedAdmin):
     list_display = ["slug", "name", "created_at"]
     search_fields = ["slug", "group__name"]
+    filter_horizontal = ["admins"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = tuple(super().get_readonly_fields(request, obj))
+        # A staff member who is a plain member must not make themselves the team's admin (and so reach its
+        # users' passwords); team admins name others on the team page.
+        return fields if request.user.is_superuser else (*fields, "admins")
 
 
 @admin.register(Invitation)
 class InvitationAdmin(TeamScopedAdmin):
     list_display = ["team", "created_by", "state", "created_at", "expires_at", "used_by"]
     readonly_fields = ["digest", "created_by", "used_by", "used_at"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        qs = super().get_queryset(request)
+        # Only a team's admins manage its invitations (revoke, extend), here as on the team page.
+        return qs if request.user.is_superuser else qs.filter(team__in=Team.objects.administered_by(request.user))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # the link's secret exists only at creation: members create invitations on the team page
@@ -155,8 +168,9 @@ class TeamUserAdmin(TeamScoped, UserAdmin):  # type: ignore[type-arg]
             return qs
         # A staff member administers a user only when they administer every team of that user: sharing one
         # team must not let team A's staff set the password of someone who is also in team C and sign in as
-        # them there. Superusers are out of reach too.
-        others = Team.objects.exclude(pk__in=Team.objects.of(request.user).values("pk"))
+        # them there, nor a staff member who is a plain member of team A set the password of A's users.
+        # Superusers are out of reach too.
+        others = Team.objects.exclude(pk__in=Team.objects.administered_by(request.user).values("pk"))
         return qs.filter(is_superuser=False).exclude(groups__team__in=others)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:

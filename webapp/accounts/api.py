@@ -18,6 +18,7 @@ from webapp.accounts.models import (
     Invitation,
     InvitationRefused,
     MembershipInvitation,
+    NotTeamAdmin,
     Team,
     do_answer_invitation,
     do_create_invitation,
@@ -104,6 +105,11 @@ class MemberTeamField(serializers.SlugRelatedField):  # type: ignore[type-arg]
             raise serializers.ValidationError(NOT_YOUR_TEAM.format(slug=str(data)[:80])) from None
 
 
+def not_admin(exc: NotTeamAdmin, what: str) -> Response:
+    # DRF would answer Django's PermissionDenied with its generic text; the caller needs to know whom to ask.
+    return Response({"detail": f"{what}: {exc}."}, status=status.HTTP_403_FORBIDDEN)
+
+
 class CreateInvitationSerializer(serializers.Serializer):
     team = MemberTeamField()
 
@@ -122,6 +128,7 @@ class InvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     @extend_schema(request=CreateInvitationSerializer, responses={
         201: NewInvitationSerializer,
         400: OpenApiResponse(description="The team is not one of yours."),
+        403: OpenApiResponse(description="You are a member of the team but not one of its admins."),
         409: OpenApiResponse(description="Sign-up is closed on this server (AGENTFLY_SIGNUP=closed)."),
     })
     def create(self, request: Request) -> Response:
@@ -129,17 +136,25 @@ class InvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         ser.is_valid(raise_exception=True)
         try:
             invitation, token = do_create_invitation(ser.validated_data["team"], request.user)
+        except NotTeamAdmin as exc:
+            return not_admin(exc, "No invitation was created")
         except InvitationRefused as exc:
             return Response({"detail": f"No invitation was created: {exc}."}, status=status.HTTP_409_CONFLICT)
         data = NewInvitationSerializer(invitation).data
         data["link"] = request.build_absolute_uri(reverse("accounts:signup_invited", args=[token]))
         return Response(data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses={200: InvitationSerializer})
+    @extend_schema(request=None, responses={
+        200: InvitationSerializer,
+        403: OpenApiResponse(description="You are a member of the team but not one of its admins."),
+    })
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, pk: str | None = None) -> Response:
-        """Revoke a pending invitation (idempotent; a used or expired one stays as it is)."""
-        return Response(InvitationSerializer(do_revoke_invitation(self.get_object(), request.user)).data)
+        """Revoke a pending invitation (idempotent; a used or expired one stays as it is). Team admins only."""
+        try:
+            return Response(InvitationSerializer(do_revoke_invitation(self.get_object(), request.user)).data)
+        except NotTeamAdmin as exc:
+            return not_admin(exc, "The invitation was not revoked")
 
 
 class MembershipInvitationSerializer(serializers.ModelSerializer):
@@ -158,7 +173,7 @@ class InviteMemberSerializer(CreateInvitationSerializer):
 
 
 class MembershipInvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
-    """Invitations of existing users into teams: a member invites, the invitee accepts or declines.
+    """Invitations of existing users into teams: a team admin invites, the invitee accepts or declines.
 
     Nobody joins a team without accepting: the list holds the invitations into your teams and those
     addressed to you; only the invitee may answer one.
@@ -176,6 +191,7 @@ class MembershipInvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet
     @extend_schema(request=InviteMemberSerializer, responses={
         201: MembershipInvitationSerializer,
         400: OpenApiResponse(description="The team is not one of yours."),
+        403: OpenApiResponse(description="You are a member of the team but not one of its admins."),
         409: OpenApiResponse(description="No such user, or they are already a member."),
     })
     def create(self, request: Request) -> Response:
@@ -183,6 +199,8 @@ class MembershipInvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet
         ser.is_valid(raise_exception=True)
         try:
             invitation = do_invite_member(ser.validated_data["team"], request.user, ser.validated_data["username"])
+        except NotTeamAdmin as exc:
+            return not_admin(exc, "No invitation was created")
         except InvitationRefused as exc:
             return Response({"detail": f"No invitation was created: {exc}."}, status=status.HTTP_409_CONFLICT)
         return Response(MembershipInvitationSerializer(invitation).data, status=status.HTTP_201_CREATED)

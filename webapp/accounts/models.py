@@ -3,6 +3,10 @@
 A team is a Django auth ``Group`` plus a slug: membership is ``user.groups``, so Django admin, permissions
 and ``is_member`` all agree on one source of truth. Everything a user can see is filtered through
 ``Team.objects.of(user)``.
+
+A member is also the team's **admin** when they are in ``Team.admins`` (always a subset of the members; the
+team's creator is its first admin). Only admins invite, revoke invitations and remove members, and a staff
+member changes a user in the admin only when they administer every team of that user.
 """
 
 from __future__ import annotations
@@ -29,6 +33,12 @@ class TeamQuerySet(models.QuerySet["Team"]):
             return self.none()
         return self.filter(group__user=user)
 
+    def administered_by(self, user: object) -> TeamQuerySet:
+        """The teams ``user`` administers (a subset of ``of(user)``)."""
+        if not getattr(user, "is_authenticated", False):
+            return self.none()
+        return self.of(user).filter(admins=user)
+
 
 class Team(models.Model):
     group = models.OneToOneField(Group, on_delete=models.CASCADE, related_name="team")
@@ -36,6 +46,11 @@ class Team(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    admins = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, blank=True, related_name="administered_teams",
+        help_text="Members who invite, revoke invitations, remove members and make members admins (the creator "
+                  "first). In the admin only a superuser changes it; admins are always members.",
     )
 
     objects = TeamQuerySet.as_manager()
@@ -59,10 +74,18 @@ class Team(models.Model):
             return False
         return self.group.user_set.filter(pk=user.pk).exists()  # type: ignore[attr-defined]
 
-    def add_member(self, user: object) -> None:
-        """Make ``user`` a member. Only consent paths call this: accepting an invitation, signing up through a
-        link, creating a team, and the operator's own tools (``createuser``, the demo)."""
+    def is_admin(self, user: object) -> bool:
+        if not getattr(user, "is_authenticated", False):
+            return False
+        return self.has_member(user) and self.admins.filter(pk=user.pk).exists()  # type: ignore[attr-defined]
+
+    def add_member(self, user: object, *, admin: bool = False) -> None:
+        """Make ``user`` a member (an admin too with ``admin``). Only consent paths call this: accepting an
+        invitation, signing up through a link, creating a team, and the operator's own tools (``createuser``,
+        the demo)."""
         self.group.user_set.add(user)
+        if admin:
+            self.admins.add(user)
 
     def clean(self) -> None:
         # The admin's change form edits the slug too: it must obey the same reservation as a new team's.
@@ -138,7 +161,7 @@ def do_create_team(name: str, creator: object | None) -> Team:
         group = Group.objects.create(name=name)
         team = Team.objects.create(group=group, slug=slug, created_by=creator)
         if creator is not None:
-            team.add_member(creator)
+            team.add_member(creator, admin=True)
     return team
 
 
@@ -204,15 +227,24 @@ class InvitationRefused(ValueError):
     pass
 
 
-def _require_member(team: Team, user: object) -> None:
+class NotTeamAdmin(PermissionDenied):
+    """The caller is a member of the team but not one of its admins; the message names them."""
+
+
+def _require_admin(team: Team, user: object, what: str) -> None:
     # The views already look teams up through Team.objects.of(user); this holds for any other caller too.
     if not team.has_member(user):
         raise PermissionDenied(f"only members of {team.name} can manage its invitations")
+    if not team.is_admin(user):
+        admins = ", ".join(team.admins.filter(groups=team.group).order_by("username")
+                           .values_list("username", flat=True)) or "none yet: a superuser names one in the admin"
+        raise NotTeamAdmin(f"only the admins of {team.name} can {what} (its admins: {admins}); ask one of them, "
+                           "or ask them to make you an admin")
 
 
 def do_create_invitation(team: Team, user: object) -> tuple[Invitation, str]:
-    """Create an invitation into ``team`` by its member ``user``; return it and the secret for its link."""
-    _require_member(team, user)
+    """Create an invitation into ``team`` by its admin ``user``; return it and the secret for its link."""
+    _require_admin(team, user, "create invitation links")
     if settings.AGENTFLY_SIGNUP == "closed":
         raise InvitationRefused("sign-up is closed on this server (AGENTFLY_SIGNUP=closed): an administrator "
                                 "creates accounts, so an invitation could not be used")
@@ -226,7 +258,7 @@ def do_create_invitation(team: Team, user: object) -> tuple[Invitation, str]:
 
 
 def do_revoke_invitation(invitation: Invitation, user: object) -> Invitation:
-    _require_member(invitation.team, user)
+    _require_admin(invitation.team, user, "revoke invitations")
     with transaction.atomic():
         Invitation.objects.filter(pk=invitation.pk, used_at__isnull=True, revoked_at__isnull=True).update(
             revoked_at=timezone.now())
@@ -312,10 +344,10 @@ class MembershipInvitation(models.Model):
 
 
 def do_invite_member(team: Team, inviter: object, username: str) -> MembershipInvitation:
-    """Invite the existing user ``username`` into ``team`` (by its member ``inviter``); they accept or decline."""
+    """Invite the existing user ``username`` into ``team`` (by its admin ``inviter``); they accept or decline."""
     from django.contrib.auth import get_user_model
 
-    _require_member(team, inviter)
+    _require_admin(team, inviter, "invite members")
     invitee = get_user_model().objects.filter(username=username.strip(), is_active=True).first()
     if invitee is None:
         raise InvitationRefused(f"no user is called {username.strip()!r}; they sign up first (or with an "
@@ -341,3 +373,39 @@ def do_answer_invitation(invitation: MembershipInvitation, user: object, *, acce
         if accept:
             invitation.team.add_member(user)
     return invitation
+
+
+class MemberRefused(ValueError):
+    pass
+
+
+def do_remove_member(team: Team, by: object, username: str) -> Any:
+    """Take ``username`` out of ``team`` (and out of its admins): by one of the team's admins, or by the member
+    themselves (leaving). The last admin cannot go, so a team always has someone who can invite."""
+    from django.contrib.auth import get_user_model
+
+    if username != getattr(by, "username", None):
+        _require_admin(team, by, "remove members")
+    with transaction.atomic():
+        Team.objects.select_for_update().get(pk=team.pk)  # one removal at a time: the last-admin check holds
+        member = get_user_model().objects.filter(username=username, groups=team.group).first()
+        if member is None:
+            raise MemberRefused(f"{username} is not a member of {team.name}")
+        if (team.admins.filter(pk=member.pk).exists()
+                and not team.admins.filter(groups=team.group).exclude(pk=member.pk).exists()):
+            raise MemberRefused(f"{username} is the last admin of {team.name}; make another member an admin first")
+        team.admins.remove(member)
+        team.group.user_set.remove(member)
+    return member
+
+
+def do_make_admin(team: Team, admin: object, username: str) -> Any:
+    """Make the member ``username`` an admin of ``team`` too, by one of its admins."""
+    from django.contrib.auth import get_user_model
+
+    _require_admin(team, admin, "make members admins")
+    member = get_user_model().objects.filter(username=username, groups=team.group).first()
+    if member is None:
+        raise MemberRefused(f"{username} is not a member of {team.name}; invite them first")
+    team.admins.add(member)
+    return member

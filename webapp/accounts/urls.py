@@ -13,6 +13,8 @@ urlpatterns = [
     path("teams/", views.team_list, name="teams"),
     path("teams/<slug:slug>/", views.team_detail, name="team"),
     path("teams/<slug:slug>/members/", views.team_add_member, name="add_member"),
+    path("teams/<slug:slug>/members/<str:username>/remove/", views.team_remove_member, name="remove_member"),
+    path("teams/<slug:slug>/members/<str:username>/admin/", views.team_make_admin, name="make_admin"),
     path("teams/<slug:slug>/invitations/", views.invitation_create, name="invite"),
     path("teams/<slug:slug>/invitations/<int:pk>/revoke/", views.invitation_revoke, name="revoke_invitation"),
 ]

@@ -16,12 +16,16 @@ from webapp.accounts.forms import AddMemberForm, InvitedSignupForm, SignupForm, 
 from webapp.accounts.models import (
     Invitation,
     InvitationRefused,
+    MemberRefused,
     MembershipInvitation,
+    NotTeamAdmin,
     Team,
     do_answer_invitation,
     do_create_invitation,
     do_create_team,
     do_invite_member,
+    do_make_admin,
+    do_remove_member,
     do_revoke_invitation,
     do_sign_up,
     find_invitation,
@@ -30,7 +34,7 @@ from webapp.accounts.throttling import throttle
 
 SIGNUP_CLOSED = ("Sign-up is closed on this server: an administrator creates accounts (manage.py createsuperuser, "
                  "or the admin site). Ask yours for one.")
-SIGNUP_NEEDS_INVITATION = ("Sign-up on this server is by invitation only. Ask a member of the team you want to join "
+SIGNUP_NEEDS_INVITATION = ("Sign-up on this server is by invitation only. Ask an admin of the team you want to join "
                            "to create an invitation link on their team page (Teams, then the team, then \"Create an "
                            "invitation link\"), and open that link.")
 
@@ -92,9 +96,14 @@ def team_list(request: HttpRequest) -> HttpResponse:
                   status=status)
 
 
+def sentence(exc: Exception) -> str:
+    return f"{str(exc)[:1].upper()}{str(exc)[1:]}."
+
+
 def render_team(request: HttpRequest, team: Team, form: AddMemberForm, status: int = 200) -> HttpResponse:
     return render(request, "accounts/team_detail.html", {
         "team": team, "form": form, "invite_days": settings.AGENTFLY_INVITE_DAYS,
+        "is_admin": team.is_admin(request.user), "admin_ids": set(team.admins.values_list("pk", flat=True)),
         "invitations": team.invitations.select_related("created_by", "used_by")[:20],
         "member_invitations": team.member_invitations.select_related("invitee", "invited_by")[:20],
         # The link's secret is stored only as a hash: it is shown once, on the page right after creating it.
@@ -117,13 +126,52 @@ def team_add_member(request: HttpRequest, slug: str) -> HttpResponse:
     if form.is_valid():
         try:
             invitation = do_invite_member(team, request.user, form.cleaned_data["username"])
+        except NotTeamAdmin as exc:
+            form.add_error("username", sentence(exc))
+            return render_team(request, team, form, status=403)
         except InvitationRefused as exc:
-            form.add_error("username", f"{str(exc)[:1].upper()}{str(exc)[1:]}.")
+            form.add_error("username", sentence(exc))
         else:
             messages.success(request, f"{invitation.invitee.username} is invited to {team.name}; they join once "
                                       "they accept it on their Invitations page.")
             return redirect("accounts:team", slug=team.slug)
     return render_team(request, team, form, status=400)
+
+
+@login_required
+@require_POST
+def team_remove_member(request: HttpRequest, slug: str, username: str) -> HttpResponse:
+    """An admin takes a member out of the team; a member may take themselves out (leave)."""
+    team = get_object_or_404(Team.objects.of(request.user), slug=slug)
+    try:
+        member = do_remove_member(team, request.user, username)
+    except NotTeamAdmin as exc:
+        messages.error(request, sentence(exc))
+        return render_team(request, team, AddMemberForm(), status=403)
+    except MemberRefused as exc:
+        messages.error(request, f"{exc}.")  # it starts with a username, which keeps its case
+        return redirect("accounts:team", slug=team.slug)
+    if member.pk == request.user.pk:
+        messages.info(request, f"You left {team.name}.")
+        return redirect("accounts:teams")
+    messages.success(request, f"{member.username} is no longer a member of {team.name}.")
+    return redirect("accounts:team", slug=team.slug)
+
+
+@login_required
+@require_POST
+def team_make_admin(request: HttpRequest, slug: str, username: str) -> HttpResponse:
+    team = get_object_or_404(Team.objects.of(request.user), slug=slug)
+    try:
+        member = do_make_admin(team, request.user, username)
+    except NotTeamAdmin as exc:
+        messages.error(request, sentence(exc))
+        return render_team(request, team, AddMemberForm(), status=403)
+    except MemberRefused as exc:
+        messages.error(request, f"{exc}.")  # it starts with a username, which keeps its case
+        return redirect("accounts:team", slug=team.slug)
+    messages.success(request, f"{member.username} is now an admin of {team.name}.")
+    return redirect("accounts:team", slug=team.slug)
 
 
 @login_required
@@ -156,6 +204,9 @@ def invitation_create(request: HttpRequest, slug: str) -> HttpResponse:
     team = get_object_or_404(Team.objects.of(request.user), slug=slug)
     try:
         invitation, token = do_create_invitation(team, request.user)
+    except NotTeamAdmin as exc:
+        messages.error(request, f"No invitation was created: {exc}.")
+        return render_team(request, team, AddMemberForm(), status=403)
     except InvitationRefused as exc:
         messages.error(request, f"No invitation was created: {exc}.")
         return redirect("accounts:team", slug=team.slug)
@@ -169,7 +220,11 @@ def invitation_create(request: HttpRequest, slug: str) -> HttpResponse:
 @require_POST
 def invitation_revoke(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
     invitation = get_object_or_404(Invitation.objects.of(request.user).filter(team__slug=slug), pk=pk)
-    invitation = do_revoke_invitation(invitation, request.user)
+    try:
+        invitation = do_revoke_invitation(invitation, request.user)
+    except NotTeamAdmin as exc:
+        messages.error(request, f"The invitation was not revoked: {exc}.")
+        return render_team(request, invitation.team, AddMemberForm(), status=403)
     messages.info(request, "Invitation revoked." if invitation.state == "revoked" else
                   f"The invitation was already {invitation.state}.")
     return redirect("accounts:team", slug=slug)

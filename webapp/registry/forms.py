@@ -13,8 +13,9 @@ class RegisterForm(forms.Form):
     kind = forms.ChoiceField(choices=Kind.choices)
     import_path = forms.CharField(
         max_length=300, widget=forms.TextInput(attrs={"placeholder": "my_tools.search:web_search"}),
-        help_text="module:function of a plugin folder (your team's own modules: agentfly_teams.<team>.<module>:"
-                  "function), or a decorated tool or reward of AgentFly's built-ins or of AGENTFLY_TOOL_PACKAGES.")
+        help_text="module:function of a function decorated with @tool or @reward, in a plugin folder (your "
+                  "team's own modules: agentfly_teams.<team>.<module>:function), AgentFly's built-ins or "
+                  "AGENTFLY_TOOL_PACKAGES.")
     team = forms.ModelChoiceField(queryset=Team.objects.none(), empty_label=None)
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:

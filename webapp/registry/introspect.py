@@ -101,31 +101,29 @@ def resolve(import_path: str, source: Source | None = None, plugin_dirs: list[st
     return obj
 
 
-MAKERS = {"tool": ("agentfly.tools", "Tool", "make_tool"), "reward": ("agentfly.rewards", "Reward", "make_reward")}
+KINDS = {"tool": ("agentfly.tools", "Tool"), "reward": ("agentfly.rewards", "Reward")}
 
 
 def load(kind: str, import_path: str, source: Source | None = None, plugin_dirs: list[str] | None = None) -> Any:
-    """The ``Tool`` (``kind`` "tool") or ``Reward`` ("reward") at ``import_path``. A plain function of a plugin
-    module is wrapped with ``make_tool``/``make_reward``; from a tool package only decorated objects are taken."""
-    if kind not in MAKERS:
+    """The ``Tool`` (``kind`` "tool") or ``Reward`` ("reward") at ``import_path``: an object decorated with
+    ``@agentfly.tool`` / ``@agentfly.reward`` (or made with ``make_tool``/``make_reward``), wherever it lives.
+    A plain function is refused, as the rule refuses it from the source: a worker never wraps code its
+    author did not declare a tool or reward."""
+    if kind not in KINDS:
         raise ValueError(f"Unknown registry kind: {kind!r}; expected 'tool' or 'reward'")
-    package, cls_name, maker_name = MAKERS[kind]
-    library = importlib.import_module(package)
-    cls, maker = getattr(library, cls_name), getattr(library, maker_name)
+    package, cls_name = KINDS[kind]
+    cls = getattr(importlib.import_module(package), cls_name)
     obj = resolve(import_path, source, plugin_dirs)
     if isinstance(obj, cls):
         return obj
-    if source is not None and source.decorated_only:
-        raise IntrospectionError(f"{import_path} is a {type(obj).__name__}, not an object decorated with "
-                                 f"@agentfly.{kind}; from a tool package only decorated {kind}s are registrable")
-    if not (inspect.isfunction(obj) or inspect.iscoroutinefunction(obj)):
-        raise IntrospectionError(
-            f"{import_path} is a {type(obj).__name__}, not a {kind}; decorate a function with @{package}.{kind}"
-        )
-    try:
-        return maker(obj)
-    except Exception as exc:
-        raise IntrospectionError(f"{import_path} is not a usable {kind}: {exc}") from exc
+    other = "reward" if kind == "tool" else "tool"
+    if isinstance(obj, getattr(importlib.import_module(KINDS[other][0]), KINDS[other][1])):
+        raise IntrospectionError(f"{import_path} is a {other}, not a {kind}: register it as a {other} entry")
+    raise IntrospectionError(
+        f"{import_path} is a {type(obj).__name__}, not a {kind} decorated with @agentfly.{kind}; only functions "
+        f"decorated as tools and rewards are registrable. Decorate the function with `@{kind}` (`from {package} "
+        f"import {kind}`) and register it again."
+    )
 
 
 def source_hash(fn: Any) -> tuple[str, str]:

@@ -60,21 +60,18 @@ def check_import_path(path: str) -> str:
 
 @dataclass(frozen=True)
 class Source:
-    """What the rule found at an import path: a trusted package's object, or a plugin folder's module.
+    """What the rule found at an import path: a trusted package's object, or a plugin folder's module (from
+    either, only objects decorated with ``@agentfly.tool`` / ``@agentfly.reward`` are taken).
 
     Attributes:
-        origin: "package" (AgentFly's built-ins or ``AGENTFLY_TOOL_PACKAGES``: only decorated objects are
-            taken) or "plugin" (a module inside ``AGENTFLY_PLUGIN_DIRS``: any function, wrapped if plain).
+        origin: "package" (AgentFly's built-ins or ``AGENTFLY_TOOL_PACKAGES``) or "plugin" (a module inside
+            ``AGENTFLY_PLUGIN_DIRS``).
         module_file: the module's file as located on disk (resolved); a worker refuses a module that
             imports from anywhere else.
     """
 
     origin: str
     module_file: str
-
-    @property
-    def decorated_only(self) -> bool:
-        return self.origin == "package"
 
 
 def team_package(slug: str) -> str:

@@ -2,19 +2,19 @@
 ``check_registrable``: registration (form and API), the worker before it imports, the launch form, a job
 when it starts, and the sweep a worker runs when it starts.
 
-An entry resolves to either
-(a) an object already made with ``@agentfly.tool`` / ``@agentfly.reward`` (or ``make_tool``/``make_reward``)
-    in AgentFly's built-ins (``agentfly.tools.builtin``, ``agentfly.rewards.builtin``, and what they
-    re-export) or in a package named in ``AGENTFLY_TOOL_PACKAGES``; or
-(b) a function in a module whose file lies inside one of ``AGENTFLY_PLUGIN_DIRS``: a shared module, or a
-    module in the team's own folder ``<dir>/<team-slug>/`` (see ``webapp.registry.plugins`` for how those
-    are named and imported).
-Anything else (``os:system``, ``builtins:eval``, a plain function of an installed package, a file that
-escapes its folder by a symlink) is refused with a message naming the setting to change.
+An entry resolves to a top-level object defined in the module it names and made with ``@agentfly.tool``
+(a tool entry) or ``@agentfly.reward`` (a reward entry), or with ``make_tool``/``make_reward``, in
+(a) AgentFly's built-ins (``agentfly.tools.builtin``, ``agentfly.rewards.builtin``) or a package named in
+    ``AGENTFLY_TOOL_PACKAGES``; or
+(b) a module whose file lies inside one of ``AGENTFLY_PLUGIN_DIRS``: a shared module, or a module in the
+    team's own folder ``<dir>/<team-slug>/`` (see ``webapp.registry.plugins`` for how those are named and
+    imported).
+Anything else (``os:system``, ``builtins:eval``, a plain function anywhere, a file that escapes its folder
+by a symlink) is refused with a message naming the setting to change or the decorator to add.
 
-Nothing here imports the module it judges: files are located on disk and, for (a), the object's
-definition is read with ``ast``. The worker adds the checks only an import can make (the object really is
-a Tool/Reward; the module came from the file located here).
+Nothing here imports the module it judges: files are located on disk and the object's definition is read
+with ``ast``. The worker adds the checks only an import can make (the object really is a Tool/Reward whose
+function is defined in that module; the module came from the file located here).
 """
 
 from __future__ import annotations
@@ -59,19 +59,19 @@ def check_registrable(kind: str, import_path: str, team_slug: str | None) -> Sou
     module, _, attr = import_path.partition(":")
     plugin_dirs = [Path(d) for d in settings.AGENTFLY_PLUGIN_DIRS]
     if module.split(".")[0] == TEAM_PACKAGE:
-        return _team_module(import_path, module, team_slug, plugin_dirs)
+        return _team_module(kind, import_path, module, team_slug, plugin_dirs)
     for package in (*BUILTIN_PACKAGES, *settings.AGENTFLY_TOOL_PACKAGES):
         if module == package or module.startswith(package + "."):
             return _package_object(kind, import_path, module, attr)
-    source = _shared_module(import_path, module, plugin_dirs)
+    source = _shared_module(kind, import_path, module, plugin_dirs)
     if source is not None:
         return source
     raise NotRegistrable(
         f"{import_path} is not registrable code: {module!r} is neither a module in a plugin folder "
         f"(AGENTFLY_PLUGIN_DIRS: {_listed(plugin_dirs)}) nor part of a tool package (AgentFly's built-ins, or "
         f"AGENTFLY_TOOL_PACKAGES: {_listed(settings.AGENTFLY_TOOL_PACKAGES)}). Put the module into a plugin "
-        "folder, or ask the operator to add its package to AGENTFLY_TOOL_PACKAGES (from packages only objects "
-        "decorated with @agentfly.tool or @agentfly.reward are taken)."
+        "folder, or ask the operator to add its package to AGENTFLY_TOOL_PACKAGES (only objects decorated with "
+        "@agentfly.tool or @agentfly.reward are taken)."
     )
 
 
@@ -90,7 +90,7 @@ def _listed(items: Sequence[object]) -> str:
 
 
 # ----------------------------------------------------------------------------------- (b) plugin folders
-def _team_module(import_path: str, module: str, team_slug: str | None, plugin_dirs: list[Path]) -> Source:
+def _team_module(kind: str, import_path: str, module: str, team_slug: str | None, plugin_dirs: list[Path]) -> Source:
     parts = module.split(".")
     if team_slug is None:
         raise NotRegistrable(f"{import_path}: a built-in entry cannot come from a team's plugin folder")
@@ -117,11 +117,11 @@ def _team_module(import_path: str, module: str, team_slug: str | None, plugin_di
     if files is None:
         raise NotRegistrable(f"{import_path}: there is no module {'.'.join(parts[2:])!r} in {folders[0]}/")
     _refuse_escape(import_path, files, folders[0])
-    _refuse_import(import_path, files[-1])
+    _refuse_undecorated(kind, import_path, files[-1])
     return Source("plugin", str(files[-1].resolve()))
 
 
-def _shared_module(import_path: str, module: str, plugin_dirs: list[Path]) -> Source | None:
+def _shared_module(kind: str, import_path: str, module: str, plugin_dirs: list[Path]) -> Source | None:
     parts = module.split(".")
     for folder in plugin_dirs:
         files = module_files([folder], parts)
@@ -140,19 +140,49 @@ def _shared_module(import_path: str, module: str, plugin_dirs: list[Path]) -> So
             raise NotRegistrable(f"{import_path}: the plugin module {parts[0]!r} has the name of a module that "
                                  f"is already installed ({elsewhere}), which workers would import instead; "
                                  "rename the plugin")
-        _refuse_import(import_path, files[-1])
+        _refuse_undecorated(kind, import_path, files[-1])
         return Source("plugin", str(files[-1].resolve()))
     return None
 
 
-def _refuse_import(import_path: str, file: Path) -> None:
-    """``word_tools:system`` after ``from os import system`` in word_tools is os's function: refused here from
-    the source, and again on the worker from the object's ``__module__``."""
+def _refuse_undecorated(kind: str, import_path: str, file: Path, package: bool = False) -> None:
+    """The name must be bound, at the top of ``file``, by a definition decorated (or made) as a ``kind``.
+
+    ``word_tools:system`` after ``from os import system`` in word_tools is os's function: refused here from
+    the source, and again on the worker from the object's ``__module__``. A plain function is refused too (a
+    registry entry is code its author declared a tool or reward); the worker checks the imported object's
+    type again."""
     module, _, name = import_path.partition(":")
-    if _binding(file, name, "tool") == "imported":
+    try:
+        tree = ast.parse(file.read_text(encoding="utf-8"), str(file))
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise NotRegistrable(f"{import_path}: {file} cannot be read as Python ({type(exc).__name__}: {exc}); "
+                             "fix the module and register it again") from None
+    binding = _binding(tree, name, kind)
+    if binding == "decorated":
+        return
+    if binding == "imported":
         raise NotRegistrable(f"{import_path}: {name!r} is imported into {module!r}, not defined there; a registry "
-                             f"path names a function defined in the module itself. Write a function in {module} "
-                             "that calls it, and register that function.")
+                             f"path names a {kind} defined in the module itself. Write a {kind} in {module} that "
+                             "calls it, and register that function.")
+    if binding == "missing":
+        raise NotRegistrable(f"{import_path}: {module!r} defines no top-level {name!r}; a registry path names a "
+                             f"function defined at the top of the module and decorated with @agentfly.{kind}")
+    other = "reward" if kind == "tool" else "tool"
+    if _binding(tree, name, other) == "decorated":
+        raise NotRegistrable(f"{import_path} is decorated as a {other}, not a {kind}: register it as a {other} "
+                             f"entry, or decorate a function with @agentfly.{kind} to register a {kind}")
+    function = any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name
+                   for node in tree.body)
+    if package:
+        where = (f"decorate it in its package, or write a {kind} in a plugin folder module (AGENTFLY_PLUGIN_DIRS) "
+                 "that calls it")
+    elif function:
+        where = f"write `from agentfly.{kind}s import {kind}` in {module} and put `@{kind}` on the line above `def {name}`"
+    else:
+        where = f"make {name} a function in {module} decorated with `@{kind}` (`from agentfly.{kind}s import {kind}`)"
+    raise NotRegistrable(f"{import_path} is not an object decorated with @agentfly.{kind}: only functions "
+                         f"decorated as tools and rewards are registrable. To register it, {where}.")
 
 
 def _refuse_escape(import_path: str, files: list[Path], folder: Path) -> None:
@@ -168,18 +198,7 @@ def _package_object(kind: str, import_path: str, module: str, attr: str) -> Sour
     file = locate_installed(module)
     if file is None:
         raise NotRegistrable(f"{import_path}: there is no module {module!r} installed on this server")
-    binding = _binding(file, attr, kind)
-    if binding == "imported":
-        raise NotRegistrable(
-            f"{import_path}: {attr!r} is imported into {module!r}, not defined there; a registry path names the "
-            "module that defines the tool or reward (register it as <defining module>:<name>)."
-        )
-    if binding != "decorated":
-        raise NotRegistrable(
-            f"{import_path} is not an object decorated with @agentfly.{kind}: from AgentFly's built-ins and the "
-            "packages in AGENTFLY_TOOL_PACKAGES only decorated tools and rewards are registrable. Decorate it "
-            "in its package, or put a module that wraps it into a plugin folder (AGENTFLY_PLUGIN_DIRS)."
-        )
+    _refuse_undecorated(kind, import_path, file, package=True)
     return Source("package", str(file.resolve()))
 
 
@@ -202,14 +221,10 @@ def locate_installed(module: str) -> Path | None:
     return files[-1] if files and files[-1].suffix == ".py" else None
 
 
-def _binding(file: Path, attr: str, kind: str) -> str:
-    """How the last top-level binding of ``attr`` in ``file`` is made: "decorated" (a definition decorated or
-    made as a ``kind``), "imported" (``from x import attr``: defined elsewhere, which the worker refuses as
-    its ``__module__`` is not this module), or "other"."""
-    try:
-        tree = ast.parse(file.read_text(encoding="utf-8"), str(file))
-    except (OSError, SyntaxError, ValueError):
-        return "other"
+def _binding(tree: ast.Module, attr: str, kind: str) -> str:
+    """How the last top-level binding of ``attr`` in a module's syntax tree is made: "decorated" (a definition
+    decorated or made as a ``kind``), "imported" (``from x import attr``: defined elsewhere, which the worker
+    refuses as its ``__module__`` is not this module), "missing" (no top-level binding), or "other"."""
     binding: ast.stmt | None = None
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == attr:
@@ -227,7 +242,7 @@ def _binding(file: Path, attr: str, kind: str) -> str:
         return "decorated" if any(_maker(d) in MAKERS[kind] for d in binding.decorator_list) else "other"
     if isinstance(binding, (ast.Assign, ast.AnnAssign)):
         return "decorated" if isinstance(binding.value, ast.Call) and _maker(binding.value) in MAKERS[kind] else "other"
-    return "other"
+    return "missing" if binding is None else "other"
 
 
 def _maker(node: ast.expr) -> str:

@@ -5,18 +5,23 @@ import os
 import socket
 import time
 
+from agentfly.tools import tool
 
+
+@tool
 def exit_now(status: int) -> str:
     """End the process at once, as os._exit does."""
     os._exit(status)
 
 
+@tool
 def hang(seconds: float) -> str:
     """Sleep, as a tool stuck on a network call would."""
     time.sleep(seconds)
     return "woke up"
 
 
+@tool
 def environment() -> str:
     """What the process sees of secrets: its environment, its parent's, and the local Redis port."""
     try:
@@ -32,6 +37,7 @@ def environment() -> str:
     return json.dumps({"env": dict(os.environ), "parent": parent, "redis": redis})
 
 
+@tool
 def connect(address: str) -> str:
     """Connect to a Unix socket (``@name``: an abstract one), as a client of a local database would."""
     s = socket.socket(socket.AF_UNIX)
@@ -45,6 +51,7 @@ def connect(address: str) -> str:
         s.close()
 
 
+@tool
 def read(path: str) -> str:
     """Read a file, as a tool that lists another team's code would."""
     try:

@@ -19,7 +19,7 @@ def word_count(text: str) -> int:
 
 
 def shout(text: str) -> str:
-    """Upper-case a text (a plain function: the registry wraps it with make_tool)."""
+    """Upper-case a text (a plain function: the registry refuses it until it is decorated)."""
     return text.upper()
 
 

@@ -24,11 +24,15 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("username")
-        parser.add_argument("--team", required=True, help="The team's name; made with the user as first member.")
+        parser.add_argument("--team", required=True,
+                            help="The team's name; made with the user as first member and admin.")
+        parser.add_argument("--admin", action="store_true",
+                            help="Make the user an admin of an existing team too (a new team's creator always is).")
         parser.add_argument("--password-stdin", action="store_true",
                             help="Read the password from standard input (without it the user cannot sign in).")
 
-    def handle(self, *args: Any, username: str, team: str, password_stdin: bool, **options: Any) -> None:
+    def handle(self, *args: Any, username: str, team: str, password_stdin: bool, admin: bool = False,
+               **options: Any) -> None:
         User = get_user_model()
         password = sys.stdin.readline().rstrip("\n") if password_stdin else None
         if User.objects.filter(username=username).exists():
@@ -46,6 +50,7 @@ class Command(BaseCommand):
             if existing is None:
                 joined = do_create_team(team, user)
             else:
-                existing.add_member(user)
+                existing.add_member(user, admin=admin)
                 joined = existing
-        self.stdout.write(f"created user {username} in team {joined.slug}")
+        role = "admin" if joined.is_admin(user) else "member"
+        self.stdout.write(f"created user {username} in team {joined.slug} ({role})")
