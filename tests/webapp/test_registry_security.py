@@ -26,8 +26,7 @@ from webapp.registry.models import Entry, EntryStatus
 PLUGINS = Path(settings.AGENTFLY_PLUGIN_DIRS[0])
 DANGEROUS = ["os:system", "subprocess:getoutput", "builtins:eval", "builtins:open", "shutil:rmtree", "os:popen",
              "posix:system", "os:_exit", "no_such_module_anywhere:tool",
-             "django.core.management:call_command",  # a plain function of an installed package
-             "agentfly.tools.builtin.calculator:evaluate_arithmetic"]  # a plain function among the built-ins
+             "django.core.management:call_command"]  # a plain function of an installed package
 
 
 def api_register(api: Any, path: str, team: str = "team-a", kind: str = "tool") -> Any:
@@ -85,6 +84,19 @@ def test_registering_os_system_is_refused_with_the_setting_named(alice_api: Any,
     page = form_register(alice_client, team_a, path)
     assert page.status_code == 400
     assert "AGENTFLY_PLUGIN_DIRS" in " ".join(page.context["form"].errors["import_path"])
+    assert not Entry.objects.exists()
+
+
+def test_registering_a_plain_function_among_the_built_ins_is_refused_as_undecorated(alice_api: Any, alice_client: Any,
+                                                                                     team_a: Any) -> None:
+    path = "agentfly.tools.builtin.calculator:evaluate_arithmetic"  # allowed package, but not a @tool
+    response = api_register(alice_api, path)
+    assert response.status_code == 400
+    message = " ".join(response.json()["import_path"])
+    assert "not an object decorated with @agentfly.tool" in message and "AGENTFLY_PLUGIN_DIRS" in message
+    page = form_register(alice_client, team_a, path)
+    assert page.status_code == 400
+    assert "decorated" in " ".join(page.context["form"].errors["import_path"])
     assert not Entry.objects.exists()
 
 
