@@ -4,14 +4,17 @@ short one at a checkpoint, then resumes exactly from it)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
 from tests.webapp.factories import builtin_entries, launch_data
 from tests.webapp.helpers import Worker, wait_for, worker_env
+from webapp.jobs import worker
 from webapp.jobs.models import Status, TeamQuota, TrainingJob
 
 FINAL = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
@@ -83,6 +86,24 @@ def test_a_job_past_its_teams_time_quota_stops_at_a_step_and_fails_naming_the_qu
                    "the job to stop", 0.5)
     assert job.status == Status.FAILED
     assert "quota of 2 s per job (max_seconds)" in job.error and job.step < 500
+
+
+def test_a_job_whose_start_up_outlasts_the_slice_yields_only_after_training_a_full_slice(
+        team_a: Any, team_b: Any, settings: Any) -> None:
+    # Two teams' jobs whose start-up (loading a model, starting sandboxes) takes longer than the slice would
+    # otherwise hand the worker back and forth at each start, neither ever training: the slice counts from
+    # the run's first trained step.
+    settings.AGENTFLY_TIME_SLICE = 60
+    now = timezone.now()
+    running = TrainingJob.objects.create(team=team_a, name="long", config={}, status=Status.RUNNING,
+                                         run_started_at=now - timedelta(minutes=30))
+    TrainingJob.objects.create(team=team_b, name="waiting", config={}, queued_at=now - timedelta(minutes=5))
+    assert not worker.must_yield(running.pk, first_step_at=None, now=now)  # started long ago, no step yet
+    assert not worker.must_yield(running.pk, first_step_at=now - timedelta(seconds=5), now=now)
+    assert worker.must_yield(running.pk, first_step_at=now - timedelta(seconds=61), now=now)
+    # A job of its own team waiting is no reason to yield.
+    TrainingJob.objects.filter(team=team_b).update(team=team_a)
+    assert not worker.must_yield(running.pk, first_step_at=now - timedelta(seconds=61), now=now)
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from celery import shared_task
@@ -17,6 +18,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.worker.control import inspect_command
 from django.conf import settings
 from django.db import connection
+from django.utils import timezone
 
 from webapp.jobs import cluster, paths, worker
 from webapp.jobs.models import Status, TrainingJob
@@ -35,6 +37,7 @@ class Heartbeat:
         self.cancelled = threading.Event()
         self.yielding = threading.Event()
         self.over_time: str | None = None
+        self.first_step_at: datetime | None = None  # this run's first trained step: the time slice counts from it
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-job-{job_id}", daemon=True)
 
@@ -45,6 +48,11 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+    def stepped(self) -> None:
+        """A step of this run was trained."""
+        if self.first_step_at is None:
+            self.first_step_at = timezone.now()
 
     def stop_requested(self) -> bool:
         return self.cancelled.is_set() or self.yielding.is_set() or self.over_time is not None
@@ -57,7 +65,7 @@ class Heartbeat:
                         self.cancelled.set()
                     if self.over_time is None:
                         self.over_time = worker.over_time(self.job_id)
-                    if not self.yielding.is_set() and worker.must_yield(self.job_id):
+                    if not self.yielding.is_set() and worker.must_yield(self.job_id, self.first_step_at):
                         self.yielding.set()
                 except Exception:  # a database blip must not end the job; the next beat retries
                     log.warning("heartbeat of job %d failed", self.job_id, exc_info=True)
@@ -84,6 +92,12 @@ class Yielding:
 
     def close(self) -> None:
         pass
+
+
+def on_step(job_id: int, heartbeat: Heartbeat, step: int) -> None:
+    """A step was trained: the time slice starts at the run's first, and the job's row shows the step."""
+    heartbeat.stepped()
+    off_loop(worker.record_progress, job_id, step)
 
 
 def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
@@ -183,7 +197,7 @@ def run_job(job_id: int) -> str:
                 sinks=[Yielding(sink, heartbeat)],
                 should_stop=heartbeat.stop_requested, node=node,
                 on_checkpoint=lambda step, path, metrics: on_checkpoint(job_id, sink, step, path, metrics),
-                on_step=lambda step: off_loop(worker.record_progress, job_id, step),
+                on_step=lambda step: on_step(job_id, heartbeat, step),
             )
             status = Status.CANCELLED if outcome.cancelled else Status.SUCCEEDED
             if outcome.cancelled and not heartbeat.cancelled.is_set():

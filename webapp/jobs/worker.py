@@ -76,19 +76,22 @@ def over_time(job_id: int) -> str | None:
             "its last checkpoint is kept: resume it to continue, or ask an operator to raise the team's quota")
 
 
-def must_yield(job_id: int, now: datetime | None = None) -> bool:
-    """Whether the running job should yield its worker: its current run is longer than the time slice
-    (``AGENTFLY_TIME_SLICE``), and another team's job has waited on its queue for longer than a couple of
-    heartbeats (a free worker would have taken it by then). Only RL jobs on one host yield: they resume
-    exactly from a checkpoint (a warm start has no resume, and a multi-node job's other hosts would idle)."""
+def must_yield(job_id: int, first_step_at: datetime | None, now: datetime | None = None) -> bool:
+    """Whether the running job should yield its worker: it has trained for longer than the time slice
+    (``AGENTFLY_TIME_SLICE``) since its current run's first step (``first_step_at``; None, no step yet, never
+    yields), and another team's job has waited on its queue for longer than a couple of heartbeats (a free
+    worker would have taken it by then). Counting from the first step, not from the run's start, keeps two
+    teams' jobs whose start-up outlasts the slice from handing the worker back and forth with neither
+    training. Only RL jobs on one host yield: they resume exactly from a checkpoint (a warm start has no
+    resume, and a multi-node job's other hosts would idle)."""
     slice_s = float(settings.AGENTFLY_TIME_SLICE)
-    if slice_s <= 0:
+    if slice_s <= 0 or first_step_at is None:
         return False
     now = now or timezone.now()
     job = TrainingJob.objects.filter(pk=job_id, status=Status.RUNNING, cancel_requested=False).first()
     if job is None or job.run_started_at is None or job.kind != Kind.RL or int(job.config.get("nodes", 1)) > 1:
         return False
-    if (now - job.run_started_at).total_seconds() < slice_s:
+    if (now - first_step_at).total_seconds() < slice_s:
         return False
     waited = now - timedelta(seconds=max(1.0, 2 * settings.JOB_HEARTBEAT_SECONDS))
     return (TrainingJob.objects.filter(status__in=WAITING, queue=job.queue, cancel_requested=False,
