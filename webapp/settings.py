@@ -258,10 +258,12 @@ if not isinstance(AGENTFLY_RAY_TEAM_BUDGETS, dict) or not all(
         for b in AGENTFLY_RAY_TEAM_BUDGETS.values()):
     raise ImproperlyConfigured('AGENTFLY_RAY_TEAM_BUDGETS: give {"team slug or *": {"resource": whole number}}, '
                                'e.g. {"*": {"sandbox": 64}, "vision": {"sandbox": 16}}')
-# The custom Ray resources an instance asks for, by resource name or kind: sandboxes go to the nodes started
-# with --resources='{"sandbox": N}', N at a time.
+# The custom Ray resources an instance asks for, by resource name or kind: environments of every kind (sandboxes,
+# simulators, MCP sessions, stores) go to the nodes started with --resources='{"sandbox": N}', N at a time, never
+# to the head; model services and API clients ask for none.
+RAY_ENVIRONMENT_KINDS = ("sandbox", "environment", "mcp", "other")
 AGENTFLY_RAY_PLACEMENT: dict[str, dict[str, float]] = json.loads(
-    env_str("AGENTFLY_RAY_PLACEMENT", "") or '{"sandbox": {"sandbox": 1}}')
+    env_str("AGENTFLY_RAY_PLACEMENT", "") or json.dumps({kind: {"sandbox": 1} for kind in RAY_ENVIRONMENT_KINDS}))
 # Registrable code (docs/security.md): besides AgentFly's built-ins and AGENTFLY_PLUGIN_DIRS, the installed
 # packages whose @agentfly.tool / @agentfly.reward objects teams may register (comma list of package names).
 AGENTFLY_TOOL_PACKAGES = env_list("AGENTFLY_TOOL_PACKAGES", [])

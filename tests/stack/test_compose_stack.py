@@ -62,6 +62,7 @@ class Stack:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         models, datasets = tmp / "models", tmp / "datasets"
+        self.models = models
         models.mkdir()
         datasets.mkdir()
         # An operator's shell: none of the settings this test session gives the web app (the web fixtures set
@@ -156,25 +157,45 @@ def test_pages_and_their_static_files_are_served_with_debug_off_without_a_manual
         assert served.status_code == 200 and "immutable" in served.headers.get("Cache-Control", ""), asset
 
 
+def signed_in_api(stack: Stack, username: str, team: str) -> tuple[Any, str]:
+    """A REST client with the token of a new user of a new team, and the user's password."""
+    import requests
+
+    password = secrets.token_urlsafe(16)
+    out = stack.exec("web", "python", "manage.py", "createuser", username, "--team", team, "--password-stdin",
+                     input=password + "\n")
+    assert f"created user {username} in team" in out
+    token = requests.post(f"{stack.url}/api/token/", data={"username": username, "password": password}, timeout=10)
+    assert token.status_code == 200, token.text
+    api = requests.Session()
+    api.headers["Authorization"] = f"Token {token.json()['token']}"
+    return api, password
+
+
+def registered(stack: Stack, api: Any, names: set[str]) -> dict[str, int]:
+    """The ids of the built-in entries ``names``, once the worker has registered them (it does when it starts)."""
+    def found() -> dict[str, int] | None:
+        entries = api.get(f"{stack.url}/api/registry/", params={"limit": 200}, timeout=10).json()
+        ids = {e["name"]: e["id"] for e in entries.get("results", entries)}
+        return ids if names <= set(ids) else None
+
+    return wait_for(found, 120, f"the worker to register {sorted(names)}", 2)
+
+
+def finished_job(stack: Stack, api: Any, job_id: int, timeout: float = 600) -> dict[str, Any]:
+    def finished() -> dict[str, Any] | None:
+        job: dict[str, Any] = api.get(f"{stack.url}/api/jobs/{job_id}/", timeout=10).json()
+        return job if job["status"] in ("succeeded", "failed", "cancelled") else None
+
+    return wait_for(finished, timeout, f"job {job_id} to finish", 2)
+
+
 def test_a_cpu_job_launched_through_the_rest_api_succeeds_with_its_events_stored_and_streamed(stack: Stack) -> None:
     import requests
     from websockets.sync.client import connect
 
-    password = secrets.token_urlsafe(16)
-    out = stack.exec("web", "python", "manage.py", "createuser", "carol", "--team", "Stack Team", "--password-stdin",
-                     input=password + "\n")
-    assert "created user carol in team stack-team" in out
-    token = requests.post(f"{stack.url}/api/token/", data={"username": "carol", "password": password}, timeout=10)
-    assert token.status_code == 200, token.text
-    api = requests.Session()
-    api.headers["Authorization"] = f"Token {token.json()['token']}"
-
-    def builtins() -> dict[str, int] | None:  # the worker registers them when it starts
-        entries = api.get(f"{stack.url}/api/registry/", params={"limit": 200}, timeout=10).json()
-        found = {e["name"]: e["id"] for e in entries.get("results", entries)}
-        return found if {"calculator", "math_equal"} <= set(found) else None
-
-    entry = wait_for(builtins, 120, "the worker to register the built-in tools and rewards", 2)
+    api, password = signed_in_api(stack, "carol", "Stack Team")
+    entry = registered(stack, api, {"calculator", "math_equal"})
     launched = api.post(f"{stack.url}/api/jobs/", json={
         "name": "stack test", "team": "stack-team", "tools": [entry["calculator"]], "reward": entry["math_equal"],
         "steps": 2, "prompts_per_step": 2, "group_size": 2, "max_turns": 2, "max_new_tokens": 12, "eval_size": 2,
@@ -182,12 +203,7 @@ def test_a_cpu_job_launched_through_the_rest_api_succeeds_with_its_events_stored
     assert launched.status_code == 201, launched.text
     job_id = launched.json()["id"]
     started = time.monotonic()
-
-    def finished() -> dict[str, Any] | None:
-        job: dict[str, Any] = api.get(f"{stack.url}/api/jobs/{job_id}/", timeout=10).json()
-        return job if job["status"] in ("succeeded", "failed", "cancelled") else None
-
-    done = wait_for(finished, 600, "the job to finish", 2)
+    done = finished_job(stack, api, job_id)
     print(f"stack: job {job_id} {done['status']} in {time.monotonic() - started:.0f} s")
     assert done["status"] == "succeeded", done["error"]
     events = api.get(f"{stack.url}/api/jobs/{job_id}/events/", params={"limit": 5000}, timeout=10).json()["events"]
@@ -217,3 +233,55 @@ def test_a_cpu_job_launched_through_the_rest_api_succeeds_with_its_events_stored
                 break
             streamed += [e["seq"] for e in message["events"]]
     assert streamed == list(range(1, done["last_seq"] + 1))
+
+
+# On the Ray head: the ids of the alive nodes with room for environments, and the cluster's alive actors.
+RAY_STATE = """
+import json, ray
+from ray._private import state
+ray.init(address="auto", logging_level="ERROR")
+nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("sandbox")]
+alive = [a.get("Name") or a["ActorClassName"] for a in state.actors().values() if a["State"] == "ALIVE"]
+print(json.dumps({"sandbox_nodes": nodes, "alive_actors": alive}))
+"""
+
+
+def ray_state(stack: Stack) -> dict[str, list[str]]:
+    out = stack.exec("ray-head", "python", "-c", RAY_STATE)
+    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_a_jobs_environments_run_on_the_ray_worker_node_and_nothing_of_the_job_is_left_on_the_cluster(
+        stack: Stack) -> None:
+    stack.run("up", "-d", "--no-build", "ray-head", "ray-worker", timeout=300)
+    wait_for(lambda: all(stack.health().get(n) == "healthy" for n in ("ray-head", "ray-worker")) or None, 300,
+             "the Ray head and worker to report healthy", 5)
+    cluster = ray_state(stack)
+    assert len(cluster["sandbox_nodes"]) == 1, cluster  # the worker; the head has no room for environments
+    (worker_node,) = cluster["sandbox_nodes"]
+    # The key-chain agent from its warm start looks keys up in every rollout, in a store leased per rollout:
+    # with AGENTFLY_RAY_ADDRESS set (compose's default) each store is an actor on the cluster.
+    shutil.copytree(ROOT / "examples" / "key_chain" / "warm_start", stack.models / "key_chain")
+    api, _ = signed_in_api(stack, "dora", "Ray Team")
+    entry = registered(stack, api, {"lookup", "chain_answer"})
+    launched = api.post(f"{stack.url}/api/jobs/", json={
+        "name": "on ray", "team": "ray-team", "tools": [entry["lookup"]], "reward": entry["chain_answer"],
+        "model_source": "path", "model_path": "/data/models/key_chain", "task": "key_chain", "task_size": 16,
+        "steps": 2, "prompts_per_step": 2, "group_size": 2, "max_turns": 6, "max_new_tokens": 32, "eval_size": 2,
+        "save_every": 1, "queue": "cpu", "resources": {"kv": {"max": 4}}}, timeout=30)
+    assert launched.status_code == 201, launched.text
+    job_id = launched.json()["id"]
+    done = finished_job(stack, api, job_id)
+    assert done["status"] == "succeeded", done["error"]
+    events = api.get(f"{stack.url}/api/jobs/{job_id}/events/", params={"type": "resources", "limit": 5000},
+                     timeout=10).json()["events"]
+    placed = {node for e in events for pool in e["data"]["pools"].values() for node in pool.get("nodes", {})
+              if node != "pending"}
+    created = max(e["data"]["pools"]["kv"]["created"] for e in events)
+    assert created >= 1 and placed == {worker_node}, (created, placed, worker_node)
+
+    def left_clean() -> dict[str, list[str]] | None:  # the job's coordinator and every store it leased, gone
+        now = ray_state(stack)
+        return now if now["alive_actors"] == [] else None
+
+    assert wait_for(left_clean, 60, "the job's actors to leave the cluster", 2)["sandbox_nodes"] == [worker_node]

@@ -18,7 +18,8 @@ def test_a_job_runs_its_pools_on_the_operators_cluster_under_its_own_teams_budge
     assert (rb.backend, rb.address, rb.job, rb.team, rb.team_budget) == (
         "ray", "ray-head:6379", "job-7", "vision", {"sandbox": 16})
     assert list(ran.resources) == ["python"] and ran.resources["python"].max == 4
-    assert rb.placement == {"sandbox": {"sandbox": 1.0}}  # sandboxes go to the nodes with sandbox room
+    # Every environment (sandboxes, simulators, MCP sessions, stores) goes to the nodes with sandbox room.
+    assert rb.placement == {k: {"sandbox": 1.0} for k in ("sandbox", "environment", "mcp", "other")}
     assert load_config(base=with_ray({}, 8, "nlp")).resource_backend.team_budget == {"sandbox": 64}
 
 
