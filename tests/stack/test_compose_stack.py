@@ -264,11 +264,11 @@ def test_a_jobs_environments_run_on_the_ray_worker_node_and_nothing_of_the_job_i
     shutil.copytree(ROOT / "examples" / "key_chain" / "warm_start", stack.models / "key_chain")
     api, _ = signed_in_api(stack, "dora", "Ray Team")
     entry = registered(stack, api, {"lookup", "chain_answer"})
-    launched = api.post(f"{stack.url}/api/jobs/", json={
-        "name": "on ray", "team": "ray-team", "tools": [entry["lookup"]], "reward": entry["chain_answer"],
-        "model_source": "path", "model_path": "/data/models/key_chain", "task": "key_chain", "task_size": 16,
-        "steps": 2, "prompts_per_step": 2, "group_size": 2, "max_turns": 6, "max_new_tokens": 32, "eval_size": 2,
-        "save_every": 1, "queue": "cpu", "resources": {"kv": {"max": 4}}}, timeout=30)
+    job = {"team": "ray-team", "tools": [entry["lookup"]], "reward": entry["chain_answer"], "model_source": "path",
+           "model_path": "/data/models/key_chain", "task": "key_chain", "task_size": 16, "prompts_per_step": 2,
+           "group_size": 2, "max_turns": 6, "max_new_tokens": 32, "eval_size": 2, "save_every": 1, "queue": "cpu",
+           "resources": {"kv": {"max": 4}}}
+    launched = api.post(f"{stack.url}/api/jobs/", json={**job, "name": "on ray", "steps": 2}, timeout=30)
     assert launched.status_code == 201, launched.text
     job_id = launched.json()["id"]
     done = finished_job(stack, api, job_id)
@@ -285,3 +285,13 @@ def test_a_jobs_environments_run_on_the_ray_worker_node_and_nothing_of_the_job_i
         return now if now["alive_actors"] == [] else None
 
     assert wait_for(left_clean, 60, "the job's actors to leave the cluster", 2)["sandbox_nodes"] == [worker_node]
+
+    # A job cancelled while its rollouts hold stores leaves nothing on the cluster either.
+    long = api.post(f"{stack.url}/api/jobs/", json={**job, "name": "cancelled on ray", "steps": 500}, timeout=30)
+    assert long.status_code == 201, long.text
+    long_id = long.json()["id"]
+    wait_for(lambda: api.get(f"{stack.url}/api/jobs/{long_id}/", timeout=10).json()["step"] >= 1 or None, 300,
+             "the long job's first step", 2)
+    assert api.post(f"{stack.url}/api/jobs/{long_id}/cancel/", timeout=10).status_code in (200, 202)
+    assert finished_job(stack, api, long_id)["status"] == "cancelled"
+    wait_for(left_clean, 60, "the cancelled job's actors to leave the cluster", 2)
