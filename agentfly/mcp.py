@@ -43,12 +43,30 @@ class MCPTool(Tool):
         return {"arguments": arguments}
 
 
-def _make_tool(spec: ResourceSpec, entry: Any) -> MCPTool:
+def _seeder(spec: ResourceSpec, listing: list[Any]) -> tuple[str, list[str]] | None:
+    """The spec's ``seed_tool`` and the sample fields it takes (its input schema's properties), or None."""
+    seed = spec.options.get("seed_tool")
+    if not seed:
+        return None
+    entry = next((e for e in listing if e.name == seed), None)
+    if entry is None:
+        raise ValueError(f"MCP server {spec.name!r} has no tool {seed!r} (its seed_tool); it lists "
+                         f"{sorted(e.name for e in listing)}")
+    return str(seed), list((entry.input_schema or {}).get("properties") or {})
+
+
+def _make_tool(spec: ResourceSpec, entry: Any, seeder: tuple[str, list[str]] | None = None) -> MCPTool:
     resource, name = spec.name, str(entry.name)
+    seeded = f"mcp_seeded:{resource}"
 
     async def call(arguments: dict[str, Any], context: Any) -> str:
         session: MCPSession = await context.resource(resource)
         try:
+            if seeder is not None and not context.info.get(seeded):  # the rollout's first call: its task data
+                tool, fields = seeder
+                sample = context.sample or {}
+                await session.call(tool, {k: sample[k] for k in fields if k in sample})
+                context.info[seeded] = True
             return await session.call(name, arguments)
         except InfrastructureFailure:
             # The session is gone: the pool destroys it instead of resetting it for the next rollout.
@@ -76,7 +94,8 @@ async def atools_from(spec: ResourceSpec, *, include: Iterable[str] | None = Non
         listing = list(session.tools)
     finally:
         await session.close()
-    hidden = {*exclude, *([spec.options["reset_tool"]] if spec.options.get("reset_tool") else [])}
+    seeder = _seeder(spec, listing)
+    hidden = {*exclude, *(spec.options[k] for k in ("reset_tool", "seed_tool") if spec.options.get(k))}
     wanted = set(include) if include is not None else None
     tools = []
     for entry in listing:
@@ -85,7 +104,7 @@ async def atools_from(spec: ResourceSpec, *, include: Iterable[str] | None = Non
         if not re.fullmatch(r"[A-Za-z_][\w.-]{0,63}", entry.name):
             raise ValueError(f"MCP server {spec.name!r} lists a tool named {entry.name[:80]!r}; tool names must be "
                              "letters, digits, '_', '-', '.' (at most 64); exclude it with exclude=[...]")
-        tools.append(_make_tool(spec, entry))
+        tools.append(_make_tool(spec, entry, seeder))
     if wanted is not None and (missing := wanted - {t.name for t in tools}):
         raise ValueError(f"MCP server {spec.name!r} has no tool {sorted(missing)}; it lists "
                          f"{sorted(e.name for e in listing)}")
@@ -99,7 +118,7 @@ def tools_from(spec: ResourceSpec, *, include: Iterable[str] | None = None,
     Args:
         spec: from ``af.mcp.server(...)``; add the same spec to the agent's ``ResourceEngine``.
         include: only these tools (default: all).
-        exclude: leave these out (the spec's ``reset_tool`` is always left out).
+        exclude: leave these out (the spec's ``reset_tool`` and ``seed_tool`` are always left out).
     """
     try:
         asyncio.get_running_loop()

@@ -66,6 +66,7 @@ def mcp_server(
     call_timeout: float = 30.0,
     start_timeout: float = 60.0,
     reset_tool: str | None = None,
+    seed_tool: str | None = None,
     network: str = "none",
     read_paths: Sequence[str] = (),
     env: dict[str, str] | None = None,
@@ -85,6 +86,9 @@ def mcp_server(
         start_timeout: seconds to start the server and open the session.
         reset_tool: a tool of the server that forgets the session's state; reset calls it instead of
             restarting the process (stdio) or reopening the session (HTTP). Hidden from the model.
+        seed_tool: a tool of the server that loads a rollout's task data into its session: called once, at the
+            rollout's first call, with the sample's fields that the tool's input schema names (a key-chain store
+            seeded with the sample's chain). Hidden from the model.
         network: "none" (the stdio server has no network) or "host".
         read_paths: more folders a stdio server may read.
         env: environment variables for a stdio server (nothing of the parent's environment is passed).
@@ -109,6 +113,7 @@ def mcp_server(
         "call_timeout": float(call_timeout),
         "start_timeout": float(start_timeout),
         "reset_tool": reset_tool,
+        "seed_tool": seed_tool,
         "network": network,
         "read_paths": list(read_paths),
         "env": dict(env or {}),

@@ -86,8 +86,9 @@ def keys(ctx: Context[Any, Any]) -> list[str]:
 
 
 @server.tool()
-def seed(start: str, links: dict[str, str], final: str, ctx: Context[Any, Any]) -> str:
-    """Load a key chain: start -> links[start] -> ... -> the last key, whose value is final."""
+def seed(start: str, links: dict[str, str], answer: str, ctx: Context[Any, Any]) -> str:
+    """Load a key chain: start -> links[start] -> ... -> the last key, whose value is answer (the names are a
+    key-chain task sample's, so a job's ``seed_tool`` passes the sample's fields straight in)."""
     store = _store(ctx)
     chain, key = [start], start
     while key in links:
@@ -97,7 +98,7 @@ def seed(start: str, links: dict[str, str], final: str, ctx: Context[Any, Any]) 
         chain.append(key)
     if len(chain) != len(links) + 1:
         raise ToolError("the links do not form one chain from start")
-    store.chain, store.final, store.position, store.lookups, store.done = chain, final, 0, 0, False
+    store.chain, store.final, store.position, store.lookups, store.done = chain, answer, 0, 0, False
     return "ok"
 
 

@@ -40,7 +40,7 @@ async def _session(context: Any) -> MCPSession:
     if not context.info.get("kv_mcp_seeded"):  # the rollout's first lookup: load its sample's chain
         sample = context.sample
         await session.call("seed", {"start": sample["start"], "links": dict(sample["links"]),
-                                    "final": str(sample["answer"])})
+                                    "answer": str(sample["answer"])})
         context.info["kv_mcp_seeded"] = True
     return session
 

@@ -102,6 +102,34 @@ def test_tools_from_returns_the_servers_tools_with_its_schemas() -> None:
     assert put.schema["function"]["description"].startswith("Store a value")
 
 
+async def test_a_seed_tool_loads_each_rollouts_own_sample_before_its_first_call_and_is_hidden_from_the_model(
+        spec_maker: Any) -> None:
+    spec = spec_maker(pool=af.Pool(0, 2), seed_tool="seed")
+    tools = {t.name: t for t in await af.mcp.atools_from(spec)}
+    assert "seed" not in tools and "lookup" in tools
+    samples = {"a": {"start": "k1", "links": {"k1": "k2"}, "answer": "11", "question": "?"},
+               "b": {"start": "k7", "links": {"k7": "k8"}, "answer": "77", "question": "?"}}
+
+    async def walk(rid: str) -> list[str]:
+        sample = samples[rid]
+        ctx = RolloutContext(sample=sample, rollout_id=rid, group_id="g", resources=engine)
+        try:  # the sample's chain, seeded once (a second seed would restart the walk)
+            first = await tools["lookup"].invoke({"key": sample["start"]}, ctx)
+            second = await tools["lookup"].invoke({"key": first.observation.removeprefix("next: ")}, ctx)
+            return [first.observation, second.observation]
+        finally:
+            await ctx.aclose()
+
+    async with af.ResourceEngine([spec]) as engine:
+        a, b = await asyncio.gather(walk("a"), walk("b"))
+    assert a == ["next: k2", "final: 11"] and b == ["next: k8", "final: 77"]
+
+
+def test_a_seed_tool_the_server_does_not_list_is_refused_naming_the_listing() -> None:
+    with pytest.raises(ValueError, match=r"no tool 'load' \(its seed_tool\).*'lookup'"):
+        af.mcp.tools_from(af.mcp.server("kv", command=[sys.executable, STORE], seed_tool="load"))
+
+
 async def test_two_concurrent_rollouts_never_see_each_others_state(spec_maker: Any) -> None:
     spec = spec_maker(pool=af.Pool(0, 2))
     tools = {t.name: t for t in await af.mcp.atools_from(spec)}
