@@ -175,9 +175,12 @@ def build_resources(config: Config, tools: Sequence[Any], reward: Any = None) ->
     from agentfly.resources.builtin import builtin_spec, with_pool
 
     specs = []
+    servers = mcp_specs(config)
     for name in needed:
         res = config.resources.get(name)
-        if res is not None and res.spec:
+        if name in servers:
+            spec = servers[name]
+        elif res is not None and res.spec:
             spec = import_object(res.spec, f"resources.{name}.spec")
         else:
             try:
@@ -204,13 +207,34 @@ def build_resources(config: Config, tools: Sequence[Any], reward: Any = None) ->
     return ResourceEngine(specs)
 
 
+def mcp_specs(config: Config) -> dict[str, Any]:
+    """The ``agentfly.mcp.server`` spec of each server in ``config.mcp``, by name."""
+    if not config.mcp:
+        return {}
+    from agentfly.mcp import server
+
+    return {name: server(name, command=m.command, url=m.url, scope=m.scope, reset_tool=m.reset_tool,
+                         seed_tool=m.seed_tool, network=m.network, call_timeout=m.call_timeout,
+                         start_timeout=m.start_timeout)
+            for name, m in config.mcp.items()}
+
+
+def mcp_tools(config: Config) -> list[Any]:
+    """The tools of the config's MCP servers (each server is started once to list them); a tool named in
+    ``mcp.<name>.tools`` that the server no longer lists fails here, naming what it lists."""
+    from agentfly.mcp import tools_from
+
+    return [tool for name, spec in mcp_specs(config).items()
+            for tool in tools_from(spec, include=config.mcp[name].tools)]
+
+
 def build_agent(config: Config, engine: Engine, resources: ResourceEngine | None = None) -> Agent:
     """The config's agent on ``engine``, with the resource pools ``build_resources`` makes for its tools, or
     with ``resources`` when given (an evaluation that shares the rollout producer's pools)."""
     import agentfly as af
 
     r = config.rollout
-    tools = [import_object(spec, "rollout.tools entry") for spec in r.tools]
+    tools = [import_object(spec, "rollout.tools entry") for spec in r.tools] + mcp_tools(config)
     reward = import_object(r.reward, "rollout.reward")
     # The agent owns the pools made for it (``agent.close()`` stops them), not those it is given to share.
     return af.Agent(engine, tools=tools, reward=reward, parser=r.parser, max_turns=r.max_turns,

@@ -176,6 +176,29 @@ class ResourceConfig:
 
 
 @dataclass
+class MCPServerConfig:
+    """An MCP server whose tools the agent gets (``mcp.<name>``): its sessions are the pool ``<name>``, sized by
+    ``resources.<name>`` like any other (``agentfly.mcp.server`` says what an instance is)."""
+
+    command: list[str] | None = _f(None, "A stdio server's argv, e.g. [python, servers/kv.py]; run in the sandbox "
+                                         "(no network unless network=host, no secrets, rlimits).")
+    url: str | None = _f(None, "A streamable-HTTP server's endpoint, e.g. http://127.0.0.1:8765/mcp (instead of "
+                               "command).")
+    tools: list[str] | None = _f(None, "The server's tools the agent gets; null = every tool it lists (less "
+                                       "reset_tool and seed_tool).")
+    scope: Literal["rollout", "global"] = _f("rollout", "rollout: a session per rollout, reset before the next; "
+                                                        "global: one session every rollout shares.")
+    reset_tool: str | None = _f(None, "A tool that forgets a session's state, called between rollouts instead "
+                                      "of restarting the server.")
+    seed_tool: str | None = _f(None, "A tool called at a rollout's first call with the task sample's fields that "
+                                     "its input schema names (loads the rollout's own data into its session).")
+    network: Literal["none", "host"] = _f("none", "A stdio server's network: none, or the host's.")
+    call_timeout: float = _f(30.0, "Seconds a tool call may take before the server counts as down (an "
+                                   "infrastructure failure, not the agent's).")
+    start_timeout: float = _f(60.0, "Seconds to start the server and open a session.")
+
+
+@dataclass
 class ResourceBackendConfig:
     """Where the job's resource pools run. Written as ``resources.backend``, ``resources.address`` ... (the
     keys below are reserved in the ``resources`` mapping), kept here as ``resource_backend``."""
@@ -417,6 +440,9 @@ class Config:
                                                "reserved here and go there.")
     resource_backend: ResourceBackendConfig = _f(ResourceBackendConfig(), "Where the pools run (local or a Ray "
                                                                           "cluster); set as resources.backend=ray.")
+    mcp: dict[str, MCPServerConfig] = _f({}, "MCP servers by name whose tools the agent gets besides "
+                                             "rollout.tools, e.g. {kv: {command: [python, kv.py], reset_tool: reset}}; "
+                                             "each is the resource pool of its name.")
     model: ModelConfig = _f(ModelConfig(), "The policy model.")
     data: DataConfig = _f(DataConfig(), "Task samples.")
     rollout: RolloutConfig = _f(RolloutConfig(), "How trajectories are sampled.")
@@ -472,6 +498,16 @@ class Config:
                 raise ConfigError(f"resources.{name}: min={res.min} is above max={res.max}", key=f"resources.{name}.min")
             if res.max is not None and res.max < 1:
                 raise ConfigError(f"resources.{name}.max={res.max} must be >= 1", key=f"resources.{name}.max")
+        for name, server in self.mcp.items():
+            if (server.command is None) == (server.url is None):
+                raise ConfigError(f"mcp.{name}: give exactly one of command (a stdio server's argv) or url (a "
+                                  "streamable-HTTP endpoint)", key=f"mcp.{name}")
+            if server.command is not None and not server.command:
+                raise ConfigError(f"mcp.{name}.command is empty; give the server's argv, e.g. [python, kv.py]",
+                                  key=f"mcp.{name}.command")
+            if server.call_timeout <= 0 or server.start_timeout <= 0:
+                raise ConfigError(f"mcp.{name}: call_timeout and start_timeout must be positive seconds",
+                                  key=f"mcp.{name}.call_timeout")
         for key in ("wrong_fraction", "habit_fraction"):
             if not 0 <= getattr(self.sft, key) <= 1:
                 raise ConfigError(f"sft.{key}={getattr(self.sft, key)} must be between 0 and 1", key=f"sft.{key}")
