@@ -89,6 +89,9 @@ class LaunchSerializer(serializers.Serializer):
                                       help_text="JSONL of held-out samples; required for a JSONL task.")
     task_size = bounded(serializers.IntegerField, "task_size", 200)
     tools = serializers.ListField(child=serializers.IntegerField(), default=list, help_text="Registry entry ids.")
+    mcp_tools = serializers.ListField(child=serializers.CharField(), default=list,
+                                     help_text="Tools of the team's ready MCP servers the agent gets, each as "
+                                               "<server id>/<tool name> (GET /api/mcp-servers/).")
     reward = serializers.IntegerField(help_text="Registry entry id.")
     algorithm = serializers.ChoiceField(choices=ALGORITHMS, default="grpo")
     steps = bounded(serializers.IntegerField, "steps", 5)
@@ -131,6 +134,8 @@ def launch_form(request: Request) -> LaunchForm:
     merged["team"] = team.pk if team else f"unknown team {merged.get('team')!r}"
     if not isinstance(merged.get("tools"), list):
         raise serializers.ValidationError({"tools": ["Give a list of registry entry ids."]})
+    if not isinstance(merged.get("mcp_tools"), list):
+        raise serializers.ValidationError({"mcp_tools": ["Give a list of <server id>/<tool name> strings."]})
     if not isinstance(merged.get("resources"), dict):
         raise serializers.ValidationError({"resources": ['Give an object like {"python": {"max": 4}}.']})
     merged["resources"] = json.dumps(merged["resources"])

@@ -20,6 +20,9 @@ from webapp import inputs
 from webapp.accounts.models import Team
 from webapp.jobs import paths
 from webapp.jobs.models import Kind, Queue, kind_choices_text
+from webapp.mcpservers.jobs import stored_config
+from webapp.mcpservers.models import MCPServer
+from webapp.mcpservers.models import Status as ServerStatus
 from webapp.registry.models import Entry
 
 MODEL_SOURCES = (("tiny", "Tiny model built on the worker (CPU demo)"), ("path", "Local model directory"))
@@ -91,6 +94,7 @@ FIELD_OF_KEY = {
     "sft.demos_path": "demos_path", "sft.num_demos": "sft_demos", "sft.epochs": "sft_epochs",
     "sft.batch_size": "sft_batch_size", "sft.lr": "sft_learning_rate",
     "rollout.mode": "rollout_mode", "rollout.max_staleness": "max_staleness", "eval.every": "eval_every",
+    "mcp": "mcp_tools",
 }
 ROLLOUT_MODES = (("sync", "sync: roll out, then update"), ("async", "async: roll out the next steps during the update"))
 
@@ -162,6 +166,12 @@ class LaunchForm(forms.Form):
                                    help_text="Problems generated for a generated task (arithmetic, key chain).")
     tools = EntryMultipleChoiceField(queryset=Entry.objects.none(), required=False,
                                      widget=forms.CheckboxSelectMultiple)
+    mcp_tools = forms.MultipleChoiceField(
+        choices=[], required=False, widget=forms.CheckboxSelectMultiple, label="MCP server tools",
+        error_messages={"invalid_choice": "%(value)s is not a tool of a ready MCP server of your teams; give "
+                                          "<server id>/<tool name> from GET /api/mcp-servers/."},
+        help_text="Tools of your team's MCP servers (registered through the API, docs/guides/mcp.md): each rollout "
+                  "has its own session of the server, reset before the next rollout.")
     reward = EntryChoiceField(queryset=Entry.objects.none())
     algorithm = forms.ChoiceField(choices=[(a, a) for a in ALGORITHMS], initial="grpo")
     steps = forms.IntegerField(min_value=1, max_value=100_000, initial=5)
@@ -213,6 +223,10 @@ class LaunchForm(forms.Form):
         visible = Entry.objects.visible_to(user).ready().select_related("team", "current_version")
         self.fields["tools"].queryset = visible.tools()
         self.fields["reward"].queryset = visible.rewards()
+        self.mcp_servers = {str(s.pk): s for s in MCPServer.objects.visible_to(user).filter(
+            status=ServerStatus.READY).select_related("team", "current_version")}
+        self.fields["mcp_tools"].choices = [(f"{pk}/{tool}", f"{tool} ({s.team.slug}/{s.name})")
+                                            for pk, s in self.mcp_servers.items() for tool in s.model_tools]
         self.preselect_calculator_recipe(visible)
 
     def preselect_calculator_recipe(self, visible: Any) -> None:
@@ -330,7 +344,8 @@ class LaunchForm(forms.Form):
         self.check_engine_servers(data)
         tools = data.get("tools") or []
         self.check_registrable_code(data)
-        names = [t.name for t in tools]
+        self.check_mcp_servers(data)
+        names = [t.name for t in tools] + [tool for _, tool in self.chosen_mcp_tools()]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             self.add_error("tools", f"Two tools are named {', '.join(duplicates)}; pick one of each.")
@@ -381,11 +396,38 @@ class LaunchForm(forms.Form):
             except NotRegistrable as exc:
                 self.add_error(field, str(exc))
 
+    def chosen_mcp_tools(self) -> list[tuple[MCPServer, str]]:
+        """The chosen MCP server tools, as (server, tool name)."""
+        pairs = [value.split("/", 1) for value in self.cleaned_data.get("mcp_tools") or []]
+        return [(self.mcp_servers[pk], tool) for pk, tool in pairs]
+
+    def chosen_mcp_servers(self) -> dict[MCPServer, list[str]]:
+        servers: dict[MCPServer, list[str]] = {}
+        for server, tool in self.chosen_mcp_tools():
+            servers.setdefault(server, []).append(tool)
+        return servers
+
+    def check_mcp_servers(self, data: dict[str, Any]) -> None:
+        """A job uses only servers of its own team, each under a name no pool of the job already has."""
+        team = data.get("team")
+        chosen = [*(data.get("tools") or []), *([data["reward"]] if data.get("reward") else [])]
+        declared = {e.current_version.resource: e.name for e in chosen
+                    if e.current_version and e.current_version.resource}
+        for server in self.chosen_mcp_servers():
+            if team is not None and server.team_id != team.pk:
+                self.add_error("mcp_tools", f"MCP server {server.name!r} belongs to team {server.team.slug}; a job "
+                                            f"of team {team.slug} uses only its own team's servers.")
+            elif server.name in declared:
+                self.add_error("mcp_tools", f"MCP server {server.name!r} has the name of the resource a chosen "
+                                            f"tool or the reward uses ({declared[server.name]}); leave that out, or "
+                                            "register the server under another name.")
+
     def trainer_config(self) -> dict[str, Any]:
         """The validated input as the trainer's configuration (``trainer.config.Config`` as a dict)."""
         d = self.cleaned_data
         seed = d["seed"]
         tiny = d["model_source"] == "tiny"
+        servers = self.chosen_mcp_servers()
         return {
             "seed": seed,
             "steps": d["steps"],
@@ -413,6 +455,7 @@ class LaunchForm(forms.Form):
             "algorithm": {"name": d["algorithm"]},
             "optim": {"lr": d["learning_rate"]},
             "resources": d.get("resources") or {},
+            "mcp": {s.name: stored_config(s, tools) for s, tools in servers.items()},
             "trackers": list(d.get("trackers") or []),
             # Not a trainer key: the worker turns it into a torchrun process group (webapp.jobs.body).
             **({"ranks": d["gpus"]} if d.get("gpus", 1) > 1 else {}),
@@ -492,7 +535,7 @@ class LaunchForm(forms.Form):
         """A pool size only for a resource the trainer can build: a built-in one or one a chosen tool declares."""
         tools = data.get("tools") or []
         declared = {t.current_version.resource for t in tools if t.current_version and t.current_version.resource}
-        known = set(BUILTIN_SPECS) | declared
+        known = set(BUILTIN_SPECS) | declared | {s.name for s in self.chosen_mcp_servers()}
         unknown = sorted(set(data.get("resources") or {}) - known)
         if unknown:
             self.add_error("resources", f"Unknown resource {', '.join(map(repr, unknown))}; name one of "
@@ -564,6 +607,9 @@ def initial_from_job(job: Any) -> dict[str, Any]:
         "task": task if task in GENERATED_TASKS else "jsonl", "task_path": "" if task in GENERATED_TASKS else task,
         "eval_path": data.get("eval_path") or "", "task_size": data.get("train_size"),
         "tools": [v.entry_id for v in job.tool_versions.all()],
+        "mcp_tools": [f"{pk}/{tool}" for pk, name in MCPServer.objects.filter(
+            team_id=job.team_id, name__in=list(c.get("mcp") or {})).values_list("pk", "name")
+            for tool in (c["mcp"][name] or {}).get("tools") or []],
         "reward": job.reward_version.entry_id if job.reward_version_id else None,
         "algorithm": (c.get("algorithm") or {}).get("name"), "steps": c.get("steps"),
         "prompts_per_step": rollout.get("prompts_per_step"), "group_size": rollout.get("group_size"),

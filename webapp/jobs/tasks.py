@@ -23,6 +23,7 @@ from django.utils import timezone
 from webapp.jobs import cluster, paths, worker
 from webapp.jobs.models import Status, TrainingJob
 from webapp.jobs.queues import host_of
+from webapp.mcpservers import jobs as mcp_jobs
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ def run_job(job_id: int) -> str:
                 sink.emit({"type": "log", "level": "info", "message": f"node 0 of {node.count} runs on worker "
                                                                       f"{here}; rendezvous at {node.endpoint}"})
             outcome = isolation.run_job(
-                job, cluster.with_ray(job.config, job.pk, job.team.slug), output_dir=output_dir,
+                job, cluster.with_ray(mcp_jobs.for_job(job.config, job.team), job.pk, job.team.slug), output_dir=output_dir,
                 sinks=[Yielding(sink, heartbeat)],
                 should_stop=heartbeat.stop_requested, node=node,
                 on_checkpoint=lambda step, path, metrics: on_checkpoint(job_id, sink, step, path, metrics),
@@ -271,7 +272,8 @@ def run_node(self: Any, job_id: int, node_rank: int, endpoint: str, leader: str)
     def job_ended() -> bool:
         return not TrainingJob.objects.filter(pk=job_id, status=Status.RUNNING).exists()
 
-    isolation.run_node(job, cluster.with_ray(job.config, job.pk, job.team.slug), output_dir=output_dir,
+    config = cluster.with_ray(mcp_jobs.for_job(job.config, job.team), job.pk, job.team.slug)
+    isolation.run_node(job, config, output_dir=output_dir,
                        node=body.Node(node_rank, int(job.config["nodes"]), endpoint), job_ended=job_ended)
     return "done"
 

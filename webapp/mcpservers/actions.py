@@ -10,7 +10,7 @@ from webapp.mcpservers.rules import check_url, stdio_argv
 
 
 def do_register_server(*, user: object, team: Team, name: str, transport: str, command: list[str] | None = None,
-                       url: str = "") -> MCPServer:
+                       url: str = "", reset_tool: str = "", seed_tool: str = "") -> MCPServer:
     """Register (or re-register) ``name`` for ``team``; NotAllowed when the rule refuses it."""
     if not team.has_member(user):
         raise PermissionError("you can only register MCP servers for a team you belong to")
@@ -26,7 +26,7 @@ def do_register_server(*, user: object, team: Team, name: str, transport: str, c
         server, _ = MCPServer.objects.update_or_create(
             team=team, name=name,
             defaults={"transport": transport, "command": list(command or []), "url": url, "status": Status.PENDING,
-                      "error": "", "created_by": user})
+                      "error": "", "created_by": user, "reset_tool": reset_tool, "seed_tool": seed_tool})
         transaction.on_commit(lambda: queue_inspection(server.pk))
     return server
 

@@ -33,8 +33,8 @@ class MCPServerSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = MCPServer
-        fields = ["id", "team", "name", "transport", "command", "url", "status", "error", "current_version",
-                  "created_at", "inspected_at"]
+        fields = ["id", "team", "name", "transport", "command", "url", "reset_tool", "seed_tool", "status", "error",
+                  "current_version", "created_at", "inspected_at"]
 
 
 class MCPRegisterSerializer(serializers.Serializer):
@@ -44,6 +44,11 @@ class MCPRegisterSerializer(serializers.Serializer):
     command = serializers.ListField(child=serializers.CharField(max_length=500, trim_whitespace=False),
                                     required=False, max_length=32)
     url = serializers.CharField(max_length=500, required=False, allow_blank=True)
+    reset_tool = serializers.RegexField(r"^[A-Za-z_][\w.-]{0,63}$", required=False, allow_blank=True, default="",
+                                        help_text="A tool that forgets a session's state (called between rollouts).")
+    seed_tool = serializers.RegexField(r"^[A-Za-z_][\w.-]{0,63}$", required=False, allow_blank=True, default="",
+                                       help_text="A tool called at a rollout's first call with the sample's fields "
+                                                 "its input schema names.")
 
     def validate_team(self, team: Team) -> Team:
         if not team.has_member(self.context["request"].user):

@@ -41,6 +41,12 @@ class MCPServer(models.Model):
                                help_text="stdio: the argv as registered (a script path inside the team folder, "
                                          "or an allowlisted command).")
     url = models.CharField(max_length=500, blank=True, help_text="HTTP: the endpoint.")
+    reset_tool = models.CharField(max_length=64, blank=True,
+                                  help_text="A tool that forgets a session's state, called between rollouts instead "
+                                            "of restarting the server; hidden from the model.")
+    seed_tool = models.CharField(max_length=64, blank=True,
+                                 help_text="A tool called at a rollout's first call with the task sample's fields "
+                                           "its input schema names; hidden from the model.")
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     error = models.TextField(blank=True)
     current_version = models.ForeignKey("MCPServerVersion", null=True, blank=True, on_delete=models.SET_NULL,
@@ -58,6 +64,13 @@ class MCPServer(models.Model):
 
     def __str__(self) -> str:
         return f"MCP server {self.name}"
+
+    @property
+    def model_tools(self) -> list[str]:
+        """The tools of its current listing a job's agent gets: all but the reset and seed tools."""
+        hidden = {self.reset_tool, self.seed_tool} - {""}
+        listing = self.current_version.tools if self.current_version else []
+        return [t["name"] for t in listing if t["name"] not in hidden]
 
 
 class MCPServerVersion(models.Model):

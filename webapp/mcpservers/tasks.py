@@ -82,6 +82,15 @@ def inspect_mcp_server(server_id: int) -> str:
         MCPServer.objects.filter(pk=server_id).update(status=Status.FAILED, error=str(exc)[:2000],
                                                       inspected_at=timezone.now())
         return "failed"
+    listed = {t["name"] for t in tools}
+    unlisted = [f"{kind} {name!r}" for kind, name in (("reset_tool", server.reset_tool), ("seed_tool", server.seed_tool))
+                if name and name not in listed]
+    if unlisted:
+        MCPServer.objects.filter(pk=server_id).update(
+            status=Status.FAILED, inspected_at=timezone.now(),
+            error=f"the server lists no {' and no '.join(unlisted)}; it lists {', '.join(sorted(listed))}: register it "
+                  "again naming one of those, or none")
+        return "failed"
     digest = hashlib.sha256(json.dumps(tools, sort_keys=True).encode()).hexdigest()
     with transaction.atomic():
         version, _ = MCPServerVersion.objects.get_or_create(server=server, listing_hash=digest,
