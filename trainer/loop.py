@@ -42,7 +42,7 @@ from trainer.batch import collate, forward, turn_layout
 from trainer.builders import (
     DataCursor,
     build_agent,
-    build_engine,
+    engine_from_config,
     ensure_tiny,
     load_policy,
     load_samples,
@@ -110,7 +110,7 @@ class Trainer:
         self.model, self.tokenizer = load_policy(config, self.device)
         # The policy's optimizer and schedule, PPO's value head, the KL reference and the torch/DeepSpeed update.
         self.learner = Learner.build(config, self.model, self.device, self.out, self.world)
-        self.engine: Engine = engine if engine is not None else build_engine(config, self.model, self.tokenizer)
+        self.engine: Engine = engine if engine is not None else engine_from_config(config, self.model, self.tokenizer)
         self._owns_engine = engine is None  # closed when train() ends; a caller's engine is the caller's
         self.separate_engine = engine is not None or config.engine != "hf"  # holds its own copy of the weights
         if config.rollout.mode == "async" and (engine is not None or self.learner.zero3):
