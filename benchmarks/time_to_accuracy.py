@@ -61,7 +61,7 @@ def held_out_accuracy(checkpoint: str, test: Path | None, n: int) -> float:
     from agentfly.tasks.io import load_jsonl
     from trainer.builders import build_agent, load_policy, setup_torch
     from trainer.config import load_config
-    from trainer.loop import evaluate
+    from trainer.evaluation import evaluate
 
     overrides = [f"model.path={checkpoint}", f"data.eval_size={n}", "threads=2"]
     if test is not None:

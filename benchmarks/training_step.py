@@ -99,14 +99,14 @@ def floor_update(trainer: Any, trajectories: list[Any], rewards: list[float], gr
                                use_cache=False).logits
         logp = token_logprobs(logits[:, :-1], batch.input_ids[:, 1:])
     loss = -logp.mean()
-    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.learner.optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    trainer.optimizer.step()
+    trainer.learner.optimizer.step()
     trainer.model.eval()
 
 
 def trainer_update(trainer: Any, trajectories: list[Any], rewards: list[float], groups: list[int]) -> None:
-    from trainer.loop import StageTimer
+    from trainer.metrics import StageTimer
 
     trainer._update(trajectories, rewards, groups, StageTimer())
 

@@ -250,17 +250,16 @@ def pools_of(agent: Agent) -> ResourceEngine | None:
     return agent.resources if isinstance(agent.resources, ResourceEngine) else None
 
 
-def build_engine(config: Config, model: Any, tokenizer: Any) -> Engine:
-    """HF shares the trainer's module (weight sync is free); vLLM gets its own copy of the weights."""
+def engine_from_config(config: Config, model: Any, tokenizer: Any) -> Engine:
+    """The engine ``config.engine`` names, made by ``agentfly.agents.build_engine``: HF shares the trainer's
+    module (weight sync is free); vLLM gets its own copy of the weights; remote samples from the job's fleet
+    of servers (``trainer.remote_servers`` finds or starts them)."""
+    from agentfly.agents.agent import build_engine
+
     if config.engine == "hf":
-        from agentfly.engines.hf import HFEngine
-
-        return HFEngine(model=model, tokenizer=tokenizer)
+        return build_engine(model, "hf", tokenizer=tokenizer)
     if config.engine == "vllm":
-        # imported only when asked for: vllm is an optional extra
-        from agentfly.engines.vllm import VLLMEngine
-
-        return VLLMEngine(config.model.path, seed=config.seed)
+        return build_engine(config.model.path, "vllm", seed=config.seed)
     if config.engine == "remote":
         from trainer.remote_servers import build_remote_engine
 

@@ -84,7 +84,7 @@ class EvalRun:
 
     def metrics(self, indices: Sequence[int] | None = None, prefix: str = "eval/") -> dict[str, float]:
         """Every figure over the problems at ``indices`` (all of them by default), keys under ``prefix``."""
-        from trainer.loop import rollout_metrics
+        from trainer.metrics import rollout_metrics
 
         idx = list(range(len(self.samples))) if indices is None else list(indices)
         out = rollout_metrics([self.greedy[i] for i in idx], prefix)

@@ -115,16 +115,25 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
-def _jsonable(value: Any) -> Any:
-    """NaN and infinities become null (JSON has neither); tensors and numpy scalars become numbers."""
+def jsonable(value: Any, *, nul: str | None = None) -> Any:
+    """``value`` as JSON can hold it: NaN and infinities become null (JSON has neither; a gap in a chart),
+    a tensor or numpy value holding one number becomes that number, mappings become dicts with string keys.
+
+    nul: what a NUL character in a string becomes (None: it is kept). The web app's store passes U+FFFD:
+    PostgreSQL's jsonb refuses NUL, which an untrained model samples like any other token, and one refused
+    value would lose its whole batch of events."""
+    if isinstance(value, str):
+        return value if nul is None else value.replace("\x00", nul)
     if isinstance(value, float):
         return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, Mapping):
+        return {jsonable(str(k), nul=nul): jsonable(v, nul=nul) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 1) == 0:
-        return _jsonable(value.item())
+        return [jsonable(v, nul=nul) for v in value]
+    if callable(getattr(value, "item", None)):  # torch and numpy: one number (a larger one is left as it is)
+        size = value.numel() if callable(getattr(value, "numel", None)) else getattr(value, "size", 1)
+        if size == 1:
+            return jsonable(value.item(), nul=nul)
     return value
 
 
@@ -194,7 +203,7 @@ class EventStream:
         if type not in EVENT_TYPES:
             raise ValueError(f"unknown event type {type!r}; use one of {EVENT_TYPES}")
         event: Event = {"type": type, "step": int(step), "time": time.time(), "run": self.run,
-                        "data": _jsonable(dict(data))}
+                        "data": jsonable(dict(data))}
         for i, sink in enumerate(self.sinks):
             if i in self._failed:
                 continue

@@ -22,21 +22,35 @@ How it stays correct:
   ``last_step``, so all ranks' producers issue the same collectives, and a stop never strands one of them.
 - **Threads.** ``torch.set_num_threads`` is process-wide; with one intra-op thread an op runs in the thread
   that calls it and releases the GIL, so the producer's generation and the trainer's update use two cores.
+
+``AsyncRollouts`` is the producer's lifecycle inside a run: what it samples with (its engine, agent, resource
+pools and data cursor), the agent the trainer evaluates on while it runs, its metrics, and its shutdown.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from trainer import distributed as dist
+from trainer.builders import DataCursor, build_agent, pools_of
+from trainer.collect import Collected, collect
+from trainer.config import Config
+from trainer.metrics import StageTimer
+
 if TYPE_CHECKING:
-    from trainer.builders import DataCursor
-    from trainer.loop import Collected
+    from agentfly.agents.agent import Agent
+    from agentfly.engines.base import Engine
+    from agentfly.resources import ResourceEngine
+    from agentfly.rollout.trajectory import Trajectory
 
 
 @dataclass
@@ -195,7 +209,7 @@ class RolloutProducer:
     def paused(self) -> Iterator[None]:
         """No batch is sampled inside this block: it waits for the batch in progress to end, and the next
         one starts after it. The trainer evaluates in it, on the producer's event loop and resource pools, so
-        that a pool never holds more than its ``max`` (``Trainer._eval_agent``)."""
+        that a pool never holds more than its ``max`` (``AsyncRollouts.evaluating``)."""
         with self._batch:
             yield
 
@@ -210,3 +224,106 @@ class RolloutProducer:
         self._stop.set()
         self.weights.wake()
         self._thread.join(timeout)
+
+
+class AsyncRollouts:
+    """``rollout.mode: async`` for the length of ``Trainer.train``: a producer thread with its own engine,
+    agent (and resource pools) and data cursor, starting at ``step`` with the weights of that version.
+
+    engine: the trainer's engine. An HF engine shares the trainer's module, so the producer gets a new HF
+    engine on a copy of the policy; a ``separate`` engine (vLLM) already holds its own copy of the weights, so
+    the producer takes it over: from here on only the producer's thread drives it and loads new weights into
+    it (``load_weights`` between two batches), and the trainer evaluates on an HF engine over its own module.
+    """
+
+    def __init__(self, config: Config, model: Any, tokenizer: Any, engine: Engine, *, separate: bool,
+                 cursor: DataCursor, step: int) -> None:
+        from agentfly.engines.hf import HFEngine
+
+        group = dist.side_group()  # every rank makes it here, at the same point
+        self.config, self.model, self.tokenizer = config, model, tokenizer
+        self.trainer_engine, self.separate = engine, separate
+        if not separate:
+            engine = HFEngine(model=copy.deepcopy(model).eval().requires_grad_(False), tokenizer=tokenizer)
+        self.engine: Engine = engine
+        self.agent: Agent = build_agent(config, engine)
+        self._eval_agent: Agent | None = None
+        self._idle_reported = 0.0  # the producer's idle seconds already reported
+        at = DataCursor(cursor.samples, config.data.seed, config.data.shuffle)
+        at.load_state_dict(cursor.state_dict())
+
+        def collect_batch(batch_step: int, cursor: DataCursor) -> tuple[Collected, dict[str, float]]:
+            timer = StageTimer()
+            return collect(config, self.agent, cursor, timer, step=batch_step, group=group), timer.times
+
+        self.producer = RolloutProducer(collect_batch, engine.update_weights, at, step=step, version=step,
+                                        last_step=config.steps, max_staleness=config.rollout.max_staleness)
+
+    def start(self) -> AsyncRollouts:
+        self.producer.start()
+        return self
+
+    @property
+    def pools(self) -> ResourceEngine | None:
+        """The producer's resource pools: the ones the rollouts run on (and evaluations share)."""
+        return pools_of(self.agent)
+
+    def get(self, version: int) -> tuple[ProducedBatch, int]:
+        return self.producer.get(version)
+
+    def publish(self, state: Mapping[str, Any], version: int) -> None:
+        self.producer.publish(state, version)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.producer.state_dict()
+
+    @contextlib.contextmanager
+    def evaluating(self, own: Agent) -> Iterator[Agent]:
+        """The agent an evaluation runs on, given the trainer's ``own``. With resource pools, it is an agent on
+        the producer's pools and event loop, and the producer is paused meanwhile, so that a pool never holds
+        more than its ``max`` instances. Its engine holds the weights just trained: the trainer's own HF
+        engine, or, when the producer drives a separate engine (vLLM) that no other thread may step, a new HF
+        engine over the trainer's module. Built once; without pools and a separate engine, ``own``."""
+        shares = self.pools is not None
+        with self.producer.paused() if shares else contextlib.nullcontext():
+            if not (self.separate or shares):
+                yield own
+                return
+            if self._eval_agent is None:
+                from agentfly.engines.hf import HFEngine
+
+                engine = HFEngine(model=self.model, tokenizer=self.tokenizer) if self.separate else self.trainer_engine
+                if shares:
+                    self._eval_agent = build_agent(self.config, engine, resources=self.pools)
+                    self._eval_agent.share_loop(self.agent)
+                else:
+                    self._eval_agent = build_agent(self.config, engine)
+            yield self._eval_agent
+
+    def metrics(self, produced: ProducedBatch, dropped: int, trained: Sequence[Trajectory], version: int
+                ) -> dict[str, float]:
+        """Staleness of the trained rows (versions behind ``version``, the one this update started from),
+        dropped batches, the producer's stage seconds for this batch (it ran them while earlier updates did)
+        and its idle seconds since the last step; over ranks: sums for means and counts, maxima for maxima
+        and times."""
+        lags = [version - (t.policy_version if t.policy_version is not None else version) for t in trained]
+        idle, self._idle_reported = self.producer.idle_seconds - self._idle_reported, self.producer.idle_seconds
+        summed = dist.all_reduce_sum(torch.tensor([float(sum(lags)), float(len(lags)), float(dropped)],
+                                                  dtype=torch.float64)).tolist()
+        names = sorted(produced.times)
+        top = dist.all_reduce_max(torch.tensor([float(max(lags, default=0)), idle] +
+                                               [produced.times[k] for k in names], dtype=torch.float64)).tolist()
+        out = {"rollout/staleness_mean": summed[0] / max(summed[1], 1.0), "rollout/staleness_max": top[0],
+               "rollout/dropped_stale": summed[2], "time/producer_idle": top[1],
+               "rollout/policy_version": float(produced.version)}
+        return out | {f"time/{k}": v for k, v in zip(names, top[2:], strict=True)}
+
+    def close(self) -> None:
+        """Stop the producer, then close its agent's and the evaluation agent's pools and event loops (each
+        on the loop its instances belong to, idle once the producer's thread has ended)."""
+        self.producer.close()
+        if self.producer.running:  # still in a batch past close's timeout: its loop is not ours to close
+            return
+        for agent in (self.agent, self._eval_agent):
+            if agent is not None:
+                agent.close()

@@ -14,14 +14,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agentfly.engines.remote import RemoteEngine
+    from agentfly.engines.base import Engine
     from trainer.config import Config
 
 
-def build_remote_engine(config: Config) -> RemoteEngine:
+def build_remote_engine(config: Config) -> Engine:
     import os
 
-    from agentfly.engines.remote import RemoteEngine, start_servers
+    from agentfly.agents.agent import build_engine
+    from agentfly.engines.remote import start_servers
     from trainer.config import ConfigError
 
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
@@ -33,10 +34,7 @@ def build_remote_engine(config: Config) -> RemoteEngine:
 
     out = Path(config.output_dir)
     sync_dir = config.engine_sync_dir or str(out / "weight-sync")
-    if config.engine_servers:
-        return RemoteEngine(list(config.engine_servers), config.model.path,
-                            max_concurrency=config.engine_max_concurrency, sync_dir=sync_dir)
-    servers = start_servers(config.model.path, config.engine_replicas, seed=config.seed,
-                            log_dir=str(out / "servers"))
-    return RemoteEngine(servers, config.model.path, max_concurrency=config.engine_max_concurrency,
+    servers = list(config.engine_servers) or start_servers(config.model.path, config.engine_replicas,
+                                                           seed=config.seed, log_dir=str(out / "servers"))
+    return build_engine(config.model.path, "remote", servers=servers, max_concurrency=config.engine_max_concurrency,
                         sync_dir=sync_dir)

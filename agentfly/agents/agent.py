@@ -25,11 +25,15 @@ from agentfly.tools.tool import Tool, make_tool
 if TYPE_CHECKING:
     from agentfly.resources.engine import ResourceEngine
 
-ENGINES = ("hf", "vllm")
+ENGINES = ("hf", "vllm", "remote")
 
 
-def build_engine(model: str | os.PathLike[str], engine: str, **kwargs: Any) -> Engine:
-    """Load ``model`` (a local directory) into the named engine."""
+def build_engine(model: str | os.PathLike[str] | Any, engine: str, **kwargs: Any) -> Engine:
+    """The named engine on ``model``, a local directory; the keyword arguments go to the engine.
+
+    ``hf`` also takes a loaded module with its ``tokenizer=`` (the engine then shares the module: the
+    trainer's weights are the engine's). ``remote`` samples from running servers of ``model``, given as
+    ``servers=`` (base URLs, or the ``ServerProcess``es ``agentfly.engines.remote.start_servers`` started)."""
     if engine == "hf":
         from agentfly.engines.hf import HFEngine
 
@@ -38,6 +42,10 @@ def build_engine(model: str | os.PathLike[str], engine: str, **kwargs: Any) -> E
         from agentfly.engines.vllm import VLLMEngine
 
         return VLLMEngine(model, **kwargs)
+    if engine == "remote":
+        from agentfly.engines.remote import RemoteEngine
+
+        return RemoteEngine(kwargs.pop("servers", ()), model, **kwargs)
     raise ValueError(f"unknown engine {engine!r}; choose one of {ENGINES}")
 
 

@@ -1,5 +1,5 @@
 """The process behind one ScienceWorld instance: a JVM (started by the ``scienceworld`` package through
-py4j) driven over the worker protocol of ``agentfly.resources.backends._worker``.
+py4j) driven over the worker protocol (``agentfly.resources.backends.worker``).
 
 Run by ``agentfly.envs.scienceworld.ScienceWorld`` as ``python -m agentfly.envs._sciworld_worker``; the JVM
 is this process's child and in its process group, so killing the group takes the JVM with it.
@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any
 
-from agentfly.resources.backends._worker import Channel, die_with_parent, serve
+from agentfly.resources.backends.worker import Channel, die_with_parent, serve
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from django.db import transaction
 from django.db.models import F
 from django.http import QueryDict
 
+from trainer.events import jsonable
 from webapp.monitor.models import EventType, JobEvent
 
 log = logging.getLogger(__name__)
@@ -60,28 +61,10 @@ def normalise(event: Mapping[str, Any]) -> dict[str, Any]:
     # The trainer nests the payload under "data" (and names its run, which the job already identifies);
     # events made here put it at the top level. Both are stored the same way.
     payload = event.get("data")
-    if isinstance(payload, Mapping):
-        data = {_jsonable(str(k)): _jsonable(v) for k, v in payload.items()}
-    else:
-        data = {k: _jsonable(v) for k, v in event.items() if k not in ("type", "step", "time", "run")}
-    return {"type": kind, "step": step, "time": float(at), "data": data}
-
-
-def _jsonable(value: Any) -> Any:
-    """JSON has no NaN/inf and PostgreSQL's jsonb refuses them: store them as None (a gap in a chart).
-    jsonb also refuses the NUL character, which an untrained model samples like any other token: a sample's
-    text keeps it as U+FFFD, since one refused value would lose its whole batch of events."""
-    if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {_jsonable(str(k)): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
-        return _jsonable(value.item())
-    return value
+    if not isinstance(payload, Mapping):
+        payload = {k: v for k, v in event.items() if k not in ("type", "step", "time", "run")}
+    # jsonb refuses NaN, infinities and the NUL character: a sample's text keeps a NUL as U+FFFD.
+    return {"type": kind, "step": step, "time": float(at), "data": jsonable(payload, nul="\ufffd")}
 
 
 def append_events(job_id: int, events: Iterable[Mapping[str, Any]]) -> list[JobEvent]:

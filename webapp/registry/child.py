@@ -9,7 +9,8 @@ plugins and the entry's team's own plugin folder (``child_read_paths``; no host 
 folder), rlimits (``child_limits``), no network, a private uid when the worker is root, and Landlock. Each request has a wall-clock limit (``AGENTFLY_CHILD_TIMEOUT``); past it the
 child is killed. A child that exits, crashes or hangs becomes ``ChildFailed``, an error the user sees.
 
-Protocol: the ``_worker.py`` JSON lines, with two requests: ``describe`` and ``try``.
+Protocol: the sandbox worker's JSON lines (``agentfly.resources.backends.worker``), with two requests:
+``describe`` and ``try``.
 """
 
 from __future__ import annotations
@@ -163,9 +164,9 @@ def _handlers() -> dict[str, Any]:
 
 
 def main() -> None:
-    from agentfly.resources.backends import _worker
+    from agentfly.resources.backends.worker import Channel, harden, receive_identity, serve
 
-    channel = _worker.Channel()
+    channel = Channel()
     config = json.loads(os.environ.pop("AGENTFLY_SANDBOX", "{}"))
     os.chdir(config.get("workdir") or os.getcwd())
     # Import the trusted code now, while every file is readable: once hardened, the child reads only the
@@ -179,13 +180,13 @@ def main() -> None:
     # A tool's own sandbox (python_code's) is started from here, with its stderr on /dev/null.
     config["write_paths"] = [*config.get("write_paths", []), os.devnull]
     try:
-        _worker.receive_identity(channel, config)
-        report = _worker.harden(config)
+        receive_identity(channel, config)
+        report = harden(config)
     except Exception as exc:  # never run user code half-isolated
         channel.write({"ok": False, "ready": False, "error": f"isolation failed: {type(exc).__name__}: {exc}"})
         return
     channel.write({"ok": True, "ready": True, "pid": os.getpid(), "isolation": report})
-    _worker.serve(channel, handlers)
+    serve(channel, handlers)
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ def weights(t: Any) -> dict[str, torch.Tensor]:
     """Policy and value head, whole (gathered under ZeRO-3; every rank calls this)."""
     from trainer import distributed as dist
 
-    return {k: v.float() for k, v in dist.full_state_dict(t.update.module).items()}
+    return {k: v.float() for k, v in dist.full_state_dict(t.learner.update.module).items()}
 
 
 def one_step(model_dir: str, out: Path, extra: Sequence[str]) -> dict[str, Any]:

@@ -11,7 +11,8 @@ import torch
 
 from trainer import algorithms
 from trainer.config import load_config
-from trainer.loop import InfrastructureStop, StageTimer, Trainer, rollout_metrics
+from trainer.loop import InfrastructureStop, Trainer
+from trainer.metrics import StageTimer, rollout_metrics
 
 ROOT = Path(__file__).resolve().parents[3]
 GROUP = 4

@@ -13,8 +13,8 @@ import pytest
 
 from agentfly.rollout.trajectory import Trajectory
 from trainer.builders import DataCursor
+from trainer.collect import Collected
 from trainer.config import ConfigError, load_config
-from trainer.loop import Collected
 from trainer.producer import ProducedBatch, RolloutProducer, too_stale
 
 SAMPLES = [{"question": f"q{i}"} for i in range(40)]

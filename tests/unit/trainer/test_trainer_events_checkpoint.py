@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trainer.checkpoint import load_state, resolve, save_checkpoint
-from trainer.events import CallbackSink, EventStream, JSONLSink, read_events
+from trainer.events import CallbackSink, EventStream, JSONLSink, jsonable, read_events
 
 torch.set_num_threads(1)
 
@@ -26,6 +26,16 @@ def test_every_event_reaches_every_sink_with_type_step_time_and_data(tmp_path):
     assert event["data"] == {"reward/mean": 0.5, "nan": None, "t": 2.0}
     assert read_events(tmp_path / "e.jsonl", "metrics")[0]["data"]["reward/mean"] == 0.5
     json.dumps(got)  # every event is JSON
+
+
+def test_jsonable_makes_numbers_of_one_element_tensors_and_keeps_nul_unless_told(tmp_path):
+    import numpy as np
+
+    value = {1: (torch.tensor([2.5]), np.float32(0.5), float("inf")), "text": "a\x00b", "big": torch.ones(2)}
+    out = jsonable(value)
+    assert out["1"] == [2.5, 0.5, None] and out["text"] == "a\x00b"
+    assert out["big"] is value["big"]  # not one number: left as it is
+    assert jsonable(value, nul="\ufffd")["text"] == "a\ufffdb"
 
 
 def test_a_failing_sink_is_disabled_and_the_others_keep_receiving(tmp_path, capsys):
