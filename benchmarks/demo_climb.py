@@ -16,13 +16,13 @@ trajectories and its trailing mean over ``--smooth`` steps; then the held-out ev
 (the issue's bar: "its reward keeps climbing for at least the first 90 s after the URL is printed, and ends
 high"): the best smoothed reward in each third of the window (0-30 s, 30-60 s, 60-90 s) beats the best in the
 third before it by at least ``--margin`` (a reward that reaches its ceiling at 40 s and stays there fails), and
-the final smoothed reward is at least ``--high``. The last line is JSON.
+the final smoothed reward is at least ``--high``. The last line is the verdict; the exit code is 0 only when
+both hold. The demo's own output goes to standard error.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -60,7 +60,7 @@ def run_demo(
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("AGENTFLY_REDIS_PREFIX", f"demo-climb-{os.getpid()}-")
-    print("$", " ".join(argv), flush=True)
+    print("$", " ".join(argv), file=sys.stderr, flush=True)
     begin = time.time()
     url_at: float | None = None
     job_id: int | None = None
@@ -77,7 +77,7 @@ def run_demo(
                 url_at = time.time()
             if job_id is None and (m := DASHBOARD_LINE.search(line)):
                 job_id = int(m.group(1))
-            print(f"  [demo {time.time() - begin:6.1f} s] {line.rstrip()}", flush=True)
+            print(f"  [demo {time.time() - begin:6.1f} s] {line.rstrip()}", file=sys.stderr, flush=True)
         proc.wait()
     finally:
         timer.cancel()
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [(step, at - url_at, data) for step, at, data in job_metrics(demo_dir, job_id)]
     finally:
         if args.keep:
-            print(f"kept {demo_dir}")
+            print(f"kept {demo_dir}", file=sys.stderr)
         else:
             shutil.rmtree(demo_dir, ignore_errors=True)
 
@@ -187,25 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         f"final: {fmt(final)} (needs {args.high})"
     )
     print(
-        f"verdict: {'climbs' if climbing else 'does NOT climb'} through the first {args.window:.0f} s, "
-        f"{'ends high' if high else 'does NOT end high'}"
-    )
-    print(
-        json.dumps(
-            {
-                "task": args.task,
-                "steps": len(train),
-                "exit_code": rc,
-                "wall_s": round(wall),
-                "first_step_s": round(train[0][1]) if train else None,
-                "last_step_s": round(train[-1][1]) if train else None,
-                "best_per_third": bests,
-                "final": final,
-                "climbs": climbing,
-                "high": high,
-                "eval": [[step, round(t), acc] for step, t, acc in evals],
-            }
-        )
+        f"verdict: {'climbs' if climbing else 'does NOT climb'} through the first {args.window:.0f} s "
+        f"(best smoothed reward per {third:.0f} s: {', '.join(fmt(b) for b in bests)}) and "
+        f"{'ends high' if high else 'does NOT end high'} ({fmt(final)})"
     )
     return 0 if climbing and high else 1
 
