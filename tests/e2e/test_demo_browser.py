@@ -1,5 +1,5 @@
-"""The README's first command in a real browser: ``python -m webapp.demo`` (the shipped calculator warm
-start, its default 200 steps) serves a dashboard whose reward chart rises above its first points while the
+"""The README's first command in a real browser: ``python -m webapp.demo`` (the key chain from its shipped
+warm start, its default 80 steps) serves a dashboard whose reward chart rises above its first points while the
 job runs. Screenshots of the dashboard mid-run and of the rollout viewer land in ``test-artifacts/``.
 
 The values are read from the page itself (Plotly's ``gd.data`` of the reward chart), as the user sees them.

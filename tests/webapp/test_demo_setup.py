@@ -50,11 +50,11 @@ def test_a_restarted_demo_reuses_its_queued_job_and_replaces_one_whose_worker_st
 
     builtin_entries()
     user, team = demo_user()
-    first = launch_demo_job(user, team, 2)
-    assert launch_demo_job(user, team, 2).pk == first.pk  # restarted while it waited: the same job
+    first = launch_demo_job(user, team, 2, None, "calculator")
+    assert launch_demo_job(user, team, 2, None, "calculator").pk == first.pk  # restarted while it waited: the same job
     assert TrainingJob.objects.filter(team=team).count() == 1
     TrainingJob.objects.filter(pk=first.pk).update(status=Status.RUNNING)  # its worker stopped with the demo
-    second = launch_demo_job(user, team, 2)
+    second = launch_demo_job(user, team, 2, None, "calculator")
     assert second.pk != first.pk and second.status == Status.QUEUED
     first.refresh_from_db()
     assert first.cancel_requested
@@ -70,17 +70,40 @@ def test_the_demo_team_is_one_name(db: None) -> Any:
 
 def test_the_key_chain_demo_launches_the_multi_turn_task_with_its_pooled_store(db: None) -> None:
     from tests.webapp.factories import ready_entry
+    from webapp.demo import KEY_CHAIN_WARM_START, demo_user, launch_demo_job
+    from webapp.registry.models import Kind
+
+    ready_entry(None, Kind.TOOL, "agentfly.tools.builtin.lookup:lookup", "lookup")
+    ready_entry(None, Kind.REWARD, "agentfly.rewards.builtin.chain:chain_answer", "chain_answer")
+    user, team = demo_user()
+    job = launch_demo_job(user, team, 200, KEY_CHAIN_WARM_START, "key_chain")
+    assert job.config["data"]["task"] == "key_chain" and job.config["rollout"]["max_turns"] == 6
+    assert job.config["rollout"]["tools"] == ["agentfly.tools.builtin.lookup:lookup"]
+    assert job.config["resources"] == {"kv": {"max": 8}} and job.config["model"]["path"].endswith("key_chain/warm_start")
+    assert job.config["eval"]["every"] > 0
+
+
+def test_the_demo_runs_the_key_chain_from_its_warm_start_unless_told_otherwise(tmp_path: Path, capsys: Any) -> None:
+    from webapp.demo import KEY_CHAIN_WARM_START, main, resolve_model
+
+    assert resolve_model("warm", "key_chain", tmp_path, tmp_path) == KEY_CHAIN_WARM_START
+    assert resolve_model("tiny", "key_chain", tmp_path, tmp_path) is None
+    with pytest.raises(SystemExit):
+        main(["--help"])  # argparse prints the help and exits
+    assert "multi-turn key chain with its pooled store (default" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_tiny_key_chain_demo_trains_the_untrained_model_on_the_same_task(db: None) -> None:
+    from tests.webapp.factories import ready_entry
     from webapp.demo import demo_user, launch_demo_job
     from webapp.registry.models import Kind
 
     ready_entry(None, Kind.TOOL, "agentfly.tools.builtin.lookup:lookup", "lookup")
     ready_entry(None, Kind.REWARD, "agentfly.rewards.builtin.chain:chain_answer", "chain_answer")
     user, team = demo_user()
-    job = launch_demo_job(user, team, 200, None, "key_chain")
-    assert job.config["data"]["task"] == "key_chain" and job.config["rollout"]["max_turns"] == 6
-    assert job.config["rollout"]["tools"] == ["agentfly.tools.builtin.lookup:lookup"]
-    assert job.config["resources"] == {"kv": {"max": 8}} and job.config["model"]["path"].endswith("key_chain/warm_start")
-    assert job.config["eval"]["every"] > 0
+    job = launch_demo_job(user, team, 2, None, "key_chain")
+    assert job.config["data"]["task"] == "key_chain" and job.config["resources"] == {"kv": {"max": 8}}
+    assert job.config["model"]["build_tiny"] and job.config["rollout"]["max_turns"] == 2
 
 
 def test_the_calculator_demo_draws_its_evaluation_as_a_curve(db: None) -> None:
@@ -88,4 +111,4 @@ def test_the_calculator_demo_draws_its_evaluation_as_a_curve(db: None) -> None:
 
     builtin_entries()
     user, team = demo_user()
-    assert launch_demo_job(user, team, 200, None).config["eval"]["every"] == 25
+    assert launch_demo_job(user, team, 200, None, "calculator").config["eval"]["every"] == 25

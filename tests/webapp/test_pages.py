@@ -114,7 +114,7 @@ def test_the_demo_job_from_a_warm_start_passes_the_launch_form_with_the_demo_rec
     warm.mkdir()
     (warm / "config.json").write_text("{}")
     team = alice.groups.get().team
-    job = launch_demo_job(alice, team, 60, warm)
+    job = launch_demo_job(alice, team, 60, warm, "calculator")
     cfg = job.config
     assert cfg["model"]["path"] == str(warm) and cfg["steps"] == 60
     assert cfg["optim"]["lr"] == 3e-5 and cfg["rollout"]["temperature"] == 0.7 and cfg["rollout"]["max_turns"] == 3
