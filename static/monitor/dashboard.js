@@ -518,6 +518,19 @@
     }
   }
 
+  /* A rate-limited API's pool (SharedRateLimiter): its shared counters, as last read from Redis, under its row:
+     calls, waits, 429s, the daily quota in use and the circuit breaker's state. */
+  function apiRow(s) {
+    const a = s.kind === "api" ? s.isolation : null;
+    if (!a || a.calls === undefined) return [];
+    const quota = a.daily_quota ? `${fmt(a.quota_used)} / ${fmt(a.daily_quota)} today` : `${fmt(a.quota_used)} today (no quota)`;
+    const text = `${fmt(a.calls)} calls · ${fmt(a.waits)} waits (${fmt(a.wait_seconds, 1)} s) · ${fmt(a.http_429)} × 429 · ` +
+      `${fmt(a.failures)} failures · quota ${quota} · ${fmt(a.rate_per_s)}/s, ${fmt(a.concurrency)} at once`;
+    return [el("tr", { class: "pool-api" }, el("td", { text: "  API" }),
+      el("td", { colspan: "6", text }),
+      el("td", { class: a.breaker === "open" ? "bad" : "", text: `breaker ${a.breaker}` }))];
+  }
+
   function renderResources() {
     if (!resourcesDirty || !latestResources) return;
     resourcesDirty = false;
@@ -545,7 +558,7 @@
           el("td", { text: `  node ${node.slice(0, 8)}` }), el("td", { text: `${fmt(c.starting)} starting` }), el("td", { text: fmt(c.in_use) }),
           el("td", { text: fmt(c.idle) }), el("td", { text: "" }), el("td", { text: `${fmt(c.reclaimed)} reclaimed` }),
           el("td", { class: c.failed ? "bad" : "", text: fmt(c.failed) }), el("td", { text: "" })));
-        return [row, ...nodes];
+        return [row, ...nodes, ...apiRow(s)];
       });
       document.getElementById("pool-table").replaceChildren(el("table", { class: "table small", id: "pool-stats" },
         el("thead", {}, el("tr", {}, ...["pool", "size/max", "in use", "idle", "waiting", "created", "failed", "acquire p50/p99 ms"].map((h) => el("th", { text: h })))),

@@ -225,3 +225,33 @@ def test_the_resource_panel_shows_the_engine_figures_of_a_job_without_pools(
     assert {"name": "generated tokens", "y": [1234.0, 2468.0, 3702.0]} in timeline
     assert page.evaluate("() => document.getElementById('engine-timeline').layout.yaxis.title.text")
     settle(page, problems)
+
+
+def job_with_an_api_pool(alice: Any) -> Any:
+    job = make_job(alice, "api pool")
+    host = {"host": "worker-1", "pid": 1, "cpu_count": 2, "cpu_percent": 50.0, "process_cpu_percent": 90.0,
+            "process_rss_mb": 900.0, "threads": 4, "memory_used_mb": 4000.0, "memory_total_mb": 8000.0,
+            "memory_percent": 50.0, "gpus": [], "gpu_absent": "NVML found no GPU on this machine"}
+    # A SharedRateLimiter's pool as the resources event carries it: its counters shared in Redis by every
+    # process of the team that uses the API, as last read.
+    api = {"kind": "api", "size": 1, "max": 1, "in_use": 0, "idle": 1, "waiting": 0, "created": 1, "failed": 0,
+           "isolation": {"key": "team-a:search", "shared_in": "redis", "rate_per_s": 5.0, "burst": 5,
+                         "concurrency": 4, "daily_quota": 10000, "calls": 812.0, "waits": 37.0, "wait_seconds": 9.5,
+                         "http_429": 3.0, "failures": 6.0, "breaker_opened": 1.0, "quota_used": 812,
+                         "breaker": "open", "in_flight": 2}}
+    store(job, [{"type": "resources", "step": 1, "time": 1.7e9 + 1, "data": {
+        "host": host, "pools": {"search_api": api}, "engine": {}}}])
+    return job
+
+
+def test_a_rate_limited_apis_pool_shows_calls_waits_429s_the_quota_in_use_and_the_breaker(
+        alice: Any, daphne: Daphne, browser_page: Any) -> None:
+    page = browser_page
+    problems = open_dashboard(page, daphne, alice, off_loop(job_with_an_api_pool, alice))
+    wait_for_js(page, "() => document.querySelector('#pool-stats tr.pool-api')", timeout=10_000)
+    row = page.inner_text("#pool-stats tr.pool-api")
+    for shown in ("812 calls", "37 waits (9.5 s)", "3 × 429", "6 failures", "quota 812 / 10000 today",
+                  "5/s, 4 at once", "breaker open"):
+        assert shown in row, (shown, row)
+    assert page.get_attribute("#pool-stats tr.pool-api td:last-child", "class") == "bad"
+    settle(page, problems)
