@@ -2,8 +2,9 @@
 
 Every knob comes from the environment through the small typed helpers below, so one image runs as the demo
 (SQLite, DEBUG), in CI (PostgreSQL, Redis on localhost) and in production (``DEBUG`` off: secure cookies,
-HSTS, a required ``SECRET_KEY``). Nothing here imports the library or the trainer: workers import those
-inside tasks, the web process never does.
+HSTS, a required ``SECRET_KEY``). Nothing here imports the library or the trainer. The web process imports
+only what checks a launch (``trainer.config``, and the names of the built-in resources); workers import the
+rest inside tasks.
 """
 
 from __future__ import annotations
