@@ -72,7 +72,7 @@ def test_the_demos_sqlite_runs_in_wal_mode_and_waits_for_the_write_lock(tmp_path
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="needs Debian's docker-compose package")
 def test_the_compose_file_is_valid_for_a_real_compose_parser() -> None:
-    env = {**os.environ, "SECRET_KEY": "k" * 50, "REDIS_PASSWORD": "p" * 32}
+    env = {**os.environ, "SECRET_KEY": "k" * 50, "REDIS_PASSWORD": "p" * 32, "RAY_AUTH_TOKEN": "t" * 64}
     result = subprocess.run(["docker-compose", "-f", "docker-compose.yml", "config"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -85,6 +85,10 @@ def test_the_compose_file_is_valid_for_a_real_compose_parser() -> None:
     assert services["worker-cpu"]["environment"]["AGENTFLY_RAY_ADDRESS"] == "ray-head:6379"
     assert '--resources={"sandbox": 16}' in services["ray-worker"]["command"]
     assert services["ray-head"]["image"] == services["ray-worker"]["image"] == services["web"]["image"]
+    # One token for the cluster: its nodes and the workers (and through them, the jobs) that join it.
+    for name in ("ray-head", "ray-worker", "worker-cpu"):
+        assert services[name]["environment"]["RAY_AUTH_MODE"] == "token", name
+        assert services[name]["environment"]["RAY_AUTH_TOKEN"] == "t" * 64, name
     assert all("healthcheck" in services[name] for name in services)
     devices = services["worker-gpu"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"] and devices[0]["driver"] == "nvidia"

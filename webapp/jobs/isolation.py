@@ -229,7 +229,18 @@ def sandbox_for(job: Any, output_dir: Path, config: dict[str, Any]) -> Sandbox:
         if os.environ.get(name) and Path(os.environ[name]).is_dir():
             readable.append(Path(os.environ[name]).resolve())  # downloaded models, shared read-only
     return Sandbox(job_id=job.pk, team_slug=job.team.slug, output_dir=output_dir.resolve(),
-                   writable=[team_runs.resolve()], readable=readable, network=network_for(config))
+                   writable=[team_runs.resolve()], readable=readable, network=network_for(config),
+                   env=ray_env(config))
+
+
+# A job whose pools run on the operator's Ray cluster joins it: with the cluster's token, when it has one.
+RAY_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+
+
+def ray_env(config: dict[str, Any]) -> dict[str, str]:
+    if (config.get("resource_backend") or {}).get("backend") != "ray":
+        return {}
+    return {name: os.environ[name] for name in RAY_ENV if os.environ.get(name)}
 
 
 def command(sandbox: Sandbox | None, args: Sequence[str]) -> list[str]:

@@ -44,6 +44,7 @@ import logging
 import os
 import pickle
 import socket
+import threading
 import time
 import uuid
 from collections import deque
@@ -188,7 +189,27 @@ def connect(address: str | None) -> None:
                               "ignore_reinit_error": True}
     if address is None:
         kwargs["num_cpus"] = 1  # a private Ray for this process: instances ask for no CPU of their own
-    ray.init(address=address, **kwargs)
+    # ``ray.init`` retries a cluster that answers but refuses it (a missing or wrong RAY_AUTH_TOKEN) once a
+    # minute, forever: joined on a thread of its own, it gets a deadline, and the process a typed failure.
+    timeout = float(os.environ.get("AGENTFLY_RAY_CONNECT_TIMEOUT", "120"))
+    failed: list[BaseException] = []
+
+    def join() -> None:
+        try:
+            ray.init(address=address, **kwargs)
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=join, name="ray-connect", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise ResourceError(
+            f"could not join the Ray cluster at {address} within {timeout:.0f} s (AGENTFLY_RAY_CONNECT_TIMEOUT): it "
+            "answers but did not accept this process; with token authentication (RAY_AUTH_MODE=token) every node "
+            "and every process that joins needs the cluster's RAY_AUTH_TOKEN")
+    if failed:
+        raise failed[0]
 
 
 # ----------------------------------------------------------------------------------------------------------
