@@ -82,7 +82,7 @@ def test_the_compose_file_is_valid_for_a_real_compose_parser() -> None:
     services = config["services"]
     assert set(services) == {"web", "worker-cpu", "worker-try", "worker-gpu", "redis", "postgres", "ray-head", "ray-worker"}
     # Jobs' environments go to the Ray worker node, the one with sandbox room, from the project's image.
-    assert services["worker-cpu"]["environment"]["AGENTFLY_RAY_ADDRESS"] == "ray-head:6379"
+    assert services["worker-cpu"]["environment"]["AGENTFLY_RAY_ADDRESS"] == "ray://ray-head:10001"
     assert '--resources={"sandbox": 16}' in services["ray-worker"]["command"]
     assert services["ray-head"]["image"] == services["ray-worker"]["image"] == services["web"]["image"]
     # One token for the cluster: its nodes and the workers (and through them, the jobs) that join it.
