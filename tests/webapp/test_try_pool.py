@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
@@ -22,11 +21,16 @@ from tests.webapp.helpers import PASSWORD, Worker, wait_for, worker_env
 from webapp.accounts.models import Team
 from webapp.registry.tryslots import _redis, slot_keys
 
+# The worker's hard timeout of a try child: long enough that alice's loops are certainly still running when
+# bob's call (a child of its own to start, on a machine her two loops keep busy) has its answer.
+CHILD_TIMEOUT = 15.0
+
 
 @pytest.fixture
 def try_worker(transactional_db: None, runs_dir: Path, tmp_path: Path) -> Iterator[Worker]:
     """A worker on the ``try`` queue alone, as many processes as the pool has places (3 here)."""
-    worker = Worker("try", worker_env(runs_dir), tmp_path / "try-worker.log", concurrency=3)
+    env = {**worker_env(runs_dir), "AGENTFLY_CHILD_TIMEOUT": str(CHILD_TIMEOUT)}
+    worker = Worker("try", env, tmp_path / "try-worker.log", concurrency=3)
     try:
         worker.wait_ready()
         yield worker
@@ -50,16 +54,16 @@ def test_one_teams_looping_tries_never_time_out_another_teams_try(
     settings.AGENTFLY_TRY_TEAM_CONCURRENCY = 2
     settings.AGENTFLY_TRY_CONCURRENCY = 2
     settings.AGENTFLY_TRY_TIMEOUT = 1.0  # alice stops waiting long before her loops are killed
-    child_timeout = django_settings.AGENTFLY_CHILD_TIMEOUT
+    settings.AGENTFLY_CHILD_TIMEOUT = child_timeout = CHILD_TIMEOUT  # the worker's (its slots' lease too)
     spin = ready_entry(team_a, "tool", "looping_tools:spin", "spin")
     echo = ready_entry(team_b, "tool", "looping_tools:echo", "echo")
     carol = get_user_model().objects.create_user("carol", password=PASSWORD)
     team_a.add_member(carol)
 
     # alice's two loops: each request gives up after 1 s (504), but both loops go on running on the worker.
+    started = time.monotonic()
     for _ in range(2):
         assert try_it(alice, spin, {}).status_code == 504
-    started = time.monotonic()
     # Her third is refused, naming the per-user limit, while the first two still run.
     response = try_it(alice, spin, {})
     assert response.status_code == 429 and "AGENTFLY_TRY_CONCURRENCY=2" in response.json()["detail"]
