@@ -88,8 +88,7 @@ def network_for(config: dict[str, Any]) -> str:
     hosts (it spans several, or its pools run on the operator's Ray cluster), its own loopback otherwise."""
     mode = settings.AGENTFLY_JOB_NETWORK
     if mode == "auto":
-        on_ray = (config.get("resource_backend") or {}).get("backend") == "ray"
-        return "host" if int(config.get("nodes", 1)) > 1 or on_ray else "none"
+        return "host" if int(config.get("nodes", 1)) > 1 or on_ray_cluster(config) else "none"
     if mode not in ("none", "host"):
         raise SandboxUnavailable(f"AGENTFLY_JOB_NETWORK={mode!r} is not auto, none or host")
     return str(mode)
@@ -237,8 +236,13 @@ def sandbox_for(job: Any, output_dir: Path, config: dict[str, Any]) -> Sandbox:
 RAY_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 
 
+def on_ray_cluster(config: dict[str, Any]) -> bool:
+    """Whether the job's pools run on the operator's Ray cluster (``webapp.jobs.cluster.with_ray`` said so)."""
+    return bool((config.get("resource_backend") or {}).get("backend") == "ray")
+
+
 def ray_env(config: dict[str, Any]) -> dict[str, str]:
-    if (config.get("resource_backend") or {}).get("backend") != "ray":
+    if not on_ray_cluster(config):
         return {}
     return {name: os.environ[name] for name in RAY_ENV if os.environ.get(name)}
 
