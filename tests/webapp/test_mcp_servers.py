@@ -111,3 +111,14 @@ def test_the_settings_default_to_nothing_allowed() -> None:
     assert settings.AGENTFLY_MCP_URLS == [] and settings.AGENTFLY_MCP_COMMANDS == []
     assert settings.AGENTFLY_MCP_LOCAL_HOSTS == [] and settings.AGENTFLY_MCP_NETWORK == []
     assert socket.gethostbyname("127.0.0.1") == "127.0.0.1"
+
+
+def test_a_reset_or_seed_tool_the_server_does_not_list_fails_its_inspection_naming_the_listing(team_a: Any) -> None:
+    from webapp.mcpservers.rules import NotAllowed
+    from webapp.mcpservers.tasks import check_named_tools
+
+    server = MCPServer(team=team_a, name="kv", transport="stdio", command=["kv.py"], reset_tool="reset",
+                       seed_tool="load")
+    with pytest.raises(NotAllowed, match=r"lists no seed_tool 'load'; it lists put, reset: register it again"):
+        check_named_tools(server, [{"name": "put"}, {"name": "reset"}])
+    check_named_tools(MCPServer(team=team_a, name="kv", reset_tool="reset"), [{"name": "reset"}])

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from webapp.mcpservers.models import MCPServer, Status, Transport
-from webapp.mcpservers.rules import NotAllowed, check_url, network_allowed, stdio_argv
+from webapp.mcpservers.rules import NotAllowed, allowed_launch
 
 
 def stored_config(server: MCPServer, tools: list[str]) -> dict[str, Any]:
@@ -40,11 +40,6 @@ def for_job(config: dict[str, Any], team: Any) -> dict[str, Any]:
             raise NotAllowed(f"MCP server {name!r} is not a ready server of team {team.slug}: register it (or "
                              "wait for its inspection), then launch the job again")
         tools = (entry or {}).get("tools") if isinstance(entry, dict) else None
-        common = {"tools": tools if tools is not None else server.model_tools,
-                  "reset_tool": server.reset_tool or None, "seed_tool": server.seed_tool or None}
-        if server.transport == Transport.STDIO:
-            ran[name] = {"command": stdio_argv(team.slug, list(server.command)),
-                         "network": "host" if network_allowed(team.slug, name) else "none", **common}
-        else:
-            ran[name] = {"url": check_url(server.url), **common}
+        ran[name] = {**allowed_launch(server), "tools": tools if tools is not None else server.model_tools,
+                     "reset_tool": server.reset_tool or None, "seed_tool": server.seed_tool or None}
     return {**config, "mcp": ran}

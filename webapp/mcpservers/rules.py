@@ -21,10 +21,12 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from webapp.mcpservers.models import MCPServer, Transport
 from webapp.registry.plugins import team_folders
 
 SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish", "busybox", "env"}
@@ -103,3 +105,13 @@ def _is_local(address: str) -> bool:
 
 def network_allowed(team_slug: str, name: str) -> bool:
     return f"{team_slug}/{name}" in settings.AGENTFLY_MCP_NETWORK
+
+
+def allowed_launch(server: MCPServer) -> dict[str, Any]:
+    """How a registered server may be started or reached, checked against the rule now: ``command`` and
+    ``network`` for stdio, ``url`` for HTTP (``agentfly.mcp.server``'s and ``mcp.<name>``'s keys)."""
+    slug = server.team.slug
+    if server.transport == Transport.STDIO:
+        return {"command": stdio_argv(slug, list(server.command)),
+                "network": "host" if network_allowed(slug, server.name) else "none"}
+    return {"url": check_url(server.url)}

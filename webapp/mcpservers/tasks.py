@@ -20,8 +20,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from webapp.mcpservers.models import MCPServer, MCPServerVersion, Status, Transport
-from webapp.mcpservers.rules import NotAllowed, check_url, network_allowed, stdio_argv
+from webapp.mcpservers.models import MCPServer, MCPServerVersion, Status
+from webapp.mcpservers.rules import NotAllowed, allowed_launch
 
 ONCE = {"acks_late": False, "reject_on_worker_lost": False}
 MAX_TOOLS, MAX_DESCRIPTION, MAX_SCHEMA, MAX_OBSERVATION = 64, 2000, 16_000, 16_000
@@ -34,11 +34,7 @@ def server_spec(server: MCPServer) -> Any:
 
     timeout = float(settings.AGENTFLY_CHILD_TIMEOUT)
     start = max(timeout, 60.0)  # a Python server imports the SDK first: seconds on a busy worker
-    slug = server.team.slug
-    if server.transport == Transport.STDIO:
-        return mcp_server(server.name, command=stdio_argv(slug, list(server.command)), start_timeout=start,
-                          call_timeout=timeout, network="host" if network_allowed(slug, server.name) else "none")
-    return mcp_server(server.name, url=check_url(server.url), start_timeout=start, call_timeout=timeout)
+    return mcp_server(server.name, **allowed_launch(server), start_timeout=start, call_timeout=timeout)
 
 
 def bounded_listing(tools: list[Any]) -> list[dict[str, Any]]:
@@ -57,6 +53,16 @@ def bounded_listing(tools: list[Any]) -> list[dict[str, Any]]:
         out.append({"name": name, "description": str(tool.description or "")[:MAX_DESCRIPTION],
                     "input_schema": schema})
     return out
+
+
+def check_named_tools(server: MCPServer, tools: list[dict[str, Any]]) -> None:
+    """The reset and seed tools the server was registered with must be tools it lists."""
+    listed = {t["name"] for t in tools}
+    unlisted = [f"{kind} {name!r}" for kind, name in (("reset_tool", server.reset_tool), ("seed_tool", server.seed_tool))
+                if name and name not in listed]
+    if unlisted:
+        raise NotAllowed(f"the server lists no {' and no '.join(unlisted)}; it lists {', '.join(sorted(listed))}: "
+                         "register it again naming one of those, or none")
 
 
 @shared_task(name="webapp.mcpservers.tasks.inspect_mcp_server", time_limit=120, **ONCE)
@@ -78,18 +84,10 @@ def inspect_mcp_server(server_id: int) -> str:
 
     try:
         tools = bounded_listing(asyncio.run(listing()))
+        check_named_tools(server, tools)
     except Exception as exc:  # NotAllowed, a server that did not start: the user reads why
         MCPServer.objects.filter(pk=server_id).update(status=Status.FAILED, error=str(exc)[:2000],
                                                       inspected_at=timezone.now())
-        return "failed"
-    listed = {t["name"] for t in tools}
-    unlisted = [f"{kind} {name!r}" for kind, name in (("reset_tool", server.reset_tool), ("seed_tool", server.seed_tool))
-                if name and name not in listed]
-    if unlisted:
-        MCPServer.objects.filter(pk=server_id).update(
-            status=Status.FAILED, inspected_at=timezone.now(),
-            error=f"the server lists no {' and no '.join(unlisted)}; it lists {', '.join(sorted(listed))}: register it "
-                  "again naming one of those, or none")
         return "failed"
     digest = hashlib.sha256(json.dumps(tools, sort_keys=True).encode()).hexdigest()
     with transaction.atomic():
