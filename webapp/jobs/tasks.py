@@ -95,6 +95,12 @@ class Yielding:
         pass
 
 
+def config_to_run(job: TrainingJob) -> dict[str, Any]:
+    """The job's stored config as this worker runs it: its MCP servers as the rule allows them now, and its
+    pools on the operator's Ray cluster when there is one."""
+    return cluster.with_ray(mcp_jobs.for_job(job.config, job.team), job.pk, job.team.slug)
+
+
 def on_step(job_id: int, heartbeat: Heartbeat, step: int) -> None:
     """A step was trained: the time slice starts at the run's first, and the job's row shows the step."""
     heartbeat.stepped()
@@ -194,7 +200,7 @@ def run_job(job_id: int) -> str:
                 sink.emit({"type": "log", "level": "info", "message": f"node 0 of {node.count} runs on worker "
                                                                       f"{here}; rendezvous at {node.endpoint}"})
             outcome = isolation.run_job(
-                job, cluster.with_ray(mcp_jobs.for_job(job.config, job.team), job.pk, job.team.slug), output_dir=output_dir,
+                job, config_to_run(job), output_dir=output_dir,
                 sinks=[Yielding(sink, heartbeat)],
                 should_stop=heartbeat.stop_requested, node=node,
                 on_checkpoint=lambda step, path, metrics: on_checkpoint(job_id, sink, step, path, metrics),
@@ -272,8 +278,7 @@ def run_node(self: Any, job_id: int, node_rank: int, endpoint: str, leader: str)
     def job_ended() -> bool:
         return not TrainingJob.objects.filter(pk=job_id, status=Status.RUNNING).exists()
 
-    config = cluster.with_ray(mcp_jobs.for_job(job.config, job.team), job.pk, job.team.slug)
-    isolation.run_node(job, config, output_dir=output_dir,
+    isolation.run_node(job, config_to_run(job), output_dir=output_dir,
                        node=body.Node(node_rank, int(job.config["nodes"]), endpoint), job_ended=job_ended)
     return "done"
 
