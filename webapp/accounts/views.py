@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -138,19 +139,29 @@ def team_add_member(request: HttpRequest, slug: str) -> HttpResponse:
     return render_team(request, team, form, status=400)
 
 
-@login_required
-@require_POST
-def team_remove_member(request: HttpRequest, slug: str, username: str) -> HttpResponse:
-    """An admin takes a member out of the team; a member may take themselves out (leave)."""
+def act_on_member(request: HttpRequest, slug: str, username: str,
+                  act: Callable[[Team, Any, str], Any]) -> tuple[Team, Any] | HttpResponse:
+    """``act(team, actor, username)`` on a team of the signed-in user: the team and the member it acted on, or
+    the page that says why it was refused."""
     team = get_object_or_404(Team.objects.of(request.user), slug=slug)
     try:
-        member = do_remove_member(team, request.user, username)
+        return team, act(team, request.user, username)
     except NotTeamAdmin as exc:
         messages.error(request, sentence(exc))
         return render_team(request, team, AddMemberForm(), status=403)
     except MemberRefused as exc:
         messages.error(request, f"{exc}.")  # it starts with a username, which keeps its case
         return redirect("accounts:team", slug=team.slug)
+
+
+@login_required
+@require_POST
+def team_remove_member(request: HttpRequest, slug: str, username: str) -> HttpResponse:
+    """An admin takes a member out of the team; a member may take themselves out (leave)."""
+    acted = act_on_member(request, slug, username, do_remove_member)
+    if isinstance(acted, HttpResponse):
+        return acted
+    team, member = acted
     if member.pk == request.user.pk:
         messages.info(request, f"You left {team.name}.")
         return redirect("accounts:teams")
@@ -161,15 +172,10 @@ def team_remove_member(request: HttpRequest, slug: str, username: str) -> HttpRe
 @login_required
 @require_POST
 def team_make_admin(request: HttpRequest, slug: str, username: str) -> HttpResponse:
-    team = get_object_or_404(Team.objects.of(request.user), slug=slug)
-    try:
-        member = do_make_admin(team, request.user, username)
-    except NotTeamAdmin as exc:
-        messages.error(request, sentence(exc))
-        return render_team(request, team, AddMemberForm(), status=403)
-    except MemberRefused as exc:
-        messages.error(request, f"{exc}.")  # it starts with a username, which keeps its case
-        return redirect("accounts:team", slug=team.slug)
+    acted = act_on_member(request, slug, username, do_make_admin)
+    if isinstance(acted, HttpResponse):
+        return acted
+    team, member = acted
     messages.success(request, f"{member.username} is now an admin of {team.name}.")
     return redirect("accounts:team", slug=team.slug)
 
