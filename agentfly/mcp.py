@@ -57,16 +57,12 @@ def _seeder(spec: ResourceSpec, listing: list[Any]) -> tuple[str, list[str]] | N
 
 def _make_tool(spec: ResourceSpec, entry: Any, seeder: tuple[str, list[str]] | None = None) -> MCPTool:
     resource, name = spec.name, str(entry.name)
-    seeded = f"mcp_seeded:{resource}"
 
     async def call(arguments: dict[str, Any], context: Any) -> str:
         session: MCPSession = await context.resource(resource)
         try:
-            if seeder is not None and not context.info.get(seeded):  # the rollout's first call: its task data
-                tool, fields = seeder
-                sample = context.sample or {}
-                await session.call(tool, {k: sample[k] for k in fields if k in sample})
-                context.info[seeded] = True
+            if seeder is not None:  # the rollout's first call: its task data
+                await session.seed_once(context.info, context.sample, *seeder)
             return await session.call(name, arguments)
         except InfrastructureFailure:
             # The session is gone: the pool destroys it instead of resetting it for the next rollout.

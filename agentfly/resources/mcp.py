@@ -365,6 +365,14 @@ class MCPSession:
                 raise self._failure(f"{tool!r}: {type(exc).__name__}: {exc}") from None
             raise
 
+    async def seed_once(self, info: dict[str, Any], sample: Any, tool: str, fields: Sequence[str]) -> None:
+        """Load a rollout's task data into this session: call ``tool`` with the ``fields`` of ``sample`` it has,
+        the first time the rollout (whose ``info`` dict records it) asks, and never again for that rollout."""
+        flag = f"mcp_seeded:{self.name}"
+        if not info.get(flag):
+            await self.call(tool, {k: sample[k] for k in fields if k in (sample or {})})
+            info[flag] = True
+
     async def call(self, tool: str, arguments: dict[str, Any] | None = None) -> str:
         """Call ``tool`` and return its text for the model; ``MCPToolError`` when the tool reports an error.
 

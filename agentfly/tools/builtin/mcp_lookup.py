@@ -37,11 +37,8 @@ KEY_CHAIN_MCP = mcp_server(RESOURCE, command=[sys.executable, str(STORE)], reset
 
 async def _session(context: Any) -> MCPSession:
     session: MCPSession = await context.resource(RESOURCE)
-    if not context.info.get("kv_mcp_seeded"):  # the rollout's first lookup: load its sample's chain
-        sample = context.sample
-        await session.call("seed", {"start": sample["start"], "links": dict(sample["links"]),
-                                    "answer": str(sample["answer"])})
-        context.info["kv_mcp_seeded"] = True
+    # The rollout's first lookup loads its sample's chain (a key-chain sample's fields are the seed tool's).
+    await session.seed_once(context.info, context.sample, "seed", ("start", "links", "answer"))
     return session
 
 
