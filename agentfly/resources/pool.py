@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import logging
 import time
@@ -505,8 +506,9 @@ class GlobalPool(BasePool):
     def stats(self) -> dict[str, Any]:
         holders = sum(s.holders for s in self.instances)
         # A shared model service (a judge, a reward model) reports its own calls, batches and latency.
+        # An async ``stats`` (a shared rate limiter's, read from Redis) is shown through ``isolation`` instead.
         service = getattr(self.current.resource, "stats", None) if self.current is not None else None
-        extra = {"service": service()} if callable(service) else {}
+        extra = {"service": service()} if callable(service) and not inspect.iscoroutinefunction(service) else {}
         return {
             **extra,
             **self.base_stats(),

@@ -4,6 +4,7 @@ enforces its limit (429 with ``Retry-After``) and records when each request arri
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -138,7 +139,9 @@ async def test_the_pool_stats_show_calls_waits_429s_quota_and_breaker(api_server
         for _ in range(8):
             await lease.instance.request("GET", url)
         await engine.release(lease)
-        shown = engine.stats()["search_api"]["isolation"]
+        stats = engine.stats()
+    json.dumps(stats)  # the pool stats travel in the job's resources event as they are
+    shown = stats["search_api"]["isolation"]
     assert shown["calls"] == 8 and shown["waits"] >= 1 and shown["http_429"] == 0
     assert shown["quota_used"] == 8 and shown["daily_quota"] == 100 and shown["breaker"] == "closed"
 
