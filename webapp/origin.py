@@ -18,6 +18,15 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
+# A channel-layer alias no setting defines: channels then runs a consumer with no channel layer at all, so a
+# refused socket never holds a Redis connection in a blocking receive (and ends as soon as its client goes).
+NO_CHANNEL_LAYER = "none (refused)"
+
+
+class Denier(WebsocketDenier):
+    """Channels' handshake refusal, without the channel-layer subscription every consumer otherwise makes."""
+
+    channel_layer_alias = NO_CHANNEL_LAYER
 
 
 def _origin_tuple(scheme: str, netloc: str) -> tuple[str, str, int] | None:
@@ -71,6 +80,6 @@ class ExactOriginValidator:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
         if scope["type"] == "websocket" and not origin_allowed(scope):
-            denier = WebsocketDenier()
+            denier = Denier()
             return await denier(scope, receive, send)
         return await self.application(scope, receive, send)

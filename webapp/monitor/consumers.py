@@ -32,6 +32,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from webapp.monitor.events import group_name, pages_by_size, wire_events_after
+from webapp.origin import NO_CHANNEL_LAYER
 
 CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHENTICATED = 4401
@@ -74,27 +75,47 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
     group: str
     last_seq: int
 
-    async def connect(self) -> None:
-        self.group = ""
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self._refuse(CLOSE_UNAUTHENTICATED, "sign in to watch a job")
-            return
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        # Who may watch is decided from the handshake's scope alone, before the consumer subscribes to the channel
+        # layer: a refused socket (not signed in, another team's job, a bad ``after``) never holds a Redis
+        # connection in a blocking receive, so sockets opened by anyone cost the server no Redis connection
+        # until they are allowed, and a refused one ends as soon as its client goes.
+        self.refusal: tuple[int, str] | None = None
+        self.job: dict[str, Any] = {}
         try:
-            after = parse_after(self.scope.get("query_string", b""))
+            self.refusal = await self._authorise(scope)
+        finally:
+            if self.refusal is not None:
+                self.channel_layer_alias = NO_CHANNEL_LAYER
+        await super().__call__(scope, receive, send)
+
+    async def _authorise(self, scope: Any) -> tuple[int, str] | None:
+        """None when the socket may watch its job (``job_id``, ``job``, ``last_seq`` are then set), else the
+        close code and the reason the client is told."""
+        user = scope.get("user")
+        if user is None or not user.is_authenticated:
+            return CLOSE_UNAUTHENTICATED, "sign in to watch a job"
+        try:
+            self.last_seq = parse_after(scope.get("query_string", b""))
         except ValueError as exc:
-            await self._refuse(CLOSE_BAD_REQUEST, str(exc))
-            return
-        self.job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
+            return CLOSE_BAD_REQUEST, str(exc)
+        self.job_id = int(scope["url_route"]["kwargs"]["job_id"])
         job = await _visible_job_summary(user, self.job_id)
         if job is None:
-            await self._refuse(CLOSE_FORBIDDEN, f"job #{self.job_id} is not a job of your teams")
+            return CLOSE_FORBIDDEN, f"job #{self.job_id} is not a job of your teams"
+        self.job = job
+        return None
+
+    async def connect(self) -> None:
+        self.group = ""
+        if self.refusal is not None:
+            await self._refuse(*self.refusal)
             return
-        self.last_seq = after
+        after = self.last_seq
         self.group = group_name(self.job_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
-        await self.send_json({"type": "hello", "job": job, "after": after})
+        await self.send_json({"type": "hello", "job": self.job, "after": after})
         await self._catch_up()
         await self.send_json({"type": "live", "last_seq": self.last_seq})
 

@@ -12,7 +12,8 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.db import connection
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+# Each test takes seconds; a socket whose consumer never ends fails its test in two minutes, not ten.
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
 ORIGIN = (b"origin", b"http://localhost")
 HOST = (b"host", b"localhost")
@@ -29,12 +30,21 @@ def communicator(job_id: int, headers: list[tuple[bytes, bytes]], after: int | N
     return WebsocketCommunicator(application(), path, headers=[HOST, ORIGIN, *headers])
 
 
+async def client_leaves(comm: WebsocketCommunicator) -> None:
+    """What a browser does after the server's close frame; the consumer must then end within seconds."""
+    await comm.send_input({"type": "websocket.disconnect", "code": 1000})
+    done, _ = await asyncio.wait({comm.future}, timeout=15)
+    assert done, "the consumer did not end within 15 s of its client leaving"
+
+
 async def refused_with(comm: WebsocketCommunicator) -> tuple[int, str]:
+    """Connect, read the error and the close; the client then leaves. Returns (close code, message)."""
     connected, _ = await comm.connect()
     assert connected, "the consumer accepts before closing so that the browser sees the close code"
     error = await comm.receive_json_from()
     closed = await comm.receive_output()
     assert closed["type"] == "websocket.close"
+    await client_leaves(comm)
     return closed["code"], error["message"]
 
 
@@ -104,6 +114,7 @@ async def test_a_socket_from_a_foreign_origin_is_rejected_at_the_handshake(alice
                                  headers=[(b"origin", b"http://evil.example"), cookie])
     connected, _ = await comm.connect()
     assert not connected
+    await client_leaves(comm)
 
 
 async def test_history_comes_first_then_live_events_with_no_gap_and_no_duplicate(alice_job: Any,
