@@ -2,10 +2,12 @@
 says where the judge runs (the job's starting model or a model directory, in the worker; or a judge server
 the operator allows the team, ``AGENTFLY_JUDGE_SERVERS``) and may give it a rubric. The job stores the choice
 as its trainer config's ``judge`` section; the worker checks a judge server again when it starts the job and
-the trainer builds the judge pool, whose calls reach the dashboard's resources event."""
+the trainer builds the judge pool, whose calls reach the dashboard's resources event. A reward that calls a
+reward model (``resource="reward_model"``) gets a sequence-classification model directory the same way."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -177,3 +179,32 @@ def test_a_job_judged_on_its_starting_model_trains_and_reports_the_judge_s_calls
     # The tiny judge rarely writes a verdict: each unparsed one is a counted failure and the trajectory's error.
     unparsed = [t for t in graded if "judge's reply" in (t.get("reward_error") or "")]
     assert service["parse_failures"] >= len(unparsed)
+
+
+def reward_model_dir(team: Any, architecture: str) -> str:
+    from webapp.jobs.paths import team_dir
+
+    folder = team_dir(team) / "models" / architecture
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"architectures": [architecture]}))
+    return str(folder)
+
+
+def test_a_reward_model_reward_gets_a_sequence_classifier_of_the_team_and_anything_else_is_refused(
+        alice_api: Any, team_a: Any) -> None:
+    tool, math_equal = builtin_entries()
+    scored = ready_entry(None, Kind.REWARD, "agentfly.rewards.builtin.qa:exact_match", "preferred")
+    scored.current_version.resource = "reward_model"
+    scored.current_version.save(update_fields=["resource"])
+    classifier = reward_model_dir(team_a, "Qwen2ForSequenceClassification")
+    response = api_launch(alice_api, tool, scored, reward_model_path=classifier)
+    assert response.status_code == 201, response.content
+    assert response.json()["config"]["reward_model"] == {"model_dir": classifier}
+    assert initial_from_job(TrainingJob.objects.get())["reward_model_path"] == classifier
+
+    response = api_launch(alice_api, tool, scored, name="none")
+    assert response.status_code == 400 and "preferred calls a reward model" in str(response.json()["reward_model_path"])
+    response = api_launch(alice_api, tool, scored, name="lm", reward_model_path=reward_model_dir(team_a, "Qwen2ForCausalLM"))
+    assert response.status_code == 400 and "not a sequence-classification model" in str(response.json()["reward_model_path"])
+    response = api_launch(alice_api, tool, math_equal, name="unused", reward_model_path=classifier)
+    assert response.status_code == 400 and "math_equal calls no reward model" in str(response.json()["reward_model_path"])

@@ -127,6 +127,10 @@ class LaunchSerializer(serializers.Serializer):
     judge_rubric = serializers.CharField(
         required=False, allow_blank=True,
         help_text=f"What the judge grades on when a sample has no rubric (at most {judges.RUBRIC_MAX_CHARS} characters).")
+    reward_model_path = serializers.CharField(
+        required=False, allow_blank=True,
+        help_text="For a reward declared with @reward(resource=\"reward_model\"): a sequence-classification model "
+                  "directory, loaded in the worker.")
     trackers = serializers.ListField(child=serializers.ChoiceField(choices=TRACKERS), default=list,
                                      help_text="Experiment trackers that also get the metrics.")
 

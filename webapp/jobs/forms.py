@@ -246,6 +246,11 @@ class LaunchForm(forms.Form):
         required=False, widget=forms.Textarea(attrs={"rows": 3}), label="Judge rubric",
         help_text=f"What the judge grades answers on when a task sample has no rubric of its own (at most "
                   f"{judges.RUBRIC_MAX_CHARS} characters). Empty: correct, complete and helpful.")
+    reward_model_path = forms.CharField(
+        required=False, max_length=500, label="Reward model directory",
+        help_text="For a reward declared with @reward(resource=\"reward_model\"): a sequence-classification model "
+                  "folder (AutoModelForSequenceClassification) on the workers' shared disk, loaded in the worker; "
+                  "never trained.")
     launch_key = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
@@ -289,6 +294,35 @@ class LaunchForm(forms.Form):
 
     def clean_judge_model_path(self) -> str:
         return allowed_path(self.cleaned_data.get("judge_model_path", ""), self.cleaned_data.get("team"))
+
+    def clean_reward_model_path(self) -> str:
+        return allowed_path(self.cleaned_data.get("reward_model_path", ""), self.cleaned_data.get("team"))
+
+    def check_reward_model(self, data: dict[str, Any]) -> None:
+        """A reward model directory exactly when a chosen reward or tool calls one, and a sequence classifier."""
+        path = data.get("reward_model_path") or ""
+        chosen = [*(data.get("tools") or []), *([data["reward"]] if data.get("reward") else [])]
+        callers = [e.name for e in chosen if e.current_version and e.current_version.resource == "reward_model"]
+        if "reward_model_path" in self.errors:
+            return
+        if callers and not path:
+            self.add_error("reward_model_path", f"{', '.join(callers)} calls a reward model (resource "
+                                                "\"reward_model\"); give its directory.")
+        elif path and not callers and data.get("reward") is not None:
+            self.add_error("reward_model_path", f"The reward {data['reward'].name} calls no reward model; leave this "
+                                                "empty, or choose a reward declared with "
+                                                "@reward(resource=\"reward_model\").")
+        elif path:
+            error = model_dir_error(path, "")
+            if error is None:
+                config = json.loads((Path(path) / "config.json").read_text(errors="replace") or "{}")
+                names = config.get("architectures") if isinstance(config, dict) else None
+                if not (isinstance(names, list) and any(str(n).endswith("ForSequenceClassification") for n in names)):
+                    error = (f"{path!r} is not a sequence-classification model: its config.json names architectures "
+                             f"{names!r}; a reward model is saved from AutoModelForSequenceClassification "
+                             "(e.g. ...ForSequenceClassification).")
+            if error:
+                self.add_error("reward_model_path", error)
 
     def clean_judge_rubric(self) -> str:
         rubric = (self.cleaned_data.get("judge_rubric") or "").strip()
@@ -414,6 +448,7 @@ class LaunchForm(forms.Form):
         self.check_ranks(data)
         self.check_engine_servers(data)
         self.check_judge(data)
+        self.check_reward_model(data)
         tools = data.get("tools") or []
         self.check_registrable_code(data)
         self.check_mcp_servers(data)
@@ -535,6 +570,7 @@ class LaunchForm(forms.Form):
             **({"nodes": d["nodes"]} if d.get("nodes", 1) > 1 else {}),
             **({"engine": "remote", "engine_servers": d["engine_servers"]} if d.get("engine_servers") else {}),
             **self.judge_config(),
+            **({"reward_model": {"model_dir": d["reward_model_path"]}} if d.get("reward_model_path") else {}),
         }
 
     def judge_config(self) -> dict[str, Any]:
@@ -719,6 +755,8 @@ def initial_from_job(job: Any) -> dict[str, Any]:
         initial |= {"judge_source": "policy" if same else "path", "judge_model_path": "" if same else judge["model_dir"]}
     if judge.get("rubric"):
         initial["judge_rubric"] = judge["rubric"]
+    if (c.get("reward_model") or {}).get("model_dir"):
+        initial["reward_model_path"] = c["reward_model"]["model_dir"]
     if sft:
         initial |= {"demos_path": sft.get("demos_path") or "", "sft_demos": sft.get("num_demos"),
                     "sft_epochs": sft.get("epochs"), "sft_batch_size": sft.get("batch_size"),
