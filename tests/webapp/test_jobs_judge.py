@@ -15,7 +15,7 @@ from django.urls import reverse
 
 from tests.webapp.factories import builtin_entries, launch_data, ready_entry
 from tests.webapp.helpers import wait_for
-from webapp.jobs import judges
+from webapp.jobs import servers
 from webapp.jobs.forms import initial_from_job
 from webapp.jobs.models import Status, TrainingJob
 from webapp.registry.models import Kind
@@ -66,7 +66,7 @@ def test_a_judge_server_given_only_to_another_team_is_refused_naming_the_setting
     response = api_launch(alice_api, tool, reward, judge_source="server", judge_server="http://judge-b:8000")
     assert response.status_code == 400
     assert "AGENTFLY_JUDGE_SERVERS" in str(response.json()["judge_server"])
-    assert judges.refusal("http://judge-b:8000", "team-a") == (
+    assert servers.judge_refusal("http://judge-b:8000", "team-a") == (
         "http://judge-b:8000 is not a judge server team 'team-a' may use (AGENTFLY_JUDGE_SERVERS allows it: "
         "http://judge1:8000); choose one of those, or ask the operator to add it to AGENTFLY_JUDGE_SERVERS.")
     response = api_launch(alice_api, tool, reward, judge_source="server")
@@ -98,10 +98,11 @@ def test_a_judge_on_the_job_s_starting_model_runs_on_its_folder_and_a_model_dire
         alice_api: Any, team_a: Any, tmp_path: Any) -> None:
     tool, _ = builtin_entries()
     reward = judge_reward()
-    response = api_launch(alice_api, tool, reward, judge_source="policy")
+    response = api_launch(alice_api, tool, reward, judge_source="policy", resources={"judge": {"max": 1}})
     assert response.status_code == 201, response.content
     config = response.json()["config"]
     assert config["judge"] == {"backend": "hf", "model_dir": config["model"]["path"]}
+    assert config["resources"] == {"judge": {"max": 1}}  # the reward's resource is a pool the job may size
     assert initial_from_job(TrainingJob.objects.get())["judge_source"] == "policy"
     response = api_launch(alice_api, tool, reward, name="x", judge_source="path", judge_model_path="/etc")
     assert response.status_code == 400 and "AGENTFLY_ALLOWED_PATHS" in str(response.json()["judge_model_path"])
@@ -128,7 +129,7 @@ def test_the_worker_gives_an_allowed_judge_server_its_model_folder_and_refuses_o
     assert config_to_run(job)["judge"] == {"backend": "remote", "servers": ["http://judge1:8000"],
                                            "model_dir": "/srv/models/judge"}
     settings.AGENTFLY_JUDGE_SERVERS = {"team-b": JUDGE_SERVERS["team-b"]}
-    with pytest.raises(judges.JudgeRefused, match="no longer allowed: http://judge1:8000 is not a judge server "
+    with pytest.raises(servers.ServerRefused, match="no longer allowed: http://judge1:8000 is not a judge server "
                                                    r"team 'team-a' may use \(AGENTFLY_JUDGE_SERVERS"):
         config_to_run(job)
 

@@ -14,8 +14,16 @@ from rest_framework.response import Response
 from trainer.config import ALGORITHMS
 from webapp.accounts.models import Team
 from webapp.inputs import PG_BIGINT_MAX, query_int
-from webapp.jobs import actions, judges
-from webapp.jobs.forms import MODEL_SOURCES, ROLLOUT_MODES, TASKS, TRACKERS, LaunchForm
+from webapp.jobs import actions
+from webapp.jobs.forms import (
+    JUDGE_SOURCES,
+    MODEL_SOURCES,
+    ROLLOUT_MODES,
+    RUBRIC_MAX_CHARS,
+    TASKS,
+    TRACKERS,
+    LaunchForm,
+)
 from webapp.jobs.models import Checkpoint, Kind, Queue, TrainingJob
 from webapp.monitor.events import events_after, requested_types
 from webapp.monitor.models import EventType
@@ -116,7 +124,7 @@ class LaunchSerializer(serializers.Serializer):
         child=serializers.CharField(), default=list,
         help_text="Inference servers to roll out on (engine=remote), among AGENTFLY_INFERENCE_SERVERS for the team.")
     judge_source = serializers.ChoiceField(
-        choices=[c for c, _ in judges.SOURCES], default="",
+        choices=[c for c, _ in JUDGE_SOURCES], default="",
         help_text="Where the judge of a judge reward runs: '' (no judge), policy (the job's starting model, a "
                   "frozen copy), path (judge_model_path) or server (judge_server).")
     judge_model_path = serializers.CharField(required=False, allow_blank=True,
@@ -126,7 +134,7 @@ class LaunchSerializer(serializers.Serializer):
                                                    "the team.")
     judge_rubric = serializers.CharField(
         required=False, allow_blank=True,
-        help_text=f"What the judge grades on when a sample has no rubric (at most {judges.RUBRIC_MAX_CHARS} characters).")
+        help_text=f"What the judge grades on when a sample has no rubric (at most {RUBRIC_MAX_CHARS} characters).")
     reward_model_path = serializers.CharField(
         required=False, allow_blank=True,
         help_text="For a reward declared with @reward(resource=\"reward_model\"): a sequence-classification model "
