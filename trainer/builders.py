@@ -175,7 +175,7 @@ def build_resources(config: Config, tools: Sequence[Any], reward: Any = None) ->
     from agentfly.resources.builtin import builtin_spec, with_pool
 
     specs = []
-    servers = mcp_specs(config)
+    servers = mcp_specs(config) | model_service_specs(config)
     for name in needed:
         res = config.resources.get(name)
         if name in servers:
@@ -186,8 +186,10 @@ def build_resources(config: Config, tools: Sequence[Any], reward: Any = None) ->
             try:
                 spec = builtin_spec(name)
             except UnknownResource:
+                hint = {"judge": "judge.model_dir (and judge.backend)", "reward_model": "reward_model.model_dir"}
                 raise ValueError(f"a tool or the reward needs resource {name!r}, which is not built in; add "
-                                 f"resources.{name}.spec: 'module:attribute' (a ResourceSpec) to the config") from None
+                                 + (f"{hint[name]} or " if name in hint else "")
+                                 + f"resources.{name}.spec: 'module:attribute' (a ResourceSpec) to the config") from None
         if res is None:
             specs.append(with_pool(spec, name=name))
         else:
@@ -217,6 +219,25 @@ def mcp_specs(config: Config) -> dict[str, Any]:
                          seed_tool=m.seed_tool, network=m.network, call_timeout=m.call_timeout,
                          start_timeout=m.start_timeout)
             for name, m in config.mcp.items()}
+
+
+def model_service_specs(config: Config) -> dict[str, Any]:
+    """The ``judge`` and ``reward_model`` specs the config's ``judge`` and ``reward_model`` sections give, by
+    name (none for a section without a model_dir)."""
+    specs: dict[str, Any] = {}
+    j, rm = config.judge, config.reward_model
+    if j.model_dir is not None:
+        from agentfly.engines.base import Sampling
+        from agentfly.resources import judge_spec
+
+        specs["judge"] = judge_spec(backend=j.backend, model_dir=j.model_dir, servers=j.servers, rubric=j.rubric,
+                                    max_concurrency=j.max_concurrency, max_batch=j.max_batch,
+                                    sampling=Sampling(temperature=0.0, max_new_tokens=j.max_new_tokens))
+    if rm.model_dir is not None:
+        from agentfly.resources import reward_model_spec
+
+        specs["reward_model"] = reward_model_spec(model_dir=rm.model_dir, max_batch=rm.max_batch)
+    return specs
 
 
 def mcp_tools(config: Config) -> list[Any]:

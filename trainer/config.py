@@ -232,6 +232,36 @@ RESOURCE_BACKEND_KEYS = tuple(f.name for f in dataclasses.fields(ResourceBackend
 
 
 @dataclass
+class JudgeConfig:
+    """The model behind the ``judge`` pool that a reward declared with ``@reward(resource="judge")`` calls
+    (``agentfly.resources.judge``, docs/remote.md): one shared judge, never trained. Unset (no ``model_dir``),
+    ``resources.judge.spec`` may name a spec instead."""
+
+    backend: Literal["hf", "vllm", "remote"] = _f(
+        "hf", "hf or vllm: the judge model runs in the trainer's process (greedy, its own engine); remote: on "
+              "running vLLM servers (`servers`), which are never sent weights.")
+    model_dir: LocalPath | None = _f(None, "The judge model's folder; with backend=remote, a local copy of the served "
+                                           "model's tokenizer and config. None: no judge from this section.")
+    servers: list[str] = _f([], "backend=remote: the judge servers' base URLs, e.g. [http://gpu3:8000].")
+    rubric: str | None = _f(None, "What the judge grades on (rubric_judge) or weighs answers by "
+                                  "(preference_vs_reference) when the task sample has no `rubric` field; None: "
+                                  "a general rubric (correct, complete, helpful).")
+    max_concurrency: int = _f(8, "Judge generations in flight at once.")
+    max_batch: int = _f(16, "Most judge calls sent to its engine together.")
+    max_new_tokens: int = _f(48, "Most tokens of one verdict.")
+
+
+@dataclass
+class RewardModelConfig:
+    """The model behind the ``reward_model`` pool that a reward declared with ``@reward(resource=
+    "reward_model")`` calls: a sequence-classification model whose first logit is the score, never trained."""
+
+    model_dir: LocalPath | None = _f(None, "An AutoModelForSequenceClassification folder. None: no reward model "
+                                           "from this section (resources.reward_model.spec may name one).")
+    max_batch: int = _f(16, "Most texts scored in one forward pass.")
+
+
+@dataclass
 class AlgorithmConfig:
     name: AlgorithmName = _f("grpo", "grpo | dr_grpo | dapo | rloo | reinforce_pp | reinforce_pp_baseline | ppo.")
     clip_low: float = _f(0.2, "Lower clip: ratio >= 1 - clip_low (PPO: 0.2).")
@@ -440,6 +470,10 @@ class Config:
                                                "reserved here and go there.")
     resource_backend: ResourceBackendConfig = _f(ResourceBackendConfig(), "Where the pools run (local or a Ray "
                                                                           "cluster); set as resources.backend=ray.")
+    judge: JudgeConfig = _f(JudgeConfig(), "The judge model that judge rewards (rubric_judge, "
+                                           "preference_vs_reference) call, in process or on servers.")
+    reward_model: RewardModelConfig = _f(RewardModelConfig(), "The sequence-classification reward model that "
+                                                              "rewards declaring resource=reward_model call.")
     mcp: dict[str, MCPServerConfig] = _f({}, "MCP servers by name whose tools the agent gets besides "
                                              "rollout.tools, e.g. {kv: {command: [python, kv.py], reset_tool: reset}}; "
                                              "each is the resource pool of its name.")
@@ -454,6 +488,30 @@ class Config:
     def __post_init__(self) -> None:
         # Checked on construction, so no caller can forget: a Config that exists is one that can run.
         self.validate()
+
+    def validate_model_services(self) -> None:
+        """The judge and reward-model sections: each given once, and a remote judge with its servers."""
+        j = self.judge
+        if j.servers and j.backend != "remote":
+            raise ConfigError(f"judge.servers is set but judge.backend={j.backend}; set judge.backend=remote to "
+                              "judge on those servers, or leave judge.servers empty", key="judge.backend")
+        if j.backend == "remote" and j.model_dir is not None and not j.servers:
+            raise ConfigError("judge.backend=remote needs judge.servers: the base URLs of the judge's vLLM servers",
+                              key="judge.servers")
+        if j.servers and j.model_dir is None:
+            raise ConfigError("judge.servers needs judge.model_dir: a local copy of the served model's tokenizer "
+                              "and config", key="judge.model_dir")
+        for key in ("max_concurrency", "max_batch", "max_new_tokens"):
+            if getattr(j, key) < 1:
+                raise ConfigError(f"judge.{key}={getattr(j, key)} must be >= 1", key=f"judge.{key}")
+        if self.reward_model.max_batch < 1:
+            raise ConfigError(f"reward_model.max_batch={self.reward_model.max_batch} must be >= 1",
+                              key="reward_model.max_batch")
+        for name, section in (("judge", j.model_dir), ("reward_model", self.reward_model.model_dir)):
+            res = self.resources.get(name)
+            if section is not None and res is not None and res.spec:
+                raise ConfigError(f"{name}.model_dir and resources.{name}.spec both give the {name}; keep one",
+                                  key=f"resources.{name}.spec")
 
     def validate(self) -> Config:
         """Reject combinations that cannot work, saying which keys to change (run on construction)."""
@@ -508,6 +566,7 @@ class Config:
             if server.call_timeout <= 0 or server.start_timeout <= 0:
                 raise ConfigError(f"mcp.{name}: call_timeout and start_timeout must be positive seconds",
                                   key=f"mcp.{name}.call_timeout")
+        self.validate_model_services()
         for key in ("wrong_fraction", "habit_fraction"):
             if not 0 <= getattr(self.sft, key) <= 1:
                 raise ConfigError(f"sft.{key}={getattr(self.sft, key)} must be between 0 and 1", key=f"sft.{key}")

@@ -245,6 +245,16 @@ AGENTFLY_PLUGIN_DIRS = [Path(p) for p in env_list("AGENTFLY_PLUGIN_DIRS", [])]
 # -> base URLs, "*" for every team, e.g. {"*": ["http://gpu1:8000"], "nlp": ["http://gpu2:8000"]}. A job on
 # them gets new weights after each update, so list only servers a team may change. Empty: none.
 AGENTFLY_INFERENCE_SERVERS: dict[str, list[str]] = json.loads(env_str("AGENTFLY_INFERENCE_SERVERS", "{}") or "{}")
+# Judge servers (vLLM, OpenAI-compatible) each team's judge rewards may call, as JSON: team slug (or "*" for
+# every team) -> {base URL: the served model's folder on the workers (its tokenizer and config)}, e.g.
+# {"*": {"http://gpu3:8000": "/data/models/judge-7b"}}. Separate from AGENTFLY_INFERENCE_SERVERS: a judge is
+# never sent weights, so one server can serve every team, and its tokenizer must be known. Empty: none.
+AGENTFLY_JUDGE_SERVERS: dict[str, dict[str, str]] = json.loads(env_str("AGENTFLY_JUDGE_SERVERS", "") or "{}")
+if not isinstance(AGENTFLY_JUDGE_SERVERS, dict) or not all(
+        isinstance(servers, dict) and all(isinstance(u, str) and isinstance(m, str) for u, m in servers.items())
+        for servers in AGENTFLY_JUDGE_SERVERS.values()):
+    raise ImproperlyConfigured('AGENTFLY_JUDGE_SERVERS: give {"team slug or *": {"http://host:port": '
+                               '"/model/folder"}}, e.g. {"*": {"http://gpu3:8000": "/data/models/judge"}}')
 # The shared folders (models, datasets) every team's jobs may read; besides these a job may use only its own
 # team's folder (webapp.jobs.paths.check_config). Empty: nothing outside the team's folder.
 AGENTFLY_ALLOWED_PATHS = [Path(p) for p in env_list("AGENTFLY_ALLOWED_PATHS", [])]

@@ -37,6 +37,7 @@ JUDGE_USER = "Question:\n{question}\n\nAnswer:\n{answer}\n\nRubric:\n{rubric}{re
 COMPARE_SYSTEM = ("You compare two answers to one question. Reply with one line 'Winner: A', 'Winner: B' or "
                   "'Winner: tie'.")
 COMPARE_USER = "Question:\n{question}\n\nAnswer A:\n{a}\n\nAnswer B:\n{b}\n\n{rubric}Which answer is better?"
+DEFAULT_RUBRIC = "Is the answer correct, complete and helpful for the question? Grade higher for better answers."
 SCORE_RE = re.compile(r"score\s*[:=]?\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 WINNER_RE = re.compile(r"winner\s*[:=]?\s*(a|b|tie)\b", re.IGNORECASE)
 
@@ -78,13 +79,15 @@ class Judge:
     max_concurrency: generations in flight at once (a bound on what the judge asks of its engine).
     max_batch, batch_window: calls that arrive within ``batch_window`` seconds go out together, up to
         ``max_batch`` of them.
+    rubric: what ``score`` grades on (and ``compare`` weighs) when the caller gives no rubric of its own, e.g.
+        a job's rubric; None: ``DEFAULT_RUBRIC`` for ``score``, no criteria for ``compare``.
     """
 
     kind = "model_service"
 
     def __init__(self, engine: Engine | Callable[[], Engine], *, sampling: Sampling | None = None,
                  scale: tuple[int, int] = (1, 10), max_concurrency: int = 8, max_batch: int = 16,
-                 batch_window: float = 0.005, owns_engine: bool | None = None) -> None:
+                 batch_window: float = 0.005, owns_engine: bool | None = None, rubric: str | None = None) -> None:
         if max_concurrency < 1 or max_batch < 1:
             raise ValueError(f"Judge(max_concurrency={max_concurrency}, max_batch={max_batch}): both must be >= 1")
         if scale[0] >= scale[1]:
@@ -94,6 +97,7 @@ class Judge:
         self.owns_engine = self._engine_factory is not None if owns_engine is None else owns_engine
         self.sampling = sampling or Sampling(temperature=0.0, max_new_tokens=48)
         self.scale = scale
+        self.rubric = rubric
         self.max_concurrency, self.max_batch, self.batch_window = max_concurrency, max_batch, batch_window
         self._pending: list[_Call] = []
         self._drainer: asyncio.Task[None] | None = None
@@ -140,9 +144,12 @@ class Judge:
         self.engine = None
 
     # ------------------------------------------------------------------ what rewards call
-    async def score(self, *, question: str, answer: str, rubric: str, reference: str | None = None) -> float:
-        """The judge's grade of ``answer`` on ``rubric``, mapped from ``scale`` onto 0..1."""
+    async def score(self, *, question: str, answer: str, rubric: str | None = None,
+                    reference: str | None = None) -> float:
+        """The judge's grade of ``answer`` on ``rubric`` (None: the judge's own, else ``DEFAULT_RUBRIC``),
+        mapped from ``scale`` onto 0..1."""
         lo, hi = self.scale
+        rubric = rubric if rubric is not None else self.rubric or DEFAULT_RUBRIC
         extra = f"\n\nReference answer:\n{reference}" if reference else ""
         reply = await self.ask(JUDGE_SYSTEM.format(lo=lo, hi=hi),
                                JUDGE_USER.format(question=question, answer=answer, rubric=rubric, reference=extra,
@@ -154,10 +161,12 @@ class Judge:
         assert value is not None
         return (value - lo) / (hi - lo)
 
-    async def compare(self, *, question: str, answer: str, reference: str, rubric: str = "",
+    async def compare(self, *, question: str, answer: str, reference: str, rubric: str | None = None,
                       both_orders: bool = True) -> float:
         """1 if ``answer`` beats ``reference``, 0.5 for a tie, 0 if it loses; with ``both_orders`` the judge
-        sees the pair both ways round and the two verdicts are averaged (judges favour a position)."""
+        sees the pair both ways round and the two verdicts are averaged (judges favour a position).
+        ``rubric`` (None: the judge's own, if any) is the criteria it weighs them by."""
+        rubric = rubric if rubric is not None else self.rubric or ""
         rubric_line = f"Criteria: {rubric}\n\n" if rubric else ""
         orders = [(answer, reference), (reference, answer)] if both_orders else [(answer, reference)]
         replies = await asyncio.gather(*(self.ask(COMPARE_SYSTEM, COMPARE_USER.format(
@@ -286,12 +295,15 @@ def judge_spec(name: str = "judge", *, backend: str = "hf", model_dir: str | Non
                servers: Sequence[str] = (), gguf_file: str | None = None, sampling: Sampling | None = None,
                scale: tuple[int, int] = (1, 10), max_concurrency: int = 8, max_batch: int = 16,
                batch_window: float = 0.005, acquire_timeout: float = 600.0,
-               engine_options: Mapping[str, Any] | None = None) -> ResourceSpec:
-    """A ``judge`` resource: one shared ``Judge`` on its own engine, started on first use."""
+               engine_options: Mapping[str, Any] | None = None, rubric: str | None = None) -> ResourceSpec:
+    """A ``judge`` resource: one shared ``Judge`` on its own engine, started on first use; ``rubric`` is the
+    one it grades on when a reward gives none."""
     engine = {"backend": backend, "model_dir": model_dir, "servers": list(servers), "gguf_file": gguf_file,
               **(engine_options or {})}
     options: dict[str, Any] = {"engine": engine, "scale": scale, "max_concurrency": max_concurrency,
                                "max_batch": max_batch, "batch_window": batch_window}
+    if rubric is not None:
+        options["rubric"] = rubric
     if sampling is not None:
         options["sampling"] = sampling
     return ResourceSpec(name=name, factory=Judge.from_spec, kind="model_service", backend="inprocess",

@@ -1,6 +1,7 @@
 // The launch form shows a field only where it applies: the model directory for a local model, the JSONL files
 // for a JSONL task, the problem count for a generated task, the warm start's fields for sft and sft_then_rl,
-// the RL fields unless the job is a warm start alone, max staleness for async rollouts. A hidden field keeps
+// the RL fields unless the job is a warm start alone, max staleness for async rollouts, the judge's directory,
+// server and rubric for the place its judge runs. A hidden field keeps
 // its value and is still posted (the server ignores what does not apply).
 (function () {
   "use strict";
@@ -19,6 +20,9 @@
     eval_path: () => value("task") === "jsonl",
     task_size: () => value("task") !== "jsonl",
     max_staleness: () => value("kind") !== "sft" && value("rollout_mode") === "async",
+    judge_model_path: () => value("judge_source") === "path",
+    judge_server: () => value("judge_source") === "server",
+    judge_rubric: () => value("judge_source") !== "",
   };
   for (const name of RL) if (!rules[name]) rules[name] = () => value("kind") !== "sft";
   function apply() {

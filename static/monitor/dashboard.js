@@ -531,6 +531,23 @@
       el("td", { class: a.breaker === "open" ? "bad" : "", text: `breaker ${a.breaker}` }))];
   }
 
+  /* A model service's pool (a judge, a reward model): the service's own figures under its row, as its stats()
+     reports them: calls, batches and their sizes, latency from queueing to the verdict, and a judge's replies
+     that held no verdict (parse failures, each also a trajectory's reward error). */
+  function serviceRow(s) {
+    const v = s.service;
+    if (!v || v.calls === undefined) return [];
+    const mean = v.batch_mean ?? (v.batches ? v.calls / v.batches : 0);
+    let text = `${fmt(v.calls)} calls · ${fmt(v.batches)} batches (mean size ${fmt(mean, 1)}, max ${fmt(v.max_batch)}) · ` +
+      `latency p50 ${fmt(v.latency_p50_ms, 1)} ms, p99 ${fmt(v.latency_p99_ms, 1)} ms`;
+    if (v.in_flight !== undefined) text += ` · ${fmt(v.in_flight)} in flight (max ${fmt(v.max_in_flight)})`;
+    if (v.errors) text += ` · ${fmt(v.errors)} errors`;
+    const failures = v.parse_failures;
+    return [el("tr", { class: "pool-service" }, el("td", { text: "  service" }),
+      el("td", { colspan: "6", text }),
+      el("td", { class: failures ? "bad" : "", text: failures === undefined ? "" : `${fmt(failures)} parse failures` }))];
+  }
+
   function renderResources() {
     if (!resourcesDirty || !latestResources) return;
     resourcesDirty = false;
@@ -558,7 +575,7 @@
           el("td", { text: `  node ${node.slice(0, 8)}` }), el("td", { text: `${fmt(c.starting)} starting` }), el("td", { text: fmt(c.in_use) }),
           el("td", { text: fmt(c.idle) }), el("td", { text: "" }), el("td", { text: `${fmt(c.reclaimed)} reclaimed` }),
           el("td", { class: c.failed ? "bad" : "", text: fmt(c.failed) }), el("td", { text: "" })));
-        return [row, ...nodes, ...apiRow(s)];
+        return [row, ...nodes, ...apiRow(s), ...serviceRow(s)];
       });
       document.getElementById("pool-table").replaceChildren(el("table", { class: "table small", id: "pool-stats" },
         el("thead", {}, el("tr", {}, ...["pool", "size/max", "in use", "idle", "waiting", "created", "failed", "acquire p50/p99 ms"].map((h) => el("th", { text: h })))),

@@ -255,3 +255,32 @@ def test_a_rate_limited_apis_pool_shows_calls_waits_429s_the_quota_in_use_and_th
         assert shown in row, (shown, row)
     assert page.get_attribute("#pool-stats tr.pool-api td:last-child", "class") == "bad"
     settle(page, problems)
+
+
+def job_with_a_judge_pool(alice: Any) -> Any:
+    job = make_job(alice, "judge pool")
+    host = {"host": "worker-1", "pid": 1, "cpu_count": 2, "cpu_percent": 50.0, "process_cpu_percent": 90.0,
+            "process_rss_mb": 900.0, "threads": 4, "memory_used_mb": 4000.0, "memory_total_mb": 8000.0,
+            "memory_percent": 50.0, "gpus": [], "gpu_absent": "NVML found no GPU on this machine"}
+    # A judge's pool as the resources event carries it: the Judge's stats() under ``service``.
+    judge = {"kind": "model_service", "size": 1, "max": 1, "in_use": 0, "idle": 1, "waiting": 0, "created": 1,
+             "failed": 0, "service": {"calls": 48.0, "batches": 6.0, "max_batch": 16.0, "parse_failures": 5.0,
+                                      "errors": 0.0, "max_in_flight": 8.0, "generated_tokens": 900.0,
+                                      "in_flight": 0.0, "batch_mean": 8.0, "latency_p50_ms": 412.5,
+                                      "latency_p99_ms": 1890.25}}
+    store(job, [{"type": "resources", "step": 1, "time": 1.7e9 + 1, "data": {
+        "host": host, "pools": {"judge": judge}, "engine": {}}}])
+    return job
+
+
+def test_a_judge_pool_shows_its_calls_batch_sizes_latency_and_parse_failures(
+        alice: Any, daphne: Daphne, browser_page: Any) -> None:
+    page = browser_page
+    problems = open_dashboard(page, daphne, alice, off_loop(job_with_a_judge_pool, alice))
+    wait_for_js(page, "() => document.querySelector('#pool-stats tr.pool-service')", timeout=10_000)
+    row = page.inner_text("#pool-stats tr.pool-service")
+    for shown in ("48 calls", "6 batches (mean size 8, max 16)", "latency p50 412.5 ms, p99 1890.3 ms",
+                  "0 in flight (max 8)", "5 parse failures"):
+        assert shown in row, (shown, row)
+    assert page.get_attribute("#pool-stats tr.pool-service td:last-child", "class") == "bad"
+    settle(page, problems)

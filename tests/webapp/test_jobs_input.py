@@ -344,9 +344,14 @@ def test_each_trainer_key_the_form_maps_is_one_it_fills_from_that_field(alice: A
                                                                         entries: tuple[Any, Any]) -> None:
     from webapp.jobs.forms import FIELD_OF_KEY, LaunchForm, field_of
 
-    form = LaunchForm(launch_data(team_a, *entries, queue="gpu", kind="sft_then_rl"), user=alice)  # every section
+    judge = ready_entry(None, "reward", "agentfly.rewards.builtin.judge:rubric_judge", "rubric_judge")
+    judge.current_version.resource = "judge"
+    judge.current_version.save(update_fields=["resource"])
+    form = LaunchForm(launch_data(team_a, entries[0], judge, queue="gpu", kind="sft_then_rl", judge_source="policy",
+                                  judge_rubric="Right?"), user=alice)  # every section
     assert form.is_valid(), form.errors
     config = form.trainer_config()
+    config["judge"]["servers"] = []  # a judge server's key, filled by its own field (tests/webapp/test_jobs_judge.py)
     for key, field in FIELD_OF_KEY.items():
         section, _, name = key.rpartition(".")
         assert name in (config[section] if section else config), key

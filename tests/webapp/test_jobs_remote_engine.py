@@ -55,3 +55,21 @@ def test_the_api_takes_a_list_of_servers_and_a_launch_without_them_keeps_the_in_
     assert response.json()["config"]["engine_servers"] == ["http://gpu2:8000"]
     response = alice_api.post("/api/jobs/", {**base, "name": "y"}, format="json")
     assert response.status_code == 201 and "engine" not in response.json()["config"]
+
+
+def test_the_worker_refuses_inference_servers_the_operator_has_since_removed(
+    alice_api: Any, team_a: Any, settings: Any
+) -> None:
+    from webapp.jobs.servers import ServerRefused
+    from webapp.jobs.tasks import config_to_run
+
+    tool, reward = builtin_entries()
+    response = alice_api.post("/api/jobs/", {"name": "x", "team": "team-a", "tools": [tool.pk], "reward": reward.pk,
+                                             "engine_servers": ["http://gpu2:8000"]}, format="json")
+    assert response.status_code == 201, response.content
+    job = TrainingJob.objects.get()
+    assert config_to_run(job)["engine_servers"] == ["http://gpu2:8000"]
+    settings.AGENTFLY_INFERENCE_SERVERS = {"*": ["http://gpu1:8000"]}
+    with pytest.raises(ServerRefused, match="no longer allowed: http://gpu2:8000 is not a server team 'team-a' may "
+                                            "use; allowed: http://gpu1:8000"):
+        config_to_run(job)

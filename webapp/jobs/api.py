@@ -15,7 +15,15 @@ from trainer.config import ALGORITHMS
 from webapp.accounts.models import Team
 from webapp.inputs import PG_BIGINT_MAX, query_int
 from webapp.jobs import actions
-from webapp.jobs.forms import MODEL_SOURCES, ROLLOUT_MODES, TASKS, TRACKERS, LaunchForm
+from webapp.jobs.forms import (
+    JUDGE_SOURCES,
+    MODEL_SOURCES,
+    ROLLOUT_MODES,
+    RUBRIC_MAX_CHARS,
+    TASKS,
+    TRACKERS,
+    LaunchForm,
+)
 from webapp.jobs.models import Checkpoint, Kind, Queue, TrainingJob
 from webapp.monitor.events import events_after, requested_types
 from webapp.monitor.models import EventType
@@ -115,6 +123,22 @@ class LaunchSerializer(serializers.Serializer):
     engine_servers = serializers.ListField(
         child=serializers.CharField(), default=list,
         help_text="Inference servers to roll out on (engine=remote), among AGENTFLY_INFERENCE_SERVERS for the team.")
+    judge_source = serializers.ChoiceField(
+        choices=[c for c, _ in JUDGE_SOURCES], default="",
+        help_text="Where the judge of a judge reward runs: '' (no judge), policy (the job's starting model, a "
+                  "frozen copy), path (judge_model_path) or server (judge_server).")
+    judge_model_path = serializers.CharField(required=False, allow_blank=True,
+                                             help_text="judge_source=path: the judge model's directory.")
+    judge_server = serializers.CharField(required=False, allow_blank=True,
+                                         help_text="judge_source=server: a base URL among AGENTFLY_JUDGE_SERVERS for "
+                                                   "the team.")
+    judge_rubric = serializers.CharField(
+        required=False, allow_blank=True,
+        help_text=f"What the judge grades on when a sample has no rubric (at most {RUBRIC_MAX_CHARS} characters).")
+    reward_model_path = serializers.CharField(
+        required=False, allow_blank=True,
+        help_text="For a reward declared with @reward(resource=\"reward_model\"): a sequence-classification model "
+                  "directory, loaded in the worker.")
     trackers = serializers.ListField(child=serializers.ChoiceField(choices=TRACKERS), default=list,
                                      help_text="Experiment trackers that also get the metrics.")
 

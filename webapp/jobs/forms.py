@@ -18,7 +18,7 @@ from agentfly.resources.builtin import BUILTIN_SPECS  # names only: no spec is b
 from trainer.config import ALGORITHMS, Config, ConfigError, from_dict
 from webapp import inputs
 from webapp.accounts.models import Team
-from webapp.jobs import paths
+from webapp.jobs import paths, servers
 from webapp.jobs.models import Kind, Queue, kind_choices_text
 from webapp.mcpservers.jobs import stored_config
 from webapp.mcpservers.models import MCPServer
@@ -94,8 +94,14 @@ FIELD_OF_KEY = {
     "sft.demos_path": "demos_path", "sft.num_demos": "sft_demos", "sft.epochs": "sft_epochs",
     "sft.batch_size": "sft_batch_size", "sft.lr": "sft_learning_rate",
     "rollout.mode": "rollout_mode", "rollout.max_staleness": "max_staleness", "eval.every": "eval_every",
-    "mcp": "mcp_tools",
+    "mcp": "mcp_tools", "judge": "judge_source", "judge.model_dir": "judge_model_path",
+    "judge.servers": "judge_server", "judge.rubric": "judge_rubric",
 }
+# Where a job's judge runs (``judge_source``); "" is no judge.
+JUDGE_SOURCES = (("", "No judge"), ("policy", "The job's starting model (a frozen copy, in the worker)"),
+                 ("path", "A model directory (in the worker)"), ("server", "A judge server the operator allows"))
+# The rubric goes into every judge prompt, whose room is the judge model's context less its verdict.
+RUBRIC_MAX_CHARS = 2000
 ROLLOUT_MODES = (("sync", "sync: roll out, then update"), ("async", "async: roll out the next steps during the update"))
 
 
@@ -106,6 +112,21 @@ def field_of(key: str | None) -> str | None:
         if key in FIELD_OF_KEY:
             return FIELD_OF_KEY[key]
         key = key.rpartition(".")[0]
+    return None
+
+
+def model_dir_error(path: str, missing: str) -> str | None:
+    """Why ``path`` is not a model directory on this server (``missing`` when it is empty), or None."""
+    if not path:
+        return missing
+    if not Path(path).is_absolute():
+        # A worker resolves a relative path against its own working folder, not the one meant here.
+        return (f"{path!r} is relative; give the absolute path of the model directory on the workers' disk (e.g. "
+                "/srv/agentfly/models/my-model).")
+    if not Path(path).is_dir():
+        return f"{path!r} is not a directory on this server."
+    if not (Path(path) / "config.json").is_file():
+        return f"{path!r} has no config.json; point at a saved model directory."
     return None
 
 
@@ -213,6 +234,28 @@ class LaunchForm(forms.Form):
         required=False, max_length=2000, label="Inference servers",
         help_text="Roll out on these vLLM servers (comma-separated base URLs, among those the operator allows "
                   "your team); they get the new weights after each update. Empty: the job's own engine.")
+    judge_source = forms.ChoiceField(
+        choices=JUDGE_SOURCES, initial="", required=False, label="Judge",
+        help_text="Where the judge runs that a judge reward calls (rubric_judge, preference_vs_reference, or a "
+                  "reward declared with @reward(resource=\"judge\")). The judge is never trained.")
+    judge_model_path = forms.CharField(required=False, max_length=500, label="Judge model directory",
+                                       help_text="For a judge on a model directory: a folder with config.json on "
+                                                 "the workers' shared disk.")
+    judge_server = forms.ChoiceField(
+        choices=[], required=False, label="Judge server",
+        error_messages={"invalid_choice": f"%(value)s is not a judge server any of your teams may use; the operator "
+                                          f"lists them in {servers.JUDGE_SETTING}."},
+        help_text=f"For a judge server: one the operator allows your team ({servers.JUDGE_SETTING}); it is never sent "
+                  "weights.")
+    judge_rubric = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 3}), label="Judge rubric",
+        help_text=f"What the judge grades answers on when a task sample has no rubric of its own (at most "
+                  f"{RUBRIC_MAX_CHARS} characters). Empty: correct, complete and helpful.")
+    reward_model_path = forms.CharField(
+        required=False, max_length=500, label="Reward model directory",
+        help_text="For a reward declared with @reward(resource=\"reward_model\"): a sequence-classification model "
+                  "folder (AutoModelForSequenceClassification) on the workers' shared disk, loaded in the worker; "
+                  "never trained.")
     launch_key = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
@@ -227,6 +270,8 @@ class LaunchForm(forms.Form):
             status=ServerStatus.READY).select_related("team", "current_version")}
         self.fields["mcp_tools"].choices = [(f"{pk}/{tool}", f"{tool} ({s.team.slug}/{s.name})")
                                             for pk, s in self.mcp_servers.items() for tool in s.model_tools]
+        slugs = list(self.fields["team"].queryset.values_list("slug", flat=True))
+        self.fields["judge_server"].choices = [("", "---------")] + [(u, u) for u in servers.judge_servers_of_teams(slugs)]
         self.preselect_calculator_recipe(visible)
 
     def preselect_calculator_recipe(self, visible: Any) -> None:
@@ -251,6 +296,86 @@ class LaunchForm(forms.Form):
 
     def clean_task_path(self) -> str:
         return allowed_path(self.cleaned_data.get("task_path", ""), self.cleaned_data.get("team"))
+
+    def clean_judge_model_path(self) -> str:
+        return allowed_path(self.cleaned_data.get("judge_model_path", ""), self.cleaned_data.get("team"))
+
+    def clean_reward_model_path(self) -> str:
+        return allowed_path(self.cleaned_data.get("reward_model_path", ""), self.cleaned_data.get("team"))
+
+    @staticmethod
+    def callers_of(resource: str, data: dict[str, Any]) -> list[str]:
+        """The chosen tools and reward that declare ``resource`` (``@reward(resource="judge")``), by name."""
+        chosen = [*(data.get("tools") or []), *([data["reward"]] if data.get("reward") else [])]
+        return [e.name for e in chosen if e.current_version and e.current_version.resource == resource]
+
+    def check_reward_model(self, data: dict[str, Any]) -> None:
+        """A reward model directory exactly when a chosen reward or tool calls one, and a sequence classifier."""
+        path = data.get("reward_model_path") or ""
+        callers = self.callers_of("reward_model", data)
+        if "reward_model_path" in self.errors:
+            return
+        if callers and not path:
+            self.add_error("reward_model_path", f"{', '.join(callers)} calls a reward model (resource "
+                                                "\"reward_model\"); give its directory.")
+        elif path and not callers and data.get("reward") is not None:
+            self.add_error("reward_model_path", f"The reward {data['reward'].name} calls no reward model; leave this "
+                                                "empty, or choose a reward declared with "
+                                                "@reward(resource=\"reward_model\").")
+        elif path:
+            error = model_dir_error(path, "")
+            if error is None:
+                try:
+                    config = json.loads((Path(path) / "config.json").read_text(errors="replace"))
+                except ValueError:
+                    config = None
+                names = config.get("architectures") if isinstance(config, dict) else None
+                if not (isinstance(names, list) and any(str(n).endswith("ForSequenceClassification") for n in names)):
+                    error = (f"{path!r} is not a sequence-classification model: its config.json names architectures "
+                             f"{names!r}; a reward model is saved from AutoModelForSequenceClassification "
+                             "(e.g. ...ForSequenceClassification).")
+            if error:
+                self.add_error("reward_model_path", error)
+
+    def clean_judge_rubric(self) -> str:
+        rubric = (self.cleaned_data.get("judge_rubric") or "").strip()
+        if len(rubric) > RUBRIC_MAX_CHARS:
+            raise ValidationError(f"The rubric has {len(rubric)} characters; the judge reads at most "
+                                  f"{RUBRIC_MAX_CHARS} (every judge prompt carries it beside the question and "
+                                  "the answer). Shorten it.")
+        return rubric
+
+    def check_judge(self, data: dict[str, Any]) -> None:
+        """A judge exactly when a chosen reward or tool calls one, on a model directory the team may read or a
+        judge server the operator allows the team."""
+        source, team = data.get("judge_source") or "", data.get("team")
+        callers = self.callers_of("judge", data)
+        if not source:
+            if callers:
+                self.add_error("judge_source", f"{', '.join(callers)} calls a judge (resource \"judge\"); choose "
+                                               "where the judge runs: the job's starting model, a model directory, "
+                                               "or a judge server.")
+            elif data.get("judge_rubric"):
+                self.add_error("judge_rubric", "A rubric is for a judge; choose a judge reward and where its judge "
+                                               "runs, or leave the rubric empty.")
+            return
+        if not callers and data.get("reward") is not None:
+            self.add_error("judge_source", f"The reward {data['reward'].name} calls no judge, so the judge would never "
+                                           "run; choose no judge, or a reward that calls one: rubric_judge, "
+                                           "preference_vs_reference, or a reward declared with "
+                                           "@reward(resource=\"judge\").")
+        if source == "path" and "judge_model_path" not in self.errors:
+            error = model_dir_error(data.get("judge_model_path", ""),
+                                    "Give the judge model's directory, or choose another place for the judge.")
+            if error:
+                self.add_error("judge_model_path", error)
+        if source == "server" and "judge_server" not in self.errors:
+            url = data.get("judge_server") or ""
+            if not url:
+                self.add_error("judge_server", f"Choose the judge server (one {servers.JUDGE_SETTING} allows your team), "
+                                               "or another place for the judge.")
+            elif team is not None and (reason := servers.judge_refusal(url, team.slug)):
+                self.add_error("judge_server", reason)
 
     def clean_kind(self) -> str:
         return self.cleaned_data.get("kind") or Kind.RL  # left out: RL, as before kinds existed
@@ -277,16 +402,10 @@ class LaunchForm(forms.Form):
     def check_engine_servers(self, data: dict[str, Any]) -> None:
         """Only servers the operator listed for the team (``AGENTFLY_INFERENCE_SERVERS``): a job changes the
         weights of the servers it runs on."""
-        servers, team = data.get("engine_servers") or [], data.get("team")
-        if not servers or team is None:
-            return
-        allowed_by = getattr(settings, "AGENTFLY_INFERENCE_SERVERS", {}) or {}
-        allowed = {u.rstrip("/") for u in [*allowed_by.get("*", []), *allowed_by.get(team.slug, [])]}
-        refused = [u for u in servers if u not in allowed]
-        if refused:
-            offer = ", ".join(sorted(allowed)) or "none (the operator sets AGENTFLY_INFERENCE_SERVERS)"
-            self.add_error("engine_servers", f"{', '.join(refused)} is not a server team {team.slug!r} may use; "
-                                             f"allowed: {offer}.")
+        team = data.get("team")
+        reason = servers.inference_refusal(data.get("engine_servers") or [], team.slug) if team else None
+        if reason:
+            self.add_error("engine_servers", reason)
 
     def clean_nodes(self) -> int:
         return self.cleaned_data.get("nodes") or 1  # left empty: one host
@@ -318,17 +437,9 @@ class LaunchForm(forms.Form):
     def clean(self) -> dict[str, Any]:
         data = super().clean()
         if data.get("model_source") == "path" and "model_path" not in self.errors:  # refused: never probed
-            path = data.get("model_path", "")
-            if not path:
-                self.add_error("model_path", "Give the model directory, or choose the tiny model.")
-            elif not Path(path).is_absolute():
-                # A worker resolves a relative path against its own working folder, not the one meant here.
-                self.add_error("model_path", f"{path!r} is relative; give the absolute path of the model directory on "
-                                             f"the workers' disk (e.g. /srv/agentfly/models/my-model).")
-            elif not Path(path).is_dir():
-                self.add_error("model_path", f"{path!r} is not a directory on this server.")
-            elif not (Path(path) / "config.json").is_file():
-                self.add_error("model_path", f"{path!r} has no config.json; point at a saved model directory.")
+            error = model_dir_error(data.get("model_path", ""), "Give the model directory, or choose the tiny model.")
+            if error:
+                self.add_error("model_path", error)
         if data.get("task") == "jsonl":
             self.check_jsonl_file("task_path", data.get("task_path", ""), "Give the JSONL file of task samples.",
                                   "The task file")
@@ -342,6 +453,8 @@ class LaunchForm(forms.Form):
         self.check_warm_start(data)
         self.check_ranks(data)
         self.check_engine_servers(data)
+        self.check_judge(data)
+        self.check_reward_model(data)
         tools = data.get("tools") or []
         self.check_registrable_code(data)
         self.check_mcp_servers(data)
@@ -427,7 +540,7 @@ class LaunchForm(forms.Form):
         d = self.cleaned_data
         seed = d["seed"]
         tiny = d["model_source"] == "tiny"
-        servers = self.chosen_mcp_servers()
+        mcp_servers = self.chosen_mcp_servers()
         return {
             "seed": seed,
             "steps": d["steps"],
@@ -455,14 +568,33 @@ class LaunchForm(forms.Form):
             "algorithm": {"name": d["algorithm"]},
             "optim": {"lr": d["learning_rate"]},
             "resources": d.get("resources") or {},
-            "mcp": {s.name: stored_config(s, tools) for s, tools in servers.items()},
+            "mcp": {s.name: stored_config(s, tools) for s, tools in mcp_servers.items()},
             "trackers": list(d.get("trackers") or []),
             # Not a trainer key: the worker turns it into a torchrun process group (webapp.jobs.body).
             **({"ranks": d["gpus"]} if d.get("gpus", 1) > 1 else {}),
             **self.warm_start_config(),
             **({"nodes": d["nodes"]} if d.get("nodes", 1) > 1 else {}),
             **({"engine": "remote", "engine_servers": d["engine_servers"]} if d.get("engine_servers") else {}),
+            **self.judge_config(),
+            **({"reward_model": {"model_dir": d["reward_model_path"]}} if d.get("reward_model_path") else {}),
         }
+
+    def judge_config(self) -> dict[str, Any]:
+        """The ``judge`` section as the job stores it: a judge in the worker on its model directory (the job's
+        starting model is read from disk, a copy the update never touches), or a judge server by its URL alone
+        (its model folder is the operator's, supplied when the job starts: ``servers.for_job``)."""
+        d = self.cleaned_data
+        source = d.get("judge_source") or ""
+        rubric = {"rubric": d["judge_rubric"]} if d.get("judge_rubric") else {}
+        if source == "server":
+            return {"judge": {"backend": "remote", "servers": [d["judge_server"]], **rubric}}
+        if source in ("policy", "path"):
+            if source == "path":
+                model_dir = d["judge_model_path"]
+            else:
+                model_dir = tiny_model_path(d["seed"], d["team"]) if d["model_source"] == "tiny" else d["model_path"]
+            return {"judge": {"backend": "hf", "model_dir": model_dir, **rubric}}
+        return {}
 
     def warm_start_config(self) -> dict[str, Any]:
         """The ``sft`` section of an sft or sft_then_rl job: its demonstrations all as written (the trainer's
@@ -532,14 +664,16 @@ class LaunchForm(forms.Form):
             self.add_error(field, f"{what} must be JSON lines (a .jsonl file).")
 
     def check_resource_names(self, data: dict[str, Any]) -> None:
-        """A pool size only for a resource the trainer can build: a built-in one or one a chosen tool declares."""
-        tools = data.get("tools") or []
-        declared = {t.current_version.resource for t in tools if t.current_version and t.current_version.resource}
+        """A pool size only for a resource the trainer can build: a built-in one or one a chosen tool or the
+        reward declares (a judge)."""
+        chosen = [*(data.get("tools") or []), *([data["reward"]] if data.get("reward") else [])]
+        declared = {e.current_version.resource for e in chosen if e.current_version and e.current_version.resource}
         known = set(BUILTIN_SPECS) | declared | {s.name for s in self.chosen_mcp_servers()}
         unknown = sorted(set(data.get("resources") or {}) - known)
         if unknown:
             self.add_error("resources", f"Unknown resource {', '.join(map(repr, unknown))}; name one of "
-                                        f"{', '.join(sorted(known))} (built in, or declared by a chosen tool).")
+                                        f"{', '.join(sorted(known))} (built in, or declared by a chosen tool or "
+                                        "the reward).")
 
     def check_queue_has_worker(self, queue: str | None) -> None:
         if queue != Queue.GPU or not settings.AGENTFLY_CHECK_GPU_WORKERS:
@@ -586,9 +720,9 @@ class LaunchForm(forms.Form):
     def validate_with_trainer(self) -> None:
         """The trainer's own rules (``Config.validate``: group sizes, pool sizes, ...), its message on the field
         of the key it names, so the form never keeps a second copy of them."""
+        config = servers.for_job(self.trainer_config(), self.cleaned_data["team"].slug)  # as the worker will run it
         try:
-            from_dict(Config, {k: v for k, v in self.trainer_config().items()
-                               if k not in ("ranks", "nodes")}).validate()
+            from_dict(Config, {k: v for k, v in config.items() if k not in ("ranks", "nodes")}).validate()
         except ConfigError as exc:
             self.add_error(field_of(exc.key), str(exc))
 
@@ -621,6 +755,16 @@ def initial_from_job(job: Any) -> dict[str, Any]:
         "gpus": c.get("ranks", 1), "nodes": c.get("nodes", 1),
         "rollout_mode": rollout.get("mode", "sync"), "max_staleness": rollout.get("max_staleness", 1),
     }
+    judge = c.get("judge") or {}
+    if judge.get("servers"):
+        initial |= {"judge_source": "server", "judge_server": judge["servers"][0]}
+    elif judge.get("model_dir"):
+        same = judge["model_dir"] == model.get("path")
+        initial |= {"judge_source": "policy" if same else "path", "judge_model_path": "" if same else judge["model_dir"]}
+    if judge.get("rubric"):
+        initial["judge_rubric"] = judge["rubric"]
+    if (c.get("reward_model") or {}).get("model_dir"):
+        initial["reward_model_path"] = c["reward_model"]["model_dir"]
     if sft:
         initial |= {"demos_path": sft.get("demos_path") or "", "sft_demos": sft.get("num_demos"),
                     "sft_epochs": sft.get("epochs"), "sft_batch_size": sft.get("batch_size"),

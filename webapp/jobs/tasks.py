@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from webapp.jobs import cluster, paths, worker
+from webapp.jobs import cluster, paths, servers, worker
 from webapp.jobs.models import Status, TrainingJob
 from webapp.jobs.queues import host_of
 from webapp.mcpservers import jobs as mcp_jobs
@@ -96,9 +96,11 @@ class Yielding:
 
 
 def config_to_run(job: TrainingJob) -> dict[str, Any]:
-    """The job's stored config as this worker runs it: its MCP servers as the rule allows them now, and its
-    pools on the operator's Ray cluster when there is one."""
-    return cluster.with_ray(mcp_jobs.for_job(job.config, job.team), job.pk, job.team.slug)
+    """The job's stored config as this worker runs it: its MCP servers as the rule allows them now, its
+    inference and judge servers as the operator's settings allow them now, and its pools on the operator's
+    Ray cluster when there is one."""
+    config = servers.for_job(mcp_jobs.for_job(job.config, job.team), job.team.slug)
+    return cluster.with_ray(config, job.pk, job.team.slug)
 
 
 def on_step(job_id: int, heartbeat: Heartbeat, step: int) -> None:

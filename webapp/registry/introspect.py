@@ -163,6 +163,7 @@ def describe(kind: str, import_path: str, source: Source | None = None,
             signature=f"{r.fn.__name__}{inspect.signature(r.fn)}",
             docstring=inspect.getdoc(r.fn) or "",
             schema={"required": list(r.required), "optional": list(r.optional), "takes_all": r.takes_all},
+            resource=r.resource or "",
             module_file=module_file,
         )
     raise ValueError(f"Unknown registry kind: {kind!r}; expected 'tool' or 'reward'")

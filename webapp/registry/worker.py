@@ -22,9 +22,13 @@ def record_description(entry_id: int, description: object) -> Version | None:
         entry = Entry.objects.select_for_update().filter(pk=entry_id).first()
         if entry is None:  # deleted while the worker was importing it
             return None
-        version, _ = Version.objects.get_or_create(
+        version, created = Version.objects.get_or_create(
             entry=entry, source_hash=fields.pop("source_hash"), defaults=fields
         )
+        if not created and fields["resource"] and not version.resource:
+            # A reward's resource (a judge) was not recorded before; the same source declares the same one.
+            version.resource = fields["resource"]
+            version.save(update_fields=["resource"])
         entry.current_version = version
         entry.name = version.name
         entry.status = EntryStatus.READY

@@ -54,3 +54,47 @@ def test_a_step_with_a_judge_reward_records_each_unparseable_verdict(tiny_model_
     graded = [t for t in samples if t.get("final_answer")]
     assert service["calls"] == service["parse_failures"] >= len(graded) >= 1
     assert all("judge's reply" in (t.get("reward_error") or "") for t in graded)
+
+
+def test_the_judge_section_makes_the_judge_pool_with_its_rubric_and_sampling(tmp_path: Path) -> None:
+    config = load_config(None, [f"output_dir={tmp_path}", f"judge.model_dir={tmp_path}", "judge.rubric=Is it kind?",
+                                "judge.max_concurrency=2", "judge.max_new_tokens=12"])
+    resources = build_resources(config, [], rubric_judge)
+    assert resources is not None and resources.specs["judge"].kind == "model_service"
+    options = resources.specs["judge"].options
+    assert options["rubric"] == "Is it kind?" and options["max_concurrency"] == 2
+    assert options["engine"]["backend"] == "hf" and options["engine"]["model_dir"] == str(tmp_path)
+    assert options["sampling"].max_new_tokens == 12 and options["sampling"].temperature == 0.0
+    remote = load_config(None, [f"output_dir={tmp_path}", f"judge.model_dir={tmp_path}", "judge.backend=remote",
+                                "judge.servers=[http://gpu3:8000]"])
+    engine = build_resources(remote, [], rubric_judge).specs["judge"].options["engine"]  # type: ignore[union-attr]
+    assert (engine["backend"], engine["servers"]) == ("remote", ["http://gpu3:8000"])
+
+
+@pytest.mark.parametrize(("overrides", "key"), [
+    (["judge.servers=[http://gpu3:8000]", "judge.model_dir=/m"], "judge.backend"),
+    (["judge.backend=remote", "judge.model_dir=/m"], "judge.servers"),
+    (["judge.backend=remote", "judge.servers=[http://gpu3:8000]"], "judge.model_dir"),
+    (["judge.model_dir=/m", "judge.max_batch=0"], "judge.max_batch"),
+    (["judge.model_dir=/m", "resources.judge.spec=tests.unit.trainer.test_judge_reward_config:JUDGE"],
+     "resources.judge.spec"),
+])
+def test_a_judge_section_that_cannot_work_names_the_key_to_change(tmp_path: Path, overrides: list[str],
+                                                                  key: str) -> None:
+    from trainer.config import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, [f"output_dir={tmp_path}", *overrides])
+    assert caught.value.key == key, caught.value
+
+
+def test_the_reward_model_section_makes_the_reward_model_pool(tmp_path: Path) -> None:
+    import agentfly as af
+
+    @af.reward(resource="reward_model")
+    async def preferred(final_answer: str, context: Any) -> float:
+        return 0.0
+
+    config = load_config(None, [f"output_dir={tmp_path}", f"reward_model.model_dir={tmp_path}"])
+    resources = build_resources(config, [], preferred)
+    assert resources is not None and resources.specs["reward_model"].options["model_dir"] == str(tmp_path)
