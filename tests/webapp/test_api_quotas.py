@@ -222,8 +222,11 @@ def test_a_teams_redis_user_reaches_its_own_budgets_and_nothing_else(
 
 
 def test_each_run_has_its_own_password_removed_when_it_ends(team_a: Any, server_redis: redis.Redis) -> None:
-    first = apis.grant(team_a, 0, first=True)
-    second = apis.grant(team_a, 0, first=False)  # another job of the team, running alongside
+    running = stored_job(team_a, {"search": {"api": {}}})
+    first = apis.grant(team_a, running.pk, first=True)
+    TrainingJob.objects.filter(pk=running.pk).update(status=Status.RUNNING)
+    starting = stored_job(team_a, {"search": {"api": {}}})
+    second = apis.grant(team_a, starting.pk, first=True)  # another job of the team starts while one runs
     assert team_client(apis.job_url(*first)).ping() and team_client(apis.job_url(*second)).ping()
     apis.revoke(*first)
     with pytest.raises(redis.exceptions.AuthenticationError):
@@ -231,6 +234,13 @@ def test_each_run_has_its_own_password_removed_when_it_ends(team_a: Any, server_
     assert team_client(apis.job_url(*second)).ping()  # the other run goes on
     with pytest.raises(redis.exceptions.AuthenticationError):
         team_client(apis.job_url(apis.redis_username("team-b"), second[1])).ping()  # no other team's user
+    # A run whose worker died never removed its password: the next job that starts while none of the
+    # team's runs, drops it.
+    TrainingJob.objects.filter(pk=running.pk).update(status=Status.FAILED)
+    third = apis.grant(team_a, starting.pk, first=True)
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        team_client(apis.job_url(*second)).ping()
+    assert team_client(apis.job_url(*third)).ping()
 
 
 def test_a_jobs_config_and_its_folder_never_hold_the_redis_credential(team_a: Any, server_redis: redis.Redis) -> None:
@@ -245,3 +255,23 @@ def test_a_jobs_config_and_its_folder_never_hold_the_redis_credential(team_a: An
         team_client(url).ping()  # the run ended: its password is gone
     with apis.credential(stored_job(team_a, {"python": {"max": 2}}), {"resources": {"python": {"max": 2}}}) as env:
         assert env == {}  # a job without an API gets no credential at all
+
+
+def test_a_job_with_an_api_runs_on_the_hosts_network_holding_only_its_teams_redis_user(
+        team_a: Any, runs_dir: Any, server_redis: redis.Redis, settings: Any) -> None:
+    from webapp.jobs import isolation
+
+    quota(team_a)
+    job = stored_job(team_a, {"search": {"api": {}}})
+    config = config_to_run(job)
+    with apis.credential(job, config) as env:
+        sandbox = isolation.sandbox_for(job, runs_dir / "job", config, env)
+        seen = isolation.job_env(sandbox)
+    assert sandbox.network == "host"  # the provider and Redis are beyond its own loopback
+    assert seen[apis.URL_VARIABLE] == env[apis.URL_VARIABLE]
+    assert settings.REDIS_URL not in seen.values() and "REDIS_URL" not in seen
+    plain = stored_job(team_a, {"python": {"max": 2}})
+    assert isolation.sandbox_for(plain, runs_dir / "plain", config_to_run(plain)).network == "none"
+    settings.AGENTFLY_JOB_NETWORK = "none"
+    with pytest.raises(isolation.SandboxUnavailable, match="AGENTFLY_JOB_NETWORK=none; the operator sets it to auto"):
+        isolation.network_for(config)
