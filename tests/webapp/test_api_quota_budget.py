@@ -152,3 +152,33 @@ def test_two_jobs_of_a_team_never_exceed_its_quota_together_while_another_team_h
     for slug, calls in (("team-a", 2 * per_process), ("team-b", per_process)):
         stats = server_redis.hgetall(f"{KEY_PREFIX}{apis.budget_key(slug, 'search')}:stats")
         assert float(stats[b"calls"]) == calls
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_job_in_its_sandbox_spends_its_teams_budget_through_its_teams_redis_user(
+        alice_api: Any, team_a: Any, api_server: CountingAPI, server_redis: redis.Redis, runs_dir: Path) -> None:
+    from webapp.jobs import isolation, paths
+
+    if not isolation.enabled():
+        pytest.skip("AGENTFLY_JOB_SANDBOX=off")
+    APIQuota.objects.create(team=team_a, api="search", rate=RATE, burst=BURST, concurrency=3)
+    job = launch(alice_api, "team-a", builtin_entries())
+    assert worker.claim_job(job.pk)
+    config = config_to_run(job)
+    output_dir = paths.job_dir(job)
+    output_dir.mkdir(parents=True)
+    spec = output_dir / "api.json"
+    spec.write_text(json.dumps({"resources": config["resources"]}))
+    with apis.credential(job, config) as env:
+        sandbox = isolation.sandbox_for(job, output_dir, config, env)
+        sandbox.readable.append(CLIENT.parent)  # the test's client script; the code is there already
+        argv = [*isolation.sandbox_argv(sandbox), sys.executable, "-P", str(CLIENT), str(spec),
+                f"http://127.0.0.1:{api_server.server_address[1]}/a", "3"]
+        done = subprocess.run(argv, env=isolation.process_env(sandbox), input="go\n", capture_output=True, text=True,
+                              timeout=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["ready", "3"]
+    assert len(api_server.arrivals["/a"]) == 3
+    stats = server_redis.hgetall(f"{KEY_PREFIX}{apis.budget_key('team-a', 'search')}:stats")
+    assert float(stats[b"calls"]) == 3
