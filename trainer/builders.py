@@ -205,7 +205,9 @@ def build_resources(config: Config, tools: Sequence[Any], reward: Any = None) ->
             orphan_timeout=rb.orphan_timeout)
         if rb.job is not None or settings.job is None:  # every rank and a resumed run agree on it
             settings = dataclasses.replace(settings, job=rb.job or job_id_for(config.output_dir))
-        return ResourceEngine([on_ray(s) for s in specs], ray=settings)
+        # A rate-limited API's budget is already one for the job (and its team) in Redis: its limiter stays in
+        # each of the job's processes, which hold its Redis URL (AGENTFLY_RATELIMIT_REDIS), not the cluster's.
+        return ResourceEngine([s if s.kind == "api" else on_ray(s) for s in specs], ray=settings)
     return ResourceEngine(specs)
 
 
