@@ -148,9 +148,13 @@ def test_a_team_member_sees_the_teams_api_quotas_read_only_on_the_team_page_esca
     assert "<form" not in page.split('id="api-quotas"')[1].split("</div>")[0]  # read-only
     bad = APIQuota(team=team_a, api="<script>x</script>", rate=1)
     with pytest.raises(Exception, match="A resource name"):
-        bad.full_clean()  # a name is a resource name: nothing to escape, and the template escapes anyway
-    with pytest.raises(Exception, match="built-in resource"):
-        APIQuota(team=team_a, api="python", rate=1).full_clean()
+        bad.full_clean()  # the admin refuses a name that is no resource name
+    bad.save()  # a row written past the admin is still shown as text
+    page = alice_client.get(reverse("accounts:team", args=[team_a.slug])).content.decode()
+    assert "<code>&lt;script&gt;x&lt;/script&gt;</code>" in page and "<script>x" not in page
+    for taken in ("python", "backend"):  # a built-in resource, a setting of resources
+        with pytest.raises(Exception, match="built-in resource or a setting of resources"):
+            APIQuota(team=team_a, api=taken, rate=1).full_clean()
 
 
 def test_only_a_superuser_changes_api_quotas_a_teams_staff_sees_only_its_own(

@@ -190,7 +190,9 @@ class LaunchForm(forms.Form):
     save_every = forms.IntegerField(min_value=0, max_value=100_000, initial=1,
                                     help_text="Checkpoint every N steps (0: only at the end).")
     resources = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
-                                help_text='Pool sizes per resource as JSON, e.g. {"python": {"max": 4}}.')
+                                help_text='Pool sizes per resource as JSON, e.g. {"python": {"max": 4}}. A '
+                                          'rate-limited API your team has a quota for (see its team page) may ask '
+                                          'for less, e.g. {"search": {"api": {"rate": 2}}}.')
     queue = forms.ChoiceField(choices=Queue.choices, initial=Queue.CPU)
     trackers = forms.MultipleChoiceField(
         choices=TRACKERS, required=False, widget=forms.CheckboxSelectMultiple,

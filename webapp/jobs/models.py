@@ -252,10 +252,11 @@ class APIQuota(models.Model):
         from django.core.exceptions import ValidationError
 
         from agentfly.resources.builtin import BUILTIN_SPECS
+        from trainer.config import RESOURCE_BACKEND_KEYS
 
-        if self.api in BUILTIN_SPECS:
-            raise ValidationError({"api": f"{self.api!r} is a built-in resource, not an API; name the API as a "
-                                          "job's config does (resources.<name>)."})
+        if self.api in BUILTIN_SPECS or self.api in RESOURCE_BACKEND_KEYS:
+            raise ValidationError({"api": f"{self.api!r} is a built-in resource or a setting of resources, not an "
+                                          "API; name the API as a job's config does (resources.<name>)."})
         if self.rate is not None and self.rate <= 0:
             raise ValidationError({"rate": "The rate must be above 0 requests per second."})
         errors = {f: "At least 1." for f in ("burst", "concurrency") if getattr(self, f) is not None
