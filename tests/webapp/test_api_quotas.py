@@ -157,6 +157,19 @@ def test_a_team_member_sees_the_teams_api_quotas_read_only_on_the_team_page_esca
             APIQuota(team=team_a, api=taken, rate=1).full_clean()
 
 
+def test_the_rest_api_lists_the_callers_teams_api_quotas_and_changes_none(
+        alice_api: Any, team_a: Any, team_b: Any) -> None:
+    quota(team_a, api="search", rate=2.5)
+    quota(team_b, api="bobs-api")
+    listed = alice_api.get("/api/api-quotas/").json()
+    rows = listed["results"] if isinstance(listed, dict) else listed
+    assert [(r["team"], r["api"], r["rate"], r["burst"], r["concurrency"], r["daily_quota"]) for r in rows] == [
+        ("team-a", "search", 2.5, 2, 3, 1000)]
+    assert alice_api.post("/api/api-quotas/", {"team": "team-a", "api": "more", "rate": 99},
+                          format="json").status_code == 405
+    assert APIQuota.objects.count() == 2
+
+
 def test_only_a_superuser_changes_api_quotas_a_teams_staff_sees_only_its_own(
         alice: Any, bob: Any, team_a: Any, team_b: Any, client: Any) -> None:
     from django.contrib.auth import get_user_model
