@@ -292,3 +292,15 @@ def test_a_job_with_an_api_runs_on_the_hosts_network_holding_only_its_teams_redi
     settings.AGENTFLY_JOB_NETWORK = "none"
     with pytest.raises(isolation.SandboxUnavailable, match="AGENTFLY_JOB_NETWORK=none; the operator sets it to auto"):
         isolation.network_for(config)
+
+
+def test_a_worker_whose_redis_user_may_not_create_users_fails_the_job_naming_what_to_allow(
+        team_a: Any, server_redis: redis.Redis, settings: Any) -> None:
+    name = f"{settings.REDIS_PREFIX}worker-without-acl"
+    server_redis.execute_command("ACL", "SETUSER", name, "on", ">pw", "~*", "+@all", "-acl")
+    try:
+        settings.REDIS_URL = apis.job_url(name, "pw")  # the server's address, signed in as that user
+        with pytest.raises(apis.APIRefused, match="lets the worker's Redis user \\(REDIS_URL\\) run ACL SETUSER"):
+            apis.grant(team_a, 0, first=True)
+    finally:
+        server_redis.execute_command("ACL", "DELUSER", name)

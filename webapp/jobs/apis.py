@@ -194,6 +194,8 @@ def grant(team: Team, job_pk: int, *, first: bool) -> tuple[str, str]:
     ``(username, password)``. The leader of a job (``first``) that finds no other running job of its team
     also drops the passwords left by runs whose worker died before it could remove them: under the team's
     row lock, so no other job's start adds one in between."""
+    import redis
+
     from agentfly.resources.ratelimit import REDIS_COMMANDS, SCRIPTS
 
     username, password = redis_username(team.slug), secrets.token_urlsafe(32)
@@ -207,6 +209,10 @@ def grant(team: Team, job_pk: int, *, first: bool) -> tuple[str, str]:
             r.execute_command("ACL", "SETUSER", username, *(["reset"] if alone else []), "on", f">{password}",
                               "resetkeys", f"~{key_pattern(team.slug)}", "resetchannels", "-@all",
                               *(f"+{c}" for c in REDIS_COMMANDS))
+    except redis.ResponseError as exc:
+        raise APIRefused(f"the worker could not give team {team.slug!r} its Redis user for the job's APIs ({exc}); "
+                         "the operator lets the worker's Redis user (REDIS_URL) run ACL SETUSER and SCRIPT LOAD, "
+                         "on Redis 6 or later") from None
     finally:
         r.close()
     return username, password
