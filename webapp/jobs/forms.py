@@ -563,7 +563,8 @@ class LaunchForm(forms.Form):
         try:
             data["resources"] = apis.at_launch(data.get("resources") or {}, self.declared_resources(data), team)
         except apis.APIRefused as exc:
-            self.add_error("resources", str(exc)[0].upper() + str(exc)[1:])
+            message = str(exc)
+            self.add_error("resources", "R" + message[1:] if message.startswith("resource ") else message)
 
     def check_queue_has_worker(self, queue: str | None) -> None:
         if queue != Queue.GPU or not settings.AGENTFLY_CHECK_GPU_WORKERS:
