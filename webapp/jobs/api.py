@@ -24,7 +24,7 @@ from webapp.jobs.forms import (
     TRACKERS,
     LaunchForm,
 )
-from webapp.jobs.models import Checkpoint, Kind, Queue, TrainingJob
+from webapp.jobs.models import APIQuota, Checkpoint, Kind, Queue, TrainingJob
 from webapp.monitor.events import events_after, requested_types
 from webapp.monitor.models import EventType
 from webapp.schema import detail_response
@@ -259,3 +259,24 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @action(detail=True, methods=["get"], pagination_class=None)  # all of them, a plain list (never paged)
     def checkpoints(self, request: Request, pk: str | None = None) -> Response:
         return Response(CheckpointSerializer(self.get_object().checkpoints.all(), many=True).data)
+
+
+class APIQuotaSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = APIQuota
+        fields = ["id", "team", "api", "rate", "burst", "concurrency", "daily_quota", "updated_at"]
+
+
+class APIQuotaViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """The operator's limits on each rate-limited API, for the caller's teams: what a job's
+    ``resources.<api>.api`` may ask for at most. Read-only: an operator sets them in the admin."""
+
+    serializer_class = APIQuotaSerializer
+    queryset = APIQuota.objects.none()  # the schema generator's hint; requests use get_queryset
+
+    def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):
+            return APIQuota.objects.none()
+        return APIQuota.objects.filter(team__in=Team.objects.of(self.request.user)).select_related("team")

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from webapp.jobs import cluster, paths, servers, worker
+from webapp.jobs import apis, cluster, paths, servers, worker
 from webapp.jobs.models import Status, TrainingJob
 from webapp.jobs.queues import host_of
 from webapp.mcpservers import jobs as mcp_jobs
@@ -97,9 +97,9 @@ class Yielding:
 
 def config_to_run(job: TrainingJob) -> dict[str, Any]:
     """The job's stored config as this worker runs it: its MCP servers as the rule allows them now, its
-    inference and judge servers as the operator's settings allow them now, and its pools on the operator's
-    Ray cluster when there is one."""
-    config = servers.for_job(mcp_jobs.for_job(job.config, job.team), job.team.slug)
+    inference and judge servers as the operator's settings allow them now, its APIs on its team's budgets
+    within the quotas as they are now, and its pools on the operator's Ray cluster when there is one."""
+    config = apis.for_job(servers.for_job(mcp_jobs.for_job(job.config, job.team), job.team.slug), job.team)
     return cluster.with_ray(config, job.pk, job.team.slug)
 
 
@@ -201,13 +201,15 @@ def run_job(job_id: int) -> str:
             if node is not None:
                 sink.emit({"type": "log", "level": "info", "message": f"node 0 of {node.count} runs on worker "
                                                                       f"{here}; rendezvous at {node.endpoint}"})
-            outcome = isolation.run_job(
-                job, config_to_run(job), output_dir=output_dir,
-                sinks=[Yielding(sink, heartbeat)],
-                should_stop=heartbeat.stop_requested, node=node,
-                on_checkpoint=lambda step, path, metrics: on_checkpoint(job_id, sink, step, path, metrics),
-                on_step=lambda step: on_step(job_id, heartbeat, step),
-            )
+            config = config_to_run(job)
+            with apis.credential(job, config) as env:
+                outcome = isolation.run_job(
+                    job, config, output_dir=output_dir, env=env,
+                    sinks=[Yielding(sink, heartbeat)],
+                    should_stop=heartbeat.stop_requested, node=node,
+                    on_checkpoint=lambda step, path, metrics: on_checkpoint(job_id, sink, step, path, metrics),
+                    on_step=lambda step: on_step(job_id, heartbeat, step),
+                )
             status = Status.CANCELLED if outcome.cancelled else Status.SUCCEEDED
             if outcome.cancelled and not heartbeat.cancelled.is_set():
                 if heartbeat.over_time:
@@ -280,8 +282,10 @@ def run_node(self: Any, job_id: int, node_rank: int, endpoint: str, leader: str)
     def job_ended() -> bool:
         return not TrainingJob.objects.filter(pk=job_id, status=Status.RUNNING).exists()
 
-    isolation.run_node(job, config_to_run(job), output_dir=output_dir,
-                       node=body.Node(node_rank, int(job.config["nodes"]), endpoint), job_ended=job_ended)
+    config = config_to_run(job)
+    with apis.credential(job, config, first=False) as env:  # the leader's run holds its own password
+        isolation.run_node(job, config, output_dir=output_dir, env=env,
+                           node=body.Node(node_rank, int(job.config["nodes"]), endpoint), job_ended=job_ended)
     return "done"
 
 
