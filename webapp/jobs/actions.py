@@ -14,6 +14,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from trainer.events import log_event
 from webapp.accounts.models import Team
 from webapp.jobs import paths
 from webapp.jobs.models import ACTIVE, WAITING, Checkpoint, Kind, Status, TrainingJob, quotas_of
@@ -100,8 +101,7 @@ def do_cancel_job(job: TrainingJob) -> TrainingJob:
         elif TrainingJob.objects.filter(pk=job.pk, status=Status.RUNNING, cancel_requested=False).update(
             cancel_requested=True
         ):
-            append_events(job.pk, [{"type": "log", "level": "info",
-                                    "message": "cancel requested; the job stops after the current step"}])
+            append_events(job.pk, [log_event(job.step, "cancel requested; the job stops after the current step")])
         transaction.on_commit(lambda: revoke(job))
     job.refresh_from_db()
     return job

@@ -133,9 +133,7 @@ class Offset:
         self.sink, self.steps = sink, steps
 
     def emit(self, event: Event) -> None:
-        step = event.get("step")
-        shifted = {**event, "step": step + self.steps} if isinstance(step, int) else event
-        self.sink.emit(shifted)  # type: ignore[arg-type]
+        self.sink.emit({**event, "step": event["step"] + self.steps})
 
     def close(self) -> None:
         pass
@@ -149,11 +147,11 @@ class WarmStartPhase:
         self.sink = sink
 
     def emit(self, event: Event) -> None:
-        data = event.get("data") or {}
-        if event["type"] == "status" and data.get("state") == "succeeded":
-            event = {**event, "type": "log",  # type: ignore[typeddict-item]
-                     "data": {"level": "info", "message": f"warm start done ({data.get('message', '')}); RL starts "
-                                                          "from its weights"}}
+        from trainer.events import log_event
+
+        if event["type"] == "status" and event["data"]["state"] == "succeeded":
+            event = log_event(event["step"], f"warm start done ({event['data']['message']}); RL starts from its "
+                              "weights", run=event["run"], at=event["time"])
         self.sink.emit(event)
 
     def close(self) -> None:
