@@ -457,12 +457,15 @@ class LaunchForm(forms.Form):
             "resources": d.get("resources") or {},
             "mcp": {s.name: stored_config(s, tools) for s, tools in servers.items()},
             "trackers": list(d.get("trackers") or []),
-            # Not a trainer key: the worker turns it into a torchrun process group (webapp.jobs.body).
-            **({"ranks": d["gpus"]} if d.get("gpus", 1) > 1 else {}),
             **self.warm_start_config(),
-            **({"nodes": d["nodes"]} if d.get("nodes", 1) > 1 else {}),
             **({"engine": "remote", "engine_servers": d["engine_servers"]} if d.get("engine_servers") else {}),
         }
+
+    def launch_fields(self) -> dict[str, int]:
+        """The job's own fields, beside its trainer config: the worker runs ``ranks`` ranks (a torchrun process
+        group when more than 1) on each of ``nodes`` hosts (``webapp.jobs.body``)."""
+        d = self.cleaned_data
+        return {"ranks": d.get("gpus") or 1, "nodes": d.get("nodes") or 1}
 
     def warm_start_config(self) -> dict[str, Any]:
         """The ``sft`` section of an sft or sft_then_rl job: its demonstrations all as written (the trainer's
@@ -587,8 +590,7 @@ class LaunchForm(forms.Form):
         """The trainer's own rules (``Config.validate``: group sizes, pool sizes, ...), its message on the field
         of the key it names, so the form never keeps a second copy of them."""
         try:
-            from_dict(Config, {k: v for k, v in self.trainer_config().items()
-                               if k not in ("ranks", "nodes")}).validate()
+            from_dict(Config, self.trainer_config()).validate()
         except ConfigError as exc:
             self.add_error(field_of(exc.key), str(exc))
 
@@ -618,7 +620,7 @@ def initial_from_job(job: Any) -> dict[str, Any]:
         "seed": c.get("seed"), "eval_size": ev.get("size", data.get("eval_size")), "eval_every": ev.get("every", 0),
         "save_every": c.get("save_every"), "trackers": list(c.get("trackers") or []),
         "resources": json.dumps(c["resources"]) if c.get("resources") else "",
-        "gpus": c.get("ranks", 1), "nodes": c.get("nodes", 1),
+        "gpus": job.ranks, "nodes": job.nodes,
         "rollout_mode": rollout.get("mode", "sync"), "max_staleness": rollout.get("max_staleness", 1),
     }
     if sft:

@@ -151,7 +151,7 @@ def on_checkpoint(job_id: int, sink: Any, step: int, path: str, metrics: dict[st
 def start_nodes(job: TrainingJob, leader: str) -> Any:
     """For a job of ``nodes`` > 1: send one ``run_node`` task per other node to the job's queue, each to
     join this worker's rendezvous, and return this (the first) node; ``None`` for a one-node job."""
-    nodes = int(job.config.get("nodes", 1))
+    nodes = job.nodes
     if nodes == 1:
         return None
     from trainer.distributed import free_port
@@ -190,7 +190,7 @@ def run_job(job_id: int) -> str:
             from webapp.registry.rules import check_job_config
 
             check_job_config(job.config, job.team.slug)  # before anything is imported: rows made behind the API too
-            paths.check_config(job.config, job.team)  # again here: the config may have been written behind the API
+            paths.check_config(job.config, job.team, job.resume_from)  # again: it may have been written behind the API
             for warning in worker.record_versions_used(job_id, describe_components(job.config, job.team.slug)):
                 sink.emit(log_event(job.step, warning, "warning"))
             here = run_job.request.hostname or worker.worker_name()
@@ -270,14 +270,14 @@ def run_node(self: Any, job_id: int, node_rank: int, endpoint: str, leader: str)
         if self.request.retries >= 120:  # a minute: the leader's rendezvous times out and fails the job
             return "unplaced"
         raise self.retry(countdown=0.5)
-    append_events(job_id, [log_event(job.step, f"node {node_rank} of {job.config['nodes']} runs on worker {here}")])
+    append_events(job_id, [log_event(job.step, f"node {node_rank} of {job.nodes} runs on worker {here}")])
     output_dir = paths.job_dir(job)
 
     def job_ended() -> bool:
         return not TrainingJob.objects.filter(pk=job_id, status=Status.RUNNING).exists()
 
     isolation.run_node(job, config_to_run(job), output_dir=output_dir,
-                       node=body.Node(node_rank, int(job.config["nodes"]), endpoint), job_ended=job_ended)
+                       node=body.Node(node_rank, job.nodes, endpoint), job_ended=job_ended)
     return "done"
 
 

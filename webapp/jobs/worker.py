@@ -94,7 +94,7 @@ def must_yield(job_id: int, first_step_at: datetime | None, now: datetime | None
         return False
     now = now or timezone.now()
     job = TrainingJob.objects.filter(pk=job_id, status=Status.RUNNING, cancel_requested=False).first()
-    if job is None or job.run_started_at is None or job.kind != Kind.RL or int(job.config.get("nodes", 1)) > 1:
+    if job is None or job.run_started_at is None or job.kind != Kind.RL or job.nodes > 1:
         return False
     if (now - first_step_at).total_seconds() < slice_s:
         return False
@@ -115,7 +115,7 @@ def preempt_job(job_id: int, step: int, enqueue: Callable[[TrainingJob], None]) 
         if checkpoint is None:
             return False
         TrainingJob.objects.filter(pk=job_id).update(
-            status=Status.PREEMPTED, config={**job.config, "resume_from": checkpoint.path}, queued_at=now,
+            status=Status.PREEMPTED, resume_from=checkpoint.path, queued_at=now,
             run_seconds=seconds_used(job, now), run_started_at=None, worker="", step=Greatest("step", step),
         )
         status_event(job_id, Status.PREEMPTED, message=(
