@@ -76,7 +76,8 @@ def normalise(event: Mapping[str, Any]) -> dict[str, Any]:
 
 def append_events(job_id: int, events: Iterable[Mapping[str, Any]]) -> list[JobEvent]:
     """Store ``events`` for the job under the next sequence numbers and announce them after commit."""
-    from webapp.jobs.models import TrainingJob
+    # The job's model through the events' foreign key: the monitor app never imports the jobs app.
+    TrainingJob = JobEvent.job.field.related_model
 
     rows = [normalise(e) for e in events]
     if not rows:

@@ -153,7 +153,7 @@ async def test_a_reconnecting_client_resumes_after_the_sequence_number_it_has(al
 
 
 async def test_a_long_history_arrives_in_pages_in_order(alice_job: Any, alice_cookie: Any) -> None:
-    from webapp.monitor.consumers import HISTORY_PAGE
+    from webapp.jobs.consumers import HISTORY_PAGE
 
     total = HISTORY_PAGE * 2 + 7
     await append(alice_job.pk, [metrics(s) for s in range(total)])
