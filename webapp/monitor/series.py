@@ -104,12 +104,6 @@ def norm_key(key: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", key.lower()).strip("_")
 
 
-def _number(value: Any) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return math.nan
-
-
 def _plain(values: np.ndarray) -> list[Any]:
     """Steps as ints (JSON ``12``, not ``12.0``), times as floats."""
     return [int(v) if v.is_integer() else v for v in values.tolist()]
