@@ -35,7 +35,7 @@ urlpatterns = [
     path("accounts/", include("webapp.accounts.urls")),
     path("registry/", include("webapp.registry.urls")),
     path("jobs/", include("webapp.jobs.urls")),
-    path("monitor/", include("webapp.monitor.urls")),
+    path("monitor/", include("webapp.jobs.dashboard_urls")),
     path("admin/", admin.site.urls),
     path("api/", include(router.urls)),
     path("api/token/", obtain_token, name="api-token"),

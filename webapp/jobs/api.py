@@ -44,6 +44,8 @@ class JobSerializer(serializers.ModelSerializer):
     reward_version = serializers.SlugRelatedField(slug_field="source_hash", read_only=True, allow_null=True)
     resumed_from = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True)
     total_steps = serializers.IntegerField(read_only=True, help_text="The step the job trains to (config steps).")
+    config = serializers.JSONField(source="launch_config", read_only=True,
+                                   help_text="The trainer config, with ranks and nodes (when above 1) and resume_from.")
 
     class Meta:
         model = TrainingJob
@@ -198,7 +200,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             job, created = actions.do_launch_job(
                 user=request.user, team=d["team"], name=d["name"], config=form.trainer_config(), queue=d["queue"],
                 tool_versions=[t.current_version for t in d["tools"]], reward_version=d["reward"].current_version,
-                resources=d["resources"], launch_key=d["launch_key"], kind=d["kind"],
+                resources=d["resources"], launch_key=d["launch_key"], kind=d["kind"], **form.launch_fields(),
             )
         except actions.QuotaExceeded as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_403_FORBIDDEN)

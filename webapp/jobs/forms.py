@@ -574,10 +574,7 @@ class LaunchForm(forms.Form):
             "resources": d.get("resources") or {},
             "mcp": {s.name: stored_config(s, tools) for s, tools in mcp_servers.items()},
             "trackers": list(d.get("trackers") or []),
-            # Not a trainer key: the worker turns it into a torchrun process group (webapp.jobs.body).
-            **({"ranks": d["gpus"]} if d.get("gpus", 1) > 1 else {}),
             **self.warm_start_config(),
-            **({"nodes": d["nodes"]} if d.get("nodes", 1) > 1 else {}),
             **({"engine": "remote", "engine_servers": d["engine_servers"]} if d.get("engine_servers") else {}),
             **self.judge_config(),
             **({"reward_model": {"model_dir": d["reward_model_path"]}} if d.get("reward_model_path") else {}),
@@ -599,6 +596,12 @@ class LaunchForm(forms.Form):
                 model_dir = tiny_model_path(d["seed"], d["team"]) if d["model_source"] == "tiny" else d["model_path"]
             return {"judge": {"backend": "hf", "model_dir": model_dir, **rubric}}
         return {}
+
+    def launch_fields(self) -> dict[str, int]:
+        """The job's own fields, beside its trainer config: the worker runs ``ranks`` ranks (a torchrun process
+        group when more than 1) on each of ``nodes`` hosts (``webapp.jobs.body``)."""
+        d = self.cleaned_data
+        return {"ranks": d.get("gpus") or 1, "nodes": d.get("nodes") or 1}
 
     def warm_start_config(self) -> dict[str, Any]:
         """The ``sft`` section of an sft or sft_then_rl job: its demonstrations all as written (the trainer's
@@ -745,7 +748,7 @@ class LaunchForm(forms.Form):
         of the key it names, so the form never keeps a second copy of them."""
         config = servers.for_job(self.trainer_config(), self.cleaned_data["team"].slug)  # as the worker will run it
         try:
-            from_dict(Config, {k: v for k, v in config.items() if k not in ("ranks", "nodes")}).validate()
+            from_dict(Config, config).validate()
         except ConfigError as exc:
             self.add_error(field_of(exc.key), str(exc))
 
@@ -775,7 +778,7 @@ def initial_from_job(job: Any) -> dict[str, Any]:
         "seed": c.get("seed"), "eval_size": ev.get("size", data.get("eval_size")), "eval_every": ev.get("every", 0),
         "save_every": c.get("save_every"), "trackers": list(c.get("trackers") or []),
         "resources": json.dumps(c["resources"]) if c.get("resources") else "",
-        "gpus": c.get("ranks", 1), "nodes": c.get("nodes", 1),
+        "gpus": job.ranks, "nodes": job.nodes,
         "rollout_mode": rollout.get("mode", "sync"), "max_staleness": rollout.get("max_staleness", 1),
     }
     judge = c.get("judge") or {}

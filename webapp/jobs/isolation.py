@@ -85,7 +85,7 @@ def enabled() -> bool:
     return mode == "bwrap"
 
 
-def network_for(config: dict[str, Any]) -> str:
+def network_for(config: dict[str, Any], nodes: int = 1) -> str:
     """``AGENTFLY_JOB_NETWORK``: none, host, or auto: the host's network only for a job that must reach other
     hosts (it spans several, its pools run on the operator's Ray cluster, or it calls a rate-limited API and
     shares its budget in Redis), its own loopback otherwise."""
@@ -93,7 +93,7 @@ def network_for(config: dict[str, Any]) -> str:
 
     mode = settings.AGENTFLY_JOB_NETWORK
     if mode == "auto":
-        return "host" if int(config.get("nodes", 1)) > 1 or on_ray_cluster(config) or uses_api(config) else "none"
+        return "host" if nodes > 1 or on_ray_cluster(config) or uses_api(config) else "none"
     if mode not in ("none", "host"):
         raise SandboxUnavailable(f"AGENTFLY_JOB_NETWORK={mode!r} is not auto, none or host")
     if mode == "none" and uses_api(config):
@@ -121,12 +121,12 @@ def plugin_mounts(team_slug: str) -> list[Path]:
     return found
 
 
-def config_reads(config: dict[str, Any], team: Any) -> list[Path]:
-    """The paths the job's config reads outside its team's runs folder (a shared model or data set), each
-    already allowed for the team by ``paths.check_config``."""
+def config_reads(config: dict[str, Any], team: Any, resume_from: str = "") -> list[Path]:
+    """The paths the job's config (and the checkpoint it resumes from) reads outside its team's runs folder (a
+    shared model or data set), each already allowed for the team by ``paths.check_config``."""
     runs = Path(settings.AGENTFLY_RUNS_DIR).resolve()
     found = []
-    for _, raw in paths.config_paths(config):
+    for _, raw in paths.config_paths(config, resume_from):
         path = Path(raw).resolve()
         if path.exists() and not path.is_relative_to(runs):
             found.append(path)
@@ -232,12 +232,12 @@ def sandbox_for(job: Any, output_dir: Path, config: dict[str, Any], env: dict[st
     config reads read-only; ``env`` besides (its team's Redis URL for its APIs)."""
     team_runs = paths.team_dir(job.team)
     team_runs.mkdir(parents=True, exist_ok=True)
-    readable = [*plugin_mounts(job.team.slug), *config_reads(config, job.team)]
+    readable = [*plugin_mounts(job.team.slug), *config_reads(config, job.team, job.resume_from)]
     for name in ("HF_HOME", "HF_HUB_CACHE", "TRANSFORMERS_CACHE"):
         if os.environ.get(name) and Path(os.environ[name]).is_dir():
             readable.append(Path(os.environ[name]).resolve())  # downloaded models, shared read-only
     return Sandbox(job_id=job.pk, team_slug=job.team.slug, output_dir=output_dir.resolve(),
-                   writable=[team_runs.resolve()], readable=readable, network=network_for(config),
+                   writable=[team_runs.resolve()], readable=readable, network=network_for(config, job.nodes),
                    env={**ray_env(config), **(env or {})})
 
 
@@ -430,7 +430,8 @@ def run_job(job: Any, config: dict[str, Any], *, output_dir: Path, sinks: Sequen
     process gets besides its own (``webapp.jobs.apis.credential``)."""
     sandbox = sandbox_for(job, output_dir, config, env) if enabled() else None
     spec = output_dir / "job.json"  # read by the child: the config and how to run it, nothing secret
-    spec.write_text(json.dumps({"job": job.pk, "kind": job.kind, "config": config,
+    spec.write_text(json.dumps({"job": job.pk, "kind": job.kind, "config": config, "ranks": job.ranks,
+                                "resume_from": job.resume_from,
                                 "node": None if node is None else [node.rank, node.count, node.endpoint]}))
     pump = Pump(Checked(job.pk, output_dir), sinks, on_checkpoint, on_step)
     started = time.monotonic()
@@ -454,8 +455,8 @@ def run_node(job: Any, config: dict[str, Any], *, output_dir: Path, node: Node, 
     it when ``job_ended()``. Returns its exit status."""
     sandbox = sandbox_for(job, output_dir, config, env) if enabled() else None
     spec = output_dir / f"job-node-{node.rank}.json"
-    spec.write_text(json.dumps({"job": job.pk, "kind": job.kind, "config": config,
-                                "node": [node.rank, node.count, node.endpoint]}))
+    spec.write_text(json.dumps({"job": job.pk, "kind": job.kind, "config": config, "ranks": job.ranks,
+                                "resume_from": job.resume_from, "node": [node.rank, node.count, node.endpoint]}))
     pump = Pump(Checked(job.pk, output_dir), [], lambda *_: None, lambda _: None)
     return run_process(command(sandbox, ["node", str(spec)]), process_env(sandbox, env), output_dir,
                        pump, job_ended, stop_name=f"ENDED-node-{node.rank}", poll=2.0)

@@ -68,7 +68,14 @@ class TrainingJob(models.Model):
     queue = models.CharField(max_length=10, choices=Queue.choices, default=Queue.CPU)
     kind = models.CharField(max_length=12, choices=Kind.choices, default=Kind.RL,
                             help_text="rl, sft (a warm start), or sft_then_rl (RL from the warm start's weights).")
-    config = models.JSONField(help_text="The validated launch configuration the worker runs.")
+    config = models.JSONField(help_text="The validated trainer configuration the worker runs "
+                              "(trainer.config.Config's keys, and its pools' resources).")
+    # The job's own launch fields, beside the trainer's config rather than in it: the worker reads them.
+    ranks = models.PositiveSmallIntegerField(default=1, help_text="Ranks per node (GPUs, or CPU processes): more "
+                                             "than 1 runs a torchrun process group.")
+    nodes = models.PositiveSmallIntegerField(default=1, help_text="Hosts the job's ranks run on, one worker each.")
+    resume_from = models.CharField(max_length=1000, blank=True, help_text="The checkpoint the job continues "
+                                   "from (a resume, or a preempted job's next run); empty: it starts afresh.")
     tool_versions = models.ManyToManyField(Version, blank=True, related_name="jobs_as_tool")
     reward_version = models.ForeignKey(Version, null=True, blank=True, on_delete=models.PROTECT,
                                        related_name="jobs_as_reward")
@@ -140,6 +147,15 @@ class TrainingJob(models.Model):
         if self.status != Status.RUNNING or self.heartbeat_at is None:
             return False
         return (timezone.now() - self.heartbeat_at).total_seconds() > settings.JOB_HEARTBEAT_TIMEOUT
+
+    @property
+    def launch_config(self) -> dict[str, Any]:
+        """The config as the API shows it: the trainer's, with the job's own launch fields (ranks and nodes
+        above 1, the checkpoint it resumes from) under the keys they are launched with."""
+        return {**(self.config if isinstance(self.config, dict) else {}),
+                **({"ranks": self.ranks} if self.ranks > 1 else {}),
+                **({"nodes": self.nodes} if self.nodes > 1 else {}),
+                **({"resume_from": self.resume_from} if self.resume_from else {})}
 
     @property
     def is_active(self) -> bool:
