@@ -22,6 +22,10 @@ The fleet:
   sync is version-gated: a replica takes no new request while it syncs, its requests in flight finish first
   (so every token of a turn comes from one version), and each ``Generation`` carries the version that sampled
   it in ``extra["weights_version"]``. Servers found by URL are synced only where ``allow_weight_sync`` is set.
+- **Several training processes, one fleet.** Data-parallel ranks each hold a ``RemoteEngine`` on the same
+  servers, given ``peers`` (a ``SyncPeers``: a barrier and a broadcast among them). ``update_weights`` is then
+  a collective: every process stops sending and lets its requests finish, the leader syncs the servers, and
+  every process takes the leader's version and its verdict on which replicas are live.
 - **Servers started here.** ``start_servers(model_dir, n)`` starts ``python -m vllm.entrypoints.openai.api_server``
   processes, each in its own process group that dies with the process that started it (``PR_SET_PDEATHSIG``);
   ``stop_servers`` ends them. ``RemoteEngine(..., processes=...)`` owns them and stops them on ``close()``.
@@ -44,11 +48,11 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agentfly.engines.base import Engine, FinishReason, Generation, Sampling
 from agentfly.resources.spec import InfrastructureFailure, ResourceTimeout
@@ -107,6 +111,19 @@ class Replica:
 
     def kill(self) -> None:
         return None
+
+
+class SyncPeers(Protocol):
+    """The training processes that share one fleet (data-parallel ranks). Every one of them calls
+    ``update_weights`` at the same point; the ``leader`` alone changes the servers' weights."""
+
+    leader: bool
+
+    def barrier(self) -> None:
+        """Return once every process has called it."""
+
+    def share(self, value: Any) -> Any:
+        """The leader's ``value``, returned on every process (the others pass None)."""
 
 
 @dataclass(eq=False)
@@ -198,7 +215,8 @@ def start_servers(model_dir: str | os.PathLike[str], n: int, *, seed: int = 0, l
     try:
         for i in range(n):
             port = _free_port()
-            env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": str(threads),
+            # Unbuffered, so that its log (requests included) is current when a failure shows its tail.
+            env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
                    "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
             if gpus:
                 env["CUDA_VISIBLE_DEVICES"] = str(i % gpus)
@@ -274,6 +292,7 @@ class RemoteEngine(Engine):
         by default, which only servers on this host can read.
     allow_weight_sync: whether ``update_weights`` may change the servers' weights (an operator's servers
         shared by several jobs must not be changed by one of them).
+    peers: the other training processes on the same servers (``SyncPeers``); None when this one is alone.
     """
 
     def __init__(
@@ -287,6 +306,7 @@ class RemoteEngine(Engine):
         sync_dir: str | os.PathLike[str] | None = None,
         allow_weight_sync: bool = True,
         start_timeout: float = 300.0,
+        peers: SyncPeers | None = None,
     ) -> None:
         if not servers:
             raise ValueError("RemoteEngine needs at least one server URL (or engine_replicas to start some)")
@@ -314,6 +334,7 @@ class RemoteEngine(Engine):
         self.request_timeout = request_timeout
         self.acquire_timeout = acquire_timeout
         self.allow_weight_sync = allow_weight_sync
+        self.peers = peers
         self._own_sync_dir = sync_dir is None
         self.sync_dir = Path(sync_dir) if sync_dir is not None else Path(tempfile.mkdtemp(prefix="agentfly-sync-"))
         self.version = 0  # the weights version every live replica holds
@@ -519,6 +540,47 @@ class RemoteEngine(Engine):
             raise PermissionError("these inference servers were not opened to weight sync by their operator "
                                   "(allow_weight_sync=False): train against servers the job starts "
                                   "(engine_replicas=N) or ask the operator to allow syncing them")
+        if self.peers is None:
+            self._push_weights(state_dict)
+            return
+        with self._held():
+            self.peers.barrier()  # no request of any process is on a server now
+            verdict: tuple[int, list[bool], str | None] | None = None
+            if self.peers.leader:
+                error = None
+                try:
+                    self._push_weights(state_dict)
+                except InfrastructureFailure as exc:
+                    error = str(exc)
+                verdict = (self.version, [r.live for r in self.replicas], error)
+            version, live, error = self.peers.share(verdict)
+            with self._lock:
+                self.version = version
+                for replica, up in zip(self.replicas, live, strict=True):
+                    replica.live = up
+                    if up:
+                        replica.version = version
+        if error is not None:
+            raise InfrastructureFailure(error, "server_down")
+
+    @contextlib.contextmanager
+    def _held(self) -> Iterator[None]:
+        """No new request from this process to any replica; its requests in flight finish first."""
+        with self._lock:
+            held = [r for r in self.replicas if not r.syncing]
+            for replica in held:
+                replica.syncing = True
+        try:
+            deadline = time.monotonic() + self.request_timeout
+            while any(r.in_flight for r in self.replicas) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            yield
+        finally:
+            with self._lock:
+                for replica in held:
+                    replica.syncing = False
+
+    def _push_weights(self, state_dict: Mapping[str, Any]) -> None:
         weights = self._checkpoint_tensors(state_dict)
         from safetensors.torch import save_file
 

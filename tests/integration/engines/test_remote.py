@@ -254,6 +254,56 @@ def test_a_training_run_on_the_fleet_syncs_each_update_and_reports_the_logprob_m
         engine.update_weights(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict())
 
 
+def served_requests(server: ServerProcess) -> int:
+    """Completions the server answered, from its own access log (counted by the server, not a client)."""
+    return server.log_path.read_text(errors="replace").count('"POST /v1/completions HTTP/1.1" 200')
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_two_gloo_ranks_share_the_fleet_and_every_rank_samples_the_weights_rank_0_synced(
+    engine: RemoteEngine, fleet: list[ServerProcess], tiny_model_dir: Path, tmp_path: Path, mode: str
+) -> None:
+    urls = "[" + ", ".join(r.url for r in engine.replicas) + "]"
+    before = [served_requests(s) for s in fleet]
+    extra = ["rollout.mode=async", "rollout.max_staleness=1"] if mode == "async" else []
+    sets = [f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "steps=2", "threads=1", "progress=false",
+            "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "rollout.max_turns=1",
+            "data.train_size=64", "data.eval_size=2", "eval.max_new_tokens=4", "log_samples=0", "save_every=0",
+            "optim.lr=0.01", "rollout.reward=rewards_for_tests:answer_length", "engine=remote",
+            f"engine_servers={urls}", *extra]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(TRAINER_TESTS), str(Path(af.__file__).parents[1]),
+                                                                env.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+           "trainer.cli", "train", *[a for s in sets for a in ("--set", s)]]
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=800)
+        assert done.returncode == 0, done.stderr[-4000:]
+        import json
+
+        events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+        steps = [e["data"] for e in events if e["type"] == "metrics" and "time/rollout" in e["data"]]
+        assert [m["step"] for m in steps] == [1.0, 2.0]
+        # Each rollout is one turn, one request: 2 steps x 2 prompts (one a rank) x 2 samples reached the servers,
+        # both of them; rank 0's own would be half of that (rank 1 has no engine but the fleet).
+        served = [served_requests(s) - b for s, b in zip(fleet, before, strict=True)]
+        assert all(n > 0 for n in served) and sum(served) >= 2 * 2 * 2, served
+        resources = [e["data"]["engine"] for e in events if e["type"] == "resources"]
+        assert resources[-1]["replicas_live"] == 2.0
+        trained = [m for m in steps if "update/skipped" not in m]
+        if mode == "sync":  # rank 0 pushed each update and every rank's next batch came from it
+            assert resources[-1]["weight_syncs"] >= 1
+            assert trained and all(m["logprob_mismatch"] < 0.05 for m in trained), trained
+        else:
+            assert all(m["rollout/staleness_max"] <= 1.0 for m in steps)
+    finally:
+        from transformers import AutoModelForCausalLM
+
+        engine.update_weights(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict())
+
+
 async def test_a_judge_on_the_servers_batches_within_its_bound_counts_parse_failures_and_never_syncs_weights(
     engine: RemoteEngine, tiny_model_dir: Path
 ) -> None:
