@@ -56,6 +56,8 @@ BAD_FORM_INPUT = [
     ("resources", '{"python": {"min": 3, "max": 2}}', "resources.python: min=3 is above max=2"),
     ("resources", '{"python": {"size": 2}}', "unknown keys"),
     ("resources", '{"python": {"max": "4"}}', "must be an integer from 0 to 1024"),
+    ("resources", '{"python": {"max": 4, "acquire_timeout": 0}}', '"acquire_timeout" must be seconds'),
+    ("resources", '{"python": {"acquire_timeout": "soon"}}', '"acquire_timeout" must be seconds'),
     ("queue", "tpu", "Select a valid choice"),
     ("launch_key", "k" * 65, "at most 64 characters"),
 ]

@@ -1,6 +1,7 @@
 """A time budget and a loss aggregation from the launch form and the API: ``max_minutes`` and ``loss_agg``
 reach the trainer's config (a learning bar's "within 15 minutes", and a recipe's ``loss_agg: token-mean``);
-a job that leaves them out has neither key, so the trainer's defaults apply as before the fields existed."""
+a job that leaves them out has neither key, so the trainer's defaults apply as before the fields existed. A
+pool's ``acquire_timeout`` is taken with its sizes."""
 
 from __future__ import annotations
 
@@ -51,3 +52,14 @@ def test_the_api_takes_them_and_refuses_a_budget_below_six_seconds_and_an_unknow
     assert response.status_code == 201, response.content
     config = response.json()["config"]
     assert (config["max_minutes"], config["algorithm"]["loss_agg"]) == (1.5, "token-mean")
+
+
+def test_a_pool_smaller_than_the_rollouts_in_flight_may_wait_longer_for_an_instance(
+    alice_api: Any, team_a: Any
+) -> None:
+    tool, reward = builtin_entries()
+    response = alice_api.post("/api/jobs/", {"name": "x", "team": "team-a", "tools": [tool.pk], "reward": reward.pk,
+                                             "resources": {"python": {"max": 2, "acquire_timeout": 300}}},
+                              format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["config"]["resources"] == {"python": {"max": 2, "acquire_timeout": 300}}

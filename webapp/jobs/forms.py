@@ -223,7 +223,8 @@ class LaunchForm(forms.Form):
     save_every = forms.IntegerField(min_value=0, max_value=100_000, initial=1,
                                     help_text="Checkpoint every N steps (0: only at the end).")
     resources = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
-                                help_text='Pool sizes per resource as JSON, e.g. {"python": {"max": 4}}.')
+                                help_text='Pool sizes per resource as JSON, e.g. {"python": {"max": 4}}; '
+                                          '"acquire_timeout" (seconds) is how long a rollout waits for an instance.')
     queue = forms.ChoiceField(choices=Queue.choices, initial=Queue.CPU)
     trackers = forms.MultipleChoiceField(
         choices=TRACKERS, required=False, widget=forms.CheckboxSelectMultiple,
@@ -437,13 +438,19 @@ class LaunchForm(forms.Form):
         for name, pool in value.items():
             if not isinstance(pool, dict):
                 raise ValidationError(f'Resource "{name}": write its pool as an object like {{"min": 0, "max": 4}}.')
-            unknown = set(pool) - {"min", "max"}
+            unknown = set(pool) - {"min", "max", "acquire_timeout"}
             if unknown:
-                raise ValidationError(f'Resource "{name}": unknown keys {sorted(unknown)}; only "min" and "max".')
+                raise ValidationError(f'Resource "{name}": unknown keys {sorted(unknown)}; only "min", "max" and '
+                                      '"acquire_timeout".')
             for key in ("min", "max"):
                 v = pool.get(key)
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1024):
                     raise ValidationError(f'Resource "{name}": "{key}" must be an integer from 0 to 1024.')
+            # Seconds a rollout waits for an instance: a pool smaller than the rollouts in flight queues them.
+            v = pool.get("acquire_timeout")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 3600):
+                raise ValidationError(f'Resource "{name}": "acquire_timeout" must be seconds, more than 0 and at '
+                                      'most 3600.')
         return value  # min <= max and max >= 1 are the trainer's rules (Config.validate, see validate_with_trainer)
 
     def clean(self) -> dict[str, Any]:
