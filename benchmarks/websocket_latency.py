@@ -161,11 +161,12 @@ class Clients:
 def emit_at_rate(job_id: int, run: str, rate: float, seconds: float, flush_interval: float,
                  max_messages: float) -> int:
     """Emit ``rate`` events per second for ``seconds`` through a real sink; returns the number emitted."""
+    from trainer.events import log_event, metrics_event
     from webapp.monitor.sink import DatabaseEventSink
 
     sink = DatabaseEventSink(job_id, flush_interval=flush_interval, max_messages_per_second=max_messages)
     # Warm the path (the writer's first connection, Daphne's first group message) outside the measurement.
-    sink.emit({"type": "log", "message": "warm-up"})
+    sink.emit(log_event(0, "warm-up"))
     time.sleep(0.5)
     total = int(rate * seconds)
     start = time.perf_counter()
@@ -174,7 +175,7 @@ def emit_at_rate(job_id: int, run: str, rate: float, seconds: float, flush_inter
         delay = target - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        sink.emit({"type": "metrics", "step": i, "bench_run": run, "accepted_at": time.time(), "value": i * 0.5})
+        sink.emit(metrics_event(i, {"bench_run": run, "accepted_at": time.time(), "value": i * 0.5}))  # type: ignore[dict-item]
     sink.close()
     return total
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -36,19 +37,23 @@ def _fields(cls: type, prefix: str = "") -> list[tuple[str, Any, dataclasses.Fie
 
 
 def _section_type(tp: Any) -> type | None:
-    """The dataclass a field opens a section of: itself, or the values of a ``dict[str, <dataclass>]``
-    (``resources.<name>``)."""
+    """The dataclass a field opens a section of: itself, the values of a ``dict[str, <dataclass>]``
+    (``resources.<name>``), or an optional one (``resources.<name>.api``)."""
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return tp
     if typing.get_origin(tp) is dict:
         value = typing.get_args(tp)[1]
         if isinstance(value, type) and dataclasses.is_dataclass(value):
             return value
+    if typing.get_origin(tp) in (types.UnionType, typing.Union):
+        found = [a for a in typing.get_args(tp) if isinstance(a, type) and dataclasses.is_dataclass(a)]
+        if len(found) == 1:
+            return found[0]
     return None
 
 
 def _section_key(key: str, tp: Any) -> str:
-    return key if isinstance(tp, type) else f"{key}.<name>"
+    return f"{key}.<name>" if typing.get_origin(tp) is dict else key
 
 
 def _default(f: dataclasses.Field[Any]) -> Any:

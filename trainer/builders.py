@@ -180,6 +180,8 @@ def build_resources(config: Config, tools: Sequence[Any], reward: Any = None) ->
         res = config.resources.get(name)
         if name in servers:
             spec = servers[name]
+        elif res is not None and res.api is not None:
+            spec = api_spec(name, res.api.options(), import_object(res.spec, f"resources.{name}.spec") if res.spec else None)
         elif res is not None and res.spec:
             spec = import_object(res.spec, f"resources.{name}.spec")
         else:
@@ -205,8 +207,21 @@ def build_resources(config: Config, tools: Sequence[Any], reward: Any = None) ->
             orphan_timeout=rb.orphan_timeout)
         if rb.job is not None or settings.job is None:  # every rank and a resumed run agree on it
             settings = dataclasses.replace(settings, job=rb.job or job_id_for(config.output_dir))
-        return ResourceEngine([on_ray(s) for s in specs], ray=settings)
+        # A rate-limited API's budget is already one for the job (and its team) in Redis: its limiter stays in
+        # each of the job's processes, which hold its Redis URL (AGENTFLY_RATELIMIT_REDIS), not the cluster's.
+        return ResourceEngine([s if s.kind == "api" else on_ray(s) for s in specs], ray=settings)
     return ResourceEngine(specs)
+
+
+def api_spec(name: str, options: dict[str, Any], spec: Any = None) -> Any:
+    """A rate-limited API's spec: ``spec`` (a plugin's) with ``options`` over its own, or a ``SharedRateLimiter``
+    of that name, one instance every rollout shares."""
+    if spec is not None:
+        return dataclasses.replace(spec, options={**spec.options, **options})
+    from agentfly.resources import ResourceSpec, SharedRateLimiter
+
+    return ResourceSpec(name=name, factory=SharedRateLimiter, kind="api", scope="global", backend="inprocess",
+                        options={"key": name, **options})
 
 
 def mcp_specs(config: Config) -> dict[str, Any]:

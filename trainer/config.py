@@ -167,12 +167,34 @@ class RolloutConfig:
 
 
 @dataclass
+class APIConfig:
+    """A rate-limited web API (``resources.<name>.api``): one ``SharedRateLimiter`` whose budget lives in Redis,
+    so every rank, the producer, evaluations and every other process naming the same ``key`` share it. Under the
+    web app the worker sets ``key`` to the team's and these limits to at most the operator's quota."""
+
+    key: str | None = _f(None, "The budget's name in Redis; processes that name the same key share one budget. "
+                               "None = the resource's name.")
+    rate: float | None = _f(None, "Requests per second (a token bucket); None = the spec's, else 10.")
+    burst: int | None = _f(None, "Requests that may go at once after a quiet spell; None = the spec's, else the "
+                                 "rate rounded.")
+    concurrency: int | None = _f(None, "Requests in flight at once; None = the spec's, else 8.")
+    daily_quota: int | None = _f(None, "Requests per UTC day (0 = no daily limit); None = the spec's, else 0.")
+
+    def options(self) -> dict[str, Any]:
+        """The limits that are set, as ``SharedRateLimiter`` options."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclass
 class ResourceConfig:
     spec: str | None = _f(None, "A ResourceSpec as 'module:attribute' (e.g. agentfly.envs.scienceworld:SCIENCEWORLD); "
                           "None = the built-in spec of this name (python, wiki, scienceworld).")
     min: int | None = _f(None, "Instances kept warm; None keeps the spec's.")
     max: int | None = _f(None, "Most instances at once (acquirers beyond it wait); None keeps the spec's.")
     acquire_timeout: float | None = _f(None, "Seconds a rollout waits for an instance; None keeps the spec's.")
+    api: APIConfig | None = _f(None, "Makes this resource a rate-limited API shared through Redis, e.g. {rate: 5, "
+                                     "burst: 5, concurrency: 4, daily_quota: 10000}; with `spec` these override "
+                                     "its options, without one it is a SharedRateLimiter.")
 
 
 @dataclass
@@ -556,6 +578,12 @@ class Config:
                 raise ConfigError(f"resources.{name}: min={res.min} is above max={res.max}", key=f"resources.{name}.min")
             if res.max is not None and res.max < 1:
                 raise ConfigError(f"resources.{name}.max={res.max} must be >= 1", key=f"resources.{name}.max")
+            api = res.api
+            if api is not None and ((api.rate is not None and api.rate <= 0)
+                                    or any(v is not None and v < 1 for v in (api.burst, api.concurrency))
+                                    or (api.daily_quota is not None and api.daily_quota < 0)):
+                raise ConfigError(f"resources.{name}.api: rate must be positive, burst and concurrency at least 1, "
+                                  "daily_quota at least 0 (0: no daily limit)", key=f"resources.{name}.api")
         for name, server in self.mcp.items():
             if (server.command is None) == (server.url is None):
                 raise ConfigError(f"mcp.{name}: give exactly one of command (a stdio server's argv) or url (a "

@@ -11,12 +11,19 @@ output directory's name. The payloads, one ``TypedDict`` each:
     metrics     MetricsData     flat name -> number ("reward/mean", "loss/policy", "time/rollout", ...)
     samples     SamplesData     {"trajectories": [Trajectory.to_dict(tokenizer), ...]}
     resources   ResourcesData   {"host": HostStats, "engine": Engine.stats(), "pools": ResourceEngine.stats()}
-    status      StatusData      {"state": RunState, "message": str}
+    status      StatusData      {"state": JobState, "message": str, "level"?: LogLevel}
     checkpoint  CheckpointData  {"path": str, "step": int, "score": float | None}  (on every save)
-    log         LogData         {"message": str, "level": "info" | "warning" | "error"}
+    log         LogData         {"message": str, "level": "info" | "warning" | "error",
+                                 "traceback"?: str, "checkpoint"?: str}
 
 ``RunState`` is the one status vocabulary of a run, shared with the web app's jobs
-(``queued -> running -> succeeded | failed | cancelled``).
+(``queued -> running -> succeeded | failed | cancelled``); a job of the web app may also be ``preempted``
+(``JobState``), which the trainer never emits.
+
+Every event is made by one constructor here (``metrics_event``, ``samples_event``, ``resources_event``,
+``status_event``, ``checkpoint_event``, ``log_event``; ``make_event`` for a type chosen at run time): the
+trainer's ``EventStream``, the web app's own status and log events, and the synthetic histories of tests
+and benchmarks. Sinks store an event as it is made; a reader can rely on the payload of its type.
 
 A sink is anything with ``emit(event) -> None`` and ``close() -> None`` (``Sink`` below). The web app
 passes its own (it writes to the database and to the job's channel group); ``CallbackSink`` wraps a
@@ -35,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypedDict, get_args, runtime_checkable
+from typing import Any, Literal, NotRequired, Protocol, TypedDict, get_args, runtime_checkable
 
 EventType = Literal["metrics", "samples", "resources", "status", "checkpoint", "log"]
 EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
@@ -43,6 +50,9 @@ EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
 RunState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 RUN_STATES: tuple[RunState, ...] = get_args(RunState)
 FINAL_STATES: tuple[RunState, ...] = ("succeeded", "failed", "cancelled")
+# A web-app job's states: a run's, and ``preempted`` (it yielded its worker and waits to resume).
+JobState = Literal["queued", "running", "succeeded", "failed", "cancelled", "preempted"]
+JOB_STATES: tuple[JobState, ...] = get_args(JobState)
 
 LogLevel = Literal["info", "warning", "error"]
 
@@ -85,8 +95,9 @@ class ResourcesData(TypedDict):
 
 
 class StatusData(TypedDict):
-    state: RunState
+    state: JobState
     message: str
+    level: NotRequired[LogLevel]  # "error" on a failed job's status, so the log shows it as an error
 
 
 class CheckpointData(TypedDict):
@@ -98,6 +109,8 @@ class CheckpointData(TypedDict):
 class LogData(TypedDict):
     message: str
     level: LogLevel
+    traceback: NotRequired[str]  # the worker's traceback of a job that failed
+    checkpoint: NotRequired[str]  # the path, on the web app's "checkpoint saved" line
 
 
 class Event(TypedDict):
@@ -135,6 +148,60 @@ def jsonable(value: Any, *, nul: str | None = None) -> Any:
         if size == 1:
             return jsonable(value.item(), nul=nul)
     return value
+
+
+def make_event(type: EventType, step: int, data: Mapping[str, Any], *, run: str = "",
+               at: float | None = None) -> Event:
+    """An event of ``type`` at ``step`` carrying ``data`` as JSON holds it (``jsonable``), stamped now (or
+    ``at``). The constructors below fix each type's payload; this one is for a type chosen at run time."""
+    if type not in EVENT_TYPES:
+        raise ValueError(f"unknown event type {type!r}; use one of {EVENT_TYPES}")
+    return {"type": type, "step": int(step), "time": time.time() if at is None else float(at), "run": run,
+            "data": jsonable(dict(data))}
+
+
+def metrics_event(step: int, values: Mapping[str, float], *, run: str = "", at: float | None = None) -> Event:
+    return make_event("metrics", step, values, run=run, at=at)
+
+
+def samples_event(step: int, trajectories: list[dict[str, Any]], *, run: str = "", at: float | None = None
+                  ) -> Event:
+    return make_event("samples", step, SamplesData(trajectories=trajectories), run=run, at=at)
+
+
+def resources_event(step: int, engine: Mapping[str, float], pools: Mapping[str, dict[str, Any]] | None = None,
+                    *, host: HostStats | None = None, run: str = "", at: float | None = None) -> Event:
+    """Resource stats at ``step``: the rollout engine's, its pools', and ``host`` (this machine's, read now,
+    when not given)."""
+    return make_event("resources", step, ResourcesData(host=host if host is not None else host_stats(),
+                                                        engine=dict(engine), pools=dict(pools or {})),
+                      run=run, at=at)
+
+
+def status_event(step: int, state: JobState, message: str = "", *, level: LogLevel | None = None,
+                 run: str = "", at: float | None = None) -> Event:
+    if state not in JOB_STATES:
+        raise ValueError(f"unknown run state {state!r}; use one of {JOB_STATES}")
+    data = StatusData(state=state, message=message)
+    if level is not None:
+        data["level"] = level
+    return make_event("status", step, data, run=run, at=at)
+
+
+def checkpoint_event(step: int, path: str | os.PathLike[str], score: float | None = None, *, run: str = "",
+                     at: float | None = None) -> Event:
+    return make_event("checkpoint", step, CheckpointData(path=os.fspath(path), step=int(step), score=score),
+                      run=run, at=at)
+
+
+def log_event(step: int, message: str, level: LogLevel = "info", *, traceback: str | None = None,
+              checkpoint: str | None = None, run: str = "", at: float | None = None) -> Event:
+    data = LogData(message=message, level=level)
+    if traceback is not None:
+        data["traceback"] = traceback
+    if checkpoint is not None:
+        data["checkpoint"] = checkpoint
+    return make_event("log", step, data, run=run, at=at)
 
 
 class JSONLSink:
@@ -200,10 +267,10 @@ class EventStream:
         self._failed: set[int] = set()
 
     def emit(self, type: EventType, step: int, data: Mapping[str, Any]) -> Event:
-        if type not in EVENT_TYPES:
-            raise ValueError(f"unknown event type {type!r}; use one of {EVENT_TYPES}")
-        event: Event = {"type": type, "step": int(step), "time": time.time(), "run": self.run,
-                        "data": jsonable(dict(data))}
+        return self.send(make_event(type, step, data, run=self.run))
+
+    def send(self, event: Event) -> Event:
+        """Hand a made event to every sink, in order; a sink that raises is disabled, not fatal."""
         for i, sink in enumerate(self.sinks):
             if i in self._failed:
                 continue
@@ -215,26 +282,25 @@ class EventStream:
         return event
 
     def metrics(self, step: int, values: Mapping[str, float]) -> Event:
-        return self.emit("metrics", step, values)
+        return self.send(metrics_event(step, values, run=self.run))
 
     def samples(self, step: int, trajectories: list[dict[str, Any]]) -> Event:
-        return self.emit("samples", step, SamplesData(trajectories=trajectories))
+        return self.send(samples_event(step, trajectories, run=self.run))
 
     def resources(self, step: int, engine: Mapping[str, float], pools: Mapping[str, dict[str, Any]] | None = None
                   ) -> Event:
-        return self.emit("resources", step, ResourcesData(host=host_stats(), engine=dict(engine),
-                                                          pools=dict(pools or {})))
+        return self.send(resources_event(step, engine, pools, run=self.run))
 
     def status(self, step: int, state: RunState, message: str = "") -> Event:
-        if state not in RUN_STATES:
+        if state not in RUN_STATES:  # the trainer's runs never say "preempted": only a web-app job is
             raise ValueError(f"unknown run state {state!r}; use one of {RUN_STATES}")
-        return self.emit("status", step, StatusData(state=state, message=message))
+        return self.send(status_event(step, state, message, run=self.run))
 
     def checkpoint(self, step: int, path: str | os.PathLike[str], score: float | None = None) -> Event:
-        return self.emit("checkpoint", step, CheckpointData(path=os.fspath(path), step=int(step), score=score))
+        return self.send(checkpoint_event(step, path, score, run=self.run))
 
     def log(self, step: int, message: str, level: LogLevel = "info") -> Event:
-        return self.emit("log", step, LogData(message=message, level=level))
+        return self.send(log_event(step, message, level, run=self.run))
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -1,4 +1,4 @@
-"""The ASGI entry point: HTTP goes to Django, websockets to the monitor app's consumers.
+"""The ASGI entry point: HTTP goes to Django, websockets to the job dashboard's consumer (``webapp.jobs.consumers``).
 
 Websockets authenticate through the session cookie (``AuthMiddlewareStack``) and must come from an allowed
 origin, exactly (scheme, host and port: ``webapp.origin``), which is the websocket's equivalent of CSRF
@@ -21,7 +21,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from webapp.bodylimit import BodyLimitMiddleware  # noqa: E402
-from webapp.monitor.routing import websocket_urlpatterns  # noqa: E402
+from webapp.jobs.routing import websocket_urlpatterns  # noqa: E402
 from webapp.origin import ExactOriginValidator  # noqa: E402
 
 application = ProtocolTypeRouter(

@@ -8,7 +8,7 @@ from rest_framework.routers import DefaultRouter
 
 from webapp import pages
 from webapp.accounts.api import InvitationViewSet, MembershipInvitationViewSet, obtain_token
-from webapp.jobs.api import JobViewSet
+from webapp.jobs.api import APIQuotaViewSet, JobViewSet
 from webapp.mcpservers.api import MCPServerViewSet
 from webapp.registry.api import EntryViewSet
 
@@ -21,6 +21,7 @@ def api_not_found(request: HttpRequest) -> JsonResponse:
 router = DefaultRouter()
 router.register("registry", EntryViewSet, basename="entry")
 router.register("jobs", JobViewSet, basename="job")
+router.register("api-quotas", APIQuotaViewSet, basename="api-quota")
 router.register("mcp-servers", MCPServerViewSet, basename="mcp-server")
 router.register("invitations", InvitationViewSet, basename="invitation")
 router.register("team-invitations", MembershipInvitationViewSet, basename="team-invitation")
@@ -34,7 +35,7 @@ urlpatterns = [
     path("accounts/", include("webapp.accounts.urls")),
     path("registry/", include("webapp.registry.urls")),
     path("jobs/", include("webapp.jobs.urls")),
-    path("monitor/", include("webapp.monitor.urls")),
+    path("monitor/", include("webapp.jobs.dashboard_urls")),
     path("admin/", admin.site.urls),
     path("api/", include(router.urls)),
     path("api/token/", obtain_token, name="api-token"),

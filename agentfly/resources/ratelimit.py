@@ -140,6 +140,19 @@ return 0
 """
 
 
+# Every key of a limiter is ``KEY_PREFIX + key + ":" + ...``: a Redis user limited to ``KEY_PREFIX + key + ":*"``
+# (or a pattern over several keys, as the web app's per-team users are) reaches that budget and nothing else.
+KEY_PREFIX = "agentfly:api:"
+# The Lua scripts a limiter runs by EVALSHA. A user whose rights are only REDIS_COMMANDS cannot load a script
+# (no EVAL, no SCRIPT LOAD: an endless Lua loop would stall the whole server), so whoever creates such a user
+# loads these first with their own connection.
+SCRIPTS = (_TAKE, _FAILED)
+# The commands a limiter sends, itself and from its scripts (Redis checks a script's calls against the user's
+# rights too): with ``resetchannels`` and its key pattern, all a user needs to share a budget.
+REDIS_COMMANDS = ("ping", "select", "evalsha", "time", "pttl", "zremrangebyscore", "zcard", "get", "hmget", "hset",
+                  "pexpire", "zadd", "incr", "expire", "set", "del", "hincrby", "hincrbyfloat", "zrem", "hgetall")
+
+
 class SharedRateLimiter:
     """A provider's limits held in Redis, so every process that uses the API shares one budget.
 
@@ -195,7 +208,7 @@ class SharedRateLimiter:
 
     def _keys(self) -> dict[str, str]:
         day = time.strftime("%Y-%m-%d", time.gmtime())
-        base = f"agentfly:api:{self.key}"
+        base = f"{KEY_PREFIX}{self.key}"
         return {"bucket": f"{base}:bucket", "quota": f"{base}:quota:{day}", "inflight": f"{base}:inflight",
                 "breaker": f"{base}:breaker", "failures": f"{base}:failures", "stats": f"{base}:stats"}
 

@@ -15,6 +15,7 @@ import pytest
 
 from tests.e2e.conftest import watch_for_problems
 from tests.webapp.helpers import Daphne, off_loop, sign_in, wait_for_js
+from trainer.events import metrics_event
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
@@ -36,16 +37,16 @@ def make_job(alice: Any, name: str, events: list[dict[str, Any]], status: str = 
 
 def training(steps: int) -> list[dict[str, Any]]:
     """A tool-error rate that is 0 every other step, a tiny policy loss, a parse-error rate always 0."""
-    return [{"type": "metrics", "step": s, "data": {
+    return [metrics_event(s, {
         "reward/mean": 0.3 + s / 100, "tool_errors/mean": 0.0 if s % 2 else 0.2, "loss/policy": 3e-9 * (s % 5 - 2),
-        "parse_errors/mean": 0.0, "grad_norm": 2e-7 * s}} for s in range(1, steps + 1)]
+        "parse_errors/mean": 0.0, "grad_norm": 2e-7 * s}) for s in range(1, steps + 1)]
 
 
 def evaluation(step: int, accuracy: float) -> dict[str, Any]:
-    return {"type": "metrics", "step": step, "data": {
+    return metrics_event(step, {
         "eval/accuracy": accuracy, "eval/pass@4": min(1.0, accuracy + 0.1), "eval/reward/mean": accuracy,
         "eval/reward/std": 0.2, "eval/response_length/mean": 40.0 + step, "eval/turns/mean": 2.5,
-        "eval/tool_calls/mean": 1.5, "eval/finish/answer": 0.9, "time/eval": 3.0}}
+        "eval/tool_calls/mean": 1.5, "eval/finish/answer": 0.9, "time/eval": 3.0})
 
 
 def charts(page: Any) -> dict[str, Any]:
@@ -81,7 +82,7 @@ def test_periodic_evaluations_are_curves_against_step_one_chart_per_unit(
 
 def test_an_evaluation_run_only_at_the_end_is_a_summary_card_not_a_one_point_chart(
         alice: Any, daphne: Daphne, browser_page: Any) -> None:
-    events = [*training(20), evaluation(20, 0.75), {"type": "metrics", "step": 20, "data": {"time/train": 321.0}}]
+    events = [*training(20), evaluation(20, 0.75), metrics_event(20, {"time/train": 321.0})]
     job = off_loop(make_job, alice, "final evaluation", events, "succeeded")
     page = browser_page
     sign_in(page, alice, daphne.url)

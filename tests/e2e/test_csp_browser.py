@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tests.webapp.helpers import PASSWORD, Daphne
+from trainer.events import metrics_event
 from webapp.jobs.models import TrainingJob
 
 
@@ -18,7 +19,7 @@ def watched_job(alice_for_the_server: Any, team_a: Any) -> TrainingJob:
 
     job = TrainingJob.objects.create(team=team_a, created_by=alice_for_the_server, name="watched", config={})
     # Metrics to plot, so the dashboard's Plotly charts are drawn (styles injected) under the policy.
-    append_events(job.pk, [{"type": "metrics", "step": s, "reward_mean": s / 10, "loss": 1 / s} for s in (1, 2, 3)])
+    append_events(job.pk, [metrics_event(s, {"reward_mean": s / 10, "loss": 1 / s}) for s in (1, 2, 3)])
     return job
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.webapp.helpers import ROOT, Daphne, off_loop, sign_in, wait_for, wait_for_js
+from trainer.events import metrics_event
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
@@ -113,7 +114,7 @@ def test_a_page_whose_server_restarts_reconnects_and_resumes_without_gap_or_dupl
     from webapp.monitor.events import append_events
 
     def metrics(steps: range) -> None:
-        off_loop(append_events, alice_job.pk, [{"type": "metrics", "step": s, "reward_mean": s / 10} for s in steps])
+        off_loop(append_events, alice_job.pk, [metrics_event(s, {"reward_mean": s / 10}) for s in steps])
 
     page = browser_page
     sign_in(page, alice, daphne.url)
@@ -147,7 +148,7 @@ def test_the_compare_page_overlays_several_jobs_and_the_toggles_change_only_the_
     other = off_loop(lambda: TrainingJob.objects.create(team=alice_job.team, created_by=alice, name="baseline",
                                                         config={}))
     for job, scale in ((alice_job, 1.0), (other, 2.0)):
-        off_loop(append_events, job.pk, [{"type": "metrics", "step": s, "reward_mean": scale * s, "kl": 0.01 * s}
+        off_loop(append_events, job.pk, [metrics_event(s, {"reward_mean": scale * s, "kl": 0.01 * s})
                                          for s in range(1, 8)])
     page = browser_page
     sign_in(page, alice, daphne.url)

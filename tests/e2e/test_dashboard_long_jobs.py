@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.webapp.helpers import Daphne, off_loop, sign_in
+from trainer.events import metrics_event
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -132,7 +133,7 @@ def test_a_20000_step_job_opens_with_every_chart_drawn_within_2_s_then_grows_liv
     }""", timeout=15_000)
 
     # Live: new steps arrive on the open page, once each.
-    append(job.pk, [{"type": "metrics", "step": s, "data": {"reward/mean": 2.0 + s / 1e5}}
+    append(job.pk, [metrics_event(s, {"reward/mean": 2.0 + s / 1e5})
                     for s in range(STEPS + 1, STEPS + 6)])
     page.wait_for_function(f"""() => {{
         const raw = document.getElementById('chart-reward').data.find((t) => t.meta === 'raw');
@@ -173,7 +174,7 @@ def test_the_compare_page_of_three_20000_step_jobs_draws_within_3_s_and_grows_li
     page.wait_for_function("() => window.agentflyCompare.sockets.length === 3", timeout=10_000)
     page.wait_for_function("() => [...document.querySelectorAll('#compare-legend .legend-item')]"
                            ".every((e) => e.textContent.includes('live'))", timeout=30_000)
-    append(others[1].pk, [{"type": "metrics", "step": STEPS + 1, "data": {"reward/mean": 5.0}}])
+    append(others[1].pk, [metrics_event(STEPS + 1, {"reward/mean": 5.0})])
     page.wait_for_function(f"""() => document.getElementById('chart-reward').data
         .some((t) => t.meta === 'raw' && t.x[t.x.length - 1] === {STEPS + 1} && t.name.includes(' c'))""",
                            timeout=15_000)
@@ -184,7 +185,7 @@ def test_a_page_opened_while_events_are_written_joins_live_with_no_gap_and_no_du
         alice: Any, alice_job: Any, daphne: Daphne, browser_page: Any) -> None:
     from webapp.monitor.models import JobEvent
 
-    append(alice_job.pk, [{"type": "metrics", "step": s, "reward_mean": s / 100} for s in range(1, 51)])
+    append(alice_job.pk, [metrics_event(s, {"reward_mean": s / 100}) for s in range(1, 51)])
     stop = threading.Event()
 
     def write() -> None:  # one step every 20 ms while the page loads its history and connects
@@ -195,7 +196,7 @@ def test_a_page_opened_while_events_are_written_joins_live_with_no_gap_and_no_du
         step = 51
         try:
             while not stop.is_set() and step < 400:
-                append_events(alice_job.pk, [{"type": "metrics", "step": step, "reward_mean": step / 100}])
+                append_events(alice_job.pk, [metrics_event(step, {"reward_mean": step / 100})])
                 step += 1
                 time.sleep(0.02)
         finally:
@@ -224,14 +225,13 @@ def test_a_page_opened_while_events_are_written_joins_live_with_no_gap_and_no_du
 
 def test_the_worker_timeline_moves_as_resource_samples_arrive(alice: Any, alice_job: Any, daphne: Daphne,
                                                               browser_page: Any) -> None:
-    from webapp.monitor.synthetic import resources_payload
+    from webapp.monitor.synthetic import resources
 
     rng = random.Random(0)
     now = time.time()
 
     def samples(first: int, last: int) -> list[dict[str, Any]]:
-        return [{"type": "resources", "step": s, "time": now - 100 + s, "data": resources_payload(s, rng)}
-                for s in range(first, last)]
+        return [dict(resources(s, now - 100 + s, rng)) for s in range(first, last)]
 
     append(alice_job.pk, samples(1, 4))
     page = browser_page

@@ -17,6 +17,7 @@ import pytest
 
 from tests.e2e.conftest import watch_for_problems
 from tests.webapp.helpers import Daphne, off_loop, sign_in, wait_for_js
+from trainer.events import metrics_event, resources_event, samples_event
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
@@ -60,10 +61,10 @@ def job_with_evaluations(alice: Any) -> Any:
     seed_long_job(job, 30)
     evals = []
     for step, acc in ((10, 0.5), (20, 0.7), (30, 0.9)):
-        evals.append({"type": "metrics", "step": step, "data": {
+        evals.append(metrics_event(step, {
             "eval/accuracy": acc, "eval/reward/mean": acc, "eval/reward/std": 0.1, "eval/response_length/mean": 30.0,
-            "eval/turns/mean": 2.0, "eval/tool_calls/mean": 1.0, "eval/finish/answer": 1.0, "time/eval": 4.0}})
-    evals.append({"type": "metrics", "step": 30, "data": {"time/train": 600.0, "time/checkpoint": 0.5}})
+            "eval/turns/mean": 2.0, "eval/tool_calls/mean": 1.0, "eval/finish/answer": 1.0, "time/eval": 4.0}))
+    evals.append(metrics_event(30, {"time/train": 600.0, "time/checkpoint": 0.5}))
     store(job, evals)
     return job
 
@@ -133,8 +134,8 @@ def multi_byte_samples() -> list[dict[str, Any]]:
 
 def job_with_samples(alice: Any) -> Any:
     job = make_job(alice, "multi-byte samples", config={"steps": 4, "model": {"path": str(WARM_START)}})
-    store(job, [{"type": "metrics", "step": 1, "data": {"reward/mean": 0.5}},
-                {"type": "samples", "step": 1, "data": {"trajectories": multi_byte_samples()}}])
+    store(job, [metrics_event(1, {"reward/mean": 0.5}),
+                samples_event(1, multi_byte_samples())])
     return job
 
 
@@ -204,9 +205,8 @@ def job_without_pools(alice: Any) -> Any:
     host = {"host": "worker-1", "pid": 1, "cpu_count": 2, "cpu_percent": 50.0, "process_cpu_percent": 90.0,
             "process_rss_mb": 900.0, "threads": 4, "memory_used_mb": 4000.0, "memory_total_mb": 8000.0,
             "memory_percent": 50.0, "gpus": [], "gpu_absent": "NVML found no GPU on this machine"}
-    store(job, [{"type": "resources", "step": s, "time": 1.7e9 + s, "data": {
-        "host": host, "pools": {}, "engine": {"sequences": 32.0 * s, "generated_tokens": 1234.0 * s,
-                                              "max_batch": 32.0, "busy_seconds": 1.5 * s}}} for s in (1, 2, 3)])
+    store(job, [resources_event(s, {"sequences": 32.0 * s, "generated_tokens": 1234.0 * s, "max_batch": 32.0,
+                                    "busy_seconds": 1.5 * s}, {}, host=host, at=1.7e9 + s) for s in (1, 2, 3)])
     return job
 
 
@@ -239,8 +239,7 @@ def job_with_an_api_pool(alice: Any) -> Any:
                          "concurrency": 4, "daily_quota": 10000, "calls": 812.0, "waits": 37.0, "wait_seconds": 9.5,
                          "http_429": 3.0, "failures": 6.0, "breaker_opened": 1.0, "quota_used": 812,
                          "breaker": "open", "in_flight": 2}}
-    store(job, [{"type": "resources", "step": 1, "time": 1.7e9 + 1, "data": {
-        "host": host, "pools": {"search_api": api}, "engine": {}}}])
+    store(job, [resources_event(1, {}, {"search_api": api}, host=host, at=1.7e9 + 1)])
     return job
 
 

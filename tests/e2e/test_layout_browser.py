@@ -17,6 +17,7 @@ import pytest
 from tests.e2e.conftest import watch_for_problems
 from tests.webapp.factories import builtin_entries
 from tests.webapp.helpers import Daphne, off_loop, sign_in, wait_for_js
+from trainer.events import checkpoint_event, log_event, metrics_event, status_event
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
@@ -82,9 +83,9 @@ def site(alice: Any, transactional_db: None) -> dict[str, Any]:
     team = Team.objects.of(alice).get()
     long = make_job(team, alice, LONG_NAME, "running", step=40)
     seed_long_job(long, 40)
-    append_events(long.pk, [{"type": "metrics", "step": s, "data": {"eval/accuracy": a, "eval/reward/mean": a}}
+    append_events(long.pk, [metrics_event(s, {"eval/accuracy": a, "eval/reward/mean": a})
                             for s, a in ((10, 0.4), (20, 0.6), (30, 0.7), (40, 0.8))])
-    append_events(long.pk, [{"type": "log", "step": 40, "data": {"level": "info", "message": "x" * 300}}])
+    append_events(long.pk, [log_event(40, "x" * 300)])
     checkpoint(long, 20)
     other = make_job(team, alice, "calculator-grpo seed 1", "succeeded", step=40,
                      final_metrics={"eval/accuracy": 0.81, "reward/mean": 0.77, "time/train": 321.5})
@@ -236,8 +237,7 @@ def end_job(job_id: int, status: str) -> None:
     from webapp.monitor.events import append_events
 
     TrainingJob.objects.filter(pk=job_id).update(status=status)
-    append_events(job_id, [{"type": "checkpoint", "step": 20, "data": {"step": 20, "path": "/tmp/ckpt-20", "score": None}},
-                           {"type": "status", "step": 20, "data": {"state": status, "message": ""}}])
+    append_events(job_id, [checkpoint_event(20, "/tmp/ckpt-20"), status_event(20, status)])
 
 
 def test_after_live_updates_the_controls_follow_the_job_and_the_live_badge_stops_when_it_ends(

@@ -14,6 +14,7 @@ import pytest
 
 from tests.e2e.conftest import watch_for_problems
 from tests.webapp.helpers import Daphne, off_loop, sign_in, wait_for_js
+from trainer.events import metrics_event, samples_event
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
@@ -39,8 +40,8 @@ def job_with_samples(alice: Any) -> Any:
     job = TrainingJob.objects.create(team=Team.objects.of(alice).get(), created_by=alice, name="samples",
                                      status="succeeded", config={"steps": 3}, step=3)
     for step in (1, 2, 3):
-        append_events(job.pk, [{"type": "metrics", "step": step, "reward/mean": 0.4},
-                               {"type": "samples", "step": step, "trajectories": [trajectory(step, i) for i in range(4)]}])
+        append_events(job.pk, [metrics_event(step, {"reward/mean": 0.4}),
+                               samples_event(step, [trajectory(step, i) for i in range(4)])])
     return job
 
 
@@ -115,8 +116,8 @@ def job_with_failures_and_turn_rewards(alice: Any) -> Any:
              "error": "InfrastructureFailure: sandbox killed", "failure": "killed", "failure_reason": HOSTILE}
     job = TrainingJob.objects.create(team=Team.objects.of(alice).get(), created_by=alice, name="infra",
                                      status="succeeded", config={"steps": 1}, step=1)
-    append_events(job.pk, [{"type": "metrics", "step": 1, "reward/mean": 0.75},
-                           {"type": "samples", "step": 1, "trajectories": [credited, plain, ended]}])
+    append_events(job.pk, [metrics_event(1, {"reward/mean": 0.75}),
+                           samples_event(1, [credited, plain, ended])])
     return job
 
 

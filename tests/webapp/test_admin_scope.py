@@ -15,7 +15,7 @@ from django.urls import reverse
 from tests.webapp.factories import ready_entry
 from webapp.accounts.admin import TEAM_PATHS, SuperuserOnly
 from webapp.accounts.models import Invitation, Team, do_create_invitation
-from webapp.jobs.models import Checkpoint, TrainingJob
+from webapp.jobs.models import APIQuota, Checkpoint, TrainingJob
 from webapp.monitor.models import JobEvent
 from webapp.registry.models import Entry, Kind
 
@@ -29,7 +29,8 @@ def rows_of(team: Team, user: Any) -> dict[str, Any]:
     return {"job": job, "checkpoint": Checkpoint.objects.create(job=job, step=1, path=f"/runs/{team.slug}/1"),
             "entry": entry, "version": entry.current_version,
             "event": JobEvent.objects.create(job=job, seq=1, type="log", time=0.0, data={}),
-            "invitation": do_create_invitation(team, user)[0]}
+            "invitation": do_create_invitation(team, user)[0],
+            "api_quota": APIQuota.objects.create(team=team, api="search", rate=5)}
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -13,6 +12,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import connection
 
+from trainer.events import log_event, metrics_event, samples_event, status_event
 from webapp.jobs import actions, worker
 from webapp.jobs.models import Checkpoint, Status, TrainingJob
 from webapp.monitor.events import EventError, append_events, normalise
@@ -25,10 +25,13 @@ def job(alice: Any, team_a: Any) -> TrainingJob:
     return TrainingJob.objects.create(team=team_a, created_by=alice, name="events", config={}, status=Status.RUNNING)
 
 
-def test_the_trainers_nested_payload_and_flat_events_are_stored_alike() -> None:
-    nested = normalise({"type": "metrics", "step": 2, "time": 5.0, "run": "job-1", "data": {"reward/mean": 0.5}})
-    flat = normalise({"type": "metrics", "step": 2, "time": 5.0, "reward/mean": 0.5})
-    assert nested == flat == {"type": "metrics", "step": 2, "time": 5.0, "data": {"reward/mean": 0.5}}
+def test_an_event_is_stored_as_the_trainers_constructor_made_it_and_a_flat_one_is_refused() -> None:
+    made = normalise(metrics_event(2, {"reward/mean": 0.5}, run="job-1", at=5.0))
+    assert made == {"type": "metrics", "step": 2, "time": 5.0, "data": {"reward/mean": 0.5}}
+    with pytest.raises(EventError, match=r"not \['reward/mean'\]"):
+        normalise({"type": "metrics", "step": 2, "time": 5.0, "reward/mean": 0.5})
+    with pytest.raises(EventError, match="has no data: make it with a constructor of trainer"):
+        normalise({"type": "metrics", "step": 2, "time": 5.0})
 
 
 @pytest.mark.parametrize(("event", "message"), [
@@ -46,7 +49,7 @@ def test_a_malformed_event_is_refused_naming_the_field(event: Any, message: str)
 
 
 def test_non_finite_numbers_are_stored_as_null(job: TrainingJob) -> None:
-    (stored,) = append_events(job.pk, [{"type": "metrics", "step": 1, "loss": math.inf, "kl": math.nan, "ok": 1.0}])
+    (stored,) = append_events(job.pk, [metrics_event(1, {"loss": math.inf, "kl": math.nan, "ok": 1.0})])
     stored.refresh_from_db()
     assert stored.data == {"loss": None, "kl": None, "ok": 1.0}
 
@@ -56,7 +59,7 @@ def test_concurrent_writers_get_disjoint_gap_free_sequence_numbers(job: Training
     def write(n: int) -> None:
         try:
             for i in range(10):
-                append_events(job.pk, [{"type": "log", "message": f"{n}-{i}"}, {"type": "log", "message": "x"}])
+                append_events(job.pk, [log_event(0, f"{n}-{i}"), log_event(0, "x")])
         finally:
             connection.close()
 
@@ -82,7 +85,7 @@ def test_the_sink_stores_batches_and_announces_them_to_the_jobs_group(job: Train
     try:
         sink = DatabaseEventSink(job.pk, flush_interval=0.05, max_batch=50)
         for step in range(1, 121):
-            sink.emit({"type": "metrics", "step": step, "time": time.time(), "data": {"reward/mean": step / 120}})
+            sink.emit(metrics_event(step, {"reward/mean": step / 120}))
         sink.close()
         assert sink.stored == 120 and sink.dropped == 0
         announced: list[dict[str, Any]] = []
@@ -109,9 +112,9 @@ def test_a_sampled_nul_character_is_stored_as_a_replacement_and_loses_none_of_it
     # PostgreSQL's jsonb refuses "\u0000", and a tiny model samples it: the sink used to retry, then drop the
     # whole batch, the metrics and statuses beside the sample too.
     sink = DatabaseEventSink(job.pk, flush_interval=5.0)
-    sink.emit({"type": "status", "step": 5, "data": {"state": "running", "message": "training from step 5"}})
-    sink.emit({"type": "metrics", "step": 6, "data": {"reward/mean": 0.5}})
-    sink.emit({"type": "samples", "step": 6, "data": {"trajectories": [{"text": "Ob\x00 2+2", "\x00": 1}]}})
+    sink.emit(status_event(5, "running", "training from step 5"))
+    sink.emit(metrics_event(6, {"reward/mean": 0.5}))
+    sink.emit(samples_event(6, [{"text": "Ob\x00 2+2", "\x00": 1}]))
     sink.close()  # one flush: the three go in one batch
     assert (sink.stored, sink.dropped) == (3, 0)
     stored = list(JobEvent.objects.filter(job=job).order_by("seq").values_list("type", "step", "data"))
@@ -124,7 +127,7 @@ def test_a_closed_sink_refuses_more_events(job: TrainingJob) -> None:
     sink.close()
     sink.close()  # idempotent
     with pytest.raises(RuntimeError, match="after close"):
-        sink.emit({"type": "log", "message": "late"})
+        sink.emit(log_event(0, "late"))
 
 
 def test_a_job_whose_heartbeat_stopped_is_failed_and_points_at_its_checkpoint(job: TrainingJob, alice: Any,

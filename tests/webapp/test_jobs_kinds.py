@@ -180,7 +180,7 @@ def test_the_dashboard_offers_resume_for_a_failed_job_with_a_checkpoint(alice_cl
     assert " hidden" not in form[:form.index(">")]
     response = alice_client.post(reverse("jobs:resume", args=[job.pk]))
     assert response.status_code == 302
-    assert TrainingJob.objects.get(resumed_from__job=job).config["resume_from"].endswith("checkpoint-000003")
+    assert TrainingJob.objects.get(resumed_from__job=job).resume_from.endswith("checkpoint-000003")
 
 
 def test_the_dashboard_offers_no_resume_for_a_running_job_or_one_without_a_checkpoint(

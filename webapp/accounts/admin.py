@@ -35,6 +35,7 @@ TEAM_PATHS: dict[str, str] = {
     "auth.user": "groups__team",
     "jobs.trainingjob": "team",
     "jobs.checkpoint": "job__team",
+    "jobs.apiquota": "team",
     "registry.entry": "team",
     "registry.version": "entry__team",
     "monitor.jobevent": "job__team",

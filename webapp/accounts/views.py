@@ -107,6 +107,7 @@ def render_team(request: HttpRequest, team: Team, form: AddMemberForm, status: i
         "is_admin": team.is_admin(request.user), "admin_ids": set(team.admins.values_list("pk", flat=True)),
         "invitations": team.invitations.select_related("created_by", "used_by")[:20],
         "member_invitations": team.member_invitations.select_related("invitee", "invited_by")[:20],
+        "api_quotas": team.api_quotas.all(),  # the operator's limits on the team's APIs, read-only here
         # The link's secret is stored only as a hash: it is shown once, on the page right after creating it.
         "new_invitation_link": request.session.pop("new_invitation_link", None),
     }, status=status)

@@ -14,6 +14,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from trainer.events import log_event
 from webapp.accounts.models import Team
 from webapp.jobs import paths
 from webapp.jobs.models import ACTIVE, WAITING, Checkpoint, Kind, Status, TrainingJob, quotas_of
@@ -48,7 +49,8 @@ def check_quotas(team: Team, config: dict[str, Any], kind: str) -> None:
 def do_launch_job(
     *, user: object, team: Team, name: str, config: dict[str, Any], queue: str,
     tool_versions: list[Version], reward_version: Version | None, resources: dict[str, Any] | None = None,
-    launch_key: str = "", resumed_from: Checkpoint | None = None, kind: str = Kind.RL,
+    launch_key: str = "", resumed_from: Checkpoint | None = None, kind: str = Kind.RL, ranks: int = 1,
+    nodes: int = 1,
 ) -> tuple[TrainingJob, bool]:
     """Create a queued job and send it to its queue; return ``(job, created)``.
 
@@ -69,7 +71,8 @@ def do_launch_job(
             job = TrainingJob.objects.create(
                 team=team, created_by=user, name=name, queue=queue, launch_key=launch_key, kind=kind,
                 reward_version=reward_version, resumed_from=resumed_from, queued_at=timezone.now(),
-                config={**config, "resources": resources or {}},
+                config={**config, "resources": resources or {}}, ranks=ranks, nodes=nodes,
+                resume_from=resumed_from.path if resumed_from is not None else "",
             )
             job.tool_versions.set(tool_versions)
             status_event(job, Status.QUEUED)
@@ -100,8 +103,7 @@ def do_cancel_job(job: TrainingJob) -> TrainingJob:
         elif TrainingJob.objects.filter(pk=job.pk, status=Status.RUNNING, cancel_requested=False).update(
             cancel_requested=True
         ):
-            append_events(job.pk, [{"type": "log", "level": "info",
-                                    "message": "cancel requested; the job stops after the current step"}])
+            append_events(job.pk, [log_event(job.step, "cancel requested; the job stops after the current step")])
         transaction.on_commit(lambda: revoke(job))
     job.refresh_from_db()
     return job
@@ -134,13 +136,14 @@ def do_resume_job(*, user: object, job: TrainingJob) -> tuple[TrainingJob, bool]
     checkpoint = job.last_checkpoint
     if checkpoint is None:
         raise NotResumable(f"job #{job.pk} wrote no checkpoint, so there is nothing to resume from; launch it again")
-    config = {k: v for k, v in job.config.items() if k != "resources"} | {"resume_from": checkpoint.path}
+    config = {k: v for k, v in job.config.items() if k != "resources"}
     if job.kind == Kind.SFT_THEN_RL:
         config["model"] = {**(job.config.get("model") or {}), "path": warm_start_model(job), "build_tiny": False}
     return do_launch_job(
         user=user, team=job.team, name=f"{job.name} (resumed)"[:100], config=config, kind=job.kind,
         queue=job.queue, tool_versions=list(job.tool_versions.all()), reward_version=job.reward_version,
         resources=job.config.get("resources") or {}, launch_key=f"resume-{checkpoint.pk}", resumed_from=checkpoint,
+        ranks=job.ranks, nodes=job.nodes,
     )
 
 
@@ -148,7 +151,7 @@ def warm_start_model(job: TrainingJob) -> str:
     """Where the RL phase of sft_then_rl ``job`` got its weights: the model its warm start saved
     (``<job dir>/sft``, as ``trainer.sft.run_sft`` places it), or, for a job that was itself a resume, the
     model its config already names."""
-    if job.config.get("resume_from"):
+    if job.resume_from:
         return str((job.config.get("model") or {})["path"])
     return str((job.config.get("sft") or {}).get("output_dir") or paths.job_dir(job) / "sft")
 

@@ -25,7 +25,7 @@ from webapp.jobs.forms import (
     TRACKERS,
     LaunchForm,
 )
-from webapp.jobs.models import Checkpoint, Kind, Queue, TrainingJob
+from webapp.jobs.models import APIQuota, Checkpoint, Kind, Queue, TrainingJob
 from webapp.monitor.events import events_after, requested_types
 from webapp.monitor.models import EventType
 from webapp.schema import detail_response
@@ -45,6 +45,8 @@ class JobSerializer(serializers.ModelSerializer):
     reward_version = serializers.SlugRelatedField(slug_field="source_hash", read_only=True, allow_null=True)
     resumed_from = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True)
     total_steps = serializers.IntegerField(read_only=True, help_text="The step the job trains to (config steps).")
+    config = serializers.JSONField(source="launch_config", read_only=True,
+                                   help_text="The trainer config, with ranks and nodes (when above 1) and resume_from.")
 
     class Meta:
         model = TrainingJob
@@ -205,7 +207,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             job, created = actions.do_launch_job(
                 user=request.user, team=d["team"], name=d["name"], config=form.trainer_config(), queue=d["queue"],
                 tool_versions=[t.current_version for t in d["tools"]], reward_version=d["reward"].current_version,
-                resources=d["resources"], launch_key=d["launch_key"], kind=d["kind"],
+                resources=d["resources"], launch_key=d["launch_key"], kind=d["kind"], **form.launch_fields(),
             )
         except actions.QuotaExceeded as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_403_FORBIDDEN)
@@ -266,3 +268,24 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @action(detail=True, methods=["get"], pagination_class=None)  # all of them, a plain list (never paged)
     def checkpoints(self, request: Request, pk: str | None = None) -> Response:
         return Response(CheckpointSerializer(self.get_object().checkpoints.all(), many=True).data)
+
+
+class APIQuotaSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = APIQuota
+        fields = ["id", "team", "api", "rate", "burst", "concurrency", "daily_quota", "updated_at"]
+
+
+class APIQuotaViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """The operator's limits on each rate-limited API, for the caller's teams: what a job's
+    ``resources.<api>.api`` may ask for at most. Read-only: an operator sets them in the admin."""
+
+    serializer_class = APIQuotaSerializer
+    queryset = APIQuota.objects.none()  # the schema generator's hint; requests use get_queryset
+
+    def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):
+            return APIQuota.objects.none()
+        return APIQuota.objects.filter(team__in=Team.objects.of(self.request.user)).select_related("team")

@@ -118,8 +118,7 @@ def trainer_config(config: dict[str, Any], output_dir: Path) -> Config:
     """The job's stored config as a validated ``trainer.config.Config`` writing into ``output_dir``."""
     from trainer.config import Config, from_dict
 
-    data = {k: v for k, v in config.items() if k not in ("resume_from", "ranks", "nodes")}
-    data["output_dir"] = str(output_dir)
+    data = {**config, "output_dir": str(output_dir)}
     # The dashboard's rollout viewer lists every trajectory of a step, fetched one step at a time.
     data.setdefault("log_samples", -1)
     return from_dict(Config, data).validate()
@@ -133,9 +132,7 @@ class Offset:
         self.sink, self.steps = sink, steps
 
     def emit(self, event: Event) -> None:
-        step = event.get("step")
-        shifted = {**event, "step": step + self.steps} if isinstance(step, int) else event
-        self.sink.emit(shifted)  # type: ignore[arg-type]
+        self.sink.emit({**event, "step": event["step"] + self.steps})
 
     def close(self) -> None:
         pass
@@ -149,29 +146,30 @@ class WarmStartPhase:
         self.sink = sink
 
     def emit(self, event: Event) -> None:
-        data = event.get("data") or {}
-        if event["type"] == "status" and data.get("state") == "succeeded":
-            event = {**event, "type": "log",  # type: ignore[typeddict-item]
-                     "data": {"level": "info", "message": f"warm start done ({data.get('message', '')}); RL starts "
-                                                          "from its weights"}}
+        from trainer.events import log_event
+
+        if event["type"] == "status" and event["data"]["state"] == "succeeded":
+            event = log_event(event["step"], f"warm start done ({event['data']['message']}); RL starts from its "
+                              "weights", run=event["run"], at=event["time"])
         self.sink.emit(event)
 
     def close(self) -> None:
         pass
 
 
-def run(config: dict[str, Any], *, kind: str = "rl", output_dir: Path, sinks: Sequence[Sink],
-        should_stop: Callable[[], bool], on_checkpoint: OnCheckpoint, on_step: OnStep,
+def run(config: dict[str, Any], *, kind: str = "rl", ranks: int = 1, resume_from: str = "", output_dir: Path,
+        sinks: Sequence[Sink], should_stop: Callable[[], bool], on_checkpoint: OnCheckpoint, on_step: OnStep,
         node: Node | None = None) -> Outcome:
-    """Run the job's ``kind`` (rl, sft, sft_then_rl) as ``config`` says until done or ``should_stop()``;
-    with ``node``, as the first node of a multi-node job (rl only: a warm start runs on one host).
+    """Run the job's ``kind`` (rl, sft, sft_then_rl) as ``config`` says until done or ``should_stop()``, with
+    the job's own fields: ``ranks`` per node, the checkpoint it continues from (``resume_from``); with
+    ``node``, as the first node of a multi-node job (rl only: a warm start runs on one host).
 
     The caller keeps ownership of ``sinks`` (closes them). Raises ``TrackingError`` when progress or
     checkpoints could not be stored.
     """
     if kind == "rl":
-        return run_rl(config, output_dir=output_dir, sinks=sinks, should_stop=should_stop,
-                      on_checkpoint=on_checkpoint, on_step=on_step, node=node)
+        return run_rl(config, ranks=ranks, resume_from=resume_from, output_dir=output_dir, sinks=sinks,
+                      should_stop=should_stop, on_checkpoint=on_checkpoint, on_step=on_step, node=node)
     if node is not None:
         raise ValueError(f"a {kind} job runs on one host; launch it with nodes=1")
     if kind == "sft":
@@ -179,8 +177,8 @@ def run(config: dict[str, Any], *, kind: str = "rl", output_dir: Path, sinks: Se
                                     on_checkpoint=on_checkpoint, on_step=on_step)
         return outcome
     if kind == "sft_then_rl":
-        return run_sft_then_rl(config, output_dir=output_dir, sinks=sinks, should_stop=should_stop,
-                               on_checkpoint=on_checkpoint, on_step=on_step)
+        return run_sft_then_rl(config, resume_from=resume_from, output_dir=output_dir, sinks=sinks,
+                               should_stop=should_stop, on_checkpoint=on_checkpoint, on_step=on_step)
     raise ValueError(f"Unknown job kind {kind!r}; use rl, sft or sft_then_rl")
 
 
@@ -209,13 +207,13 @@ def run_warm_start(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[
     return outcome, result["path"]
 
 
-def run_sft_then_rl(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink],
+def run_sft_then_rl(config: dict[str, Any], *, resume_from: str = "", output_dir: Path, sinks: Sequence[Sink],
                     should_stop: Callable[[], bool], on_checkpoint: OnCheckpoint, on_step: OnStep) -> Outcome:
-    """The warm start, then RL from its weights, RL's steps after the warm start's. A config that resumes
+    """The warm start, then RL from its weights, RL's steps after the warm start's. A job that resumes
     (``resume_from``) is past its warm start: it trains RL only, from the model its config names."""
     offset = warm_start_steps(config)
     warm: dict[str, Any] = {}
-    if not config.get("resume_from"):
+    if not resume_from:
         # The warm start's model is not an RL checkpoint: resuming the job continues RL, never the warm start.
         sft, path = run_warm_start(config, output_dir=output_dir, sinks=[WarmStartPhase(s) for s in sinks],
                                    should_stop=should_stop, on_checkpoint=lambda *_: None, on_step=on_step)
@@ -223,26 +221,28 @@ def run_sft_then_rl(config: dict[str, Any], *, output_dir: Path, sinks: Sequence
             return sft
         warm = {k if k.startswith("sft/") else f"sft/{k}": v for k, v in sft.final_metrics.items()}
         config = {**config, "model": {**(config.get("model") or {}), "path": path, "build_tiny": False}}
-    rl = run_rl(config, output_dir=output_dir, sinks=[Offset(s, offset) for s in sinks], should_stop=should_stop,
+    rl = run_rl(config, resume_from=resume_from, output_dir=output_dir, sinks=[Offset(s, offset) for s in sinks],
+                should_stop=should_stop,
                 on_checkpoint=lambda step, path, metrics: on_checkpoint(offset + step, path, metrics),
                 on_step=lambda step: on_step(offset + step))
     return Outcome(cancelled=rl.cancelled, final_metrics={**warm, **rl.final_metrics}, last_step=offset + rl.last_step)
 
 
-def run_rl(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink], should_stop: Callable[[], bool],
-           on_checkpoint: OnCheckpoint, on_step: OnStep, node: Node | None = None) -> Outcome:
-    """Train RL as ``config`` says until done or ``should_stop()``; resume from ``config["resume_from"]``.
-    A config with ``ranks`` > 1 runs as a ``torchrun`` process group (``run_ranks``); with ``node``, as the
-    first node of a multi-node job.
+def run_rl(config: dict[str, Any], *, ranks: int = 1, resume_from: str = "", output_dir: Path, sinks: Sequence[Sink],
+           should_stop: Callable[[], bool], on_checkpoint: OnCheckpoint, on_step: OnStep,
+           node: Node | None = None) -> Outcome:
+    """Train RL as ``config`` says until done or ``should_stop()``, continuing from ``resume_from`` when set.
+    ``ranks`` > 1 runs as a ``torchrun`` process group (``run_ranks``); with ``node``, as the first node of a
+    multi-node job.
     """
-    if int(config.get("ranks", 1)) > 1 or node is not None:
-        return run_ranks(config, output_dir=output_dir, sinks=sinks, should_stop=should_stop,
-                         on_checkpoint=on_checkpoint, on_step=on_step, node=node)
+    if ranks > 1 or node is not None:
+        return run_ranks(config, ranks=ranks, resume_from=resume_from, output_dir=output_dir, sinks=sinks,
+                         should_stop=should_stop, on_checkpoint=on_checkpoint, on_step=on_step, node=node)
     from trainer import train
 
     watcher = CheckpointWatcher(on_checkpoint, on_step)
     result = train(trainer_config(config, output_dir), sinks=[*map(Lent, sinks), watcher],
-                   resume=config.get("resume_from") or None,
+                   resume=resume_from or None,
                    should_stop=lambda: watcher.error is not None or should_stop())
     if watcher.error is not None:
         raise TrackingError(watcher.error)
@@ -292,8 +292,9 @@ class Node:
 NODE_JOIN_TIMEOUT_S = 120
 
 
-def start_torchrun(config: dict[str, Any], output_dir: Path, node: Node | None) -> tuple[Any, Path, Path]:
-    """Start this host's ``torchrun`` for the job: ``config["ranks"]`` ranks, one node (``--standalone``) or
+def start_torchrun(config: dict[str, Any], output_dir: Path, node: Node | None, ranks: int = 1,
+                   resume_from: str = "") -> tuple[Any, Path, Path]:
+    """Start this host's ``torchrun`` for the job: ``ranks`` ranks, one node (``--standalone``) or
     node ``node.rank`` of ``node.count``. Returns the process, its stderr log and its stdout file.
 
     Several nodes use torchrun's ``static`` rendezvous, which keeps the node rank it is given (``c10d``
@@ -305,7 +306,6 @@ def start_torchrun(config: dict[str, Any], output_dir: Path, node: Node | None) 
 
     from trainer.config import save_config
 
-    ranks = int(config.get("ranks", 1))
     suffix = f"-node-{node.rank}" if node is not None and node.rank else ""  # the folder may be shared
     launch = output_dir / f"launch{suffix}.yaml"
     save_config(trainer_config(config, output_dir), launch)
@@ -317,8 +317,8 @@ def start_torchrun(config: dict[str, Any], output_dir: Path, node: Node | None) 
     cmd = [sys.executable, "-m", "torch.distributed.run", *where, "--nproc_per_node", str(ranks),
            "--monitor-interval", "1", "-m", "webapp.jobs.child", "rank", "train", str(launch), "--stop-file",
            str(output_dir / "STOP")]
-    if config.get("resume_from"):
-        cmd += ["--resume", str(config["resume_from"])]
+    if resume_from:
+        cmd += ["--resume", resume_from]
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)  # torchrun sets them; stale ones would point the ranks elsewhere
@@ -329,10 +329,10 @@ def start_torchrun(config: dict[str, Any], output_dir: Path, node: Node | None) 
     return proc, log_file, out_file
 
 
-def run_ranks(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink], should_stop: Callable[[], bool],
-              on_checkpoint: OnCheckpoint, on_step: OnStep, node: Node | None = None,
-              poll: float = 0.5) -> Outcome:
-    """``config["ranks"]`` ranks of ``agentfly train`` under ``torchrun``, in a process group of their own
+def run_ranks(config: dict[str, Any], *, ranks: int = 1, resume_from: str = "", output_dir: Path,
+              sinks: Sequence[Sink], should_stop: Callable[[], bool], on_checkpoint: OnCheckpoint, on_step: OnStep,
+              node: Node | None = None, poll: float = 0.5) -> Outcome:
+    """``ranks`` ranks of ``agentfly train`` under ``torchrun``, in a process group of their own
     (with ``node``: the first node's ranks of a multi-node job, the others run by ``run_node``).
 
     Rank 0 alone writes ``events.jsonl``; this process follows it and hands each event to the sinks (the
@@ -344,12 +344,12 @@ def run_ranks(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink]
     import os
     import signal
 
-    ranks = int(config.get("ranks", 1)) * (node.count if node else 1)
+    world = ranks * (node.count if node else 1)
     stop_file = output_dir / "STOP"
     stop_file.unlink(missing_ok=True)
     events = output_dir / "events.jsonl"
     start_at = events.stat().st_size if events.exists() else 0  # a resumed job appends to its run's file
-    proc, log_file, result_file = start_torchrun(config, output_dir, node)
+    proc, log_file, result_file = start_torchrun(config, output_dir, node, ranks, resume_from)
     watcher = CheckpointWatcher(on_checkpoint, on_step)
     targets = [*sinks, watcher]
     offset, pending = start_at, b""
@@ -387,7 +387,7 @@ def run_ranks(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink]
         raise TrackingError(watcher.error)
     out = result_file.read_text(errors="replace")
     if proc.returncode < 0:  # torchrun itself was killed; its ranks die with it (die_with_launcher)
-        raise RuntimeError(f"torchrun was killed by {signal.Signals(-proc.returncode).name}, and its {ranks} ranks "
+        raise RuntimeError(f"torchrun was killed by {signal.Signals(-proc.returncode).name}, and its {world} ranks "
                            f"with it; the last checkpoint is kept, resume the job to continue "
                            f"(all output: {log_file})")
     if proc.returncode != 0:
@@ -397,7 +397,7 @@ def run_ranks(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink]
                   if re.match(r"^\s*(\[rank\d+\]:)?\s*[\w.]+(Error|Exception|Interrupt): ", line)
                   and "ChildFailedError" not in line]
         cause = errors[-1] if errors else f"...{text[-800:]}"
-        raise RuntimeError(f"a rank of the {ranks}-rank run failed (torchrun exit {proc.returncode}), so torchrun "
+        raise RuntimeError(f"a rank of the {world}-rank run failed (torchrun exit {proc.returncode}), so torchrun "
                            f"stopped the others; the last checkpoint is kept, resume the job to continue. "
                            f"Cause: {cause} (all output: {log_file})")
     lines = [line for line in out.splitlines() if line.startswith("{")]
@@ -406,8 +406,8 @@ def run_ranks(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Sink]
                    last_step=int(result.get("step", watcher.last_step)))
 
 
-def run_node(config: dict[str, Any], *, output_dir: Path, node: Node, job_ended: Callable[[], bool],
-             poll: float = 2.0) -> int:
+def run_node(config: dict[str, Any], *, ranks: int = 1, resume_from: str = "", output_dir: Path, node: Node,
+             job_ended: Callable[[], bool], poll: float = 2.0) -> int:
     """Node ``node.rank`` (> 0) of a multi-node job: this host's ranks, until they exit; returns torchrun's
     exit code. They write no events (global rank 0 is on the first node) and stop with the others: cancel
     reaches them through the ranks' joint stop decision, and a failure anywhere breaks the collectives of
@@ -415,7 +415,7 @@ def run_node(config: dict[str, Any], *, output_dir: Path, node: Node, job_ended:
     import os
     import signal
 
-    proc, _, _ = start_torchrun(config, output_dir, node)
+    proc, _, _ = start_torchrun(config, output_dir, node, ranks, resume_from)
     try:
         while proc.poll() is None:
             if job_ended():

@@ -68,7 +68,8 @@ def run(spec_path: Path, messages: Messages) -> int:
     node = body.Node(*spec["node"]) if spec.get("node") else None
     try:
         outcome = body.run(
-            spec["config"], kind=spec["kind"], output_dir=output_dir, sinks=[messages], node=node,
+            spec["config"], kind=spec["kind"], ranks=spec["ranks"], resume_from=spec["resume_from"],
+            output_dir=output_dir, sinks=[messages], node=node,
             should_stop=stop.exists,
             on_checkpoint=lambda step, path, metrics: messages.send("checkpoint", step=step, path=path,
                                                                     metrics=metrics),
@@ -88,7 +89,8 @@ def run_node(spec_path: Path) -> int:
     spec = json.loads(spec_path.read_text())
     node = body.Node(*spec["node"])
     ended = spec_path.parent / f"ENDED-node-{node.rank}"
-    return body.run_node(spec["config"], output_dir=spec_path.parent, node=node, job_ended=ended.exists)
+    return body.run_node(spec["config"], ranks=spec["ranks"], resume_from=spec["resume_from"],
+                         output_dir=spec_path.parent, node=node, job_ended=ended.exists)
 
 
 def main(argv: list[str]) -> int:

@@ -18,8 +18,8 @@ from agentfly.resources.builtin import BUILTIN_SPECS  # names only: no spec is b
 from trainer.config import ALGORITHMS, Config, ConfigError, LossAggName, from_dict
 from webapp import inputs
 from webapp.accounts.models import Team
-from webapp.jobs import paths, servers
-from webapp.jobs.models import Kind, Queue, kind_choices_text
+from webapp.jobs import apis, paths, servers
+from webapp.jobs.models import APIQuota, Kind, Queue, kind_choices_text
 from webapp.mcpservers.jobs import stored_config
 from webapp.mcpservers.models import MCPServer
 from webapp.mcpservers.models import Status as ServerStatus
@@ -224,7 +224,9 @@ class LaunchForm(forms.Form):
                                     help_text="Checkpoint every N steps (0: only at the end).")
     resources = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
                                 help_text='Pool sizes per resource as JSON, e.g. {"python": {"max": 4}}; '
-                                          '"acquire_timeout" (seconds) is how long a rollout waits for an instance.')
+                                          '"acquire_timeout" (seconds) is how long a rollout waits for an instance. '
+                                          'A rate-limited API your team has a quota for (see its team page) may ask '
+                                          'for less, e.g. {"search": {"api": {"rate": 2}}}.')
     queue = forms.ChoiceField(choices=Queue.choices, initial=Queue.CPU)
     trackers = forms.MultipleChoiceField(
         choices=TRACKERS, required=False, widget=forms.CheckboxSelectMultiple,
@@ -438,10 +440,11 @@ class LaunchForm(forms.Form):
         for name, pool in value.items():
             if not isinstance(pool, dict):
                 raise ValidationError(f'Resource "{name}": write its pool as an object like {{"min": 0, "max": 4}}.')
-            unknown = set(pool) - {"min", "max", "acquire_timeout"}
+            unknown = set(pool) - {"min", "max", "acquire_timeout", "api"}
             if unknown:
-                raise ValidationError(f'Resource "{name}": unknown keys {sorted(unknown)}; only "min", "max" and '
-                                      '"acquire_timeout".')
+                raise ValidationError(f'Resource "{name}": unknown keys {sorted(unknown)}; only "min", "max", '
+                                      '"acquire_timeout" and, for a rate-limited API, "api" (its limits, at most '
+                                      'the team\'s quota).')
             for key in ("min", "max"):
                 v = pool.get(key)
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1024):
@@ -468,6 +471,7 @@ class LaunchForm(forms.Form):
                                   "A JSONL task needs a JSONL file of held-out samples to evaluate on.",
                                   "The evaluation file")
         self.check_resource_names(data)
+        self.check_apis(data)
         self.check_queue_has_worker(data.get("queue"))
         self.check_warm_start(data)
         self.check_ranks(data)
@@ -590,10 +594,7 @@ class LaunchForm(forms.Form):
             "resources": d.get("resources") or {},
             "mcp": {s.name: stored_config(s, tools) for s, tools in mcp_servers.items()},
             "trackers": list(d.get("trackers") or []),
-            # Not a trainer key: the worker turns it into a torchrun process group (webapp.jobs.body).
-            **({"ranks": d["gpus"]} if d.get("gpus", 1) > 1 else {}),
             **self.warm_start_config(),
-            **({"nodes": d["nodes"]} if d.get("nodes", 1) > 1 else {}),
             **({"engine": "remote", "engine_servers": d["engine_servers"]} if d.get("engine_servers") else {}),
             **self.judge_config(),
             **({"reward_model": {"model_dir": d["reward_model_path"]}} if d.get("reward_model_path") else {}),
@@ -615,6 +616,12 @@ class LaunchForm(forms.Form):
                 model_dir = tiny_model_path(d["seed"], d["team"]) if d["model_source"] == "tiny" else d["model_path"]
             return {"judge": {"backend": "hf", "model_dir": model_dir, **rubric}}
         return {}
+
+    def launch_fields(self) -> dict[str, int]:
+        """The job's own fields, beside its trainer config: the worker runs ``ranks`` ranks (a torchrun process
+        group when more than 1) on each of ``nodes`` hosts (``webapp.jobs.body``)."""
+        d = self.cleaned_data
+        return {"ranks": d.get("gpus") or 1, "nodes": d.get("nodes") or 1}
 
     def warm_start_config(self) -> dict[str, Any]:
         """The ``sft`` section of an sft or sft_then_rl job: its demonstrations all as written (the trainer's
@@ -683,17 +690,36 @@ class LaunchForm(forms.Form):
         elif not path.endswith(".jsonl"):
             self.add_error(field, f"{what} must be JSON lines (a .jsonl file).")
 
-    def check_resource_names(self, data: dict[str, Any]) -> None:
-        """A pool size only for a resource the trainer can build: a built-in one or one a chosen tool or the
-        reward declares (a judge)."""
+    def declared_resources(self, data: dict[str, Any]) -> set[str]:
+        """The resources the chosen tools and reward declare."""
         chosen = [*(data.get("tools") or []), *([data["reward"]] if data.get("reward") else [])]
-        declared = {e.current_version.resource for e in chosen if e.current_version and e.current_version.resource}
-        known = set(BUILTIN_SPECS) | declared | {s.name for s in self.chosen_mcp_servers()}
-        unknown = sorted(set(data.get("resources") or {}) - known)
+        return {e.current_version.resource for e in chosen if e.current_version and e.current_version.resource}
+
+    def check_resource_names(self, data: dict[str, Any]) -> None:
+        """A pool size only for a resource the trainer can build: a built-in one, one a chosen tool or the
+        reward declares (a judge), or an API its team has a quota for."""
+        team = data.get("team")
+        quotas = set(APIQuota.objects.filter(team=team).values_list("api", flat=True)) if team else set()
+        known = set(BUILTIN_SPECS) | self.declared_resources(data) | {s.name for s in self.chosen_mcp_servers()} | quotas
+        resources = data.get("resources") or {}
+        marked = {n for n, entry in resources.items() if "api" in entry}  # an API's quota: check_apis
+        unknown = sorted(set(resources) - known - marked)
         if unknown:
             self.add_error("resources", f"Unknown resource {', '.join(map(repr, unknown))}; name one of "
-                                        f"{', '.join(sorted(known))} (built in, or declared by a chosen tool or "
-                                        "the reward).")
+                                        f"{', '.join(sorted(known))} (built in, declared by a chosen tool or the "
+                                        "reward, or an API your team has a quota for).")
+
+    def check_apis(self, data: dict[str, Any]) -> None:
+        """Every rate-limited API the job uses has a quota for its team and asks for no more than it; each is
+        marked as an API in the stored resources (``webapp.jobs.apis``)."""
+        team = data.get("team")
+        if team is None or "resources" in self.errors:
+            return
+        try:
+            data["resources"] = apis.at_launch(data.get("resources") or {}, self.declared_resources(data), team)
+        except apis.APIRefused as exc:
+            message = str(exc)
+            self.add_error("resources", "R" + message[1:] if message.startswith("resource ") else message)
 
     def check_queue_has_worker(self, queue: str | None) -> None:
         if queue != Queue.GPU or not settings.AGENTFLY_CHECK_GPU_WORKERS:
@@ -742,7 +768,7 @@ class LaunchForm(forms.Form):
         of the key it names, so the form never keeps a second copy of them."""
         config = servers.for_job(self.trainer_config(), self.cleaned_data["team"].slug)  # as the worker will run it
         try:
-            from_dict(Config, {k: v for k, v in config.items() if k not in ("ranks", "nodes")}).validate()
+            from_dict(Config, config).validate()
         except ConfigError as exc:
             self.add_error(field_of(exc.key), str(exc))
 
@@ -773,7 +799,7 @@ def initial_from_job(job: Any) -> dict[str, Any]:
         "seed": c.get("seed"), "eval_size": ev.get("size", data.get("eval_size")), "eval_every": ev.get("every", 0),
         "save_every": c.get("save_every"), "trackers": list(c.get("trackers") or []),
         "resources": json.dumps(c["resources"]) if c.get("resources") else "",
-        "gpus": c.get("ranks", 1), "nodes": c.get("nodes", 1),
+        "gpus": job.ranks, "nodes": job.nodes,
         "rollout_mode": rollout.get("mode", "sync"), "max_staleness": rollout.get("max_staleness", 1),
     }
     judge = c.get("judge") or {}

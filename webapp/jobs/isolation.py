@@ -14,8 +14,10 @@ starts it (``python -m webapp.jobs.child``; every rank under ``torchrun`` runs i
   by ``webapp.jobs.paths``) read-only; a private ``/tmp``, ``/dev`` and ``/proc`` (its own PID namespace: the
   worker and its ``/proc/<pid>/environ`` do not exist in there);
 - **its own network namespace** (loopback only: the ranks of one host meet on it), unless the job needs other
-  hosts (``AGENTFLY_JOB_NETWORK``; a multi-node job): then the host's network, where PostgreSQL and Redis
-  refuse it because it holds no password (docs/security.md).
+  hosts (``AGENTFLY_JOB_NETWORK``; a multi-node job, pools on the Ray cluster, a rate-limited API): then the
+  host's network, where PostgreSQL and Redis refuse it because it holds no password of theirs; a job with an
+  API holds only its team's Redis user, which reaches its team's API budgets and nothing else
+  (``webapp.jobs.apis``, docs/security.md).
 
 The child writes one JSON line per message to a pipe the worker reads (``Pump``): the trainer's events, its
 progress and checkpoints, and its outcome. The worker checks each one (the job id it was started for, a
@@ -83,14 +85,21 @@ def enabled() -> bool:
     return mode == "bwrap"
 
 
-def network_for(config: dict[str, Any]) -> str:
+def network_for(config: dict[str, Any], nodes: int = 1) -> str:
     """``AGENTFLY_JOB_NETWORK``: none, host, or auto: the host's network only for a job that must reach other
-    hosts (it spans several, or its pools run on the operator's Ray cluster), its own loopback otherwise."""
+    hosts (it spans several, its pools run on the operator's Ray cluster, or it calls a rate-limited API and
+    shares its budget in Redis), its own loopback otherwise."""
+    from webapp.jobs.apis import uses_api
+
     mode = settings.AGENTFLY_JOB_NETWORK
     if mode == "auto":
-        return "host" if int(config.get("nodes", 1)) > 1 or on_ray_cluster(config) else "none"
+        return "host" if nodes > 1 or on_ray_cluster(config) or uses_api(config) else "none"
     if mode not in ("none", "host"):
         raise SandboxUnavailable(f"AGENTFLY_JOB_NETWORK={mode!r} is not auto, none or host")
+    if mode == "none" and uses_api(config):
+        raise SandboxUnavailable("the job calls a rate-limited API, which needs the host's network (the provider, "
+                                 "and Redis for the team's budget), but AGENTFLY_JOB_NETWORK=none; the operator "
+                                 "sets it to auto")
     return str(mode)
 
 
@@ -112,12 +121,12 @@ def plugin_mounts(team_slug: str) -> list[Path]:
     return found
 
 
-def config_reads(config: dict[str, Any], team: Any) -> list[Path]:
-    """The paths the job's config reads outside its team's runs folder (a shared model or data set), each
-    already allowed for the team by ``paths.check_config``."""
+def config_reads(config: dict[str, Any], team: Any, resume_from: str = "") -> list[Path]:
+    """The paths the job's config (and the checkpoint it resumes from) reads outside its team's runs folder (a
+    shared model or data set), each already allowed for the team by ``paths.check_config``."""
     runs = Path(settings.AGENTFLY_RUNS_DIR).resolve()
     found = []
-    for _, raw in paths.config_paths(config):
+    for _, raw in paths.config_paths(config, resume_from):
         path = Path(raw).resolve()
         if path.exists() and not path.is_relative_to(runs):
             found.append(path)
@@ -218,18 +227,18 @@ def sandbox_argv(sandbox: Sandbox) -> list[str]:
     return [*argv, "--"]
 
 
-def sandbox_for(job: Any, output_dir: Path, config: dict[str, Any]) -> Sandbox:
+def sandbox_for(job: Any, output_dir: Path, config: dict[str, Any], env: dict[str, str] | None = None) -> Sandbox:
     """The sandbox of ``job``: its team's runs folder read-write, the code, shared plugins and the paths its
-    config reads read-only."""
+    config reads read-only; ``env`` besides (its team's Redis URL for its APIs)."""
     team_runs = paths.team_dir(job.team)
     team_runs.mkdir(parents=True, exist_ok=True)
-    readable = [*plugin_mounts(job.team.slug), *config_reads(config, job.team)]
+    readable = [*plugin_mounts(job.team.slug), *config_reads(config, job.team, job.resume_from)]
     for name in ("HF_HOME", "HF_HUB_CACHE", "TRANSFORMERS_CACHE"):
         if os.environ.get(name) and Path(os.environ[name]).is_dir():
             readable.append(Path(os.environ[name]).resolve())  # downloaded models, shared read-only
     return Sandbox(job_id=job.pk, team_slug=job.team.slug, output_dir=output_dir.resolve(),
-                   writable=[team_runs.resolve()], readable=readable, network=network_for(config),
-                   env=ray_env(config))
+                   writable=[team_runs.resolve()], readable=readable, network=network_for(config, job.nodes),
+                   env={**ray_env(config), **(env or {})})
 
 
 # A job whose pools run on the operator's Ray cluster joins it: with the cluster's token, when it has one.
@@ -253,10 +262,11 @@ def command(sandbox: Sandbox | None, args: Sequence[str]) -> list[str]:
     return python if sandbox is None else [*sandbox_argv(sandbox), *python]
 
 
-def process_env(sandbox: Sandbox | None) -> dict[str, str]:
+def process_env(sandbox: Sandbox | None, env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment ``bwrap`` itself starts with: the job's, never the worker's (bwrap's own process is
-    PID 1 of the sandbox, and its ``/proc/1/environ`` is readable from inside)."""
-    return job_env(sandbox) if sandbox is not None else unisolated_env()
+    PID 1 of the sandbox, and its ``/proc/1/environ`` is readable from inside). Unisolated, ``env`` is added
+    to the worker's, less its secrets."""
+    return job_env(sandbox) if sandbox is not None else {**unisolated_env(), **(env or {})}
 
 
 def unisolated_env() -> dict[str, str]:
@@ -413,17 +423,19 @@ def run_process(argv: list[str], env: dict[str, str], output_dir: Path, pump: Pu
 
 def run_job(job: Any, config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Any],
             should_stop: Callable[[], bool], on_checkpoint: Callable[..., None], on_step: Callable[[int], None],
-            node: Node | None = None) -> Outcome:
+            node: Node | None = None, env: dict[str, str] | None = None) -> Outcome:
     """Run ``job`` (its ``config``) in its team's sandbox and return its outcome; the worker's side of
     ``webapp.jobs.body.run``, which runs inside. Raises ``ChildFailed`` with the trainer's own error,
-    ``TrackingError`` when progress or checkpoints could not be stored."""
-    sandbox = sandbox_for(job, output_dir, config) if enabled() else None
+    ``TrackingError`` when progress or checkpoints could not be stored. ``env``: variables the training
+    process gets besides its own (``webapp.jobs.apis.credential``)."""
+    sandbox = sandbox_for(job, output_dir, config, env) if enabled() else None
     spec = output_dir / "job.json"  # read by the child: the config and how to run it, nothing secret
-    spec.write_text(json.dumps({"job": job.pk, "kind": job.kind, "config": config,
+    spec.write_text(json.dumps({"job": job.pk, "kind": job.kind, "config": config, "ranks": job.ranks,
+                                "resume_from": job.resume_from,
                                 "node": None if node is None else [node.rank, node.count, node.endpoint]}))
     pump = Pump(Checked(job.pk, output_dir), sinks, on_checkpoint, on_step)
     started = time.monotonic()
-    code = run_process(command(sandbox, ["run", str(spec)]), process_env(sandbox), output_dir,
+    code = run_process(command(sandbox, ["run", str(spec)]), process_env(sandbox, env), output_dir,
                        pump, should_stop)
     if pump.error is not None:
         raise TrackingError(pump.error)
@@ -437,15 +449,16 @@ def run_job(job: Any, config: dict[str, Any], *, output_dir: Path, sinks: Sequen
     return pump.outcome
 
 
-def run_node(job: Any, config: dict[str, Any], *, output_dir: Path, node: Node, job_ended: Callable[[], bool]) -> int:
+def run_node(job: Any, config: dict[str, Any], *, output_dir: Path, node: Node, job_ended: Callable[[], bool],
+             env: dict[str, str] | None = None) -> int:
     """Node ``node.rank`` (> 0) of a multi-node job in its team's sandbox (``body.run_node`` inside); stops
     it when ``job_ended()``. Returns its exit status."""
-    sandbox = sandbox_for(job, output_dir, config) if enabled() else None
+    sandbox = sandbox_for(job, output_dir, config, env) if enabled() else None
     spec = output_dir / f"job-node-{node.rank}.json"
-    spec.write_text(json.dumps({"job": job.pk, "kind": job.kind, "config": config,
-                                "node": [node.rank, node.count, node.endpoint]}))
+    spec.write_text(json.dumps({"job": job.pk, "kind": job.kind, "config": config, "ranks": job.ranks,
+                                "resume_from": job.resume_from, "node": [node.rank, node.count, node.endpoint]}))
     pump = Pump(Checked(job.pk, output_dir), [], lambda *_: None, lambda _: None)
-    return run_process(command(sandbox, ["node", str(spec)]), process_env(sandbox), output_dir,
+    return run_process(command(sandbox, ["node", str(spec)]), process_env(sandbox, env), output_dir,
                        pump, job_ended, stop_name=f"ENDED-node-{node.rank}", poll=2.0)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.core.validators import RegexValidator
 from django.db import models
 from django.urls import reverse
 from django.utils import timezone
@@ -67,7 +68,14 @@ class TrainingJob(models.Model):
     queue = models.CharField(max_length=10, choices=Queue.choices, default=Queue.CPU)
     kind = models.CharField(max_length=12, choices=Kind.choices, default=Kind.RL,
                             help_text="rl, sft (a warm start), or sft_then_rl (RL from the warm start's weights).")
-    config = models.JSONField(help_text="The validated launch configuration the worker runs.")
+    config = models.JSONField(help_text="The validated trainer configuration the worker runs "
+                              "(trainer.config.Config's keys, and its pools' resources).")
+    # The job's own launch fields, beside the trainer's config rather than in it: the worker reads them.
+    ranks = models.PositiveSmallIntegerField(default=1, help_text="Ranks per node (GPUs, or CPU processes): more "
+                                             "than 1 runs a torchrun process group.")
+    nodes = models.PositiveSmallIntegerField(default=1, help_text="Hosts the job's ranks run on, one worker each.")
+    resume_from = models.CharField(max_length=1000, blank=True, help_text="The checkpoint the job continues "
+                                   "from (a resume, or a preempted job's next run); empty: it starts afresh.")
     tool_versions = models.ManyToManyField(Version, blank=True, related_name="jobs_as_tool")
     reward_version = models.ForeignKey(Version, null=True, blank=True, on_delete=models.PROTECT,
                                        related_name="jobs_as_reward")
@@ -141,6 +149,15 @@ class TrainingJob(models.Model):
         return (timezone.now() - self.heartbeat_at).total_seconds() > settings.JOB_HEARTBEAT_TIMEOUT
 
     @property
+    def launch_config(self) -> dict[str, Any]:
+        """The config as the API shows it: the trainer's, with the job's own launch fields (ranks and nodes
+        above 1, the checkpoint it resumes from) under the keys they are launched with."""
+        return {**(self.config if isinstance(self.config, dict) else {}),
+                **({"ranks": self.ranks} if self.ranks > 1 else {}),
+                **({"nodes": self.nodes} if self.nodes > 1 else {}),
+                **({"resume_from": self.resume_from} if self.resume_from else {})}
+
+    @property
     def is_active(self) -> bool:
         return self.status in ACTIVE
 
@@ -208,6 +225,60 @@ class TeamQuota(models.Model):
 
     def __str__(self) -> str:
         return f"quotas of {self.team}"
+
+
+API_NAME = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                          "A resource name: letters, digits, '_', '.' and '-', starting with a letter or digit.")
+
+
+class APIQuota(models.Model):
+    """The operator's limits on one rate-limited API for one team: every job of the team that uses the API
+    (``resources.<api>`` in its config, or a chosen tool's resource of that name) draws on one budget in
+    Redis (``webapp.jobs.apis``), within these limits; a job's config may lower them, never raise them. A job
+    that uses an API its team has no quota for is refused. Only superusers edit these (the admin): a team's
+    staff could otherwise raise its own share of a provider that other teams share."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="api_quotas")
+    api = models.CharField(max_length=100, validators=[API_NAME],
+                           help_text="The resource name a job's config uses for the API (resources.<name>), "
+                                     "e.g. search.")
+    rate = models.FloatField(help_text="Requests per second, over all of the team's jobs together.")
+    burst = models.PositiveIntegerField(default=1, help_text="Requests that may go at once after a quiet spell.")
+    concurrency = models.PositiveIntegerField(default=4, help_text="Requests in flight at once.")
+    daily_quota = models.PositiveIntegerField(default=0, help_text="Requests per UTC day; 0 = no daily limit.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["team", "api"]
+        verbose_name = "API quota"
+        constraints = [
+            models.UniqueConstraint(fields=["team", "api"], name="apiquota_one_per_team_and_api"),
+            models.CheckConstraint(condition=models.Q(rate__gt=0) & models.Q(burst__gte=1)
+                                   & models.Q(concurrency__gte=1), name="apiquota_limits_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.api} of {self.team}"
+
+    @property
+    def rate_text(self) -> str:
+        return f"{self.rate:g}"
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        from agentfly.resources.builtin import BUILTIN_SPECS
+        from trainer.config import RESOURCE_BACKEND_KEYS
+
+        if self.api in BUILTIN_SPECS or self.api in RESOURCE_BACKEND_KEYS:
+            raise ValidationError({"api": f"{self.api!r} is a built-in resource or a setting of resources, not an "
+                                          "API; name the API as a job's config does (resources.<name>)."})
+        if self.rate is not None and self.rate <= 0:
+            raise ValidationError({"rate": "The rate must be above 0 requests per second."})
+        errors = {f: "At least 1." for f in ("burst", "concurrency") if getattr(self, f) is not None
+                  and getattr(self, f) < 1}
+        if errors:
+            raise ValidationError(errors)
 
 
 @dataclass(frozen=True)

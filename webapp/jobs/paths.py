@@ -154,22 +154,21 @@ def _as_paths(key: str, mark: Any, value: Any, siblings: dict[str, Any]) -> list
     return [(key, text)]
 
 
-def config_paths(config: dict[str, Any]) -> list[tuple[str, str]]:
+def config_paths(config: dict[str, Any], resume_from: str = "") -> list[tuple[str, str]]:
     """Every ``(field, path)`` of a stored job config that the trainer reads or writes: each field typed as a
-    path in ``trainer.config.Config``, and ``resume_from`` (the job's own key)."""
+    path in ``trainer.config.Config``, and ``resume_from`` (the job's own column) when given."""
     from trainer.config import Config
 
-    trainer_keys = {k: v for k, v in config.items() if k not in ("resume_from", "ranks", "nodes")}
-    found = _path_fields(Config, trainer_keys, "")
-    if config.get("resume_from"):
-        found.append(("resume_from", str(config["resume_from"])))
+    found = _path_fields(Config, config, "")
+    if resume_from:
+        found.append(("resume_from", resume_from))
     return [(name, value) for name, value in found if value]
 
 
-def check_config(config: dict[str, Any], team: Any) -> None:
-    """The one check of every path in a job's config, at launch and on the worker: raise ``PathRefused``
-    naming the first path ``team`` may not use."""
-    for name, path in config_paths(config):
+def check_config(config: dict[str, Any], team: Any, resume_from: str = "") -> None:
+    """The one check of every path in a job's config (and the checkpoint it resumes from), at launch and on
+    the worker: raise ``PathRefused`` naming the first path ``team`` may not use."""
+    for name, path in config_paths(config, resume_from):
         reason = refusal(path, team)
         if reason:
             raise PathRefused(f"{name}: {reason}", name)

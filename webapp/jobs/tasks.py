@@ -20,7 +20,8 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from webapp.jobs import cluster, paths, servers, worker
+from trainer.events import Event, log_event
+from webapp.jobs import apis, cluster, paths, servers, worker
 from webapp.jobs.models import Status, TrainingJob
 from webapp.jobs.queues import host_of
 from webapp.mcpservers import jobs as mcp_jobs
@@ -84,11 +85,10 @@ class Yielding:
     def __init__(self, sink: Any, heartbeat: Heartbeat) -> None:
         self.sink, self.heartbeat = sink, heartbeat
 
-    def emit(self, event: Any) -> None:
-        data = event.get("data") if isinstance(event, dict) else None
-        if (isinstance(data, dict) and event.get("type") == "status" and data.get("state") == "cancelled"
+    def emit(self, event: Event) -> None:
+        if (event["type"] == "status" and event["data"]["state"] == "cancelled"
                 and (self.heartbeat.yielding.is_set() or self.heartbeat.over_time) and not self.heartbeat.cancelled.is_set()):
-            event = {**event, "type": "log", "data": {"level": "info", "message": "stopped at a checkpoint"}}
+            event = log_event(event["step"], "stopped at a checkpoint", run=event["run"], at=event["time"])
         self.sink.emit(event)
 
     def close(self) -> None:
@@ -97,9 +97,9 @@ class Yielding:
 
 def config_to_run(job: TrainingJob) -> dict[str, Any]:
     """The job's stored config as this worker runs it: its MCP servers as the rule allows them now, its
-    inference and judge servers as the operator's settings allow them now, and its pools on the operator's
-    Ray cluster when there is one."""
-    config = servers.for_job(mcp_jobs.for_job(job.config, job.team), job.team.slug)
+    inference and judge servers as the operator's settings allow them now, its APIs on its team's budgets
+    within the quotas as they are now, and its pools on the operator's Ray cluster when there is one."""
+    config = apis.for_job(servers.for_job(mcp_jobs.for_job(job.config, job.team), job.team.slug), job.team)
     return cluster.with_ray(config, job.pk, job.team.slug)
 
 
@@ -147,14 +147,13 @@ def describe_components(config: dict[str, Any], team_slug: str) -> list[tuple[st
 def on_checkpoint(job_id: int, sink: Any, step: int, path: str, metrics: dict[str, Any]) -> None:
     off_loop(worker.record_checkpoint, job_id, step, path, metrics)
     # Through the sink, so the log line keeps its place among the trainer's events.
-    sink.emit({"type": "log", "step": step, "level": "info", "checkpoint": path,
-               "message": f"checkpoint saved at step {step}: {path}"})
+    sink.emit(log_event(step, f"checkpoint saved at step {step}: {path}", checkpoint=path))
 
 
 def start_nodes(job: TrainingJob, leader: str) -> Any:
     """For a job of ``nodes`` > 1: send one ``run_node`` task per other node to the job's queue, each to
     join this worker's rendezvous, and return this (the first) node; ``None`` for a one-node job."""
-    nodes = int(job.config.get("nodes", 1))
+    nodes = job.nodes
     if nodes == 1:
         return None
     from trainer.distributed import free_port
@@ -193,21 +192,23 @@ def run_job(job_id: int) -> str:
             from webapp.registry.rules import check_job_config
 
             check_job_config(job.config, job.team.slug)  # before anything is imported: rows made behind the API too
-            paths.check_config(job.config, job.team)  # again here: the config may have been written behind the API
+            paths.check_config(job.config, job.team, job.resume_from)  # again: it may have been written behind the API
             for warning in worker.record_versions_used(job_id, describe_components(job.config, job.team.slug)):
-                sink.emit({"type": "log", "level": "warning", "message": warning})
+                sink.emit(log_event(job.step, warning, "warning"))
             here = run_job.request.hostname or worker.worker_name()
             node = start_nodes(job, here)
             if node is not None:
-                sink.emit({"type": "log", "level": "info", "message": f"node 0 of {node.count} runs on worker "
-                                                                      f"{here}; rendezvous at {node.endpoint}"})
-            outcome = isolation.run_job(
-                job, config_to_run(job), output_dir=output_dir,
-                sinks=[Yielding(sink, heartbeat)],
-                should_stop=heartbeat.stop_requested, node=node,
-                on_checkpoint=lambda step, path, metrics: on_checkpoint(job_id, sink, step, path, metrics),
-                on_step=lambda step: on_step(job_id, heartbeat, step),
-            )
+                sink.emit(log_event(job.step, f"node 0 of {node.count} runs on worker {here}; rendezvous at "
+                                              f"{node.endpoint}"))
+            config = config_to_run(job)
+            with apis.credential(job, config) as env:
+                outcome = isolation.run_job(
+                    job, config, output_dir=output_dir, env=env,
+                    sinks=[Yielding(sink, heartbeat)],
+                    should_stop=heartbeat.stop_requested, node=node,
+                    on_checkpoint=lambda step, path, metrics: on_checkpoint(job_id, sink, step, path, metrics),
+                    on_step=lambda step: on_step(job_id, heartbeat, step),
+                )
             status = Status.CANCELLED if outcome.cancelled else Status.SUCCEEDED
             if outcome.cancelled and not heartbeat.cancelled.is_set():
                 if heartbeat.over_time:
@@ -222,7 +223,7 @@ def run_job(job_id: int) -> str:
             error = f"the job ran past its time limit of {settings.JOB_SOFT_TIME_LIMIT} s; resume it from its checkpoint"
         except Exception as exc:
             error, trace = isolation.format_failure(exc)
-            sink.emit({"type": "log", "level": "error", "message": error, "traceback": trace})
+            sink.emit(log_event(job.step, error, "error", traceback=trace))
             log.exception("job %d failed", job_id)
         finally:
             sink.close()
@@ -273,15 +274,16 @@ def run_node(self: Any, job_id: int, node_rank: int, endpoint: str, leader: str)
         if self.request.retries >= 120:  # a minute: the leader's rendezvous times out and fails the job
             return "unplaced"
         raise self.retry(countdown=0.5)
-    append_events(job_id, [{"type": "log", "level": "info", "step": job.step,
-                            "message": f"node {node_rank} of {job.config['nodes']} runs on worker {here}"}])
+    append_events(job_id, [log_event(job.step, f"node {node_rank} of {job.nodes} runs on worker {here}")])
     output_dir = paths.job_dir(job)
 
     def job_ended() -> bool:
         return not TrainingJob.objects.filter(pk=job_id, status=Status.RUNNING).exists()
 
-    isolation.run_node(job, config_to_run(job), output_dir=output_dir,
-                       node=body.Node(node_rank, int(job.config["nodes"]), endpoint), job_ended=job_ended)
+    config = config_to_run(job)
+    with apis.credential(job, config, first=False) as env:  # the leader's run holds its own password
+        isolation.run_node(job, config, output_dir=output_dir, env=env,
+                           node=body.Node(node_rank, job.nodes, endpoint), job_ended=job_ended)
     return "done"
 
 

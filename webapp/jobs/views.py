@@ -72,7 +72,7 @@ def launch(request: HttpRequest) -> HttpResponse:
                 job, created = actions.do_launch_job(
                     user=request.user, team=d["team"], name=d["name"], config=form.trainer_config(), queue=d["queue"],
                     tool_versions=[t.current_version for t in d["tools"]], reward_version=d["reward"].current_version,
-                    resources=d["resources"], launch_key=d["launch_key"], kind=d["kind"],
+                    resources=d["resources"], launch_key=d["launch_key"], kind=d["kind"], **form.launch_fields(),
                 )
             except actions.QuotaExceeded as exc:
                 form.add_error(None, str(exc))

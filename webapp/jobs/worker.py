@@ -14,7 +14,7 @@ import socket
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import transaction
@@ -22,6 +22,8 @@ from django.db.models import Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
+from trainer import events
+from trainer.events import JobState, LogLevel
 from webapp.jobs.models import WAITING, Checkpoint, Kind, Status, TrainingJob, quotas_of
 from webapp.monitor.events import append_events
 from webapp.registry.models import Entry, Version
@@ -30,10 +32,13 @@ from webapp.registry.worker import record_description
 log = logging.getLogger(__name__)
 
 
-def status_event(job: TrainingJob | int, status: str, **extra: Any) -> None:
-    """Store a job's ``status`` event (the user-side actions write theirs through this too)."""
-    job_id = job if isinstance(job, int) else job.pk
-    append_events(job_id, [{"type": "status", "state": status, **extra}])
+def status_event(job: TrainingJob | int, status: str, message: str = "", *, level: LogLevel | None = None) -> None:
+    """Store a job's ``status`` event at its current step (the user-side actions write theirs through this too)."""
+    if isinstance(job, int):
+        job_id, step = job, TrainingJob.objects.filter(pk=job).values_list("step", flat=True).first() or 0
+    else:
+        job_id, step = job.pk, job.step
+    append_events(job_id, [events.status_event(step, cast(JobState, str(status)), message, level=level)])
 
 
 def worker_name() -> str:
@@ -89,7 +94,7 @@ def must_yield(job_id: int, first_step_at: datetime | None, now: datetime | None
         return False
     now = now or timezone.now()
     job = TrainingJob.objects.filter(pk=job_id, status=Status.RUNNING, cancel_requested=False).first()
-    if job is None or job.run_started_at is None or job.kind != Kind.RL or int(job.config.get("nodes", 1)) > 1:
+    if job is None or job.run_started_at is None or job.kind != Kind.RL or job.nodes > 1:
         return False
     if (now - first_step_at).total_seconds() < slice_s:
         return False
@@ -110,7 +115,7 @@ def preempt_job(job_id: int, step: int, enqueue: Callable[[TrainingJob], None]) 
         if checkpoint is None:
             return False
         TrainingJob.objects.filter(pk=job_id).update(
-            status=Status.PREEMPTED, config={**job.config, "resume_from": checkpoint.path}, queued_at=now,
+            status=Status.PREEMPTED, resume_from=checkpoint.path, queued_at=now,
             run_seconds=seconds_used(job, now), run_started_at=None, worker="", step=Greatest("step", step),
         )
         status_event(job_id, Status.PREEMPTED, message=(
@@ -167,7 +172,7 @@ def finish_job(job_id: int, status: str, *, error: str = "", final_metrics: dict
             status=status, error=error, final_metrics=final_metrics or {}, finished_at=timezone.now(),
             step=Greatest("step", step),
         )
-        status_event(job_id, status, **({"message": error, "level": "error"} if error else {}))
+        status_event(job_id, status, error, level="error" if error else None)
     return status
 
 
@@ -222,14 +227,14 @@ def sweep_stale_jobs(now: datetime | None = None) -> list[int]:
         resume = (f"The last checkpoint is step {checkpoint.step}; resume the job to continue from it."
                   if checkpoint else "No checkpoint was written; launch the job again.")
         if job.cancel_requested:
-            status, error, event = Status.CANCELLED, "", {"message": f"cancelled; {silent} after the cancel. {resume}"}
+            status, error, message, level = Status.CANCELLED, "", f"cancelled; {silent} after the cancel. {resume}", None
         else:
             error = f"{silent}; it probably died. {resume}"
-            status, event = Status.FAILED, {"message": error, "level": "error"}
+            status, message, level = Status.FAILED, error, "error"
         with transaction.atomic():
             if TrainingJob.objects.filter(pk=job.pk, status=Status.RUNNING, heartbeat_at__lt=cutoff).update(
                 status=status, error=error, finished_at=now
             ):
-                status_event(job.pk, status, **event)
+                status_event(job, status, message, level=level)
                 ended.append(job.pk)
     return ended

@@ -1,7 +1,8 @@
 """Store a job's events with gap-free per-job sequence numbers, then announce them to ``job-<id>``.
 
 One function, ``append_events``, serves every writer: the worker's sink (batches of metrics, samples,
-resource stats, logs) and the web process's actions (status changes). Numbers are reserved with a single
+resource stats, logs) and the web process's actions (status changes). Every event is made by the
+constructors of ``trainer.events`` and stored as it is made (``normalise`` checks it, it never reshapes it). Numbers are reserved with a single
 ``UPDATE ... SET last_seq = last_seq + n`` on the job row, which takes the row's write lock in PostgreSQL and
 the database write lock in SQLite, so concurrent writers get disjoint ranges without a separate sequence.
 The announcement goes out only after the transaction commits: a listener that reacts by reading the
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -43,33 +43,41 @@ class EventError(ValueError):
 
 
 def normalise(event: Mapping[str, Any]) -> dict[str, Any]:
-    """Split an emitted event into the stored columns: ``type``, ``step``, ``time`` and the rest as ``data``."""
+    """Check an event (``trainer.events.Event``, as its constructors make it) and split it into the stored
+    columns: ``type``, ``step``, ``time`` and its payload as ``data``. ``run`` is not stored: the job is the
+    run. The payload is stored as it is, made JSON-safe for jsonb. Events may come from a training process
+    the worker does not trust, so every field is checked and a bad one named."""
     if not isinstance(event, Mapping):
         raise EventError(f"an event must be a dict, got {type(event).__name__}")
+    unknown = set(event) - {"type", "step", "time", "run", "data"}
+    if unknown:
+        raise EventError(f"an event has type, step, time, run and data (made by trainer.events), not {sorted(unknown)}")
     kind = event.get("type")
     if kind not in EVENT_TYPES:
         raise EventError(f"event type {kind!r} is not one of {sorted(EVENT_TYPES)}")
     step = event.get("step")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-        if isinstance(step, float) and step.is_integer():
-            step = int(step)
-        else:
-            raise EventError(f"event step must be an integer or None, got {step!r}")
-    at = event.get("time", time.time())
-    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+    if isinstance(step, float) and step.is_integer():
+        step = int(step)
+    if "step" in event and (isinstance(step, bool) or not isinstance(step, int)):
+        raise EventError(f"event step must be an integer, got {step!r}")
+    at = event.get("time")
+    if "time" in event and (isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at)):
         raise EventError(f"event time must be a Unix timestamp, got {at!r}")
-    # The trainer nests the payload under "data" (and names its run, which the job already identifies);
-    # events made here put it at the top level. Both are stored the same way.
     payload = event.get("data")
-    if not isinstance(payload, Mapping):
-        payload = {k: v for k, v in event.items() if k not in ("type", "step", "time", "run")}
+    if "data" in event and not isinstance(payload, Mapping):
+        raise EventError(f"event data must be a dict (the payload of a {kind} event), got {type(payload).__name__}")
+    missing = [k for k in ("step", "time", "data") if k not in event]
+    if missing:
+        raise EventError(f"an event has no {', '.join(missing)}: make it with a constructor of trainer.events "
+                         f"(e.g. {kind}_event)")
     # jsonb refuses NaN, infinities and the NUL character: a sample's text keeps a NUL as U+FFFD.
     return {"type": kind, "step": step, "time": float(at), "data": jsonable(payload, nul="\ufffd")}
 
 
 def append_events(job_id: int, events: Iterable[Mapping[str, Any]]) -> list[JobEvent]:
     """Store ``events`` for the job under the next sequence numbers and announce them after commit."""
-    from webapp.jobs.models import TrainingJob
+    # The job's model through the events' foreign key: the monitor app never imports the jobs app.
+    TrainingJob = JobEvent.job.field.related_model
 
     rows = [normalise(e) for e in events]
     if not rows:

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from trainer.events import MetricsData, ResourcesData
 from webapp.monitor.events import wire_message
 from webapp.monitor.models import JobEvent
 
@@ -103,12 +104,6 @@ def norm_key(key: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", key.lower()).strip("_")
 
 
-def _number(value: Any) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return math.nan
-
-
 def _plain(values: np.ndarray) -> list[Any]:
     """Steps as ints (JSON ``12``, not ``12.0``), times as floats."""
     return [int(v) if v.is_integer() else v for v in values.tolist()]
@@ -126,26 +121,19 @@ def flat_numbers(data: dict[str, Any], prefix: str = "") -> dict[str, float]:
     return out
 
 
-def _resource_row(host: Any, gpus: Any, pools: Any, engine: Any = None) -> dict[str, float]:
-    row: dict[str, float] = {}
-    for k in ("sequences", "generated_tokens"):  # the rollout engine's counters the resource panel plots
-        if isinstance(engine, dict) and isinstance(engine.get(k), (int, float)):
-            row[f"engine/{k}"] = engine[k]
-    if isinstance(host, dict):
-        for k in ("cpu_percent", "memory_percent"):
-            if isinstance(host.get(k), (int, float)):
-                row[f"host/{k}"] = host[k]
-    for g in gpus if isinstance(gpus, list) else []:
-        if isinstance(g, dict):
-            for k in ("util_percent", "memory_percent"):
-                if isinstance(g.get(k), (int, float)):
-                    row[f"gpu/{g.get('index')}/{k}"] = g[k]
-    for name, s in (pools if isinstance(pools, dict) else {}).items():
-        if isinstance(s, dict):
-            for k in ("in_use", "peak_in_use", "waiting"):
-                if isinstance(s.get(k), (int, float)):
-                    row[f"pool/{name}/{k}"] = s[k]
-    return row
+def _resource_row(data: ResourcesData) -> dict[str, float]:
+    """The numbers of a ``resources`` payload the resource panel plots. ``None`` (a non-finite number, stored
+    as JSON null) is a gap."""
+    host, engine = data["host"], data["engine"]
+    values: dict[str, float | None] = {f"host/{k}": host[k] for k in ("cpu_percent", "memory_percent")}
+    for k in ("sequences", "generated_tokens"):  # the rollout engine's counters (every engine reports both)
+        if k in engine:
+            values[f"engine/{k}"] = engine[k]
+    for g in host["gpus"]:
+        values |= {f"gpu/{g['index']}/{k}": g[k] for k in ("util_percent", "memory_percent")}
+    for name, pool in data["pools"].items():
+        values |= {f"pool/{name}/{k}": pool[k] for k in ("in_use", "peak_in_use", "waiting") if k in pool}
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def _metric_arrays(job_id: int, last_seq: int, first_step: int | None, last_step: int | None) -> Arrays:
@@ -161,13 +149,13 @@ def _metric_arrays(job_id: int, last_seq: int, first_step: int | None, last_step
     if last_step is not None:
         events = events.filter(step__lte=last_step)
     rows = list(events.order_by("seq").annotate(text=Cast("data", TextField())).values_list("seq", "step", "text"))
-    payloads = [orjson.loads(text) for _, _, text in rows]
+    payloads: list[MetricsData] = [orjson.loads(text) for _, _, text in rows]
     steps = np.asarray([step if step is not None else seq for seq, step, _ in rows], dtype=np.float64)
     # Rows with the same keys (nearly all of a run's) become one 2-D array in one C-level conversion; a
     # per-value Python loop costs seconds on 20,000 rows of 30 numbers. None becomes NaN (a gap).
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, data in enumerate(payloads):
-        groups.setdefault(tuple(data) if isinstance(data, dict) else (), []).append(i)
+        groups.setdefault(tuple(data), []).append(i)
     parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     for keys, members in groups.items():
         idx = np.asarray(members, dtype=np.int64)
@@ -201,12 +189,8 @@ def _resource_arrays(job_id: int, last_seq: int) -> Arrays:
     ys: dict[str, list[float]] = {}
     for at, text in (JobEvent.objects.filter(job_id=job_id, seq__lte=last_seq, type="resources").order_by("seq")
                      .annotate(text=Cast("data", TextField())).values_list("time", "text")):
-        data = orjson.loads(text)
-        host = data.get("host") if isinstance(data, dict) else None
-        row = _resource_row(host, host.get("gpus") if isinstance(host, dict) else None,
-                            data.get("pools") if isinstance(data, dict) else None,
-                            data.get("engine") if isinstance(data, dict) else None)
-        for k, v in row.items():
+        data: ResourcesData = orjson.loads(text)
+        for k, v in _resource_row(data).items():
             xs.setdefault(k, []).append(at)
             ys.setdefault(k, []).append(float(v))
     return {k: (np.asarray(xs[k], dtype=np.float64), np.asarray(ys[k], dtype=np.float64)) for k in xs}

@@ -62,7 +62,6 @@ class DatabaseEventSink:
             raise RuntimeError(f"emit() after close(): the sink of job {self.job_id} is closed")
         row = dict(event)
         normalise(row)
-        row.setdefault("time", time.time())
         self._queue.put(row)
 
     def close(self) -> None:

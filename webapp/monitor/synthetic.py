@@ -3,7 +3,8 @@
 ``seed_long_job(job, steps)`` stores, per step, what the trainer emits (``trainer/loop.py``): a ``metrics``
 event of ~30 numbers under the trainer's names, a ``samples`` event with one trajectory as
 ``Trajectory.to_dict(tokenizer)`` writes it (token ids, loss mask, logprobs, turns, tool calls, text, mask
-segments), and a ``resources`` event (host stats and a pool). Rows go in with PostgreSQL's ``COPY`` (60,000
+segments), and a ``resources`` event (host stats and a pool), each made by the constructors of
+``trainer.events`` as the trainer makes its own. Rows go in with PostgreSQL's ``COPY`` (60,000
 rows in seconds; ``bulk_create`` elsewhere), not through ``append_events``, which would announce every
 batch; ``copy_events`` copies one job's events to another inside the database.
 """
@@ -17,6 +18,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from trainer.events import Event, HostStats, metrics_event, resources_event, samples_event
 from webapp.monitor.models import JobEvent
 
 STAGES = ("rollout", "reward", "logprobs", "update", "weight_sync")
@@ -59,16 +61,26 @@ def trajectory(step: int, rng: random.Random) -> dict[str, Any]:
     }
 
 
-def resources_payload(step: int, rng: random.Random) -> dict[str, Any]:
-    return {
-        "host": {"host": "worker-1", "pid": 4242, "cpu_count": 16, "cpu_percent": 40 + 30 * math.sin(step / 50),
-                 "process_cpu_percent": 95.0, "process_rss_mb": 2048 + step / 100, "threads": 12,
-                 "memory_used_mb": 9000.0, "memory_total_mb": 32000.0, "memory_percent": 28 + step / 2000,
-                 "gpus": [], "gpu_absent": "NVML found no GPU on this machine"},
-        "engine": {"sequences": 4.0 * step, "generated_tokens": 160.0 * step},
-        "pools": {"python": {"size": 2, "max": 2, "in_use": rng.randrange(3), "idle": 1, "waiting": 0,
-                             "created": 2, "failed": 0, "acquires": 4 * step}},
-    }
+def host(step: int) -> HostStats:
+    return HostStats(host="worker-1", pid=4242, cpu_count=16, cpu_percent=40 + 30 * math.sin(step / 50),
+                     process_cpu_percent=95.0, process_rss_mb=2048 + step / 100, threads=12,
+                     memory_used_mb=9000.0, memory_total_mb=32000.0, memory_percent=28 + step / 2000,
+                     gpus=[], gpu_absent="NVML found no GPU on this machine")
+
+
+def resources(step: int, at: float, rng: random.Random) -> Event:
+    """A ``resources`` event: the host, the rollout engine's counters and a pool of two sandboxes."""
+    return resources_event(step, {"sequences": 4.0 * step, "generated_tokens": 160.0 * step},
+                           {"python": {"size": 2, "max": 2, "in_use": rng.randrange(3), "idle": 1, "waiting": 0,
+                                       "created": 2, "failed": 0, "acquires": 4 * step}},
+                           host=host(step), at=at)
+
+
+def step_events(step: int, at: float, rng: random.Random) -> list[Event]:
+    """One step's ``metrics``, ``samples`` and ``resources`` events, as the trainer emits them."""
+    metrics = metrics_event(step, metrics_payload(step, rng), at=at)
+    samples = samples_event(step, [trajectory(step, rng)], at=at)
+    return [metrics, samples, resources(step, at, rng)]
 
 
 def seed_long_job(job: Any, steps: int, *, start_step: int = 1, start_time: float = 1.7e9, seed: int = 0,
@@ -80,12 +92,9 @@ def seed_long_job(job: Any, steps: int, *, start_step: int = 1, start_time: floa
         seq = job.last_seq
         rows: list[tuple[int, int, str, int, float, dict[str, Any]]] = []
         for step in range(start_step, start_step + steps):
-            at = start_time + step
-            for kind, data in (("metrics", metrics_payload(step, rng)),
-                               ("samples", {"trajectories": [trajectory(step, rng)]}),
-                               ("resources", resources_payload(step, rng))):
+            for event in step_events(step, start_time + step, rng):
                 seq += 1
-                rows.append((job.pk, seq, kind, step, at, data))
+                rows.append((job.pk, seq, event["type"], event["step"], event["time"], event["data"]))
         _store(rows, batch)
         type(job).objects.filter(pk=job.pk).update(last_seq=seq)
     return seq

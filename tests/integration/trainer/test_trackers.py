@@ -115,10 +115,11 @@ def test_no_tracker_package_is_imported_until_a_run_names_it() -> None:
 WANDB_LIFECYCLE = """
 import pathlib, sys, psutil
 from trainer.config import WandbOptions
+from trainer.events import metrics_event, status_event
 from trainer.trackers import WandbSink
 sink = WandbSink(WandbOptions(project="exit-test", mode="offline"), pathlib.Path(sys.argv[1]), {"seed": 0})
-sink.emit({"type": "metrics", "step": 1, "time": 0.0, "data": {"reward/mean": 0.5}})
-sink.emit({"type": "status", "step": 1, "time": 0.0, "data": {"state": "succeeded"}})
+sink.emit(metrics_event(1, {"reward/mean": 0.5}, at=0.0))
+sink.emit(status_event(1, "succeeded", at=0.0))
 sink.close()
 left = psutil.Process().children(recursive=True)
 print("children left after close:", len(left))

@@ -255,3 +255,23 @@ def test_a_config_is_checked_when_it_is_made_so_no_caller_can_forget_to_validate
     ok = Config()
     with pytest.raises(ConfigError, match=r"algorithm\.credit=turn_gae needs a critic"):
         dataclasses.replace(ok, algorithm=AlgorithmConfig(name="grpo", credit="turn_gae"))
+
+
+def test_a_resource_with_an_api_block_is_a_shared_rate_limiter_kept_in_the_jobs_processes_on_ray(tmp_path) -> None:
+    from agentfly.resources import SharedRateLimiter
+    from trainer.builders import build_resources
+    from trainer.config import load_config
+
+    config = load_config(overrides=["resources.search.api={key: team-7:search, rate: 2, burst: 3}",
+                                    "resources.python.max=1", "resources.backend=ray", "resources.address=auto",
+                                    f"output_dir={tmp_path / 'run'}"])
+    engine = build_resources(config, [])
+    assert engine is not None
+    search = engine.specs["search"]
+    assert (search.factory, search.kind, search.scope) == (SharedRateLimiter, "api", "global")
+    assert search.options == {"key": "team-7:search", "rate": 2.0, "burst": 3}
+    # Its budget is already shared through Redis: the limiter runs in each process, only the sandbox on Ray.
+    assert search.backend == "inprocess" and engine.specs["python"].backend == "ray"
+    with pytest.raises(ConfigError, match=r"resources.search.api: rate must be positive") as bad:
+        load_config(overrides=["resources.search.api={rate: 0}"])
+    assert bad.value.key == "resources.search.api"

@@ -107,3 +107,37 @@ def test_a_checkpoint_event_names_its_path_step_and_score(tmp_path):
     EventStream([CallbackSink(got.append)]).checkpoint(6, tmp_path / "checkpoint-000006", 0.75)
     assert got[0]["type"] == "checkpoint" and got[0]["step"] == 6
     assert got[0]["data"] == {"path": str(tmp_path / "checkpoint-000006"), "step": 6, "score": 0.75}
+
+
+def test_every_event_type_has_one_constructor_whose_payload_is_its_typed_dict() -> None:
+    from trainer.events import (
+        EVENT_TYPES,
+        checkpoint_event,
+        log_event,
+        make_event,
+        metrics_event,
+        resources_event,
+        samples_event,
+        status_event,
+    )
+
+    host = {"host": "h", "pid": 1, "cpu_count": 1, "cpu_percent": 0.0, "process_cpu_percent": 0.0,
+            "process_rss_mb": 1.0, "threads": 1, "memory_used_mb": 1.0, "memory_total_mb": 2.0,
+            "memory_percent": 50.0, "gpus": [], "gpu_absent": "none here"}
+    made = [metrics_event(3, {"loss": math.nan}, run="r", at=5.0), samples_event(3, [{"reward": 1.0}], at=5.0),
+            resources_event(3, {"sequences": 4.0}, None, host=host, at=5.0),  # type: ignore[arg-type]
+            status_event(3, "preempted", "queued again", level="info", at=5.0),
+            checkpoint_event(3, "/runs/checkpoint-000003", at=5.0),
+            log_event(3, "failed", "error", traceback="Traceback ...", at=5.0)]
+    assert [e["type"] for e in made] == list(EVENT_TYPES)
+    assert all(set(e) == {"type", "step", "time", "run", "data"} and e["step"] == 3 and e["time"] == 5.0 for e in made)
+    assert made[0]["data"] == {"loss": None} and made[0]["run"] == "r"  # jsonable: NaN is a gap
+    assert made[1]["data"] == {"trajectories": [{"reward": 1.0}]}
+    assert made[2]["data"] == {"host": host, "engine": {"sequences": 4.0}, "pools": {}}
+    assert made[3]["data"] == {"state": "preempted", "message": "queued again", "level": "info"}
+    assert made[4]["data"] == {"path": "/runs/checkpoint-000003", "step": 3, "score": None}
+    assert made[5]["data"] == {"message": "failed", "level": "error", "traceback": "Traceback ..."}
+    with pytest.raises(ValueError, match="unknown run state 'finished'"):
+        status_event(1, "finished")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown event type 'gossip'"):
+        make_event("gossip", 1, {})  # type: ignore[arg-type]

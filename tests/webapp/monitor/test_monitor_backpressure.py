@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from trainer.events import metrics_event, samples_event
 from webapp.monitor.events import group_name
 from webapp.monitor.models import JobEvent
 from webapp.monitor.sink import DatabaseEventSink
@@ -30,7 +31,7 @@ async def test_a_flood_of_events_reaches_the_group_in_a_few_batched_messages_per
                                  max_messages_per_second=rate_limit)
         started = time.monotonic()
         for i in range(total):  # ~3000 events/s for a second
-            sink.emit({"type": "metrics", "step": i, "loss": 1.0 / (i + 1)})
+            sink.emit(metrics_event(i, {"loss": 1.0 / (i + 1)}))
             if i % 30 == 29:
                 time.sleep(0.01)
         sink.close()
@@ -58,8 +59,8 @@ async def test_a_flood_of_events_reaches_the_group_in_a_few_batched_messages_per
 def test_only_the_newest_samples_of_a_flush_are_kept_and_no_metric_is_dropped(alice_job: Any) -> None:
     sink = DatabaseEventSink(alice_job.pk, flush_interval=5.0, keep_samples=2)
     for step in range(1, 7):
-        sink.emit({"type": "metrics", "step": step, "reward_mean": step / 6})
-        sink.emit({"type": "samples", "step": step, "samples": [{"reward": step, "token_ids": [1, 2, 3]}]})
+        sink.emit(metrics_event(step, {"reward_mean": step / 6}))
+        sink.emit(samples_event(step, [{"reward": step, "token_ids": [1, 2, 3]}]))
     sink.close()  # one flush: everything queued goes in one batch
     stored = list(JobEvent.objects.filter(job=alice_job).order_by("seq").values_list("type", "step"))
     assert [s for t, s in stored if t == "metrics"] == [1, 2, 3, 4, 5, 6]
@@ -78,7 +79,7 @@ def test_a_sink_refuses_a_throttle_that_would_never_publish(alice_job: Any) -> N
 def test_closing_the_sink_stores_what_is_queued_without_waiting_for_the_throttle(alice_job: Any) -> None:
     sink = DatabaseEventSink(alice_job.pk, flush_interval=30.0, max_messages_per_second=0.1)
     for step in range(3):
-        sink.emit({"type": "metrics", "step": step, "loss": 0.5})
+        sink.emit(metrics_event(step, {"loss": 0.5}))
     started = time.monotonic()
     closer = threading.Thread(target=sink.close)
     closer.start()
@@ -100,7 +101,7 @@ async def test_an_event_that_finds_the_sink_idle_goes_out_alone_at_once_and_a_bu
 
     def first_send(sink: DatabaseEventSink) -> float:
         started = time.monotonic()
-        sink.emit({"type": "metrics", "step": 1, "loss": 1.0})
+        sink.emit(metrics_event(1, {"loss": 1.0}))
         while sink.stored < 1 and time.monotonic() < started + 10:
             time.sleep(0.005)
         assert sink.stored == 1
@@ -117,7 +118,7 @@ async def test_an_event_that_finds_the_sink_idle_goes_out_alone_at_once_and_a_bu
         store = max(0.0, linger - 2.0)
         assert at_once - store < 0.3, (at_once, linger)
         for step in (2, 3):
-            sink.emit({"type": "metrics", "step": step, "loss": 1.0})
+            sink.emit(metrics_event(step, {"loss": 1.0}))
         time.sleep(0.3)
         assert sink.stored == 1, "the burst waits for the end of the gap"
         sink.close()

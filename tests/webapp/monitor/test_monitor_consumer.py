@@ -12,6 +12,8 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.db import connection
 
+from trainer.events import metrics_event, status_event
+
 # Each test takes seconds; a socket whose consumer never ends fails its test in two minutes, not ten.
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -55,7 +57,7 @@ async def append(job_id: int, events: list[dict[str, Any]]) -> None:
 
 
 def metrics(step: int) -> dict[str, Any]:
-    return {"type": "metrics", "step": step, "reward_mean": step / 10}
+    return metrics_event(step, {"reward_mean": step / 10})
 
 
 async def receive_until_live(comm: WebsocketCommunicator) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
@@ -130,7 +132,7 @@ async def test_history_comes_first_then_live_events_with_no_gap_and_no_duplicate
     assert last_seq == 5
 
     await append(alice_job.pk, [metrics(6), metrics(7)])
-    await append(alice_job.pk, [{"type": "status", "status": "succeeded"}])
+    await append(alice_job.pk, [status_event(7, "succeeded")])
     live = await receive_events(comm, 3)
     assert [e["seq"] for e in live] == [6, 7, 8]
     assert live[-1]["type"] == "status"
@@ -162,7 +164,7 @@ async def test_a_reconnecting_client_resumes_after_the_sequence_number_it_has(al
 
 
 async def test_a_long_history_arrives_in_pages_in_order(alice_job: Any, alice_cookie: Any) -> None:
-    from webapp.monitor.consumers import HISTORY_PAGE
+    from webapp.jobs.consumers import HISTORY_PAGE
 
     total = HISTORY_PAGE * 2 + 7
     await append(alice_job.pk, [metrics(s) for s in range(total)])

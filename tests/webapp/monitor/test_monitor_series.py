@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from django.test import Client
 
+from trainer.events import log_event, metrics_event, resources_event, samples_event
 from webapp.monitor.events import MESSAGE_BUDGET_BYTES, append_events, pages_by_size, wire_message
 from webapp.monitor.series import columns, minmax_indices
-from webapp.monitor.synthetic import seed_long_job
+from webapp.monitor.synthetic import host, seed_long_job
 
 
 def test_below_the_point_budget_a_column_is_exact() -> None:
@@ -103,7 +104,7 @@ def test_series_json_of_a_long_job_is_downsampled_and_names_the_seq_it_covers(al
 @pytest.mark.django_db
 def test_one_sample_event_is_fetched_in_full_by_seq_and_only_by_its_team(alice: Any, bob: Any,
                                                                          alice_job: Any) -> None:
-    append_events(alice_job.pk, [{"type": "samples", "step": 4, "trajectories": [{"reward": 1.0, "token_ids": [1]}]}])
+    append_events(alice_job.pk, [samples_event(4, [{"reward": 1.0, "token_ids": [1]}])])
     answer = signed_in(alice).get(f"/monitor/jobs/{alice_job.pk}/events/1.json").json()
     assert answer["step"] == 4 and answer["data"]["trajectories"][0]["reward"] == 1.0
     assert signed_in(bob).get(f"/monitor/jobs/{alice_job.pk}/events/1.json").status_code == 404
@@ -124,9 +125,9 @@ async def test_a_history_of_large_events_reaches_the_socket_in_pages_under_the_b
     from tests.webapp.monitor.test_monitor_consumer import append, communicator
 
     trajectory = {"token_ids": list(range(3000)), "text": "t" * 20_000}
-    await append(alice_job.pk, [{"type": "log", "message": "m" * 50_000} for _ in range(12)]
-                 + [{"type": "samples", "step": s, "trajectories": [trajectory] * 4} for s in range(6)]
-                 + [{"type": "log", "message": "huge " * 30_000}])
+    await append(alice_job.pk, [log_event(0, "m" * 50_000) for _ in range(12)]
+                 + [samples_event(s, [trajectory] * 4) for s in range(6)]
+                 + [log_event(0, "huge " * 30_000)])
     comm = communicator(alice_job.pk, [alice_cookie])
     assert (await comm.connect())[0]
     assert (await comm.receive_json_from())["type"] == "hello"
@@ -219,10 +220,9 @@ def test_a_run_without_points_yet_starts_at_the_step_after_its_parents_checkpoin
 
 def test_series_json_carries_each_pools_peak_per_step_and_the_steps_wall_times(alice: Any, alice_job: Any) -> None:
     append_events(alice_job.pk, [
-        {"type": "metrics", "step": 1, "reward/mean": 0.1},
-        {"type": "resources", "step": 1, "host": {"cpu_percent": 5.0}, "engine": {}, "gpus": [],
-         "pools": {"kv": {"in_use": 0, "peak_in_use": 32, "waiting": 0}}},
-        {"type": "metrics", "step": 2, "reward/mean": 0.2},
+        metrics_event(1, {"reward/mean": 0.1}),
+        resources_event(1, {}, {"kv": {"in_use": 0, "peak_in_use": 32, "waiting": 0}}, host=host(1)),
+        metrics_event(2, {"reward/mean": 0.2}),
     ])
     client = Client()
     client.force_login(alice)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from trainer.events import samples_event
 from webapp.monitor.events import append_events
 from webapp.monitor.tokens import token_texts, with_token_texts
 
@@ -71,10 +72,10 @@ def test_events_json_adds_token_texts_to_trainer_samples_from_the_jobs_model(ali
     ids = tokenizer.encode("2 + 2 = 4")
     alice_job.config = {"model": {"path": str(tiny_model_dir)}}
     alice_job.save(update_fields=["config"])
-    # The trainer's EventStream shape: the payload nested under "data", trajectories without a model name.
+    # As the trainer's EventStream makes it: trajectories without a model name.
     trajectory = {"token_ids": ids, "loss_mask": [0] * 3 + [1] * (len(ids) - 3), "logprobs": [0.0] * len(ids),
                   "reward": 1.0, "segments": []}
-    append_events(alice_job.pk, [{"type": "samples", "step": 1, "run": "r", "data": {"trajectories": [trajectory]}}])
+    append_events(alice_job.pk, [samples_event(1, [trajectory], run="r")])
     client = Client()
     client.force_login(alice)
     event = client.get(f"/monitor/jobs/{alice_job.pk}/events.json?types=samples").json()["events"][0]

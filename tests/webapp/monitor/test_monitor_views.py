@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from trainer.events import checkpoint_event, log_event, metrics_event, samples_event, status_event
 from webapp.monitor.events import append_events
 
 pytestmark = pytest.mark.django_db
@@ -38,8 +39,8 @@ def test_an_anonymous_visitor_is_sent_to_sign_in(alice_job: Any) -> None:
 
 
 def test_events_json_pages_through_the_stored_events_by_sequence_number(alice: Any, alice_job: Any) -> None:
-    append_events(alice_job.pk, [{"type": "metrics", "step": s, "reward_mean": s / 4} for s in range(1, 6)])
-    append_events(alice_job.pk, [{"type": "log", "message": "hello"}])
+    append_events(alice_job.pk, [metrics_event(s, {"reward_mean": s / 4}) for s in range(1, 6)])
+    append_events(alice_job.pk, [log_event(0, "hello")])
     client = signed_in(alice)
     first = client.get(f"/monitor/jobs/{alice_job.pk}/events.json?after=0&limit=4").json()
     assert [e["seq"] for e in first["events"]] == [1, 2, 3, 4]
@@ -66,7 +67,7 @@ def test_events_json_refuses_bad_parameters_with_a_message_naming_them(alice: An
 
 
 def test_events_json_of_another_teams_job_is_a_404(bob: Any, alice_job: Any) -> None:
-    append_events(alice_job.pk, [{"type": "metrics", "step": 1, "reward_mean": 1.0}])
+    append_events(alice_job.pk, [metrics_event(1, {"reward_mean": 1.0})])
     assert signed_in(bob).get(f"/monitor/jobs/{alice_job.pk}/events.json").status_code == 404
 
 
@@ -96,9 +97,9 @@ def test_the_compare_page_explains_a_malformed_job_list(alice: Any, alice_job: A
                                    "type=checkpoint&type=status"])
 def test_both_event_endpoints_filter_by_types_and_read_the_deprecated_type_alias(
         alice: Any, alice_api: Any, alice_job: Any, query: str) -> None:
-    append_events(alice_job.pk, [{"type": "metrics", "step": 1, "reward/mean": 0.5},
-                                 {"type": "checkpoint", "step": 1, "path": "/runs/x/checkpoint-000001", "score": None},
-                                 {"type": "status", "state": "succeeded"}])
+    append_events(alice_job.pk, [metrics_event(1, {"reward/mean": 0.5}),
+                                 checkpoint_event(1, "/runs/x/checkpoint-000001"),
+                                 status_event(1, "succeeded")])
     page = signed_in(alice).get(f"/monitor/jobs/{alice_job.pk}/events.json?{query}").json()["events"]
     api = alice_api.get(f"/api/jobs/{alice_job.pk}/events/?{query}").json()["events"]
     assert [e["type"] for e in page] == [e["type"] for e in api] == ["checkpoint", "status"]
@@ -126,7 +127,7 @@ def test_the_rollout_viewer_filters_infrastructure_failures_and_gets_them_and_tu
                        turns=[Turn(0, 0, 3, "<b>look up k1</b>", "stop")], turn_rewards=[TurnReward(0, 0.25, "found k1")],
                        finish_reason="error", failure="killed",
                        failure_reason="<script>alert(1)</script> the host killed the sandbox")
-    (stored,) = append_events(alice_job.pk, [{"type": "samples", "step": 1, "trajectories": [ended.to_dict()]}])
+    (stored,) = append_events(alice_job.pk, [samples_event(1, [ended.to_dict()])])
     client = signed_in(alice)
     html = client.get(f"/monitor/jobs/{alice_job.pk}/").content.decode()
     assert 'id="sample-infra"' in html and "only infrastructure failures" in html

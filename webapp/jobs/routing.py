@@ -7,7 +7,7 @@ from typing import Any
 
 from django.urls import path
 
-from webapp.monitor.consumers import JobEventsConsumer
+from webapp.jobs.consumers import JobEventsConsumer
 
 websocket_urlpatterns: list[Any] = [
     path("ws/jobs/<int:job_id>/", JobEventsConsumer.as_asgi(), name="ws-job-events"),

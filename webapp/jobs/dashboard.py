@@ -1,4 +1,5 @@
-"""Dashboard pages and the JSON history endpoint.
+"""Dashboard pages and the JSON history endpoint: a job's pages over the events ``webapp.monitor`` stores and
+reads (the jobs app depends on the monitor app, never the reverse).
 
 The pages render a shell; the numbers come from the job's stored events only, over the websocket (history
 then live, see ``consumers``) or, for scripts and the compare page's first load, from ``events.json``.
@@ -96,7 +97,7 @@ def compare(request: HttpRequest) -> HttpResponse:
     jobs = [chosen[i] for i in ids if i in chosen]
     columns, metrics, rows = hyperparameter_rows(jobs)
     return render(request, "monitor/compare.html", {
-        "diff": config_diff([j.config if isinstance(j.config, dict) else {} for j in jobs]) if len(jobs) > 1 else [],
+        "diff": config_diff([j.launch_config for j in jobs]) if len(jobs) > 1 else [],
         "hp_columns": columns, "hp_metrics": metrics, "hp_rows": rows, "seed_groups": seed_groups(jobs),
         "jobs": jobs,
         "candidates": visible[:100],

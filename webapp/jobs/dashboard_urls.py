@@ -1,6 +1,9 @@
+"""The dashboard's URLs, under ``/monitor/`` and named ``monitor:...`` as they always were; the views are the
+jobs app's (``webapp.jobs.dashboard``), which reads the events ``webapp.monitor`` stores."""
+
 from django.urls import path
 
-from webapp.monitor import views
+from webapp.jobs import dashboard as views
 
 app_name = "monitor"
 urlpatterns = [
