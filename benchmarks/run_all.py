@@ -41,9 +41,11 @@ LOGS = REPO / "runs" / "bench" / "logs"
 
 # Arguments for scripts whose doc-worthy run is not their bare default (keep each under ~3 minutes).
 ARGS: dict[str, list[str]] = {"rollout_async": ["--sweep", "--turns", "2"],
-                              "turn_credit": ["--seeds", "0", "--minutes", "2", "--eval-every", "5"]}
+                              "turn_credit": ["--seeds", "0", "--minutes", "2", "--eval-every", "5"],
+                              # One seed, briefly: the bar itself (3 x 15 minutes) is run on its own.
+                              "mcp_bar": ["--seeds", "0", "--minutes", "2", "--eval-n", "100"]}
 # Scripts that may need longer than --timeout on a first run (installing TRL, building the warm start).
-TIMEOUTS: dict[str, float] = {"trl_compare": 1500.0, "resources_cluster": 1800.0}
+TIMEOUTS: dict[str, float] = {"trl_compare": 1500.0, "resources_cluster": 1800.0, "mcp_bar": 900.0}
 
 
 @dataclass

@@ -182,8 +182,10 @@ def table(rep: dict[str, Any]) -> str:
         cols += [(f"pass@{key.rsplit('_', 1)[1]} {label}", key, "{:.3f}")
                  for key in first if key.startswith("eval/sampled/pass_at_")]
     cols += [("mean turns", "eval/mean_turns", "{:.2f}"), ("tool-error rate", "eval/tool_error_rate", "{:.3f}")]
-    rows = [["all", *(fmt.format(first[key]) for _, key, fmt in cols)]]
-    rows += [[name, *(fmt.format(m[key]) for _, key, fmt in cols)] for name, m in rep["splits"].items()]
+    # A split whose every problem failed for the infrastructure has no figures of the agent: "-".
+    rows = [["all", *(fmt.format(first[key]) if key in first else "-" for _, key, fmt in cols)]]
+    rows += [[name, *(fmt.format(m[key]) if key in m else "-" for _, key, fmt in cols)]
+             for name, m in rep["splits"].items()]
     header = ["split", *(name for name, _, _ in cols)]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))

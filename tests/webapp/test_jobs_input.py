@@ -56,6 +56,8 @@ BAD_FORM_INPUT = [
     ("resources", '{"python": {"min": 3, "max": 2}}', "resources.python: min=3 is above max=2"),
     ("resources", '{"python": {"size": 2}}', "unknown keys"),
     ("resources", '{"python": {"max": "4"}}', "must be an integer from 0 to 1024"),
+    ("resources", '{"python": {"max": 4, "acquire_timeout": 0}}', '"acquire_timeout" must be seconds'),
+    ("resources", '{"python": {"acquire_timeout": "soon"}}', '"acquire_timeout" must be seconds'),
     ("queue", "tpu", "Select a valid choice"),
     ("launch_key", "k" * 65, "at most 64 characters"),
 ]
@@ -348,7 +350,8 @@ def test_each_trainer_key_the_form_maps_is_one_it_fills_from_that_field(alice: A
     judge.current_version.resource = "judge"
     judge.current_version.save(update_fields=["resource"])
     form = LaunchForm(launch_data(team_a, entries[0], judge, queue="gpu", kind="sft_then_rl", judge_source="policy",
-                                  judge_rubric="Right?"), user=alice)  # every section
+                                  judge_rubric="Right?", max_minutes=15, loss_agg="token-mean"),
+                      user=alice)  # every section, and the keys written only when set
     assert form.is_valid(), form.errors
     config = form.trainer_config()
     config["judge"]["servers"] = []  # a judge server's key, filled by its own field (tests/webapp/test_jobs_judge.py)

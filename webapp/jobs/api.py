@@ -17,6 +17,7 @@ from webapp.inputs import PG_BIGINT_MAX, query_int
 from webapp.jobs import actions
 from webapp.jobs.forms import (
     JUDGE_SOURCES,
+    LOSS_AGGS,
     MODEL_SOURCES,
     ROLLOUT_MODES,
     RUBRIC_MAX_CHARS,
@@ -105,6 +106,12 @@ class LaunchSerializer(serializers.Serializer):
     reward = serializers.IntegerField(help_text="Registry entry id.")
     algorithm = serializers.ChoiceField(choices=ALGORITHMS, default="grpo")
     steps = bounded(serializers.IntegerField, "steps", 5)
+    max_minutes = serializers.FloatField(
+        required=False, allow_null=True, min_value=LaunchForm.base_fields["max_minutes"].min_value,  # type: ignore[attr-defined]
+        max_value=LaunchForm.base_fields["max_minutes"].max_value,  # type: ignore[attr-defined]
+        help_text="Stop after this many minutes of training, with a checkpoint; null: no time limit.")
+    loss_agg = serializers.ChoiceField(choices=LOSS_AGGS, required=False, allow_blank=True,
+                                       help_text="The loss aggregation; blank: the algorithm's own.")
     prompts_per_step = bounded(serializers.IntegerField, "prompts_per_step", 2)
     group_size = bounded(serializers.IntegerField, "group_size", 2)
     max_turns = bounded(serializers.IntegerField, "max_turns", 2)

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from agentfly.resources.builtin import BUILTIN_SPECS  # names only: no spec is built here
-from trainer.config import ALGORITHMS, Config, ConfigError, from_dict
+from trainer.config import ALGORITHMS, Config, ConfigError, LossAggName, from_dict
 from webapp import inputs
 from webapp.accounts.models import Team
 from webapp.jobs import apis, paths, servers
@@ -96,6 +96,7 @@ FIELD_OF_KEY = {
     "rollout.mode": "rollout_mode", "rollout.max_staleness": "max_staleness", "eval.every": "eval_every",
     "mcp": "mcp_tools", "judge": "judge_source", "judge.model_dir": "judge_model_path",
     "judge.servers": "judge_server", "judge.rubric": "judge_rubric",
+    "max_minutes": "max_minutes", "algorithm.loss_agg": "loss_agg",
 }
 # Where a job's judge runs (``judge_source``); "" is no judge.
 JUDGE_SOURCES = (("", "No judge"), ("policy", "The job's starting model (a frozen copy, in the worker)"),
@@ -103,6 +104,8 @@ JUDGE_SOURCES = (("", "No judge"), ("policy", "The job's starting model (a froze
 # The rubric goes into every judge prompt, whose room is the judge model's context less its verdict.
 RUBRIC_MAX_CHARS = 2000
 ROLLOUT_MODES = (("sync", "sync: roll out, then update"), ("async", "async: roll out the next steps during the update"))
+# "" is the algorithm's own (``AlgorithmConfig.resolved_loss_agg``).
+LOSS_AGGS = (("", "the algorithm's own"), *((a, a) for a in get_args(LossAggName)))
 
 
 def field_of(key: str | None) -> str | None:
@@ -196,11 +199,20 @@ class LaunchForm(forms.Form):
     reward = EntryChoiceField(queryset=Entry.objects.none())
     algorithm = forms.ChoiceField(choices=[(a, a) for a in ALGORITHMS], initial="grpo")
     steps = forms.IntegerField(min_value=1, max_value=100_000, initial=5)
+    max_minutes = forms.FloatField(
+        min_value=0.1, max_value=10_080, required=False, label="Time budget (minutes)",
+        help_text="Stop after this many minutes of training, with a checkpoint, whatever step it reached (a "
+                  "learning bar's \"within 15 minutes\"). Empty: no limit but the steps.")
     prompts_per_step = forms.IntegerField(min_value=1, max_value=1024, initial=2)
     group_size = forms.IntegerField(min_value=1, max_value=64, initial=2)
     max_turns = forms.IntegerField(min_value=1, max_value=32, initial=2)
     max_new_tokens = forms.IntegerField(min_value=1, max_value=8192, initial=24)
     learning_rate = forms.FloatField(min_value=1e-9, max_value=1.0, initial=1e-4)
+    loss_agg = forms.ChoiceField(
+        choices=LOSS_AGGS, initial="", required=False, label="Loss aggregation",
+        help_text="How token losses become the batch's loss: token-mean over all trained tokens, or a mean over "
+                  "sequences of each one's token mean (seq-mean-token-mean, GRPO's paper), ... Empty: the "
+                  "algorithm's own.")
     temperature = forms.FloatField(min_value=0.01, max_value=5.0, initial=1.0)
     seed = forms.IntegerField(min_value=0, max_value=2**31 - 1, initial=0)
     eval_size = forms.IntegerField(min_value=1, max_value=100_000, initial=8,
@@ -211,8 +223,9 @@ class LaunchForm(forms.Form):
     save_every = forms.IntegerField(min_value=0, max_value=100_000, initial=1,
                                     help_text="Checkpoint every N steps (0: only at the end).")
     resources = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
-                                help_text='Pool sizes per resource as JSON, e.g. {"python": {"max": 4}}. A '
-                                          'rate-limited API your team has a quota for (see its team page) may ask '
+                                help_text='Pool sizes per resource as JSON, e.g. {"python": {"max": 4}}; '
+                                          '"acquire_timeout" (seconds) is how long a rollout waits for an instance. '
+                                          'A rate-limited API your team has a quota for (see its team page) may ask '
                                           'for less, e.g. {"search": {"api": {"rate": 2}}}.')
     queue = forms.ChoiceField(choices=Queue.choices, initial=Queue.CPU)
     trackers = forms.MultipleChoiceField(
@@ -427,14 +440,20 @@ class LaunchForm(forms.Form):
         for name, pool in value.items():
             if not isinstance(pool, dict):
                 raise ValidationError(f'Resource "{name}": write its pool as an object like {{"min": 0, "max": 4}}.')
-            unknown = set(pool) - {"min", "max", "api"}
+            unknown = set(pool) - {"min", "max", "acquire_timeout", "api"}
             if unknown:
-                raise ValidationError(f'Resource "{name}": unknown keys {sorted(unknown)}; only "min", "max" and, '
-                                      'for a rate-limited API, "api" (its limits, at most the team\'s quota).')
+                raise ValidationError(f'Resource "{name}": unknown keys {sorted(unknown)}; only "min", "max", '
+                                      '"acquire_timeout" and, for a rate-limited API, "api" (its limits, at most '
+                                      'the team\'s quota).')
             for key in ("min", "max"):
                 v = pool.get(key)
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1024):
                     raise ValidationError(f'Resource "{name}": "{key}" must be an integer from 0 to 1024.')
+            # Seconds a rollout waits for an instance: a pool smaller than the rollouts in flight queues them.
+            v = pool.get("acquire_timeout")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 3600):
+                raise ValidationError(f'Resource "{name}": "acquire_timeout" must be seconds, more than 0 and at '
+                                      'most 3600.')
         return value  # min <= max and max >= 1 are the trainer's rules (Config.validate, see validate_with_trainer)
 
     def clean(self) -> dict[str, Any]:
@@ -569,7 +588,8 @@ class LaunchForm(forms.Form):
                 "mode": d.get("rollout_mode") or "sync",
                 "max_staleness": d.get("max_staleness") or 1,
             },
-            "algorithm": {"name": d["algorithm"]},
+            "algorithm": {"name": d["algorithm"], **({"loss_agg": d["loss_agg"]} if d.get("loss_agg") else {})},
+            **({"max_minutes": d["max_minutes"]} if d.get("max_minutes") else {}),
             "optim": {"lr": d["learning_rate"]},
             "resources": d.get("resources") or {},
             "mcp": {s.name: stored_config(s, tools) for s, tools in mcp_servers.items()},
@@ -772,6 +792,7 @@ def initial_from_job(job: Any) -> dict[str, Any]:
             for tool in (c["mcp"][name] or {}).get("tools") or []],
         "reward": job.reward_version.entry_id if job.reward_version_id else None,
         "algorithm": (c.get("algorithm") or {}).get("name"), "steps": c.get("steps"),
+        "loss_agg": (c.get("algorithm") or {}).get("loss_agg") or "", "max_minutes": c.get("max_minutes"),
         "prompts_per_step": rollout.get("prompts_per_step"), "group_size": rollout.get("group_size"),
         "max_turns": rollout.get("max_turns"), "max_new_tokens": rollout.get("max_new_tokens"),
         "learning_rate": (c.get("optim") or {}).get("lr"), "temperature": rollout.get("temperature"),

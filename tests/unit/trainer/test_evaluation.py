@@ -124,3 +124,14 @@ def test_a_problem_the_infrastructure_failed_on_is_counted_and_left_out_of_pass_
     assert m["eval/rollout/infra_failed"] == m["eval/rollout/infra_failed/node_lost"] == 1
     assert m["eval/problems"] == 2 and m["eval/pass_at_1"] == pytest.approx(1 / 2)
     assert m["eval/reward/mean"] == pytest.approx(1 / 2)
+
+
+def test_a_split_whose_every_problem_failed_for_the_infrastructure_is_a_row_of_dashes_in_the_table() -> None:
+    failed = traj(0.0, 1, [], {"question": "b", "split": "hard"})
+    failed.failure, failed.failure_reason = "acquire_timeout", "no kv session within 60 s"
+    run = EvalRun(SAMPLES[:2], [traj(1.0, 1, []), failed])
+    rep = report(run, "split", "unused")
+    assert rep["splits"]["hard"]["eval/rollout/infra_failed"] == 1.0
+    rows = table(rep).splitlines()[2:-1]
+    assert rows[0].split()[:3] == ["all", "1", "1.000"]  # the problem the agent got is still counted
+    assert rows[2].split() == ["hard", "-", "-", "-", "-"]
