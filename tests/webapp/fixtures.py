@@ -265,3 +265,24 @@ def browser_page() -> Iterator[Any]:
             yield page
         finally:
             browser.close()
+
+
+@pytest.fixture
+def server_redis() -> Iterator[Any]:
+    """The web app's own Redis connection; the teams' Redis users and API budgets a test made are removed after it
+    (``webapp.jobs.apis``)."""
+    import redis
+
+    from webapp.jobs import apis
+
+    r = redis.Redis.from_url(_settings.REDIS_URL)
+    try:
+        r.ping()
+    except redis.ConnectionError:
+        pytest.skip("needs Redis on 127.0.0.1:6379")
+    yield r
+    for slug in ("team-a", "team-b"):
+        r.execute_command("ACL", "DELUSER", apis.redis_username(slug))
+        for key in r.scan_iter(match=apis.key_pattern(slug)):
+            r.delete(key)
+    r.close()

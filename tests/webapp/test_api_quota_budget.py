@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 import redis
-from django.conf import settings
 
 from agentfly.resources.ratelimit import KEY_PREFIX
 from tests.webapp.factories import builtin_entries
@@ -70,20 +69,6 @@ def api_server() -> Iterator[CountingAPI]:
     server.shutdown()
     server.server_close()
 
-
-@pytest.fixture
-def server_redis() -> Iterator[redis.Redis]:
-    r = redis.Redis.from_url(settings.REDIS_URL)
-    try:
-        r.ping()
-    except redis.ConnectionError:
-        pytest.skip("needs Redis on 127.0.0.1:6379")
-    yield r
-    for slug in ("team-a", "team-b"):
-        r.execute_command("ACL", "DELUSER", apis.redis_username(slug))
-        for key in r.scan_iter(match=apis.key_pattern(slug)):
-            r.delete(key)
-    r.close()
 
 
 def most_in_one_second(times: list[float]) -> int:

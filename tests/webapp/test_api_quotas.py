@@ -5,7 +5,6 @@ team's Redis user, tried against the real Redis in each way around it (docs/secu
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,21 +23,6 @@ from webapp.jobs.tasks import config_to_run
 def entries(db: None) -> tuple[Any, Any]:
     return builtin_entries()
 
-
-@pytest.fixture
-def server_redis() -> Iterator[redis.Redis]:
-    """The server's own connection; the teams' users and budgets the test made are removed after it."""
-    r = redis.Redis.from_url(settings.REDIS_URL)
-    try:
-        r.ping()
-    except redis.ConnectionError:
-        pytest.skip("needs Redis on 127.0.0.1:6379")
-    yield r
-    for slug in ("team-a", "team-b"):
-        r.execute_command("ACL", "DELUSER", apis.redis_username(slug))
-        for key in r.scan_iter(match=apis.key_pattern(slug)):
-            r.delete(key)
-    r.close()
 
 
 def api_launch(api: Any, entries: tuple[Any, Any], team: str = "team-a", **fields: Any) -> Any:
