@@ -196,7 +196,7 @@ def build_resources(config: Config, tools: Sequence[Any], reward: Any = None) ->
             specs.append(with_pool(spec, name=name))
         else:
             specs.append(with_pool(spec, name=name, pool_min=res.min, pool_max=res.max,
-                                   acquire_timeout=res.acquire_timeout))
+                                   acquire_timeout=res.acquire_timeout, pool_starting=res.starting))
     rb = config.resource_backend
     if rb.backend == "ray" or (rb.backend is None and os.environ.get("AGENTFLY_RAY_ADDRESS")):
         from agentfly.resources.backends.ray import RaySettings, job_id_for, on_ray

@@ -192,6 +192,8 @@ class ResourceConfig:
     min: int | None = _f(None, "Instances kept warm; None keeps the spec's.")
     max: int | None = _f(None, "Most instances at once (acquirers beyond it wait); None keeps the spec's.")
     acquire_timeout: float | None = _f(None, "Seconds a rollout waits for an instance; None keeps the spec's.")
+    starting: int | None = _f(None, "Most instances starting at once (e.g. 4 for server processes on a small "
+                                    "machine, so none times out starting); None keeps the spec's.")
     api: APIConfig | None = _f(None, "Makes this resource a rate-limited API shared through Redis, e.g. {rate: 5, "
                                      "burst: 5, concurrency: 4, daily_quota: 10000}; with `spec` these override "
                                      "its options, without one it is a SharedRateLimiter.")
@@ -578,6 +580,9 @@ class Config:
                 raise ConfigError(f"resources.{name}: min={res.min} is above max={res.max}", key=f"resources.{name}.min")
             if res.max is not None and res.max < 1:
                 raise ConfigError(f"resources.{name}.max={res.max} must be >= 1", key=f"resources.{name}.max")
+            if res.starting is not None and res.starting < 1:
+                raise ConfigError(f"resources.{name}.starting={res.starting} must be >= 1 (or null: no bound)",
+                                  key=f"resources.{name}.starting")
             api = res.api
             if api is not None and ((api.rate is not None and api.rate <= 0)
                                     or any(v is not None and v < 1 for v in (api.burst, api.concurrency))

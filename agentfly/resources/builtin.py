@@ -34,15 +34,18 @@ def builtin_spec(name: str) -> ResourceSpec:
 
 
 def with_pool(spec: ResourceSpec, *, name: str | None = None, pool_min: int | None = None,
-              pool_max: int | None = None, acquire_timeout: float | None = None) -> ResourceSpec:
-    """``spec`` renamed, resized and with another acquire timeout where those are given (None keeps the
-    spec's own). A ``pool_max`` below the spec's ``min`` lowers ``min`` to it, so a max alone always fits."""
+              pool_max: int | None = None, acquire_timeout: float | None = None,
+              pool_starting: int | None = None) -> ResourceSpec:
+    """``spec`` renamed, resized (``Pool``'s min, max, starting) and with another acquire timeout where those
+    are given (None keeps the spec's own). A ``pool_max`` below the spec's ``min`` lowers ``min`` to it, so a
+    max alone always fits."""
     changes: dict[str, object] = {}
     if name is not None:
         changes["name"] = name
-    if pool_min is not None or pool_max is not None:
+    if pool_min is not None or pool_max is not None or pool_starting is not None:
         high = pool_max if pool_max is not None else spec.pool.max
-        changes["pool"] = Pool(min=pool_min if pool_min is not None else min(spec.pool.min, high), max=high)
+        changes["pool"] = Pool(min=pool_min if pool_min is not None else min(spec.pool.min, high), max=high,
+                               starting=pool_starting if pool_starting is not None else spec.pool.starting)
     if acquire_timeout is not None:
         changes["acquire_timeout"] = acquire_timeout
     return dataclasses.replace(spec, **changes)  # type: ignore[arg-type]

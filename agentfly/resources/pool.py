@@ -91,6 +91,8 @@ class BasePool:
         self.instances: set[Instance] = set()  # every live instance, whatever its state
         self.isolation: dict[str, Any] | None = None
         self.last_error: str | None = None
+        # Made on first use, on the pool's own event loop.
+        self._starting: asyncio.Semaphore | contextlib.nullcontext[None] | None = None
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -101,9 +103,13 @@ class BasePool:
     async def _create(self) -> Instance:
         """Build and start one instance; on failure clean up what started and raise ResourceError."""
         resource = None
+        if self._starting is None:
+            bound = self.spec.pool.starting
+            self._starting = contextlib.nullcontext() if bound is None else asyncio.Semaphore(bound)
         try:
-            resource = self.spec.build()
-            await resource.start()
+            async with self._starting:
+                resource = self.spec.build()
+                await resource.start()
         except asyncio.CancelledError:
             if resource is not None:
                 await _quietly_close(resource)

@@ -104,14 +104,20 @@ class Pool:
     Attributes:
         min: instances created when the engine starts, and kept alive (pre-warmed) afterwards.
         max: the hard bound; acquirers beyond it wait in a first-in first-out queue.
+        starting: at most this many instances start at once (the others wait their turn, within the
+            acquirer's timeout), so that each start, e.g. a server process importing its SDK, gets the CPU
+            instead of timing out beside a hundred others; None: no bound.
     """
 
     min: int = 0
     max: int = 8
+    starting: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.min, int) or not isinstance(self.max, int):
             raise TypeError(f"Pool(min={self.min!r}, max={self.max!r}): min and max must be integers")
+        if self.starting is not None and (not isinstance(self.starting, int) or self.starting < 1):
+            raise ValueError(f"Pool(starting={self.starting!r}): start at least 1 instance at a time, or None")
         if self.max < 1:
             raise ValueError(f"Pool(max={self.max}): max must be at least 1")
         if not 0 <= self.min <= self.max:

@@ -224,7 +224,8 @@ class LaunchForm(forms.Form):
                                     help_text="Checkpoint every N steps (0: only at the end).")
     resources = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
                                 help_text='Pool sizes per resource as JSON, e.g. {"python": {"max": 4}}; '
-                                          '"acquire_timeout" (seconds) is how long a rollout waits for an instance. '
+                                          '"acquire_timeout" (seconds) is how long a rollout waits for an instance; '
+                                          '"starting" bounds how many start at once. '
                                           'A rate-limited API your team has a quota for (see its team page) may ask '
                                           'for less, e.g. {"search": {"api": {"rate": 2}}}.')
     queue = forms.ChoiceField(choices=Queue.choices, initial=Queue.CPU)
@@ -440,15 +441,18 @@ class LaunchForm(forms.Form):
         for name, pool in value.items():
             if not isinstance(pool, dict):
                 raise ValidationError(f'Resource "{name}": write its pool as an object like {{"min": 0, "max": 4}}.')
-            unknown = set(pool) - {"min", "max", "acquire_timeout", "api"}
+            unknown = set(pool) - {"min", "max", "starting", "acquire_timeout", "api"}
             if unknown:
                 raise ValidationError(f'Resource "{name}": unknown keys {sorted(unknown)}; only "min", "max", '
-                                      '"acquire_timeout" and, for a rate-limited API, "api" (its limits, at most '
-                                      'the team\'s quota).')
+                                      '"starting", "acquire_timeout" and, for a rate-limited API, "api" (its limits, '
+                                      'at most the team\'s quota).')
             for key in ("min", "max"):
                 v = pool.get(key)
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1024):
                     raise ValidationError(f'Resource "{name}": "{key}" must be an integer from 0 to 1024.')
+            v = pool.get("starting")  # instances that start at once: server processes that time out side by side
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1024):
+                raise ValidationError(f'Resource "{name}": "starting" must be an integer from 1 to 1024.')
             # Seconds a rollout waits for an instance: a pool smaller than the rollouts in flight queues them.
             v = pool.get("acquire_timeout")
             if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 3600):

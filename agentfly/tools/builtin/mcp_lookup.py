@@ -30,9 +30,11 @@ RESOURCE = "kv_mcp"
 STORE = Path(__file__).resolve().parents[2] / "resources" / "mcp_servers" / "kv_store.py"
 
 # One server process per concurrent rollout (16 prompts x 8 samples = 128 in the key-chain config); reset
-# with the server's own tool, so a process is started once and reused across steps.
+# with the server's own tool, so a process is started once and reused across steps. Four start at a time: 128
+# started at once on 2 cores each missed its 60 s start timeout (each imports the MCP SDK, about 1 s of CPU).
 KEY_CHAIN_MCP = mcp_server(RESOURCE, command=[sys.executable, str(STORE)], reset_tool="reset",
-                           pool=Pool(min=0, max=128), acquire_timeout=300, call_timeout=30, health_interval=0)
+                           pool=Pool(min=0, max=128, starting=4), acquire_timeout=300, call_timeout=30,
+                           health_interval=0)
 
 
 async def _session(context: Any) -> MCPSession:

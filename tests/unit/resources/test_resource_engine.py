@@ -66,6 +66,42 @@ async def test_a_released_instance_is_reset_before_the_next_rollout_sees_it() ->
         await engine.release(again)
 
 
+class SlowStart(Scratchpad):
+    """A scratchpad that takes a moment to start (a server process importing its SDK) and counts how many
+    are starting at once."""
+
+    starting = 0
+    peak = 0
+
+    async def start(self) -> None:
+        SlowStart.starting += 1
+        SlowStart.peak = max(SlowStart.peak, SlowStart.starting)
+        try:
+            await asyncio.sleep(0.02)
+        finally:
+            SlowStart.starting -= 1
+        await super().start()
+
+
+@pytest.mark.parametrize("starting", [None, 3])
+async def test_a_pool_starts_at_most_starting_instances_at_once_and_every_acquirer_still_gets_one(
+        starting: int | None) -> None:
+    SlowStart.starting = SlowStart.peak = 0
+    spec = ResourceSpec(name="srv", factory=SlowStart, kind="other", backend="inprocess",
+                        pool=Pool(min=0, max=12, starting=starting), acquire_timeout=10)
+    async with ResourceEngine([spec]) as engine:
+        leases = await asyncio.gather(*(engine.acquire("srv", owner=f"r{i}") for i in range(12)))
+        assert len({id(lease.instance) for lease in leases}) == 12
+        for lease in leases:
+            await engine.release(lease)
+    assert SlowStart.peak == (12 if starting is None else 3)
+
+
+def test_a_pool_that_starts_no_instance_at_a_time_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"starting=0.*at least 1"):
+        Pool(max=4, starting=0)
+
+
 async def test_concurrent_acquires_never_push_the_pool_past_max() -> None:
     async with ResourceEngine([pad_spec(pool=Pool(0, 3))]) as engine:
         peak = 0
