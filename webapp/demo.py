@@ -340,19 +340,18 @@ def previous_demo_job(team: Any, name: str) -> Any:
     return queued
 
 
-def launch_demo_job(user: Any, team: Any, steps: int, model: Path | str | None, task: str) -> Any:
-    """Launch the demo job of ``task`` ("key_chain" or "calculator") from ``model`` (None: the untrained tiny
-    model) through ``LaunchForm``, the same validation the launch page applies (or reuse the job a previous
-    run left queued)."""
-    from webapp.jobs import actions
-    from webapp.jobs.forms import PRESETS, LaunchForm
+def demo_fields(user: Any, task: str, model: Path | str | None) -> tuple[dict[str, Any], list[Any], Any] | None:
+    """The launch form's fields of the demo job of ``task`` ("key_chain" or "calculator") from ``model`` (None:
+    the untrained tiny model), less the team and the step count, with its built-in tools and reward as ``user``
+    sees them; None while the registry lacks them (no worker has started yet)."""
+    from webapp.jobs.forms import PRESETS
     from webapp.registry.models import Entry
 
-    visible = Entry.objects.visible_to(user).ready()
+    visible = Entry.objects.visible_to(user).ready().filter(team__isnull=True)
     if task == "key_chain":
         preset = PRESETS["key_chain"]
-        tools = list(visible.filter(team__isnull=True, kind="tool", name__in=preset["tools"]))
-        reward = visible.get(team__isnull=True, kind="reward", name=preset["reward"])
+        tools = list(visible.filter(kind="tool", name__in=preset["tools"]))
+        reward = visible.filter(kind="reward", name=preset["reward"]).first()
         fields = {**{k: v for k, v in preset.items() if k not in ("title", "tools", "reward")},
                   "seed": 0, **(KEY_CHAIN_JOB if model else TINY_OVERRIDES),
                   "name": ("demo: key-chain agent learning with GRPO" if model
@@ -360,12 +359,28 @@ def launch_demo_job(user: Any, team: Any, steps: int, model: Path | str | None, 
                   "model_source": "path" if model else "tiny",
                   "model_path": str(Path(model).resolve()) if model else ""}
     else:
-        tools = [visible.get(team__isnull=True, kind="tool", name="calculator")]
-        reward = visible.get(team__isnull=True, kind="reward", name="math_equal")
+        tools = list(visible.filter(kind="tool", name="calculator"))
+        reward = visible.filter(kind="reward", name="math_equal").first()
         fields = {**(DEMO_JOB if model else TINY_JOB),
                   "name": "demo: calculator agent learning with GRPO" if model else "demo: tiny untrained agent with a calculator",
                   "model_source": "path" if model else "tiny",
                   "model_path": str(Path(model).resolve()) if model else "", "task": "arithmetic"}
+    if not tools or reward is None:
+        return None
+    return fields, tools, reward
+
+
+def launch_demo_job(user: Any, team: Any, steps: int, model: Path | str | None, task: str) -> Any:
+    """Launch the demo job of ``task`` ("key_chain" or "calculator") from ``model`` (None: the untrained tiny
+    model) through ``LaunchForm``, the same validation the launch page applies (or reuse the job a previous
+    run left queued)."""
+    from webapp.jobs import actions
+    from webapp.jobs.forms import LaunchForm
+
+    found = demo_fields(user, task, model)
+    if found is None:
+        raise SystemExit(f"the registry has no built-in tools and reward for the {task} demo yet")
+    fields, tools, reward = found
     form = LaunchForm({**fields, "team": team.pk, "tools": [t.pk for t in tools], "reward": reward.pk,
                        "steps": steps, "queue": "cpu"}, user=user)
     if not form.is_valid():

@@ -1,4 +1,5 @@
-"""The landing page: what AgentFly is, and the calculator demo job one click away."""
+"""The landing page: what AgentFly is, and the demo job (the key chain, as ``python -m webapp.demo`` runs it)
+one click away."""
 
 from __future__ import annotations
 
@@ -10,23 +11,21 @@ from django.shortcuts import render
 from django.templatetags.static import static
 
 from webapp.accounts.models import Team
-from webapp.demo import DEMO_JOB, DEMO_STEPS, SHIPPED_WARM_START, TINY_JOB, valid_model_dir
-from webapp.jobs.forms import LaunchForm
+from webapp.demo import KEY_CHAIN_STEPS, KEY_CHAIN_WARM_START, demo_fields, valid_model_dir
 
 
 def demo_job_fields(user: Any) -> list[tuple[str, Any]] | None:
-    """The values the demo button posts to the normal launch action, or None when the registry lacks the
-    calculator or ``math_equal`` (no worker has started yet)."""
-    form = LaunchForm(user=user)
-    tools, reward = form.fields["tools"].initial, form.fields["reward"].initial
-    if not tools or reward is None:
+    """The values the demo button posts to the normal launch action: the key-chain job ``python -m webapp.demo``
+    launches, from its shipped warm start (the untrained tiny model when that is missing); None while the
+    registry lacks ``lookup`` or ``chain_answer`` (no worker has started yet)."""
+    model = KEY_CHAIN_WARM_START if valid_model_dir(KEY_CHAIN_WARM_START) else None
+    found = demo_fields(user, "key_chain", model)
+    if found is None:
         return None
-    warm = valid_model_dir(SHIPPED_WARM_START)
-    recipe = DEMO_JOB if warm else TINY_JOB
-    fields = {**recipe, "name": "demo: calculator agent learning with GRPO", "model_source": "path" if warm else "tiny",
-              "model_path": str(SHIPPED_WARM_START) if warm else "", "task": "arithmetic", "reward": reward,
-              "steps": DEMO_STEPS if warm else 30, "queue": "cpu", "launch_key": uuid.uuid4().hex}
-    return [*fields.items(), *(("tools", pk) for pk in tools)]  # hidden inputs, one per value
+    fields, tools, reward = found
+    fields |= {"reward": reward.pk, "steps": KEY_CHAIN_STEPS if model else 30, "queue": "cpu",
+               "launch_key": uuid.uuid4().hex}
+    return [*fields.items(), *(("tools", t.pk) for t in tools)]  # hidden inputs, one per value
 
 
 def landing(request: HttpRequest) -> HttpResponse:

@@ -19,6 +19,14 @@ def calculator_entries(transactional_db: None) -> tuple[Any, Any]:
 
 
 @pytest.fixture
+def demo_entries(transactional_db: None) -> None:
+    """Every built-in tool and reward as a starting worker registers them (the demo's lookup and chain_answer)."""
+    from webapp.registry.tasks import sync_builtins
+
+    sync_builtins()
+
+
+@pytest.fixture
 def running_job(alice_for_the_server: Any, transactional_db: None) -> Any:
     from webapp.jobs.models import TrainingJob
 
@@ -41,8 +49,8 @@ def test_the_landing_page_says_what_agentfly_is_and_loads_cleanly_for_a_visitor(
 
 
 @pytest.mark.slow
-def test_the_landing_pages_demo_button_launches_the_calculator_job_for_the_users_team(
-        alice_for_the_server: Any, calculator_entries: Any, daphne: Daphne, browser_page: Any) -> None:
+def test_the_landing_pages_demo_button_launches_the_key_chain_demo_job_for_the_users_team(
+        alice_for_the_server: Any, demo_entries: None, daphne: Daphne, browser_page: Any) -> None:
     page = browser_page
     problems = watch_for_problems(page, daphne.url)
     sign_in_with_the_form(page, daphne.url)
@@ -50,7 +58,7 @@ def test_the_landing_pages_demo_button_launches_the_calculator_job_for_the_users
     page.click("#launch-demo")
     page.wait_for_url(lambda url: "/jobs/" in url and url.rstrip("/").split("/")[-1].isdigit())
     page.wait_for_load_state("networkidle")
-    assert "demo: calculator agent" in page.inner_text("h1")
+    assert "demo: key-chain agent" in page.inner_text("h1")
     assert "Team A" in page.inner_text(".page-head")
     assert problems == []
 
