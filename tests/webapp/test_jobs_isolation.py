@@ -174,9 +174,11 @@ def test_a_job_whose_pools_run_on_the_ray_cluster_may_reach_it_and_others_keep_t
 
     settings.AGENTFLY_JOB_NETWORK = "auto"
     settings.AGENTFLY_RAY_ADDRESS = "ray-head:6379"
-    assert isolation.network_for(cluster.with_ray({"steps": 2}, 7, "team-a")) == "host"
+    pooled = {"steps": 2, "resources": {"python": {"max": 2}}}
+    assert isolation.network_for(cluster.with_ray(pooled, 7, "team-a")) == "host"
+    assert isolation.network_for(cluster.with_ray({"steps": 2}, 7, "team-a")) == "none"  # no pool: not on it
     settings.AGENTFLY_RAY_ADDRESS = ""
-    assert isolation.network_for(cluster.with_ray({"steps": 2}, 7, "team-a")) == "none"
+    assert isolation.network_for(cluster.with_ray(pooled, 7, "team-a")) == "none"
     settings.AGENTFLY_JOB_NETWORK = "none"  # the operator's choice stands
     settings.AGENTFLY_RAY_ADDRESS = "ray-head:6379"
-    assert isolation.network_for(cluster.with_ray({"steps": 2}, 7, "team-a")) == "none"
+    assert isolation.network_for(cluster.with_ray(pooled, 7, "team-a")) == "none"

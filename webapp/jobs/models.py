@@ -148,6 +148,11 @@ class TrainingJob(models.Model):
             return False
         return (timezone.now() - self.heartbeat_at).total_seconds() > settings.JOB_HEARTBEAT_TIMEOUT
 
+    def declared_resources(self) -> set[str]:
+        """The resources the job's tools and reward declare, as the registry recorded them (a pool each)."""
+        versions = [*self.tool_versions.all(), *([self.reward_version] if self.reward_version else [])]
+        return {v.resource for v in versions if v.resource}
+
     @property
     def launch_config(self) -> dict[str, Any]:
         """The config as the API shows it: the trainer's, with the job's own launch fields (ranks and nodes

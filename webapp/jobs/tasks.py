@@ -98,9 +98,10 @@ class Yielding:
 def config_to_run(job: TrainingJob) -> dict[str, Any]:
     """The job's stored config as this worker runs it: its MCP servers as the rule allows them now, its
     inference and judge servers as the operator's settings allow them now, its APIs on its team's budgets
-    within the quotas as they are now, and its pools on the operator's Ray cluster when there is one."""
+    within the quotas as they are now, and its pools (if it has any) on the operator's Ray cluster when there is
+    one."""
     config = apis.for_job(servers.for_job(mcp_jobs.for_job(job.config, job.team), job.team.slug), job.team)
-    return cluster.with_ray(config, job.pk, job.team.slug)
+    return cluster.with_ray(config, job.pk, job.team.slug, declared=job.declared_resources())
 
 
 def on_step(job_id: int, heartbeat: Heartbeat, step: int) -> None:
