@@ -217,6 +217,7 @@ class MCPSession:
         except BaseException as exc:
             # What the server printed before it went (e.g. a script it could not open), while its pipe is open.
             printed = await self.worker.printed() if self.worker is not None else ""
+            code = self.worker.exit_code() if self.worker is not None else None
             await self._shutdown()
             if isinstance(exc, InfrastructureFailure | asyncio.CancelledError):
                 raise
@@ -224,6 +225,8 @@ class MCPSession:
             while isinstance(exc, BaseExceptionGroup) and exc.exceptions:  # anyio's task groups wrap the cause
                 exc = exc.exceptions[0]
             said = f"; it printed: {printed[-1000:]}" if printed else ""
+            if code is not None:  # gone before it answered: how it ended (a signal is negative)
+                said += f"; it had exited with {code}"
             raise InfrastructureFailure(f"MCP server {self.name!r} ({where}) did not start: "
                                         f"{type(exc).__name__}: {exc}{said}", "server_down") from exc
 
