@@ -42,15 +42,37 @@ def main() -> None:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     config = json.loads(os.environ.pop("AGENTFLY_SANDBOX", "{}"))
+
+    def reply(message: dict[str, object]) -> None:
+        os.write(1, json.dumps(message).encode() + b"\n")
+
     spec = importlib.util.spec_from_file_location("_agentfly_worker", Path(__file__).parent / "backends" / "_worker.py")
     assert spec is not None and spec.loader is not None
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
     worker.die_with_parent(config.get("parent_pid"))
+    if config.get("launcher") == "bwrap":
+        # As the sandbox worker does (``receive_identity``): under bubblewrap this process is pid 2 of its own
+        # process namespace, so the parent names the private uid on stdin's first line. Without it every server
+        # became uid 100002, so one sandbox's cleanup (which kills its uid's processes) killed every other
+        # server, and RLIMIT_NPROC counted them all together. Read byte by byte: the rest of stdin is MCP's.
+        config["parent_pid"] = os.getppid()
+        worker.die_with_parent(config["parent_pid"])
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = os.read(0, 1)
+            if not chunk:
+                break
+            line += chunk
+        try:
+            uid = json.loads(line or b"{}").get("uid")
+        except ValueError:
+            uid = None
+        if not (isinstance(uid, int) and uid >= 100000):
+            reply({"ok": False, "ready": False, "error": f"no private uid from the parent (got {line[:80]!r})"})
+            return
+        config["uid"] = uid
     os.chdir(config.get("workdir") or os.getcwd())
-
-    def reply(message: dict[str, object]) -> None:
-        os.write(1, json.dumps(message).encode() + b"\n")
 
     if not argv:
         reply({"ok": False, "ready": False, "error": "no server command given"})

@@ -210,6 +210,26 @@ async def test_a_stdio_server_killed_mid_rollout_is_an_infrastructure_failure_an
     assert stats["destroyed"] >= 1 and stats["created"] == 2
 
 
+async def test_each_stdio_server_runs_as_a_private_uid_of_its_own_so_closing_one_never_kills_another() -> None:
+    # Under bubblewrap every server is pid 2 of its own namespace; the uid must come from the parent. When they
+    # all became the same uid, closing one session killed every other server (its cleanup kills its uid).
+    spec = af.mcp.server("kv", command=[sys.executable, STORE], pool=af.Pool(0, 3))
+    async with af.ResourceEngine([spec]) as engine:
+        leases = [await engine.acquire("kv", owner=f"r{i}") for i in range(3)]
+        workers = [lease.instance.worker for lease in leases]
+        uids = [w.uid for w in workers]
+        if uids[0] is None:
+            pytest.skip("not root: the servers keep this user's uid (" + str(workers[0].report.get("user")) + ")")
+        assert len(set(uids)) == 3, uids
+        await leases[0].instance.close()  # one server goes (a failed health check, a replaced instance)
+        for lease in leases[1:]:
+            assert lease.instance.worker.alive
+            await lease.instance.call("put", {"key": "k", "value": "v"})
+            assert await lease.instance.call("get", {"key": "k"}) == "v"
+        for lease in leases[1:]:
+            await engine.release(lease)
+
+
 async def test_an_http_server_that_goes_down_mid_rollout_is_an_infrastructure_failure(
         http_server: tuple[str, int, list[subprocess.Popen[bytes]]]) -> None:
     url, port, procs = http_server
