@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import sys
 import time
 import urllib.error
@@ -352,10 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted: stopping the services", flush=True)
         return 130
     finally:
-        # A second signal while stopping must not cut the cleanup short.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        services.stop()
+        services.shutdown()
 
 
 if __name__ == "__main__":

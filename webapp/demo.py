@@ -126,6 +126,13 @@ class Services:
             proc.wait()
         self.procs.clear()
 
+    def shutdown(self) -> None:
+        """``stop`` at the end of a run, with SIGTERM and SIGINT ignored: a second signal while stopping must not
+        cut the cleanup short (``main``'s ``finally`` calls this)."""
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.stop()
+
 
 def signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):  # the whole group has exited already
@@ -469,10 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         print("stopping the demo's services", flush=True)
         return 0
     finally:
-        # A second signal while stopping must not cut the cleanup short.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        services.stop()
+        services.shutdown()
 
 
 if __name__ == "__main__":

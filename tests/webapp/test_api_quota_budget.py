@@ -11,11 +11,8 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +20,7 @@ import pytest
 import redis
 
 from agentfly.resources.ratelimit import KEY_PREFIX
+from tests.provider_api import ProviderAPI, most_in_one_second, serving
 from tests.webapp.factories import builtin_entries
 from webapp.jobs import apis, worker
 from webapp.jobs.models import APIQuota, TrainingJob
@@ -37,47 +35,10 @@ RATE, BURST = 4, 2  # the operator's quota for each team
 PROVIDER = 8
 
 
-class CountingAPI(ThreadingHTTPServer):
-    """Answers 200 to everything and records when each request arrived, by path (one path per team)."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.arrivals: dict[str, list[float]] = {}
-        self.lock = threading.Lock()
-
-
-class Handler(BaseHTTPRequestHandler):
-    server: CountingAPI
-
-    def do_GET(self) -> None:
-        with self.server.lock:
-            self.server.arrivals.setdefault(self.path, []).append(time.monotonic())
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def api_server() -> Iterator[CountingAPI]:
-    server = CountingAPI()
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-
-def most_in_one_second(times: list[float]) -> int:
-    times, best, lo = sorted(times), 0, 0
-    for hi, t in enumerate(times):
-        while t - times[lo] >= 1.0:
-            lo += 1
-        best = max(best, hi - lo + 1)
-    return best
+def api_server() -> Iterator[ProviderAPI]:
+    with serving() as server:  # answers 200 to everything, by path: one path per team
+        yield server
 
 
 def launch(api: Any, team: str, entries: tuple[Any, Any]) -> TrainingJob:
@@ -94,7 +55,7 @@ def launch(api: Any, team: str, entries: tuple[Any, Any]) -> TrainingJob:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_two_jobs_of_a_team_never_exceed_its_quota_together_while_another_team_has_its_own(
-        alice_api: Any, bob_api: Any, team_a: Any, team_b: Any, api_server: CountingAPI,
+        alice_api: Any, bob_api: Any, team_a: Any, team_b: Any, api_server: ProviderAPI,
         server_redis: redis.Redis, tmp_path: Path) -> None:
     entries = builtin_entries()
     for team in (team_a, team_b):
@@ -126,7 +87,7 @@ def test_two_jobs_of_a_team_never_exceed_its_quota_together_while_another_team_h
         outputs = [proc.communicate(timeout=120) for proc in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], [o[1][-2000:] for o in outputs]
     assert [int(o[0].strip()) for o in outputs] == [per_process] * 3
-    team_a_calls, team_b_calls = api_server.arrivals["/a"], api_server.arrivals["/b"]
+    team_a_calls, team_b_calls = api_server.by_path["/a"], api_server.by_path["/b"]
     assert len(team_a_calls) == 2 * per_process and len(team_b_calls) == per_process
     # Team A's two jobs together: within the provider's limit in every second, and paced as one budget at the
     # quota's rate (either job alone would have finished in half the time).
@@ -146,7 +107,7 @@ def test_two_jobs_of_a_team_never_exceed_its_quota_together_while_another_team_h
 @pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_a_job_in_its_sandbox_spends_its_teams_budget_through_its_teams_redis_user(
-        alice_api: Any, team_a: Any, api_server: CountingAPI, server_redis: redis.Redis, runs_dir: Path) -> None:
+        alice_api: Any, team_a: Any, api_server: ProviderAPI, server_redis: redis.Redis, runs_dir: Path) -> None:
     from webapp.jobs import isolation, paths
 
     if not isolation.enabled():
@@ -168,6 +129,6 @@ def test_a_job_in_its_sandbox_spends_its_teams_budget_through_its_teams_redis_us
                               timeout=90)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["ready", "3"]
-    assert len(api_server.arrivals["/a"]) == 3
+    assert len(api_server.by_path["/a"]) == 3
     stats = server_redis.hgetall(f"{KEY_PREFIX}{apis.budget_key('team-a', 'search')}:stats")
     assert float(stats[b"calls"]) == 3

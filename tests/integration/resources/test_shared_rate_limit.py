@@ -8,17 +8,16 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from agentfly.resources import InfrastructureFailure
 from agentfly.resources.ratelimit import SharedRateLimiter
+from tests.provider_api import ProviderAPI, most_in_one_second, serving
 
 redis = pytest.importorskip("redis")
 pytest.importorskip("httpx")
@@ -32,65 +31,18 @@ RATE = 10  # requests per second the provider allows (over any 1 s window, plus 
 CLIENT_RATE = 8
 
 
-class LimitedAPI(ThreadingHTTPServer):
-    """Answers 200 while fewer than RATE + 2 requests arrived in the last second, else 429 Retry-After: 1."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.arrivals: list[float] = []
-        self.rejected = 0
-        self.lock = threading.Lock()
-
-
-class Handler(BaseHTTPRequestHandler):
-    server: LimitedAPI
-
-    def do_GET(self) -> None:
-        now = time.monotonic()
-        with self.server.lock:
-            recent = [t for t in self.server.arrivals if now - t < 1.0]
-            allowed = len(recent) < RATE + 2
-            if allowed:
-                self.server.arrivals.append(now)
-            else:
-                self.server.rejected += 1
-        self.send_response(200 if allowed else 429)
-        if not allowed:
-            self.send_header("Retry-After", "1")
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def api_server() -> Iterator[LimitedAPI]:
+def api_server() -> Iterator[ProviderAPI]:
     try:
         redis.Redis.from_url(REDIS_URL).ping()
     except Exception:
         pytest.skip("needs Redis on 127.0.0.1:6379")
-    server = LimitedAPI()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-def _max_in_window(times: list[float], window: float = 1.0) -> int:
-    times = sorted(times)
-    best, lo = 0, 0
-    for hi, t in enumerate(times):
-        while t - times[lo] >= window:
-            lo += 1
-        best = max(best, hi - lo + 1)
-    return best
+    with serving(limit=RATE + 2) as server:  # 200 while fewer than RATE + 2 arrived in the last second
+        yield server
 
 
 @pytest.mark.slow
-def test_four_processes_never_exceed_the_rate_in_aggregate_measured_at_the_server(api_server: LimitedAPI) -> None:
+def test_four_processes_never_exceed_the_rate_in_aggregate_measured_at_the_server(api_server: ProviderAPI) -> None:
     url = f"http://127.0.0.1:{api_server.server_address[1]}/search"
     key = f"test-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -103,12 +55,12 @@ def test_four_processes_never_exceed_the_rate_in_aggregate_measured_at_the_serve
     assert len(api_server.arrivals) == 48
     assert api_server.rejected == 0  # the shared budget kept every process inside the provider's limit
     # Never more than the rate plus the burst in any one second, all four processes together.
-    assert _max_in_window(api_server.arrivals) <= RATE + 2
+    assert most_in_one_second(api_server.arrivals) <= RATE + 2
     span = max(api_server.arrivals) - min(api_server.arrivals)
     assert span >= (48 - 2) / CLIENT_RATE * 0.9  # paced, not merely lucky
 
 
-async def test_a_429_is_retried_after_its_retry_after(api_server: LimitedAPI) -> None:
+async def test_a_429_is_retried_after_its_retry_after(api_server: ProviderAPI) -> None:
     url = f"http://127.0.0.1:{api_server.server_address[1]}/search"
     # This limiter believes the provider allows far more than it does: the server's 429s pace it.
     api = SharedRateLimiter(key=f"test-{uuid.uuid4().hex[:8]}", redis_url=REDIS_URL, rate=1000, burst=1000,
@@ -127,7 +79,7 @@ async def test_a_429_is_retried_after_its_retry_after(api_server: LimitedAPI) ->
     assert stats["breaker"] == "closed"  # a 429 is pacing, not a failure
 
 
-async def test_the_pool_stats_show_calls_waits_429s_quota_and_breaker(api_server: LimitedAPI) -> None:
+async def test_the_pool_stats_show_calls_waits_429s_quota_and_breaker(api_server: ProviderAPI) -> None:
     from agentfly.resources import Pool, ResourceEngine, ResourceSpec
 
     url = f"http://127.0.0.1:{api_server.server_address[1]}/search"
