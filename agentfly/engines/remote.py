@@ -74,7 +74,7 @@ class Replica:
     kind = "model_service"
     in_flight: int = 0
     live: bool = True
-    syncing: bool = False
+    syncing: int = 0  # holds on it (a rank-wide hold, its own reload): no new request while any is on
     version: int = 0
     requests: int = 0
     failures: int = 0
@@ -567,9 +567,8 @@ class RemoteEngine(Engine):
     def _held(self) -> Iterator[None]:
         """No new request from this process to any replica; its requests in flight finish first."""
         with self._lock:
-            held = [r for r in self.replicas if not r.syncing]
-            for replica in held:
-                replica.syncing = True
+            for replica in self.replicas:
+                replica.syncing += 1
         try:
             deadline = time.monotonic() + self.request_timeout
             while any(r.in_flight for r in self.replicas) and time.monotonic() < deadline:
@@ -577,8 +576,8 @@ class RemoteEngine(Engine):
             yield
         finally:
             with self._lock:
-                for replica in held:
-                    replica.syncing = False
+                for replica in self.replicas:
+                    replica.syncing -= 1
 
     def _push_weights(self, state_dict: Mapping[str, Any]) -> None:
         weights = self._checkpoint_tensors(state_dict)
@@ -618,7 +617,7 @@ class RemoteEngine(Engine):
         import httpx
 
         with self._lock:
-            replica.syncing = True
+            replica.syncing += 1
         try:
             drain_deadline = time.monotonic() + self.request_timeout
             while replica.in_flight and time.monotonic() < drain_deadline:
@@ -638,7 +637,7 @@ class RemoteEngine(Engine):
             return False
         finally:
             with self._lock:
-                replica.syncing = False
+                replica.syncing -= 1
         with self._lock:
             replica.version = version
             replica.live = True
