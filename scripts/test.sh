@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 .venv/bin/ruff check .
 # The layer contracts (Engine, Trajectory, the typed events, the built-in specs) are checked by type:
-# agentfly strict, trainer with mypy's defaults ([tool.mypy] in pyproject.toml).
+# agentfly and trainer both strict ([tool.mypy] in pyproject.toml).
 .venv/bin/python -m mypy agentfly trainer
 
 # Each step has a wall-clock limit (seconds, several times its usual time) so that a hang fails that step
