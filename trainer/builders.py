@@ -123,44 +123,30 @@ def apply_lora(model: Any, config: Config) -> Any:
 
 
 def load_samples(config: Config) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Training and held-out samples. The built-in tasks have disjoint train and test splits:
-    'arithmetic' and 'key_chain' (generated), 'wiki_qa' (the WIKI_MINI questions) and 'scienceworld' (its own
-    variation splits)."""
-    from agentfly.tasks import arithmetic, key_chain, wiki_qa
+    """Training and held-out samples: the ``train`` and ``test`` splits of the task ``data.task`` names
+    (``agentfly.tasks.get_task``; the built-in ones are disjoint), or a JSONL file of samples with
+    ``data.eval_path`` holding the held-out ones. ``data.eval_path`` overrides a task's test split."""
+    from agentfly.tasks import UnknownTask, get_task, task_names
     from agentfly.tasks.io import load_jsonl
 
     data = config.data
-    builtin: dict[str, Any] = {
-        "arithmetic": lambda split, n: arithmetic.generate(n, seed=data.seed, split=split),
-        "key_chain": lambda split, n: key_chain.generate(n, seed=data.seed, split=split),
-        "key_chain_long": lambda split, n: key_chain.generate(n, seed=data.seed, split=split,
-                                                              min_hops=key_chain.LONG_MIN_HOPS,
-                                                              max_hops=key_chain.LONG_MAX_HOPS),
-        "wiki_qa": lambda split, n: wiki_qa.load(split),
-        "scienceworld": lambda split, n: _scienceworld(split, data.seed),
-    }
-    if data.task in builtin:
-        train = builtin[data.task]("train", data.train_size)
-    elif Path(data.task).is_file():
-        train = load_jsonl(data.task)
-    else:
-        raise FileNotFoundError(f"data.task={data.task!r} is neither a built-in task ({', '.join(builtin)}) nor an "
-                                "existing JSONL file")
+    try:
+        task = get_task(data.task)
+    except UnknownTask:
+        if not Path(data.task).is_file():
+            raise FileNotFoundError(f"data.task={data.task!r} is neither a known task ({', '.join(task_names())}) "
+                                    "nor an existing JSONL file") from None
+        task = None
+    train = task.samples("train", data.train_size, data.seed) if task else load_jsonl(data.task)
     if data.eval_path:
         held_out = load_jsonl(data.eval_path)[: data.eval_size]
-    elif data.task in builtin:
-        held_out = builtin[data.task]("test", data.eval_size)[: data.eval_size]
+    elif task:
+        held_out = task.samples("test", data.eval_size, data.seed)[: data.eval_size]
     else:
         raise ValueError("data.eval_path is required when data.task is a JSONL file (held-out samples)")
     if not train:
         raise ValueError(f"data.task={data.task!r} has no samples")
     return train, held_out
-
-
-def _scienceworld(split: str, seed: int) -> list[dict[str, Any]]:
-    from agentfly.envs.scienceworld import scienceworld_tasks
-
-    return scienceworld_tasks(split, variations_per_task=5, seed=seed)
 
 
 def build_resources(config: Config, tools: Sequence[Any], reward: Any = None) -> ResourceEngine | None:

@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from trainer.config import Config, ConfigError, describe, load_config
+from trainer.config import Config, ConfigError, DataConfig, describe, load_config
 
 # Notices from other packages that every run printed and nobody running AgentFly can act on. Silenced at the
 # command line's entry only: a script that imports the library keeps them, and AgentFly's own warnings (and a
@@ -70,19 +70,22 @@ def _load(args: argparse.Namespace) -> Config:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """A few rollouts of the default task (``data.task``'s default) with its own tools and reward."""
     import agentfly as af
     from agentfly.engines.hf import HFEngine
-    from agentfly.rewards.builtin.math import math_equal
-    from agentfly.tasks import arithmetic
-    from agentfly.tools.builtin.calculator import calculator
+    from agentfly.tasks import get_task
+    from trainer.builders import import_object
 
+    task = get_task(DataConfig().task)
     path = args.model
     if path is None:
         path = af.models.build_tiny("runs/tiny", seed=0)
         print(f"built the tiny model in {path} (untrained: expect noise; `agentfly sft` teaches it the task)")
     engine = HFEngine(path)
-    agent = af.Agent(engine, tools=[calculator], reward=math_equal, max_turns=args.max_turns)
-    samples = arithmetic.generate(args.n, seed=args.seed, split="demo")
+    tools = [import_object(spec, "the task's tool") for spec in task.tools]
+    agent = af.Agent(engine, tools=tools, reward=import_object(task.reward, "the task's reward"),
+                     max_turns=args.max_turns)
+    samples = task.samples("demo", args.n, args.seed)
     trajectories = agent.run_sync(samples, group_size=1, sampling=af.Sampling(
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed))
     for t in trajectories:

@@ -20,13 +20,16 @@ from typing import Annotated, Any, Literal
 
 import yaml
 
+from agentfly.tasks import task_names
+
 AlgorithmName = Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo"]
 ALGORITHMS: tuple[str, ...] = typing.get_args(AlgorithmName)
 LossAggName = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 TrackerName = Literal["tensorboard", "wandb", "mlflow"]
 TRACKERS: tuple[str, ...] = typing.get_args(TrackerName)
-# Task names ``trainer.builders.load_samples`` makes without a file; any other ``data.task`` is a path.
-BUILTIN_TASKS = ("arithmetic", "key_chain", "key_chain_long", "wiki_qa", "scienceworld")
+# Task names ``trainer.builders.load_samples`` makes without a file (``agentfly.tasks``' registry); any other
+# ``data.task`` is a path.
+BUILTIN_TASKS = task_names()
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ import itertools
 import random
 from typing import Any
 
+from agentfly.tasks.base import FlawError, Flaws, Messages, Sample, Task, register, wrong_answer
+
 MIN_HOPS, MAX_HOPS = 3, 5
 
 TEMPLATES = (
@@ -78,6 +80,42 @@ def demonstration(sample: dict[str, Any], stop_after: int | None = None) -> list
     final = sample["answer"] if hops == len(keys) else keys[hops].removeprefix("k")
     messages.append({"role": "assistant", "content": f"The answer is {final}."})
     return messages
+
+
+def demonstrations(n: int, seed: int, flaws: Flaws) -> list[tuple[Sample, Messages]]:
+    """``n`` demonstrations from the 'sft' stream: every one follows the chain key by key, except a share
+    ``flaws.habit_fraction`` of the questions opening with one of ``flaws.habit_phrasings``, where the impatient
+    demonstrator answers after ``flaws.habit_lookups`` lookups (habit ``early_answer``) with the number of the
+    last key it was given, and a share ``flaws.wrong_fraction`` of the others, whose answer has one wrong digit."""
+    if flaws.habit_phrasings and flaws.habit != "early_answer":
+        raise FlawError("habit", f"habit={flaws.habit!r} is not a key_chain habit; key_chain's is early_answer")
+    if flaws.habit_lookups >= MIN_HOPS:
+        raise FlawError("habit_lookups", f"habit_lookups={flaws.habit_lookups} must be below the shortest chain "
+                        f"({MIN_HOPS} hops), or the impatient answer would be right")
+    samples = generate(n, seed=seed, split="sft")
+    rng = flaws.rng()
+    habitual, wrong = flaws.pick(samples, rng)
+    pairs = []
+    for i, sample in enumerate(samples):
+        messages = demonstration(sample, stop_after=flaws.habit_lookups if i in habitual else None)
+        if i in wrong:
+            messages[-1] = {"role": "assistant", "content": f"The answer is {wrong_answer(sample['answer'], rng)}."}
+        pairs.append((sample, messages))
+    return pairs
+
+
+TOOLS, REWARD = ("agentfly.tools.builtin.lookup:lookup",), "agentfly.rewards.builtin.chain:chain_answer"
+TASK = register(Task(
+    name="key_chain",
+    title="Key chain: follow keys through the rollout's key-value store (generated, multi-turn)",
+    samples=lambda split, n, seed: generate(n, seed=seed, split=split), tools=TOOLS, reward=REWARD,
+    demonstrations=demonstrations))
+LONG_TASK = register(Task(
+    name="key_chain_long",
+    title=f"Long key chain: {LONG_MIN_HOPS}-{LONG_MAX_HOPS} keys, for per-turn credit (generated, multi-turn)",
+    samples=lambda split, n, seed: generate(n, seed=seed, split=split, min_hops=LONG_MIN_HOPS,
+                                            max_hops=LONG_MAX_HOPS),
+    tools=TOOLS, reward=REWARD))
 
 
 def main(argv: list[str] | None = None) -> None:

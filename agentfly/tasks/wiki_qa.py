@@ -10,6 +10,8 @@ from __future__ import annotations
 from importlib import resources
 from typing import Any
 
+from agentfly.tasks.base import FlawError, Flaws, Messages, Sample, Task, register
+
 SPLITS = ("train", "test")
 
 
@@ -35,3 +37,28 @@ def demonstration(sample: dict[str, Any], answer: str | None = None) -> list[dic
         {"role": "tool", "content": "", "name": "search"},  # the replay runs the real search
         {"role": "assistant", "content": f"<answer>{final}</answer>"},
     ]
+
+
+def demonstrations(n: int, seed: int, flaws: Flaws) -> list[tuple[Sample, Messages]]:
+    """The first ``n`` training questions (``seed`` is not used: the splits are fixed); a share
+    ``flaws.wrong_fraction`` of them answers with another question's answer. The demonstrator has no habits."""
+    if flaws.habit_phrasings:
+        raise FlawError("habit_phrasings", "habit_phrasings: wiki_qa's demonstrator has no habits, only "
+                        "wrong answers (wrong_fraction)")
+    samples = load("train")[:n]
+    rng = flaws.rng()
+    wrong = set(rng.sample(range(len(samples)), round(flaws.wrong_fraction * len(samples))))
+    pairs = []
+    for i, sample in enumerate(samples):
+        answer = None
+        if i in wrong:
+            others = [o["answer"] for o in rng.sample(samples, min(len(samples), 20)) if o["answer"] != sample["answer"]]
+            answer = others[0] if others else "unknown"
+        pairs.append((sample, demonstration(sample, answer=answer)))
+    return pairs
+
+
+TASK = register(Task(
+    name="wiki_qa", title="Retrieval QA: answer questions by searching a small Wikipedia index (built in)",
+    samples=lambda split, n, seed: load(split), tools=("agentfly.tools.builtin.search:search",),
+    reward="agentfly.rewards.builtin.qa:exact_match", demonstrations=demonstrations))

@@ -15,6 +15,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from agentfly.resources.builtin import BUILTIN_SPECS  # names only: no spec is built here
+from agentfly.tasks import task_names
+from agentfly.tasks import tasks as registered_tasks
 from trainer.config import ALGORITHMS, Config, ConfigError, LossAggName, from_dict
 from webapp import inputs
 from webapp.accounts.models import Team
@@ -26,13 +28,10 @@ from webapp.mcpservers.models import Status as ServerStatus
 from webapp.registry.models import Entry
 
 MODEL_SOURCES = (("tiny", "Tiny model built on the worker (CPU demo)"), ("path", "Local model directory"))
-TASKS = (("arithmetic", "Arithmetic with a calculator (generated)"),
-         ("key_chain", "Key chain: follow keys through the rollout's key-value store (generated, multi-turn)"),
-         ("wiki_qa", "Retrieval QA: answer questions by searching a small Wikipedia index (built in)"),
-         ("scienceworld", "ScienceWorld: act in a simulated lab (built in; needs Java on the workers)"),
-         ("jsonl", "JSONL file of samples"))
-# Tasks the trainer builds itself (trainer.builders.load_samples), with their own disjoint test split.
-GENERATED_TASKS = frozenset({"arithmetic", "key_chain", "wiki_qa", "scienceworld"})
+# The tasks the trainer builds itself (agentfly.tasks' registry, as trainer.builders.load_samples asks it), each
+# with its own disjoint test split; any other task is a JSONL file.
+TASKS = (*((task.name, task.title) for task in registered_tasks()), ("jsonl", "JSONL file of samples"))
+GENERATED_TASKS = frozenset(task_names())
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # Presets of the launch form, one per shipped example (examples/*/README.md), with settings that learn in
 # minutes on a CPU worker from the example's warm start: ``?preset=<name>`` fills the form. Tools and reward

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from agentfly.tasks.arithmetic import guess, truncated
+from agentfly.tasks.base import wrong_answer
 from agentfly.tools.builtin.calculator import evaluate_arithmetic
 from trainer.config import ConfigError, load_config
-from trainer.sft import demonstration_conversations, guess, truncated, wrong_answer
+from trainer.sft import demonstration_conversations
 
 ROOT = Path(__file__).parents[3]
 
