@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -70,10 +71,31 @@ async def test_the_tool_calls_of_one_turn_run_concurrently(scripted_engine: Call
 
 async def test_max_concurrency_bounds_the_rollouts_in_flight(scripted_engine: Callable[..., Any]) -> None:
     n, limit = 6, 2
-    agent = af.Agent(model=scripted_engine([[call("x"), "Done."]] * n), tools=[slow_lookup], max_concurrency=limit)
-    start = time.perf_counter()
+    running, peak = 0, 0
+    full = asyncio.Event()
+
+    @af.tool(name="slow_lookup")
+    async def counted_lookup(key: str) -> str:
+        """A tool that waits on the network, counting the rollouts inside it at once."""
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        if running >= limit:
+            full.set()
+        try:
+            # Wait for the wave to fill (bounded, so that a runner admitting fewer still finishes).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(full.wait(), 2.0)
+            return f"value of {key}"
+        finally:
+            running -= 1
+            if running < limit:
+                full.clear()
+
+    agent = af.Agent(model=scripted_engine([[call("x"), "Done."]] * n), tools=[counted_lookup],
+                     max_concurrency=limit)
     trajectories = await agent.run(samples(n))
-    assert time.perf_counter() - start >= (n // limit) * SLEEP  # three waves of two, never all at once
+    assert peak == limit  # never more than the limit in flight, and the limit is used
     assert all(t.finish_reason == "answer" for t in trajectories)
 
 
