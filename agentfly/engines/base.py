@@ -11,7 +11,11 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 FinishReason = Literal["stop", "length"]
 
@@ -72,7 +76,7 @@ class Engine(abc.ABC):
     after each update, reports ``stats()`` in every ``resources`` event, and calls ``close()`` at the end.
     """
 
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     max_model_len: int
     stop_token_ids: list[int]  # tokens that end a turn (the chat template's end-of-turn and EOS)
     model_name: str | None = None  # recorded on each trajectory (which model sampled it)
@@ -82,7 +86,7 @@ class Engine(abc.ABC):
         """Sample one continuation of ``prompt_ids``."""
 
     @abc.abstractmethod
-    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Replace the model's weights (after a training step)."""
 
     @abc.abstractmethod

@@ -31,11 +31,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from agentfly.engines.base import Engine, Generation, Sampling
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 
 @dataclass
@@ -75,7 +78,7 @@ class _Running:
     tokens start after it: the cache, the mask and the columns hold the rest, positions count it."""
 
     rows: list[_Row]
-    cache: Any
+    cache: Any  # a DynamicCache whose layers are ours (_growing_layer), which its types do not know
     mask: torch.Tensor
     positions: torch.Tensor
     logits: torch.Tensor
@@ -310,7 +313,7 @@ def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch
     return _prefix_attention(query, key, value, prefix_key, prefix_value, attention_mask, scaling), None
 
 
-def use_native_gqa(model: Any) -> bool:
+def use_native_gqa(model: PreTrainedModel) -> bool:
     """Switch a model on transformers' ``sdpa`` attention to ``_attention`` (registered as ``agentfly_sdpa``):
     grouped-query heads go to SDPA as they are (``_gqa_sdpa``), and a shared prefix is attended once for the
     batch (``_prefix_attention``). Any other attention implementation is left as it is. Returns whether the
@@ -330,7 +333,7 @@ def use_native_gqa(model: Any) -> bool:
     return True
 
 
-def _full_attention_only(config: Any) -> bool:
+def _full_attention_only(config: PretrainedConfig) -> bool:
     """Every layer attends over the whole sequence (no sliding window): a prefix can be held apart."""
     types = getattr(config, "layer_types", None)
     if types is not None:
@@ -338,7 +341,7 @@ def _full_attention_only(config: Any) -> bool:
     return not getattr(config, "sliding_window", None) or not getattr(config, "use_sliding_window", True)
 
 
-def _new_cache(config: Any) -> Any:
+def _new_cache(config: PretrainedConfig) -> Any:
     """An empty ``DynamicCache`` whose full-attention layers append in place (``_growing_layer``);
     sliding-window layers keep transformers' own."""
     from transformers import DynamicCache
@@ -352,7 +355,7 @@ def _new_cache(config: Any) -> Any:
     return cache
 
 
-def _stacked_cache(parts: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]], width: int, config: Any,
+def _stacked_cache(parts: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]], width: int, config: PretrainedConfig,
                    extra: int = 0) -> Any:
     """A cache holding the rows of every part (each a list of per-layer (keys, values)) one after the other,
     each right-aligned in ``width`` columns behind zeros (``_stacked``): the layout of a merged batch."""
@@ -391,7 +394,7 @@ def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     return torch.cat([torch.zeros(shape, dtype=x.dtype, device=x.device), x], dim=dim)
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+def _eos_ids(model: object, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     ids: list[int] = []
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     for tok in [*(gen_eos if isinstance(gen_eos, list) else [gen_eos]), tokenizer.eos_token_id]:
@@ -419,13 +422,16 @@ def _batch_key(sampling: Sampling) -> Sampling:
     return sampling.replace(seed=None, max_new_tokens=1)
 
 
-def load_causal_lm(path: str | os.PathLike[str], dtype: torch.dtype, gguf_file: str | None = None) -> tuple[Any, Any]:
+def load_causal_lm(path: str | os.PathLike[str], dtype: torch.dtype, gguf_file: str | None = None
+                   ) -> tuple[Any, PreTrainedTokenizerBase]:
     """The model and tokenizer of a local directory (``from_pretrained``), or of a GGUF file inside it.
 
     A GGUF file is dequantised into a plain dense model in ``dtype``: transformers would otherwise keep the
     weights packed in GGUF blocks where it has kernels for them (not trainable), and it marks even a
     dequantised model as quantized, which ``save_pretrained`` refuses; the mark is dropped, since nothing
     quantized is left, so the model trains and saves as safetensors like any other.
+
+    The model is ``Any``: transformers types ``PreTrainedModel.to`` through a decorator that mypy cannot call.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -457,8 +463,8 @@ class HFEngine(Engine):
 
     def __init__(
         self,
-        model: str | os.PathLike[str] | Any,
-        tokenizer: Any = None,
+        model: str | os.PathLike[str] | PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None = None,
         *,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
@@ -475,17 +481,19 @@ class HFEngine(Engine):
             device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
             dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
             loaded, own_tokenizer = load_causal_lm(path, dtype, gguf_file)
-            model = loaded.to(device)
+            module: PreTrainedModel = loaded.to(device)
             tokenizer = tokenizer or own_tokenizer
         elif tokenizer is None:
             raise ValueError("HFEngine(model=<module>) needs tokenizer=")
-        self.model: Any = model
-        self.tokenizer: Any = tokenizer
+        else:
+            module = model
+        self.model = module
+        self.tokenizer: PreTrainedTokenizerBase = tokenizer
         # A prefix shared by a batch's rows is held once and attended once (``_Prefix``) where the attention is
         # ours and no layer has a sliding window; otherwise it is copied into every row's cache.
-        self._hold_prefix = use_native_gqa(model) and _full_attention_only(model.config)
-        self.device = next(model.parameters()).device
-        self.stop_token_ids = _eos_ids(model, tokenizer)
+        self._hold_prefix = use_native_gqa(module) and _full_attention_only(module.config)
+        self.device = next(module.parameters()).device
+        self.stop_token_ids = _eos_ids(module, tokenizer)
         if not self.stop_token_ids:
             raise ValueError("the tokenizer and generation config name no EOS token; set tokenizer.eos_token")
         pad = self.tokenizer.pad_token_id
@@ -643,7 +651,7 @@ class HFEngine(Engine):
         for i, row in enumerate(run.rows):
             row.tokens.append(toks[i])
             row.logps.append(lps[i])
-            reason: tuple[str, Any] | None = None
+            reason: tuple[str, str | int | None] | None = None
             if is_stop[i]:
                 reason = ("stop", toks[i])
             elif sampling.stop:
@@ -913,7 +921,7 @@ class HFEngine(Engine):
         return self.counters.as_dict()
 
     # ------------------------------------------------------------------ weights
-    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copy ``state_dict`` into the model. A no-op when the trainer shares the engine's module."""
         own = self.model.state_dict()
         with torch.no_grad():

@@ -52,10 +52,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agentfly.engines.base import Engine, FinishReason, Generation, Sampling
 from agentfly.resources.spec import InfrastructureFailure, ResourceTimeout
+
+if TYPE_CHECKING:
+    import torch
 
 WORKER_EXTENSION = "agentfly.engines.remote_worker.WeightSync"
 
@@ -528,7 +531,7 @@ class RemoteEngine(Engine):
         return asyncio.run(run())
 
     # ------------------------------------------------------------------ weights
-    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Save ``state_dict`` (Hugging Face names) under ``sync_dir`` and have every replica reload it.
 
         Version-gated: each replica stops taking requests, lets those in flight finish, reloads, resets its
@@ -579,7 +582,7 @@ class RemoteEngine(Engine):
                 for replica in self.replicas:
                     replica.syncing -= 1
 
-    def _push_weights(self, state_dict: Mapping[str, Any]) -> None:
+    def _push_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         weights = self._checkpoint_tensors(state_dict)
         from safetensors.torch import save_file
 
@@ -603,7 +606,7 @@ class RemoteEngine(Engine):
         self.counters["sync_seconds"] += elapsed
         self.counters["last_sync_seconds"] = elapsed
 
-    def _checkpoint_tensors(self, state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    def _checkpoint_tensors(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         weights = {name: t.detach().cpu().contiguous() for name, t in state_dict.items()}
         if not weights:
             raise ValueError("update_weights got an empty state_dict")

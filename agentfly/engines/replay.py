@@ -12,18 +12,22 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from agentfly.engines.base import Engine, Generation, Sampling
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 class ReplayEngine(Engine):
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         script: Callable[[str], str],
         *,
-        model: Any = None,
+        model: PreTrainedModel | None = None,
         max_model_len: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
@@ -41,7 +45,8 @@ class ReplayEngine(Engine):
         self._forward = threading.Lock()
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
-        text = self.script(self.tokenizer.decode(list(prompt_ids), skip_special_tokens=False))
+        # One flat list of ids decodes to one string (transformers types decode for batches too).
+        text = self.script(cast(str, self.tokenizer.decode(list(prompt_ids), skip_special_tokens=False)))
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         budget = min(sampling.max_new_tokens, self.max_model_len - len(prompt_ids))
         finish = "stop"
@@ -76,7 +81,7 @@ class ReplayEngine(Engine):
             logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids, device=device)[:, None])
         return logp.squeeze(-1).tolist()
 
-    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         if self.model is not None:
             with self._forward:
                 self.model.load_state_dict(dict(state_dict), strict=False)

@@ -28,9 +28,12 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentfly.engines.base import Engine, Generation, Sampling
+
+if TYPE_CHECKING:
+    import torch
 
 # The CPU KV cache in GiB when the caller names none: the tiny model needs a few MB; vLLM's own default
 # reserves a fraction of all RAM and refuses to start when other processes use it.
@@ -352,14 +355,14 @@ class VLLMEngine(Engine):
         return asyncio.run(run())
 
     # ------------------------------------------------------------------ weights
-    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Load ``state_dict`` (Hugging Face parameter names) into vLLM's model with its ``load_weights``.
 
         Tied embeddings: vLLM's model shares ``lm_head`` with ``embed_tokens`` and skips ``lm_head.weight``
         when loading, so a state dict that carries only ``lm_head.weight`` is loaded as the embedding. The
         prefix cache is reset afterwards: its KV blocks were computed by the old weights.
         """
-        weights: dict[str, Any] = {name: t.detach() for name, t in state_dict.items()}
+        weights: dict[str, torch.Tensor] = {name: t.detach() for name, t in state_dict.items()}
         if not weights:
             raise ValueError("update_weights got an empty state_dict")
         if self.tie_word_embeddings and "lm_head.weight" in weights:

@@ -26,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from agentfly.engines.base import Engine, Sampling
 from agentfly.resources.spec import Pool, ResourceSpec
@@ -237,7 +237,8 @@ class Judge:
         assert self.engine is not None
         try:
             gen = await self.engine.generate(call.prompt, self.sampling)
-            text = self.engine.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+            # One flat list of ids decodes to one string (transformers types decode for batches too).
+            text = cast(str, self.engine.tokenizer.decode(gen.token_ids, skip_special_tokens=True))
             self.counters["generated_tokens"] += len(gen.token_ids)
             if not call.future.done():
                 call.future.set_result(text)

@@ -49,7 +49,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from agentfly.resources.pool import Instance, Latencies, Lease
 from agentfly.resources.spec import (
@@ -217,6 +217,15 @@ def connect(address: str | None) -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 
+class _ActorInfo(TypedDict):
+    """What an instance actor reports once its resource has started."""
+
+    node_id: str
+    host: str
+    pid: int
+    methods: dict[str, str]  # public method name -> "async" or "sync"
+
+
 class ResourceActor:
     """Hosts one resource instance on a node. Every reply is an envelope, ``("ok", value)`` or
     ``("raise", exception)``, so that the agent's own errors (a bad key, a refused request) reach the tool with
@@ -226,11 +235,11 @@ class ResourceActor:
         inner = (spec.options.get("ray") or {}).get("inner_backend") or "local"
         self.resource = replace(spec, backend=inner if inner != "ray" else "local").build()
 
-    async def start(self) -> dict[str, Any]:
+    async def start(self) -> _ActorInfo:
         import ray
 
         await self.resource.start()
-        methods = {}
+        methods: dict[str, str] = {}
         for name in dir(type(self.resource)):
             if name.startswith("_"):
                 continue
@@ -373,7 +382,7 @@ class _JobPool:
             self.spec.name) or self.settings.resources.get(str(self.spec.kind))
         if custom:
             options["resources"] = dict(custom)
-        info: dict[str, Any] = {}
+        info: _ActorInfo  # set by the attempt that breaks out of the loop; every other attempt raises
         for attempt in range(3):
             actor = None
             try:
