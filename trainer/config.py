@@ -787,7 +787,7 @@ def _config_error(exc: ValidationError, cls: type, prefix: str) -> ConfigError:
     if isinstance((error.get("ctx") or {}).get("error"), ConfigError):
         return error["ctx"]["error"]  # type: ignore[no-any-return]  # Config.validate's, from __post_init__
     loc = error["loc"]
-    key = prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    key = (prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")).rstrip(".")
     value = error.get("input")
     if error["type"] == "unexpected_keyword_argument":
         names = [f.name for f in dataclasses.fields(_type_at(cls, loc[:-1]))]
