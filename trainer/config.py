@@ -1,8 +1,11 @@
 """Training configuration: dataclasses with help on every field, filled from YAML and ``--set`` overrides.
 
 YAML is only a way to fill these; every field's default is what the cited paper (or the calculator example)
-uses. Loading fails early, naming the key and the fix, for an unknown key, a value of the wrong type, a value
-outside its choices, or a combination that cannot work (``Config.validate``).
+uses. The sections are plain dataclasses (attribute access, ``dataclasses.replace``, ``asdict``); pydantic
+fills them from a mapping (``from_dict``, under ``YAML_RULES``), converting each value to its field's type and
+refusing unknown keys. Loading fails early, naming the key and the fix, for an unknown key, a value of the
+wrong type, a value outside its choices, or a combination that cannot work: ``Config.validate``, which runs
+whenever a ``Config`` is made, so one that exists can run.
 
     config = load_config("examples/calculator/grpo.yaml", ["algorithm.name=rloo", "engine=vllm"])
 """
@@ -16,9 +19,10 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
+from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError, with_config
 
 from agentfly.tasks import task_names
 
@@ -67,6 +71,19 @@ class ConfigError(ValueError):
         self.key = key
 
 
+# How pydantic fills a section from YAML, ``--set`` values and the web app's JSON (``from_dict``): an unknown
+# key is refused, not dropped, and values are converted as YAML writes them: PyYAML reads 1e-5 (no dot) as a
+# string, so "1e-5" is a number; 8.0 and "8" are integers; a number given for a string is that string (a
+# folder named 2024); true, false, "true", "false", 1 and 0 are bools, "maybe" is refused (pydantic's lax
+# mode). Every section carries these rules (``with_config``), so each can be built alone, as the web app
+# builds ``SFTConfig``.
+YAML_RULES = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
+# In a mapping of sections, ``resources: {wiki: null}`` is the pool ``wiki`` with its spec's settings, as
+# ``{wiki: {}}`` would be (the aliases below mark the values so).
+NULL_IS_EMPTY = BeforeValidator(lambda value: {} if value is None else value)
+T = TypeVar("T")
+
+
 def _f(default: Any, help: str, **kw: Any) -> Any:
     """A dataclass field with its help text in the metadata (shown by ``agentfly train --help-config``)."""
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
@@ -81,6 +98,7 @@ def _copy(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
+@with_config(YAML_RULES)
 @dataclass
 class LoraConfig:
     enabled: bool = _f(False, "Train LoRA adapters (peft) instead of all weights; for models that do not fit.")
@@ -90,6 +108,7 @@ class LoraConfig:
     target_modules: list[str] = _f(["q_proj", "k_proj", "v_proj", "o_proj"], "Module names that get adapters.")
 
 
+@with_config(YAML_RULES)
 @dataclass
 class TinyModelConfig:
     hidden_size: int = _f(128, "Width of the tiny model.")
@@ -104,6 +123,7 @@ class TinyModelConfig:
                                "before it learns to copy; 0.06 learns copying in a few hundred (docs/benchmarks.md).")
 
 
+@with_config(YAML_RULES)
 @dataclass
 class ModelConfig:
     path: LocalPath = _f("runs/tiny", "Local model directory (from_pretrained). Nothing is downloaded.")
@@ -121,6 +141,7 @@ class ModelConfig:
     lora: LoraConfig = _f(LoraConfig(), "LoRA settings.")
 
 
+@with_config(YAML_RULES)
 @dataclass
 class DataConfig:
     task: TaskSource = _f("arithmetic", "A built-in task ('arithmetic': generated calculator problems; 'key_chain': generated "
@@ -136,6 +157,7 @@ class DataConfig:
     shuffle: bool = _f(True, "Shuffle the training samples each epoch (seeded by `seed` + epoch).")
 
 
+@with_config(YAML_RULES)
 @dataclass
 class RolloutConfig:
     tools: list[str] = _f(["agentfly.tools.builtin.calculator:calculator"], "Tools as 'module:attribute'.")
@@ -169,6 +191,7 @@ class RolloutConfig:
            "infrastructure failure: such steps train nothing. 0 never stops.")
 
 
+@with_config(YAML_RULES)
 @dataclass
 class APIConfig:
     """A rate-limited web API (``resources.<name>.api``): one ``SharedRateLimiter`` whose budget lives in Redis,
@@ -188,6 +211,7 @@ class APIConfig:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
+@with_config(YAML_RULES)
 @dataclass
 class ResourceConfig:
     spec: str | None = _f(None, "A ResourceSpec as 'module:attribute' (e.g. agentfly.envs.scienceworld:SCIENCEWORLD); "
@@ -202,6 +226,7 @@ class ResourceConfig:
                                      "its options, without one it is a SharedRateLimiter.")
 
 
+@with_config(YAML_RULES)
 @dataclass
 class MCPServerConfig:
     """An MCP server whose tools the agent gets (``mcp.<name>``): its sessions are the pool ``<name>``, sized by
@@ -225,6 +250,12 @@ class MCPServerConfig:
     start_timeout: float = _f(60.0, "Seconds to start the server and open a session.")
 
 
+PoolConfig = Annotated[ResourceConfig, NULL_IS_EMPTY]
+MCPConfig = Annotated[MCPServerConfig, NULL_IS_EMPTY]
+Placement = Annotated[dict[str, float], NULL_IS_EMPTY]
+
+
+@with_config(YAML_RULES)
 @dataclass
 class ResourceBackendConfig:
     """Where the job's resource pools run. Written as ``resources.backend``, ``resources.address`` ... (the
@@ -245,9 +276,9 @@ class ResourceBackendConfig:
                                          "(usually the operator's AGENTFLY_TEAM_BUDGET); {} = unchanged.")
     strategy: Literal["spread", "pack"] = _f("spread", "spread instances over the nodes, or pack them onto as few "
                                                       "as fit.")
-    placement: dict[str, dict[str, float]] = _f({}, "Custom Ray resources each instance asks for, by resource "
-                                                    "name or kind, e.g. {python: {sandbox: 1}}; a spec's own "
-                                                    "options.ray.resources wins.")
+    placement: dict[str, Placement] = _f({}, "Custom Ray resources each instance asks for, by resource "
+                                             "name or kind, e.g. {python: {sandbox: 1}}; a spec's own "
+                                             "options.ray.resources wins.")
     lease_check_interval: float = _f(1.0, "Seconds between the coordinator's checks that lease owners are alive "
                                           "(a killed rank's instances come back within this plus Ray's "
                                           "death detection).")
@@ -258,6 +289,7 @@ class ResourceBackendConfig:
 RESOURCE_BACKEND_KEYS = tuple(f.name for f in dataclasses.fields(ResourceBackendConfig))
 
 
+@with_config(YAML_RULES)
 @dataclass
 class JudgeConfig:
     """The model behind the ``judge`` pool that a reward declared with ``@reward(resource="judge")`` calls
@@ -278,6 +310,7 @@ class JudgeConfig:
     max_new_tokens: int = _f(48, "Most tokens of one verdict.")
 
 
+@with_config(YAML_RULES)
 @dataclass
 class RewardModelConfig:
     """The model behind the ``reward_model`` pool that a reward declared with ``@reward(resource=
@@ -288,6 +321,7 @@ class RewardModelConfig:
     max_batch: int = _f(16, "Most texts scored in one forward pass.")
 
 
+@with_config(YAML_RULES)
 @dataclass
 class AlgorithmConfig:
     name: AlgorithmName = _f("grpo", "grpo | dr_grpo | dapo | rloo | reinforce_pp | reinforce_pp_baseline | ppo.")
@@ -356,6 +390,7 @@ class AlgorithmConfig:
         return self.name == "dapo" if self.dynamic_sampling is None else self.dynamic_sampling
 
 
+@with_config(YAML_RULES)
 @dataclass
 class OptimConfig:
     lr: float = _f(1e-4, "AdamW learning rate of the policy.")
@@ -368,6 +403,7 @@ class OptimConfig:
     grad_clip: float = _f(1.0, "Clip the global gradient norm to this; 0 turns clipping off.")
 
 
+@with_config(YAML_RULES)
 @dataclass
 class EvalConfig:
     every: int = _f(0, "Evaluate every N steps (and at the end); 0 = only at the end.")
@@ -383,6 +419,7 @@ class EvalConfig:
                                  "pass@100).")
 
 
+@with_config(YAML_RULES)
 @dataclass
 class SFTConfig:
     num_demos: int = _f(4000, "Demonstrations: generated from the 'sft' stream of arithmetic or key_chain, or the "
@@ -419,12 +456,14 @@ class SFTConfig:
         return self.epochs * -(-self.num_demos // self.batch_size)
 
 
+@with_config(YAML_RULES)
 @dataclass
 class TensorBoardOptions:
     logdir: LocalPath | None = _f(None, "Directory of the event files; None = <output_dir>/tensorboard. View it with "
                                   "`tensorboard --logdir <dir>`.")
 
 
+@with_config(YAML_RULES)
 @dataclass
 class WandbOptions:
     project: str = _f("agentfly", "Weights & Biases project the run is logged to.")
@@ -438,6 +477,7 @@ class WandbOptions:
     dir: LocalPath | None = _f(None, "Where W&B writes its run folder (a `wandb/` inside it); None = output_dir.")
 
 
+@with_config(YAML_RULES)
 @dataclass
 class MLflowOptions:
     tracking_uri: StoreURI | None = _f(None, "A tracking server (http://host:5000) or a local store (file:/path/mlruns); "
@@ -449,6 +489,7 @@ class MLflowOptions:
                                     "full weights: turn it off for a large model on a remote server).")
 
 
+@with_config(YAML_RULES)
 @dataclass
 class TrackerOptions:
     tensorboard: TensorBoardOptions = _f(TensorBoardOptions(), "TensorBoard (package `tensorboard`).")
@@ -456,6 +497,7 @@ class TrackerOptions:
     mlflow: MLflowOptions = _f(MLflowOptions(), "MLflow (package `mlflow-skinny` or `mlflow`).")
 
 
+@with_config(YAML_RULES)
 @dataclass
 class Config:
     output_dir: LocalPath = _f("runs/calculator", "Run directory: events.jsonl, checkpoints, config.yaml.")
@@ -491,19 +533,19 @@ class Config:
                                          "(pip install 'agentfly[trackers]'). Options in `tracker_options`.")
     tracker_options: TrackerOptions = _f(TrackerOptions(), "Settings of each tracker named in `trackers`.")
     progress: bool = _f(True, "Print a progress bar and a per-step table to the terminal.")
-    resources: dict[str, ResourceConfig] = _f({}, "Resource pools by name, e.g. {python: {max: 4}}; tools that "
-                                               "declare a built-in resource get its default pool without this. "
-                                               "The keys of resource_backend (backend, address, ...) are "
-                                               "reserved here and go there.")
+    resources: dict[str, PoolConfig] = _f({}, "Resource pools by name, e.g. {python: {max: 4}}; tools that "
+                                              "declare a built-in resource get its default pool without this. "
+                                              "The keys of resource_backend (backend, address, ...) are "
+                                              "reserved here and go there.")
     resource_backend: ResourceBackendConfig = _f(ResourceBackendConfig(), "Where the pools run (local or a Ray "
                                                                           "cluster); set as resources.backend=ray.")
     judge: JudgeConfig = _f(JudgeConfig(), "The judge model that judge rewards (rubric_judge, "
                                            "preference_vs_reference) call, in process or on servers.")
     reward_model: RewardModelConfig = _f(RewardModelConfig(), "The sequence-classification reward model that "
                                                               "rewards declaring resource=reward_model call.")
-    mcp: dict[str, MCPServerConfig] = _f({}, "MCP servers by name whose tools the agent gets besides "
-                                             "rollout.tools, e.g. {kv: {command: [python, kv.py], reset_tool: reset}}; "
-                                             "each is the resource pool of its name.")
+    mcp: dict[str, MCPConfig] = _f({}, "MCP servers by name whose tools the agent gets besides "
+                                       "rollout.tools, e.g. {kv: {command: [python, kv.py], reset_tool: reset}}; "
+                                       "each is the resource pool of its name.")
     model: ModelConfig = _f(ModelConfig(), "The policy model.")
     data: DataConfig = _f(DataConfig(), "Task samples.")
     rollout: RolloutConfig = _f(RolloutConfig(), "How trajectories are sampled.")
@@ -706,84 +748,76 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    if tp is Any:  # passed through as YAML wrote it (chat template variables)
-        return value
-    origin = typing.get_origin(tp)
-    if origin in (types.UnionType, typing.Union):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key)
-            except ConfigError as exc:
-                errors.append(exc)
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}", key=key)
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if value not in choices:
-            near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}{hint}", key=key)
-        return value
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}", key=key)
-        _, item = typing.get_args(tp)
-        return {str(k): _coerce({} if v is None else v, item, f"{key}.{k}") for k, v in value.items()}
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} (write it as [a, b] in YAML)", key=key)
-        (item,) = typing.get_args(tp)
-        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+_EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _expected(tp: Any) -> str:
+    """What a field of type ``tp`` takes, in the words of an error message."""
+    if typing.get_origin(tp) in (types.UnionType, typing.Union):
+        return " or ".join(_expected(a) for a in typing.get_args(tp))
+    if tp in _EXPECTED:
+        return _EXPECTED[tp]
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}", key=key)
-        return from_dict(tp, value, prefix=f"{key}.")
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected true or false, got {value!r}", key=key)
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(f"{key}: expected an integer, got {value!r}", key=key)
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # PyYAML reads 3e-3 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}", key=key)
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{key}: expected a string, got {value!r}", key=key)
-    raise ConfigError(f"{key}: unsupported field type {tp!r}")  # pragma: no cover - a bug in this file
+        return f"a mapping of {tp.__name__} fields"
+    return _type_name(tp)
 
 
-def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a (possibly partial) mapping, checking every key and value."""
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in data.items():
-        if key not in names:
-            near = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"did you mean '{prefix}{near[0]}'?" if near else f"valid keys: {', '.join(names)}"
-            raise ConfigError(f"unknown config key '{prefix}{key}'; {hint}", key=f"{prefix}{key}")
-        kwargs[key] = _coerce(value, hints[key], f"{prefix}{key}")
-    return cls(**kwargs)
+def _without_none(tp: Any) -> Any:
+    """``X`` of ``X | None``; any other type as it is."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    union = typing.get_origin(tp) in (types.UnionType, typing.Union)
+    return args[0] if union and len(args) == 1 else tp
+
+
+def _type_at(cls: type, loc: tuple[int | str, ...]) -> Any:
+    """The declared type at ``loc`` (a path of field names, mapping keys and list indices) inside ``cls``."""
+    tp: Any = cls
+    for part in loc:
+        tp = _without_none(tp)
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            tp = typing.get_type_hints(tp)[str(part)]
+        elif typing.get_origin(tp) in (dict, list):
+            tp = typing.get_args(tp)[-1]  # the value of a mapping, the item of a list
+    return tp
+
+
+_ADAPTERS: dict[type, TypeAdapter[Any]] = {}  # pydantic's validator of each section, built once
+
+
+def _config_error(exc: ValidationError, cls: type, prefix: str) -> ConfigError:
+    """pydantic's first complaint as the message a user reads: the dotted key, and what it takes."""
+    error = exc.errors(include_url=False)[0]
+    if isinstance((error.get("ctx") or {}).get("error"), ConfigError):
+        return error["ctx"]["error"]  # type: ignore[no-any-return]  # Config.validate's, from __post_init__
+    loc = error["loc"]
+    key = (prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")).rstrip(".")
+    value = error.get("input")
+    if error["type"] == "unexpected_keyword_argument":
+        names = [f.name for f in dataclasses.fields(_type_at(cls, loc[:-1]))]
+        near = difflib.get_close_matches(str(loc[-1]), names, n=1)
+        parent = key[:len(key) - len(str(loc[-1]))]  # "algorithm." of "algorithm.clip_lo"
+        hint = f"did you mean '{parent}{near[0]}'?" if near else f"valid keys: {', '.join(names)}"
+        return ConfigError(f"unknown config key '{key}'; {hint}", key=key)
+    tp = _type_at(cls, loc)
+    if typing.get_origin(_without_none(tp)) is Literal:
+        choices = typing.get_args(_without_none(tp))
+        near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        return ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}{hint}", key=key)
+    hint = " (write it as [a, b] in YAML)" if error["type"] == "list_type" else ""
+    return ConfigError(f"{key}: expected {_expected(tp)}, got {value!r}{hint}", key=key)
+
+
+def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
+    """Build the section ``cls`` (``Config`` or one of its sections, written under ``prefix``) from a possibly
+    partial mapping: pydantic checks and coerces every key and value (``YAML_RULES``), and the first problem
+    is raised as a ``ConfigError`` naming its key. A ``Config`` is validated too, on construction."""
+    if cls not in _ADAPTERS:
+        _ADAPTERS[cls] = TypeAdapter(cls)
+    try:
+        return _ADAPTERS[cls].validate_python(data)  # type: ignore[no-any-return]
+    except ValidationError as exc:
+        raise _config_error(exc, cls, prefix) from None
 
 
 def to_dict(config: Any) -> dict[str, Any]:
@@ -835,8 +869,7 @@ def load_config(
         key, value = parse_override(text)
         _set_path(data, key, value)
     _hoist_resource_backend(data)
-    config: Config = from_dict(Config, data).validate()
-    return config
+    return from_dict(Config, data)  # validated on construction
 
 
 def _hoist_resource_backend(data: dict[str, Any]) -> None:

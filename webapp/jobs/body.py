@@ -121,7 +121,7 @@ def trainer_config(config: dict[str, Any], output_dir: Path) -> Config:
     data = {**config, "output_dir": str(output_dir)}
     # The dashboard's rollout viewer lists every trajectory of a step, fetched one step at a time.
     data.setdefault("log_samples", -1)
-    return from_dict(Config, data).validate()
+    return from_dict(Config, data)  # validated on construction
 
 
 class Offset:

@@ -514,7 +514,7 @@ class LaunchForm(forms.Form):
             else:
                 partial[key] = data[field]
         try:
-            from_dict(Config, partial).validate()
+            from_dict(Config, partial)
         except ConfigError as exc:
             field = field_of(exc.key)
             if field in fields and field not in self.errors:
@@ -767,11 +767,11 @@ class LaunchForm(forms.Form):
                                     f"celery -A webapp worker -Q {queue} -n NAME@HOST.")
 
     def validate_with_trainer(self) -> None:
-        """The trainer's own rules (``Config.validate``: group sizes, pool sizes, ...), its message on the field
-        of the key it names, so the form never keeps a second copy of them."""
+        """The trainer's own rules (``Config.validate``, run when a ``Config`` is made: group sizes, pool sizes,
+        ...), its message on the field of the key it names, so the form never keeps a second copy of them."""
         config = servers.for_job(self.trainer_config(), self.cleaned_data["team"].slug)  # as the worker will run it
         try:
-            from_dict(Config, config).validate()
+            from_dict(Config, config)
         except ConfigError as exc:
             self.add_error(field_of(exc.key), str(exc))
 

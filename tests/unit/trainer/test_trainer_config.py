@@ -275,3 +275,71 @@ def test_a_resource_with_an_api_block_is_a_shared_rate_limiter_kept_in_the_jobs_
     with pytest.raises(ConfigError, match=r"resources.search.api: rate must be positive") as bad:
         load_config(overrides=["resources.search.api={rate: 0}"])
     assert bad.value.key == "resources.search.api"
+
+
+def test_set_strings_are_coerced_to_each_fields_type_by_the_library() -> None:
+    # PyYAML reads 1e-5 (no dot) as a string; the loader, not each caller, turns it into the field's type.
+    config = load_config(None, ["optim.lr=1e-5", "rollout.group_size=4.0", "tensorboard=true",
+                                "optim.betas=[0.8, 0.9]", "resources.python.max=3", "eval.samples=null",
+                                "algorithm.loss_agg=token-mean", "sft.output_dir=2024",
+                                "resource_backend.team_budget={sandbox: 8}"])
+    assert config.optim.lr == pytest.approx(1e-5) and isinstance(config.optim.lr, float)
+    assert config.rollout.group_size == 4 and isinstance(config.rollout.group_size, int)
+    assert config.tensorboard is True and config.optim.betas == [0.8, 0.9]
+    assert config.resources["python"].max == 3 and config.eval.samples is None
+    assert config.algorithm.loss_agg == "token-mean" and config.sft.output_dir == "2024"
+    assert config.resource_backend.team_budget == {"sandbox": 8}
+
+
+def test_a_mapping_from_json_is_coerced_as_yaml_would_be() -> None:
+    from trainer.config import from_dict
+
+    config = from_dict(Config, {"rollout": {"group_size": "4"}, "optim": {"lr": "3e-3"}})
+    assert config.rollout.group_size == 4 and config.optim.lr == pytest.approx(3e-3)
+
+
+@pytest.mark.parametrize(("override", "key", "message"), [
+    ("eval.samples=many", "eval.samples", "eval.samples: expected an integer or null, got 'many'"),
+    ("optim.lr=fast", "optim.lr", "optim.lr: expected a number, got 'fast'"),
+    ("progress=maybe", "progress", "progress: expected true or false, got 'maybe'"),
+    ("optim.betas=0.9", "optim.betas", "optim.betas: expected a list of float, got 0.9 (write it as [a, b] in YAML)"),
+    ("resources.python.max=lots", "resources.python.max",
+     "resources.python.max: expected an integer or null, got 'lots'"),
+    ("mcp.kv.command=python", "mcp.kv.command", "mcp.kv.command: expected a list of str or null, got 'python'"),
+    ("resource_backend.team_budget={sandbox: x}", "resource_backend.team_budget.sandbox",
+     "resource_backend.team_budget.sandbox: expected an integer, got 'x'"),
+    ("algorithm.loss_agg=token-men", "algorithm.loss_agg",
+     "algorithm.loss_agg: 'token-men' is not one of 'token-mean', 'seq-mean-token-sum'"),
+    ("trackers=[tensorboard, wandbb]", "trackers[1]",
+     "trackers[1]: 'wandbb' is not one of 'tensorboard', 'wandb', 'mlflow' (did you mean 'wandb'?)"),
+    ("model=tiny", "model", "model: expected a mapping of ModelConfig fields, got 'tiny'"),
+    ("resources.python.size=3", "resources.python.size",
+     "unknown config key 'resources.python.size'; valid keys: spec, min, max"),
+])
+def test_a_value_that_does_not_fit_names_its_field_path_and_what_it_takes(override: str, key: str,
+                                                                          message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, [override])
+    assert str(caught.value).startswith(message) and caught.value.key == key
+
+
+def test_a_section_alone_is_checked_under_its_own_prefix() -> None:
+    from trainer.config import SFTConfig, from_dict
+
+    assert from_dict(SFTConfig, {"lr": "1e-3", "epochs": 2}, "sft.").lr == pytest.approx(1e-3)
+    with pytest.raises(ConfigError, match=r"unknown config key 'sft\.lrr'; did you mean 'sft\.lr'") as caught:
+        from_dict(SFTConfig, {"lrr": 1}, "sft.")
+    assert caught.value.key == "sft.lrr"
+
+
+def test_an_invalid_combination_is_refused_by_construction_with_validates_message_and_key() -> None:
+    from trainer.config import OptimConfig, from_dict
+
+    with pytest.raises(ConfigError, match=r"optim\.lr=0\.0 must be > 0") as caught:
+        Config(optim=OptimConfig(lr=0.0))
+    assert caught.value.key == "optim.lr"
+    # Through the loader too: validate's own ConfigError, not a wrapped pydantic error.
+    with pytest.raises(ConfigError, match=r"optim\.lr=0\.0 must be > 0") as caught:
+        from_dict(Config, {"optim": {"lr": 0}})
+    assert caught.value.key == "optim.lr"
+    assert Config().validate().validate() == Config()  # still callable, and idempotent
