@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -790,7 +791,7 @@ def _config_error(exc: ValidationError, cls: type, prefix: str) -> ConfigError:
     if isinstance((error.get("ctx") or {}).get("error"), ConfigError):
         return error["ctx"]["error"]  # type: ignore[no-any-return]  # Config.validate's, from __post_init__
     loc = error["loc"]
-    key = (prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")).rstrip(".")
+    key = _dotted(prefix, loc).rstrip(".")
     value = error.get("input")
     if error["type"] == "unexpected_keyword_argument":
         names = [f.name for f in dataclasses.fields(_type_at(cls, loc[:-1]))]
@@ -808,10 +809,41 @@ def _config_error(exc: ValidationError, cls: type, prefix: str) -> ConfigError:
     return ConfigError(f"{key}: expected {_expected(tp)}, got {value!r}{hint}", key=key)
 
 
+def _dotted(prefix: str, loc: tuple[int | str, ...]) -> str:
+    """The key a user writes for ``loc`` under ``prefix``: ``rollout.group_size``, ``eval.splits[0]``."""
+    return prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+
+
+def _bools(data: Any, loc: tuple[int | str, ...] = ()) -> Iterator[tuple[tuple[int | str, ...], bool]]:
+    if isinstance(data, dict):
+        for k, v in data.items():
+            yield from _bools(v, (*loc, k))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            yield from _bools(v, (*loc, i))
+    elif isinstance(data, bool):
+        yield loc, data
+
+
+def _refuse_bools_for_numbers(cls: type, data: dict[str, Any], prefix: str) -> None:
+    """pydantic's lax mode reads ``true`` as 1 in a number field (``steps: true``): a YAML mistake, refused
+    before pydantic sees it, with the message pydantic's other type errors get."""
+    for loc, value in _bools(data):
+        try:
+            tp = _type_at(cls, loc)
+        except (KeyError, TypeError):
+            continue  # an unknown key: pydantic names it
+        members = set(typing.get_args(tp)) if typing.get_origin(tp) in (types.UnionType, typing.Union) else {tp}
+        if bool not in members and members & {int, float}:
+            key = _dotted(prefix, loc)
+            raise ConfigError(f"{key}: expected {_expected(tp)}, got {value!r}", key=key)
+
+
 def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     """Build the section ``cls`` (``Config`` or one of its sections, written under ``prefix``) from a possibly
     partial mapping: pydantic checks and coerces every key and value (``YAML_RULES``), and the first problem
     is raised as a ``ConfigError`` naming its key. A ``Config`` is validated too, on construction."""
+    _refuse_bools_for_numbers(cls, data, prefix)
     if cls not in _ADAPTERS:
         _ADAPTERS[cls] = TypeAdapter(cls)
     try:

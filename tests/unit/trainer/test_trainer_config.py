@@ -301,6 +301,8 @@ def test_a_mapping_from_json_is_coerced_as_yaml_would_be() -> None:
 @pytest.mark.parametrize(("override", "key", "message"), [
     ("eval.samples=many", "eval.samples", "eval.samples: expected an integer or null, got 'many'"),
     ("optim.lr=fast", "optim.lr", "optim.lr: expected a number, got 'fast'"),
+    ("steps=true", "steps", "steps: expected an integer, got True"),  # not read as 1
+    ("resources.python.max=false", "resources.python.max", "resources.python.max: expected an integer or null, got False"),
     ("progress=maybe", "progress", "progress: expected true or false, got 'maybe'"),
     ("optim.betas=0.9", "optim.betas", "optim.betas: expected a list of float, got 0.9 (write it as [a, b] in YAML)"),
     ("resources.python.max=lots", "resources.python.max",
