@@ -39,6 +39,8 @@ ALGORITHMS: dict[str, list[str]] = {
     "dapo": ["algorithm.name=dapo", "rollout.group_size=2", "rollout.reward=parallel_worker:even_words"],
     "ppo": ["algorithm.name=ppo"],  # value head trained in the same module; advantages whitened globally
 }
+# Answers of 1 to 60 words: rows far apart in length, so a micro-batch's forward splits them into buckets.
+GROUPED = {"words": 60, "overrides": [*ALGORITHMS["grpo"], "rollout.max_new_tokens=96", "micro_batch_size=4"]}
 
 
 def launch(tmp: Path, model_dir: Path, cases: list[dict[str, Any]]) -> Path:
@@ -89,6 +91,7 @@ def reference(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def ddp_runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     cases = [{"name": n, "overrides": o} for n, o in ALGORITHMS.items()]
     cases.append({"name": "resume", "resume": True, "overrides": ALGORITHMS["grpo"]})
+    cases.append({"name": "grouped", "every_rank": True, **GROUPED})
     return launch(tmp_path_factory.mktemp("ddp"), tiny_model_dir, cases)
 
 
@@ -100,6 +103,20 @@ def test_one_ddp_step_of_2_ranks_x_2_prompts_leaves_the_parameters_of_1_rank_x_4
     assert_same_step(got, reference(algorithm), rel=1e-5)
     if algorithm == "dapo":  # the refill and the cut were exercised, not skipped
         assert got["metrics"]["rollout/rounds"] > 1 and got["metrics"]["rollout/kept_fraction"] < 1
+
+
+def test_2_ranks_make_the_forward_passes_their_own_rows_need_and_still_take_the_one_process_step(
+        ddp_runs: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    ranks = [torch.load(ddp_runs / "grouped.pt", weights_only=False),
+             torch.load(ddp_runs / "grouped-rank1.pt", weights_only=False)]
+    # Length buckets: more than the common-prefix layout's 2 calls a micro-batch, and not as many on each rank
+    # (a collective in forward would have left the ranks waiting on each other for ever).
+    assert max(max(r["forwards"]) for r in ranks) > 2
+    assert ranks[0]["forwards"] != ranks[1]["forwards"]
+    reference = pw.one_step(str(tiny_model_dir), tmp_path, GROUPED["overrides"], words=GROUPED["words"])
+    assert_same_step(ranks[0], reference, rel=1e-5)
+    for k, v in ranks[0]["delta"].items():  # the ranks took the very same step
+        assert torch.equal(v, ranks[1]["delta"][k]), k
 
 
 def test_a_2_rank_ddp_run_resumed_at_step_k_reproduces_step_k_plus_1(ddp_runs: Path) -> None:
