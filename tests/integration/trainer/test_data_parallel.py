@@ -1,11 +1,13 @@
 """Data parallelism on the CPU (gloo): 2 real ranks started by ``torchrun`` compute the one-process step.
 
 One step of 2 ranks x 2 prompts must leave the same parameters (policy and value head) as 1 rank x 4 prompts,
-for every algorithm, with DDP and with DeepSpeed ZeRO-1/2/3; a 2-rank run resumed at step k reproduces step
-k+1; launches that cannot work are refused at start with the fix named. Rollouts are scripted by their
-sampler seeds (``parallel_worker.SeededEngine``), so both sides train on the same trajectories and the
-comparison is of the update alone. Each ``torchrun`` launch runs all its cases in one process group (the
-launch, not the cases, is what costs time); torch runs one thread per rank.
+for every algorithm, in plain torch ("ddp" in the names: the ranks average their gradients once per
+optimizer step), also when the ranks' forwards take different numbers of passes, and with DeepSpeed
+ZeRO-1/2/3; a 2-rank run resumed at step k reproduces step k+1; launches that cannot work are refused at
+start with the fix named. Rollouts are scripted by their sampler seeds (``parallel_worker.SeededEngine``), so
+both sides train on the same trajectories and the comparison is of the update alone. Each ``torchrun`` launch
+runs all its cases in one process group (the launch, not the cases, is what costs time); torch runs one thread
+per rank.
 """
 
 from __future__ import annotations
@@ -264,7 +266,8 @@ def test_a_deepspeed_resume_on_another_world_size_is_refused_before_loading(
 def test_2_ranks_whose_batches_group_and_bucket_differently_train_without_waiting_on_each_other(
         tiny_model_dir: Path, tmp_path: Path) -> None:
     # At 16 prompts x 4 rollouts a rank, the ranks' update forwards would take different numbers of passes
-    # (group runs, length buckets); DDP syncs buffers in every pass, so the ranks waited on each other for ever.
+    # (group runs, length buckets); under DDP, which syncs buffers in every pass, the ranks waited on each other
+    # for ever.
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     sets = [f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "steps=2", "threads=1", "progress=false",
