@@ -133,6 +133,32 @@ def async_run(model_dir: str, out: Path, extra: Sequence[str]) -> dict[str, Any]
     return {"step": result["step"], "state": result["state"], "steps": steps}
 
 
+def averaging(rank: int, port: int, out: str) -> None:
+    """Rank ``rank`` of 2 (``torch.multiprocessing`` spawns it): gradients that some, all or no ranks have,
+    in buckets of one parameter each, averaged; then a module whose weights differ by rank, broadcast."""
+    import datetime
+
+    from trainer import distributed as dist
+
+    # A rank left waiting in a collective the other never makes fails after a minute rather than hanging.
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                                         timeout=datetime.timedelta(seconds=60))
+    params = {name: torch.zeros(3, dtype=dtype, requires_grad=True)
+              for name, dtype in (("all", torch.float32), ("one", torch.float32), ("none", torch.float32),
+                                  ("half", torch.bfloat16))}
+    params["all"].grad = torch.full((3,), rank + 1.0)
+    if rank == 1:
+        params["one"].grad = torch.tensor([2.0, 4.0, 6.0])
+    params["half"].grad = torch.full((3,), rank + 1.0, dtype=torch.bfloat16)
+    dist.average_gradients(list(params.values()), bucket_bytes=12)
+    torch.manual_seed(rank)
+    module = torch.nn.Linear(2, 2)
+    dist.broadcast_module(module)
+    torch.save({"grads": {k: p.grad for k, p in params.items()}, "weights": module.state_dict()},
+               Path(out) / f"averaging-{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
 def main(model_dir: str, out_dir: str, cases_path: str) -> None:
     from trainer import distributed as dist
 

@@ -121,6 +121,24 @@ def test_2_ranks_make_the_forward_passes_their_own_rows_need_and_still_take_the_
         assert torch.equal(v, ranks[1]["delta"][k]), k
 
 
+def test_2_ranks_average_the_gradients_they_have_and_start_from_rank_0s_weights(tmp_path: Path) -> None:
+    from trainer.distributed import free_port
+
+    torch.multiprocessing.start_processes(pw.averaging, (free_port(), str(tmp_path)), nprocs=2,
+                                          start_method="spawn")
+    ranks = [torch.load(tmp_path / f"averaging-{r}.pt", weights_only=False) for r in (0, 1)]
+    for got in ranks:
+        grads = got["grads"]
+        assert torch.equal(grads["all"], torch.full((3,), 1.5))
+        assert torch.equal(grads["one"], torch.tensor([1.0, 2.0, 3.0]))  # rank 0 had none: it counts as zeros
+        assert grads["none"] is None  # no rank had one: the optimizer skips it, as one process would
+        assert grads["half"].dtype == torch.bfloat16 and torch.equal(grads["half"].float(), torch.full((3,), 1.5))
+    torch.manual_seed(0)
+    rank_0 = torch.nn.Linear(2, 2).state_dict()
+    for got in ranks:
+        assert all(torch.equal(got["weights"][k], rank_0[k]) for k in rank_0)
+
+
 def test_a_2_rank_ddp_run_resumed_at_step_k_reproduces_step_k_plus_1(ddp_runs: Path) -> None:
     got = torch.load(ddp_runs / "resume.pt", weights_only=False)
     assert got["step"] == 2
