@@ -6,8 +6,9 @@
 Both runs are the real command line on the tiny model with the HF engine sampling (calculator task, its
 tools and reward), one torch thread per process: ``python -m trainer.cli train`` for one rank, and
 ``python -m torch.distributed.run --standalone --nproc_per_node 2 -m trainer.cli train`` for two, each rank
-rolling out half the prompts of every step (DDP averages the gradients). The numbers are from the run's
-own events (rank 0 writes them; ``time/step`` is the slowest rank's): steps after the first, so process
+rolling out half the prompts of every step (the ranks average the gradients once per optimizer step, and
+each rank's update makes the grouped forward passes its own rows need, as one rank's does). The numbers are
+from the run's own events (rank 0 writes them; ``time/step`` is the slowest rank's): steps after the first, so process
 start-up and the first step's warm-up are out of both. The last line is the ratio 2 ranks / 1 rank of
 trajectories per second (2.00 would be perfect scaling; the target is 1.7).
 """

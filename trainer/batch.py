@@ -206,9 +206,9 @@ def forward(model: Any, batch: Batch, temperature: float, *, entropy: bool = Fal
     (``length_buckets``) rather than all padded to the longest. Without it: one pass over every row.
 
     per_group=False keeps only the common prefix: two passes (one when nothing is shared), whatever the
-    batch's groups and lengths. That is the layout under DDP, which syncs buffers in every forward call (a
-    collective), so every rank must make the same calls; the common prefix is the system prompt and
-    template on every rank.
+    batch's groups and lengths: the layout for N DeepSpeed ranks, where every rank makes the same calls (the
+    common prefix is the system prompt and template on every rank). Plain-torch ranks make no collective in
+    forward and keep the group and bucket passes (``trainer.optim.DataParallelUpdate``).
     """
     if not share_prefix:
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=hidden,

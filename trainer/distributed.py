@@ -20,7 +20,7 @@ import contextlib
 import json
 import os
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +158,62 @@ def all_reduce_sum(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
 def all_reduce_max(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
     """The element-wise maximum over all ranks (stage times: a step waits for its slowest rank)."""
     return _all_reduce(tensor, torch.distributed.ReduceOp.MAX, group)
+
+
+def broadcast_module(module: torch.nn.Module, src: int = 0) -> None:
+    """Every rank's parameters and buffers become rank ``src``'s, in place (a no-op in a single process).
+
+    Once, when the plain-torch update is built across ranks: the ranks start from the same weights (PPO's
+    value head is initialised from each rank's own random state), as DDP's wrap used to make them."""
+    if not _active():
+        return
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            torch.distributed.broadcast(tensor.detach(), src)
+
+
+def average_gradients(params: Sequence[torch.Tensor], bucket_bytes: int = 64 << 20) -> None:
+    """Replace each parameter's gradient by its mean over all ranks, in a few flat all-reduces (a no-op in a
+    single process). Every rank must pass the same parameters in the same order.
+
+    The parameters are packed into buckets (one dtype and device each, at most ``bucket_bytes`` of gradient)
+    laid out from the parameters alone, so every rank makes the same calls whatever its gradients: a gradient
+    that is None here goes in as zeros. Each bucket also carries one flag per parameter (1: it has a gradient
+    here), so a parameter no rank computed a gradient for keeps None (the optimizer skips it, as one process
+    would), and one that only some ranks reached gets their sum divided by the world size."""
+    if not _active():
+        return
+    world = world_size()
+    buckets: list[list[torch.Tensor]] = []
+    sizes: list[int] = []
+    filling: dict[tuple[torch.dtype, torch.device], int] = {}  # the bucket each dtype and device fills
+    for p in params:
+        size = p.numel() * p.element_size()
+        i = filling.get((p.dtype, p.device))
+        if i is None or sizes[i] + size > bucket_bytes:
+            i = filling[(p.dtype, p.device)] = len(buckets)
+            buckets.append([])
+            sizes.append(0)
+        buckets[i].append(p)
+        sizes[i] += size
+    for bucket in buckets:
+        flags = torch.tensor([float(p.grad is not None) for p in bucket], dtype=bucket[0].dtype,
+                             device=bucket[0].device)
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket]
+                         + [flags])
+        torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM)
+        flat /= world
+        reached = flat[-len(bucket):].tolist()
+        offset = 0
+        for p, on in zip(bucket, reached, strict=True):
+            mean = flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+            if on <= 0:
+                p.grad = None
+            elif p.grad is None:
+                p.grad = mean.clone()
+            else:
+                p.grad.copy_(mean)
 
 
 def side_group() -> Any:

@@ -74,8 +74,8 @@ class Trainer:
 
     Under a launcher (``torchrun``, ``deepspeed``) each of the N ranks builds one: every rank rolls out its
     own ``prompts_per_step / N`` prompts of the shared data order, the losses' denominators, whole-batch
-    statistics and metrics are reduced across ranks, gradients are averaged by DDP or DeepSpeed, and rank 0
-    alone emits events, evaluates and writes the Hugging Face weights.
+    statistics and metrics are reduced across ranks, gradients are averaged (once per optimizer step in plain
+    torch, by DeepSpeed under it), and rank 0 alone emits events, evaluates and writes the Hugging Face weights.
 
     engine: a rollout engine built by the caller (e.g. a ``ReplayEngine`` for scripted rollouts) instead of
     the one ``config.engine`` names.

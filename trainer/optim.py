@@ -4,14 +4,14 @@ the trainer is built (``make_update``); the loop's code is the same for both."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 
+from trainer import distributed as dist
 from trainer.config import Config
 
 
@@ -39,8 +39,8 @@ def lr_schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int, kind:
 
 
 class Actor(torch.nn.Module):
-    """The policy and, for PPO, its value head as one module: DDP averages and DeepSpeed shards, saves and
-    restores both together (the critic trains inside the same engine as the policy). ``forward`` is the
+    """The policy and, for PPO, its value head as one module: the ranks average and DeepSpeed shards, saves
+    and restores both together (the critic trains inside the same engine as the policy). ``forward`` is the
     policy's (Hugging Face keyword arguments); the value head is called on its hidden states."""
 
     def __init__(self, policy: torch.nn.Module, value_head: torch.nn.Module | None = None) -> None:
@@ -55,7 +55,7 @@ class Actor(torch.nn.Module):
 class Update:
     """Gradients of a minibatch, accumulated over its micro-batches, then one optimizer step (plain torch).
 
-    ``module`` is what the update's forward passes go through (the ``Actor``, or its DDP/DeepSpeed wrapper)."""
+    ``module`` is what the update's forward passes go through (the ``Actor``, or its DeepSpeed engine)."""
 
     def __init__(self, module: torch.nn.Module, optimizer: Any, grad_clip: float, micro_batch_size: int | None
                  ) -> None:
@@ -66,10 +66,6 @@ class Update:
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-
-    def accumulating(self, last: bool) -> contextlib.AbstractContextManager[Any]:
-        """The context of a micro-batch's forward and backward; ``last``: the minibatch's last one."""
-        return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -83,13 +79,27 @@ class Update:
         return grad_norm
 
 
-class DDPUpdate(Update):
-    """Plain torch across ranks: ``DistributedDataParallel`` averages the gradients in the backward of a
-    minibatch's last micro-batch only (``no_sync`` before it), so ranks may hold different numbers of
-    micro-batches and still meet in exactly one all-reduce per optimizer step."""
+class DataParallelUpdate(Update):
+    """Plain torch across ranks: each rank accumulates its micro-batches' gradients alone, then the ranks
+    average them in a few flat all-reduces per optimizer step, before clipping (so clipping and ``grad_norm``
+    see the averaged gradient, as they would in one process). The ranks start from rank 0's weights.
 
-    def accumulating(self, last: bool) -> contextlib.AbstractContextManager[Any]:
-        return contextlib.nullcontext() if last else cast(Any, self.module).no_sync()
+    Why not ``DistributedDataParallel``: it broadcasts buffers in every forward call (a collective), so every
+    rank would have to make the same number of forward calls, while the update's forward takes as many passes
+    as a rank's own rows need (group prompts, length buckets: ``trainer.batch.forward``), which halves a
+    rank's update time. Here nothing in forward or backward is a collective: ranks may make any number of
+    passes and micro-batches and still meet in the same all-reduces, one set per optimizer step. What is
+    given up is DDP's overlap of the reduction with the backward, and under ``no_sync`` (all micro-batches
+    but the last) DDP overlapped it with the last micro-batch's backward only."""
+
+    def __init__(self, module: torch.nn.Module, optimizer: Any, grad_clip: float, micro_batch_size: int | None
+                 ) -> None:
+        super().__init__(module, optimizer, grad_clip, micro_batch_size)
+        dist.broadcast_module(module)
+
+    def step(self) -> float:
+        dist.average_gradients([p for g in self.optimizer.param_groups for p in g["params"]])
+        return super().step()
 
 
 class DeepSpeedUpdate(Update):
@@ -113,26 +123,19 @@ class DeepSpeedUpdate(Update):
 
 def make_update(config: Config, actor: Actor, optimizer: torch.optim.Optimizer, out: Path, world: int = 1
                 ) -> Update:
-    """``DeepSpeedUpdate`` when ``config.deepspeed`` names a DeepSpeed config, else ``DDPUpdate`` across
-    ranks (``world`` > 1), else ``Update``."""
+    """``DeepSpeedUpdate`` when ``config.deepspeed`` names a DeepSpeed config, else ``DataParallelUpdate``
+    across ranks (``world`` > 1), else ``Update``."""
     if not config.deepspeed:
         if world > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
-            # One process per device: DDP's device_ids is that device (None on the CPU).
-            device = next(actor.parameters()).device
-            ddp = DistributedDataParallel(actor, device_ids=[device] if device.type == "cuda" else None)
-            return DDPUpdate(ddp, optimizer, config.optim.grad_clip, config.micro_batch_size)
+            return DataParallelUpdate(actor, optimizer, config.optim.grad_clip, config.micro_batch_size)
         return Update(actor, optimizer, config.optim.grad_clip, config.micro_batch_size)
-    from trainer.distributed import deepspeed_initialize, is_main_process, read_deepspeed_config
-
     # One backward per minibatch (its rows are DeepSpeed's micro-batch), clipped as optim.grad_clip says:
     # "auto" values of the DeepSpeed config take these, and the run directory keeps what was used.
     rows = config.rollout.prompts_per_step * config.rollout.group_size // config.algorithm.minibatches // world
-    ds_config = read_deepspeed_config(
+    ds_config = dist.read_deepspeed_config(
         config.deepspeed, micro_batch_size=max(rows, 1),
         gradient_clipping=config.optim.grad_clip if config.optim.grad_clip > 0 else None)
-    if is_main_process():
+    if dist.is_main_process():
         (out / "deepspeed.json").write_text(json.dumps(ds_config, indent=2) + "\n")
-    engine, ds_optimizer = deepspeed_initialize(actor, optimizer, ds_config)
+    engine, ds_optimizer = dist.deepspeed_initialize(actor, optimizer, ds_config)
     return DeepSpeedUpdate(engine, ds_optimizer)

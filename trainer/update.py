@@ -2,7 +2,8 @@
 length-sorted micro-batches whose gradients accumulate (``Learner.optimise``), and the masked loss of one
 micro-batch (``Learner.micro_step``: the clipped policy loss with its off-policy weights, KL, entropy and
 PPO's value loss). ``Learner.build`` makes what the update steps: AdamW over the policy and PPO's value head,
-the learning-rate schedule, the frozen reference for KL, and the plain torch, DDP or DeepSpeed ``Update``
+the learning-rate schedule, the frozen reference for KL, and the plain torch (one rank or N) or DeepSpeed
+``Update``
 (``trainer.optim``).
 """
 
@@ -57,7 +58,8 @@ class MicroBatch:
 @dataclass
 class Learner:
     """What the update stage steps: the policy, PPO's value head, the optimizer and its schedule through the
-    plain torch, DDP or DeepSpeed ``update``, and the frozen reference the KL terms compare against."""
+    plain torch (one rank or N) or DeepSpeed ``update``, and the frozen reference the KL terms compare
+    against."""
 
     config: Config
     model: Any  # the policy (a Hugging Face causal LM, with LoRA adapters when configured)
@@ -68,6 +70,7 @@ class Learner:
     update: Update
     zero3: bool  # DeepSpeed ZeRO-3: the weights are sharded over the ranks
     share_prefix: bool  # forward the rows' shared prompt prefix once (``trainer.batch.forward``)
+    per_group: bool  # and each group's prompt once, the rows' own tokens in length buckets
     world: int
     device: torch.device
 
@@ -83,14 +86,18 @@ class Learner:
         optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.betas[0], o.betas[1]), eps=o.eps,
                                       weight_decay=o.weight_decay)
         scheduler = make_scheduler(optimizer, config)
-        # Plain torch, DDP or DeepSpeed, chosen once: the update stage steps through `update` either way. The
-        # value head is inside the same module, so DDP averages and DeepSpeed shards and saves it too.
+        # Plain torch or DeepSpeed, chosen once: the update stage steps through `update` either way. The value
+        # head is inside the same module, so the ranks average it and DeepSpeed shards and saves it too.
         update = make_update(config, Actor(model, value_head), optimizer, out, world)
         zero3 = config.deepspeed is not None and dist.zero_stage(dist.read_deepspeed_config(config.deepspeed)) == 3
         # ZeRO-3 gathers parameters in every forward, a collective: all ranks must make the same number of
         # forward calls, so the shared-prefix trick (one more call when a batch's rows share a long prompt) is off.
+        # Plain torch makes no collective in forward (`DataParallelUpdate`), so every rank makes the passes its
+        # own rows need. Under N DeepSpeed ranks the update keeps to the common prefix (two passes, the same on
+        # every rank), as it always has: the grouped passes are not verified under ZeRO-1/2.
         return cls(config, model, value_head, ref_model, update.optimizer, scheduler, update, zero3,
-                   share_prefix=not zero3, world=world, device=device)
+                   share_prefix=not zero3, per_group=world == 1 or not config.deepspeed, world=world,
+                   device=device)
 
     def optimise(self, batch: Batch, old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None,
                  advantages: torch.Tensor, values: torch.Tensor | None, returns: torch.Tensor | None, *,
@@ -99,7 +106,7 @@ class Learner:
         whose gradients accumulate, each padded only to its own longest row; every loss term is weighted by
         its micro-batch's share of the minibatch's aggregation denominator, so the gradient is the one of
         the whole minibatch at once. Across ranks the denominators are the whole batch's (summed over ranks,
-        divided by the world size, since DDP and DeepSpeed average the ranks' gradients): the N-rank
+        divided by the world size, since the ranks' gradients are averaged): the N-rank
         gradient is the one-process gradient, whatever each rank's share of tokens or sequences.
 
         step: the step being trained (it seeds the minibatch order). placeholder: the batch is one mask-0
@@ -131,7 +138,7 @@ class Learner:
                 parts: dict[str, float] = {}
                 self.update.zero_grad()
                 micro = rows.split(self.update.micro_batch_size or batch.size)
-                for i, cpu_idx in enumerate(micro):
+                for cpu_idx in micro:
                     idx = cpu_idx.to(self.device)
                     width = int(lengths[cpu_idx].max())
                     mb = trim(batch.rows(idx), width)
@@ -149,9 +156,8 @@ class Learner:
                         weight=agg_denominator(mb.mask, agg) / denominator,  # its share of the minibatch's mean
                         token_weight=float(mb.mask.sum()) / tokens_total,  # its share of the tokens
                         measure_mismatch=first)
-                    with self.update.accumulating(last=i == len(micro) - 1):
-                        loss, terms = self.micro_step(micro_batch)
-                        self.update.backward(loss)
+                    loss, terms = self.micro_step(micro_batch)
+                    self.update.backward(loss)
                     for k, v in terms.items():  # "_max" terms are maxima, the rest weighted sums
                         parts[k] = max(parts.get(k, v), v) if k.endswith("_max") else parts.get(k, 0.0) + v
                 first = False
@@ -173,13 +179,10 @@ class Learner:
         agg = a.resolved_loss_agg
         norm_length = cfg.rollout.max_new_tokens * cfg.rollout.max_turns
         mb, mask, w, w_tok = micro.batch, micro.batch.mask, micro.weight, micro.token_weight
-        # Through the update's module (DDP or DeepSpeed when they wrap it): that is what syncs the gradients.
-        # Under N ranks, the common prefix only (per_group=False): DDP syncs buffers in every forward call, a
-        # collective, and the group and bucket passes follow each rank's own rows, so ranks would make
-        # different calls and wait on each other for ever.
+        # Through the update's module: DeepSpeed's engine, when it wraps it, is what reduces the gradients.
         logp, entropy, hidden = forward(self.update.module, mb, cfg.rollout.temperature, entropy=True,
                                         hidden=self.value_head is not None, share_prefix=self.share_prefix,
-                                        per_group=self.world == 1)
+                                        per_group=self.per_group)
         terms: dict[str, float] = {}
         if micro.measure_mismatch:
             # Same tokens, same weights: any gap is engine/trainer numerics (or a bug).

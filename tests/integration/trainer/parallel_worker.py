@@ -27,17 +27,18 @@ WORDS = ("seven", "plus", "three", "is", "ten", "answer", "carry", "the", "one",
 
 
 class SeededEngine(Engine):
-    """Each turn's text is a function of its sampler seed only (1 to 10 words), logprobs 0."""
+    """Each turn's text is a function of its sampler seed only (1 to ``words`` words), logprobs 0."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, words: int = 10) -> None:
         self.tokenizer = tokenizer
+        self.words = words
         self.stop_token_ids = [int(tokenizer.eos_token_id)]
         self.max_model_len = 4096
         self.model_name = "seeded"
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
         rng = random.Random(sampling.seed)
-        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 10)))
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, self.words)))
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])[: sampling.max_new_tokens - 1]
         ids.append(self.stop_token_ids[0])
         return Generation(ids, [0.0] * len(ids), "stop")  # type: ignore[arg-type]
@@ -67,14 +68,14 @@ def overrides(model_dir: str, out: Path, *extra: str) -> list[str]:
     ]
 
 
-def trainer(model_dir: str, out: Path, extra: Sequence[str], resume: str | None = None) -> Any:
+def trainer(model_dir: str, out: Path, extra: Sequence[str], resume: str | None = None, words: int = 10) -> Any:
     from transformers import AutoTokenizer
 
     from trainer.config import load_config
     from trainer.loop import Trainer
 
     config = load_config(None, overrides(model_dir, out, *extra))
-    return Trainer(config, resume=resume, engine=SeededEngine(AutoTokenizer.from_pretrained(model_dir)))
+    return Trainer(config, resume=resume, engine=SeededEngine(AutoTokenizer.from_pretrained(model_dir), words))
 
 
 def weights(t: Any) -> dict[str, torch.Tensor]:
@@ -84,13 +85,27 @@ def weights(t: Any) -> dict[str, torch.Tensor]:
     return {k: v.float() for k, v in dist.full_state_dict(t.learner.update.module).items()}
 
 
-def one_step(model_dir: str, out: Path, extra: Sequence[str]) -> dict[str, Any]:
-    """Weights before and after one step, and the step's metrics."""
-    t = trainer(model_dir, out, extra)
+def one_step(model_dir: str, out: Path, extra: Sequence[str], words: int = 10) -> dict[str, Any]:
+    """Weights before and after one step, the step's metrics, and how many calls of the policy's forward
+    each of the update's micro-batches made (``forwards``)."""
+    t = trainer(model_dir, out, extra, words=words)
+    forwards: list[int] = []
+    calls = [0]
+    hook = t.model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    micro_step = t.learner.micro_step
+
+    def counted(micro: Any) -> Any:
+        before = calls[0]
+        out = micro_step(micro)
+        forwards.append(calls[0] - before)
+        return out
+
+    t.learner.micro_step = counted
     before = weights(t)
     metrics = t.train_step()
     after = weights(t)
-    return {"delta": {k: after[k] - before[k] for k in before}, "metrics": metrics}
+    hook.remove()
+    return {"delta": {k: after[k] - before[k] for k in before}, "metrics": metrics, "forwards": forwards}
 
 
 def resumed(model_dir: str, out: Path, extra: Sequence[str]) -> dict[str, Any]:
@@ -118,6 +133,32 @@ def async_run(model_dir: str, out: Path, extra: Sequence[str]) -> dict[str, Any]
     return {"step": result["step"], "state": result["state"], "steps": steps}
 
 
+def averaging(rank: int, port: int, out: str) -> None:
+    """Rank ``rank`` of 2 (``torch.multiprocessing`` spawns it): gradients that some, all or no ranks have,
+    in buckets of one parameter each, averaged; then a module whose weights differ by rank, broadcast."""
+    import datetime
+
+    from trainer import distributed as dist
+
+    # A rank left waiting in a collective the other never makes fails after a minute rather than hanging.
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                                         timeout=datetime.timedelta(seconds=60))
+    params = {name: torch.zeros(3, dtype=dtype, requires_grad=True)
+              for name, dtype in (("all", torch.float32), ("one", torch.float32), ("none", torch.float32),
+                                  ("half", torch.bfloat16))}
+    params["all"].grad = torch.full((3,), rank + 1.0)
+    if rank == 1:
+        params["one"].grad = torch.tensor([2.0, 4.0, 6.0])
+    params["half"].grad = torch.full((3,), rank + 1.0, dtype=torch.bfloat16)
+    dist.average_gradients(list(params.values()), bucket_bytes=12)
+    torch.manual_seed(rank)
+    module = torch.nn.Linear(2, 2)
+    dist.broadcast_module(module)
+    torch.save({"grads": {k: p.grad for k, p in params.items()}, "weights": module.state_dict()},
+               Path(out) / f"averaging-{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
 def main(model_dir: str, out_dir: str, cases_path: str) -> None:
     from trainer import distributed as dist
 
@@ -126,10 +167,11 @@ def main(model_dir: str, out_dir: str, cases_path: str) -> None:
     out = Path(out_dir)
     for case in json.loads(Path(cases_path).read_text()):
         run = resumed if case.get("resume") else async_run if case.get("async") else one_step
-        result = run(model_dir, out / case["name"], case["overrides"])
+        kwargs = {"words": case["words"]} if "words" in case else {}
+        result = run(model_dir, out / case["name"], case["overrides"], **kwargs)
         if dist.rank() == 0:
             torch.save(result, out / f"{case['name']}.pt")
-        elif case.get("async"):  # every rank's end, to show none was left waiting
+        elif case.get("async") or case.get("every_rank"):  # every rank's result, to compare the ranks
             torch.save(result, out / f"{case['name']}-rank{dist.rank()}.pt")
         dist.barrier()
     dist.destroy_process_group()

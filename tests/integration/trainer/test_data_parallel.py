@@ -1,11 +1,13 @@
 """Data parallelism on the CPU (gloo): 2 real ranks started by ``torchrun`` compute the one-process step.
 
 One step of 2 ranks x 2 prompts must leave the same parameters (policy and value head) as 1 rank x 4 prompts,
-for every algorithm, with DDP and with DeepSpeed ZeRO-1/2/3; a 2-rank run resumed at step k reproduces step
-k+1; launches that cannot work are refused at start with the fix named. Rollouts are scripted by their
-sampler seeds (``parallel_worker.SeededEngine``), so both sides train on the same trajectories and the
-comparison is of the update alone. Each ``torchrun`` launch runs all its cases in one process group (the
-launch, not the cases, is what costs time); torch runs one thread per rank.
+for every algorithm, in plain torch ("ddp" in the names: the ranks average their gradients once per
+optimizer step), also when the ranks' forwards take different numbers of passes, and with DeepSpeed
+ZeRO-1/2/3; a 2-rank run resumed at step k reproduces step k+1; launches that cannot work are refused at
+start with the fix named. Rollouts are scripted by their sampler seeds (``parallel_worker.SeededEngine``), so
+both sides train on the same trajectories and the comparison is of the update alone. Each ``torchrun`` launch
+runs all its cases in one process group (the launch, not the cases, is what costs time); torch runs one thread
+per rank.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ ALGORITHMS: dict[str, list[str]] = {
     "dapo": ["algorithm.name=dapo", "rollout.group_size=2", "rollout.reward=parallel_worker:even_words"],
     "ppo": ["algorithm.name=ppo"],  # value head trained in the same module; advantages whitened globally
 }
+# Answers of 1 to 60 words: rows far apart in length, so a micro-batch's forward splits them into buckets.
+GROUPED = {"words": 60, "overrides": [*ALGORITHMS["grpo"], "rollout.max_new_tokens=96", "micro_batch_size=4"]}
 
 
 def launch(tmp: Path, model_dir: Path, cases: list[dict[str, Any]]) -> Path:
@@ -89,6 +93,7 @@ def reference(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def ddp_runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     cases = [{"name": n, "overrides": o} for n, o in ALGORITHMS.items()]
     cases.append({"name": "resume", "resume": True, "overrides": ALGORITHMS["grpo"]})
+    cases.append({"name": "grouped", "every_rank": True, **GROUPED})
     return launch(tmp_path_factory.mktemp("ddp"), tiny_model_dir, cases)
 
 
@@ -100,6 +105,38 @@ def test_one_ddp_step_of_2_ranks_x_2_prompts_leaves_the_parameters_of_1_rank_x_4
     assert_same_step(got, reference(algorithm), rel=1e-5)
     if algorithm == "dapo":  # the refill and the cut were exercised, not skipped
         assert got["metrics"]["rollout/rounds"] > 1 and got["metrics"]["rollout/kept_fraction"] < 1
+
+
+def test_2_ranks_make_the_forward_passes_their_own_rows_need_and_still_take_the_one_process_step(
+        ddp_runs: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    ranks = [torch.load(ddp_runs / "grouped.pt", weights_only=False),
+             torch.load(ddp_runs / "grouped-rank1.pt", weights_only=False)]
+    # Length buckets: more than the common-prefix layout's 2 calls a micro-batch, and not as many on each rank
+    # (a collective in forward would have left the ranks waiting on each other for ever).
+    assert max(max(r["forwards"]) for r in ranks) > 2
+    assert ranks[0]["forwards"] != ranks[1]["forwards"]
+    reference = pw.one_step(str(tiny_model_dir), tmp_path, GROUPED["overrides"], words=GROUPED["words"])
+    assert_same_step(ranks[0], reference, rel=1e-5)
+    for k, v in ranks[0]["delta"].items():  # the ranks took the very same step
+        assert torch.equal(v, ranks[1]["delta"][k]), k
+
+
+def test_2_ranks_average_the_gradients_they_have_and_start_from_rank_0s_weights(tmp_path: Path) -> None:
+    from trainer.distributed import free_port
+
+    torch.multiprocessing.start_processes(pw.averaging, (free_port(), str(tmp_path)), nprocs=2,
+                                          start_method="spawn")
+    ranks = [torch.load(tmp_path / f"averaging-{r}.pt", weights_only=False) for r in (0, 1)]
+    for got in ranks:
+        grads = got["grads"]
+        assert torch.equal(grads["all"], torch.full((3,), 1.5))
+        assert torch.equal(grads["one"], torch.tensor([1.0, 2.0, 3.0]))  # rank 0 had none: it counts as zeros
+        assert grads["none"] is None  # no rank had one: the optimizer skips it, as one process would
+        assert grads["half"].dtype == torch.bfloat16 and torch.equal(grads["half"].float(), torch.full((3,), 1.5))
+    torch.manual_seed(0)
+    rank_0 = torch.nn.Linear(2, 2).state_dict()
+    for got in ranks:
+        assert all(torch.equal(got["weights"][k], rank_0[k]) for k in rank_0)
 
 
 def test_a_2_rank_ddp_run_resumed_at_step_k_reproduces_step_k_plus_1(ddp_runs: Path) -> None:
@@ -247,7 +284,8 @@ def test_a_deepspeed_resume_on_another_world_size_is_refused_before_loading(
 def test_2_ranks_whose_batches_group_and_bucket_differently_train_without_waiting_on_each_other(
         tiny_model_dir: Path, tmp_path: Path) -> None:
     # At 16 prompts x 4 rollouts a rank, the ranks' update forwards would take different numbers of passes
-    # (group runs, length buckets); DDP syncs buffers in every pass, so the ranks waited on each other for ever.
+    # (group runs, length buckets); under DDP, which syncs buffers in every pass, the ranks waited on each other
+    # for ever.
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     sets = [f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "steps=2", "threads=1", "progress=false",

@@ -164,7 +164,7 @@ def test_trainer_logprobs_match_the_hf_engine_on_its_own_samples(tiny_model_dir,
 
 def test_with_the_common_prefix_only_a_batch_takes_two_forward_calls_whatever_its_groups_and_lengths(
         tiny_model_dir):
-    # The layout under DDP, which syncs buffers in every forward call: every rank must make the same calls.
+    # The layout under N DeepSpeed ranks, where every rank makes the same forward calls.
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
