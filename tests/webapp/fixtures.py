@@ -41,7 +41,7 @@ os.environ.setdefault("AGENTFLY_CHILD_TIMEOUT", "5")
 # check is turned on by the tests of that check.
 os.environ.setdefault("AGENTFLY_CHECK_GPU_WORKERS", "0")
 # Tests sign in and call the API far more often than a person: rates high enough never to get in their way.
-# Each limit's own tests set a low one with the ``rate_limits`` fixture (tests/webapp/test_rate_limits.py).
+# Each limit's own tests set a low one with the ``rate_limits`` fixture (tests/webapp/accounts/test_rate_limits.py).
 for _scope in ("ANON", "USER", "TOKEN", "SIGNUP", "TRY", "LAUNCH"):
     os.environ.setdefault(f"AGENTFLY_RATE_{_scope}", "100000/hour")
 PLUGINS = Path(__file__).parent / "plugins"

@@ -1,6 +1,6 @@
 """Fixtures for the live-monitoring tests: a job of alice's team, session cookies for websockets, and a
 channel layer of their own on the real Redis (settings, the test database, alice and bob, Daphne and the
-browser come from ``tests/webapp/conftest.py``).
+browser come from ``tests/webapp/fixtures.py``).
 
 Each test gets a channel-layer prefix of its own, so events of another test (same job ids, same group
 names) cannot cross-talk with its socket.

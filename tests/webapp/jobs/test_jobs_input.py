@@ -354,7 +354,7 @@ def test_each_trainer_key_the_form_maps_is_one_it_fills_from_that_field(alice: A
                       user=alice)  # every section, and the keys written only when set
     assert form.is_valid(), form.errors
     config = form.trainer_config()
-    config["judge"]["servers"] = []  # a judge server's key, filled by its own field (tests/webapp/test_jobs_judge.py)
+    config["judge"]["servers"] = []  # a judge server's key, filled by its own field (tests/webapp/jobs/test_jobs_judge.py)
     for key, field in FIELD_OF_KEY.items():
         section, _, name = key.rpartition(".")
         assert name in (config[section] if section else config), key

@@ -26,7 +26,7 @@ from webapp.jobs import apis, worker
 from webapp.jobs.models import APIQuota, TrainingJob
 from webapp.jobs.tasks import config_to_run
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CLIENT = Path(__file__).with_name("api_budget_client.py")
 RATE, BURST = 4, 2  # the operator's quota for each team
 # The provider's limit, requests in any one second: the operator keeps each team's quota (at most RATE + BURST

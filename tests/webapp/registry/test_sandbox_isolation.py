@@ -19,7 +19,7 @@ import pytest
 from django.urls import reverse
 
 from tests.webapp.helpers import Worker
-from tests.webapp.test_registry_security import PLUGINS, plugin_file, registered, try_it
+from tests.webapp.registry.test_registry_security import PLUGINS, plugin_file, registered, try_it
 
 POSTGRES = "/var/run/postgresql/.s.PGSQL.5432"
 

@@ -18,7 +18,7 @@ from django.urls import reverse
 
 from tests.webapp.factories import builtin_entries, launch_data, ready_entry
 from tests.webapp.helpers import ROOT, Worker, wait_for
-from tests.webapp.test_registry_security import api_register, form_register, plugin_file, try_it
+from tests.webapp.registry.test_registry_security import api_register, form_register, plugin_file, try_it
 from webapp.registry.models import Entry, EntryStatus
 
 CHAINS = ["hostile_tools:os.system", "hostile_tools:os.popen", "hostile_tools:__loader__.get_data",

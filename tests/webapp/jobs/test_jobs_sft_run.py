@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.webapp.helpers import wait_for
-from tests.webapp.test_jobs_run import job_in, launch, metrics_of
+from tests.webapp.jobs.test_jobs_run import job_in, launch, metrics_of
 from webapp.jobs.models import Status
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

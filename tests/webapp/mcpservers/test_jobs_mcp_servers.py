@@ -14,7 +14,7 @@ from django.conf import settings
 
 import agentfly as af
 from tests.webapp.helpers import ROOT, wait_for
-from tests.webapp.test_registry_security import plugin_file
+from tests.webapp.registry.test_registry_security import plugin_file
 from webapp.jobs.models import Status as JobStatus
 from webapp.jobs.models import TrainingJob
 from webapp.mcpservers.jobs import for_job

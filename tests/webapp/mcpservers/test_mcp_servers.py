@@ -12,7 +12,7 @@ from django.conf import settings
 
 import agentfly as af
 from tests.webapp.helpers import wait_for
-from tests.webapp.test_registry_security import plugin_file
+from tests.webapp.registry.test_registry_security import plugin_file
 from webapp.mcpservers.models import MCPServer, Status
 
 STORE = Path(af.__file__).parent / "resources" / "mcp_servers" / "kv_store.py"
