@@ -11,16 +11,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from agentfly.resources.pool import Lease
 
 
 class ResourceProvider(Protocol):
     """What the context needs from a resource engine (``agentfly.resources.ResourceEngine``)."""
 
-    async def acquire(self, name: str, *, owner: str | None = None, timeout: float | None = None) -> Any:
+    async def acquire(self, name: str, *, owner: str | None = None, timeout: float | None = None) -> Lease:
         """Return a lease whose ``.instance`` is the resource."""
 
-    async def release(self, lease: Any, *, healthy: bool = True) -> None: ...
+    async def release(self, lease: Lease, *, healthy: bool = True) -> None: ...
 
 
 class NoResourceEngine(RuntimeError):
@@ -52,7 +55,7 @@ class RolloutContext:
     group_id: str
     resources: ResourceProvider | None = None
     info: dict[str, Any] = field(default_factory=dict)  # injected per-rollout information (e.g. a variation)
-    _leases: dict[str, Any] = field(default_factory=dict, repr=False)
+    _leases: dict[str, Lease] = field(default_factory=dict, repr=False)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict, repr=False)
     _unhealthy: set[str] = field(default_factory=set, repr=False)
     # The assistant turn whose tool calls are running (set by the rollout loop), and the rewards credited to

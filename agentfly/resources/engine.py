@@ -22,9 +22,9 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agentfly.resources.backends.local import kill_all_workers, sweep_sandboxes
 from agentfly.resources.pool import GlobalPool, Lease, RolloutPool
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 # Strong references: an engine dropped without aclose() still owns processes, and must be found at exit.
 _live_engines: set[ResourceEngine] = set()
 _hooks_installed = False
-_previous_sigterm: Any = None
+_previous_sigterm: Callable[[int, FrameType | None], object] | int | None = None  # signal.getsignal's
 
 
 class ResourceEngine:
@@ -147,7 +147,7 @@ class ResourceEngine:
 
         await asyncio.wait_for(drained(), timeout)
 
-    def stats(self) -> dict[str, dict[str, Any]]:
+    def stats(self) -> dict[str, dict[str, object]]:
         """Per pool: size, in_use, idle, waiting, created, destroyed, failed, acquire p50/p99 ms, isolation."""
         return {name: pool.stats() for name, pool in self.pools.items()}
 
@@ -197,7 +197,7 @@ class ResourceEngine:
         return f"ResourceEngine({list(self.specs)}, closed={self.closed})"
 
 
-def _is_monitor(task: asyncio.Task[Any]) -> bool:
+def _is_monitor(task: asyncio.Task[object]) -> bool:
     coro = task.get_coro()
     return getattr(coro, "__name__", "") == "_monitor"
 

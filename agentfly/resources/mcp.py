@@ -34,13 +34,19 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentfly.resources.backends.local import WORKER, Isolation, Limits, LocalWorker
 from agentfly.resources.spec import InfrastructureFailure, Pool, ResourceError, ResourceSpec
+
+if TYPE_CHECKING:  # the SDK is imported where it is used, so that importing agentfly does not need it
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+    from mcp import ClientSession
+    from mcp.shared.message import SessionMessage
+    from mcp.types import CallToolResult, Tool
 
 LAUNCHER = Path(__file__).resolve().with_name("_mcp_launch.py")
 MAX_OBSERVATION = 16_000  # characters of a tool result the model reads; the rest is cut with a note
@@ -134,7 +140,8 @@ def _file_folders(argv: Sequence[str]) -> list[str]:
 
 
 @asynccontextmanager
-async def _pipe_streams(proc: asyncio.subprocess.Process) -> AsyncIterator[tuple[Any, Any]]:
+async def _pipe_streams(proc: asyncio.subprocess.Process) -> AsyncIterator[
+        tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]]:
     """MCP's stdio framing (one JSON-RPC message per line) over a process the sandbox backend started.
 
     The SDK's ``stdio_client`` starts its own process; here the process is the local backend's, so that it
@@ -193,9 +200,9 @@ class MCPSession:
         self.read_paths = [*options.get("read_paths", []), *_file_folders(self.command or [])]
         self.env: dict[str, str] = dict(options.get("env") or {})
         self.limits: Limits = options.get("limits") or Limits(memory_bytes=2 << 30)
-        self.session: Any = None
+        self.session: ClientSession | None = None
         self.worker: LocalWorker | None = None
-        self.tools: list[Any] = []  # the server's tool listing (mcp.types.Tool), as it gave it
+        self.tools: list[Tool] = []  # the server's tool listing, as it gave it
         self.calls = 0
         self.failures = 0
         self.restarts = 0
@@ -321,9 +328,9 @@ class MCPSession:
         if self._task is not None:
             self._task.cancel()
 
-    def isolation(self) -> dict[str, Any]:
+    def isolation(self) -> dict[str, object]:
         """Shown in the pool stats: the transport, what the sandbox reported, and the call counts."""
-        info: dict[str, Any] = {"transport": "http" if self.url else "stdio", "calls": self.calls,
+        info: dict[str, object] = {"transport": "http" if self.url else "stdio", "calls": self.calls,
                                 "failures": self.failures, "restarts": self.restarts}
         if self.worker is not None:
             info.update(self.worker.report)
@@ -333,8 +340,7 @@ class MCPSession:
     def tool_schema(self, tool: str) -> dict[str, Any] | None:
         for entry in self.tools:
             if entry.name == tool:
-                schema: dict[str, Any] = entry.input_schema
-                return schema
+                return entry.input_schema
         return None
 
     def _failure(self, reason: str) -> InfrastructureFailure:
@@ -345,7 +351,7 @@ class MCPSession:
         return InfrastructureFailure(f"MCP {where} {self.name!r}: {reason}",
                                      "instance_crashed" if crashed else "server_down")
 
-    async def _call(self, tool: str, arguments: dict[str, Any]) -> Any:
+    async def _call(self, tool: str, arguments: dict[str, Any]) -> CallToolResult:
         from mcp import MCPError
         from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
@@ -368,7 +374,8 @@ class MCPSession:
                 raise self._failure(f"{tool!r}: {type(exc).__name__}: {exc}") from None
             raise
 
-    async def seed_once(self, info: dict[str, Any], sample: Any, tool: str, fields: Sequence[str]) -> None:
+    async def seed_once(self, info: dict[str, Any], sample: Mapping[str, Any], tool: str,
+                        fields: Sequence[str]) -> None:
         """Load a rollout's task data into this session: call ``tool`` with the ``fields`` of ``sample`` it has,
         the first time the rollout (whose ``info`` dict records it) asks, and never again for that rollout."""
         flag = f"mcp_seeded:{self.name}"
@@ -396,7 +403,7 @@ class MCPSession:
         return text
 
 
-def check_arguments(tool: str, schema: dict[str, Any], arguments: Any) -> None:
+def check_arguments(tool: str, schema: Mapping[str, object], arguments: Any) -> None:
     """Raise ``MCPArgumentError`` naming every way ``arguments`` break the tool's JSON schema."""
     import jsonschema
 
@@ -411,7 +418,7 @@ def check_arguments(tool: str, schema: dict[str, Any], arguments: Any) -> None:
         raise MCPArgumentError(f"invalid arguments for tool '{tool}': " + "; ".join(problems))
 
 
-def result_text(result: Any) -> str:
+def result_text(result: CallToolResult) -> str:
     """The text of a ``CallToolResult``: its text blocks, else its structured content as JSON, bounded."""
     parts = [block.text for block in getattr(result, "content", []) if getattr(block, "type", "") == "text"]
     if not parts and getattr(result, "structured_content", None) is not None:

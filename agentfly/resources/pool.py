@@ -20,11 +20,13 @@ import itertools
 import logging
 import time
 from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentfly.resources.spec import (
     InfrastructureFailure,
+    Resource,
     ResourceClosed,
     ResourceError,
     ResourceSpec,
@@ -40,7 +42,7 @@ LATENCY_WINDOW = 10_000
 class Instance:
     """One live resource instance and its bookkeeping."""
 
-    resource: Any
+    resource: Resource
     id: int = field(default_factory=lambda: next(_ids))
     created_at: float = field(default_factory=time.monotonic)
     uses: int = 0
@@ -59,7 +61,7 @@ class Lease:
     released: bool = False
 
     @property
-    def instance(self) -> Any:
+    def instance(self) -> Any:  # the resource's own API (``run``, ``act``...), which only its tools know
         return self.slot.resource
 
 
@@ -87,14 +89,14 @@ class BasePool:
         self.closed = False
         self.created = self.destroyed = self.failed = self.timeouts = self.acquires = 0
         self.latency = Latencies()
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
         self.instances: set[Instance] = set()  # every live instance, whatever its state
-        self.isolation: dict[str, Any] | None = None
+        self.isolation: dict[str, object] | None = None
         self.last_error: str | None = None
         # Made on first use, on the pool's own event loop.
         self._starting: asyncio.Semaphore | contextlib.nullcontext[None] | None = None
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+    def _spawn(self, coro: Coroutine[object, object, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -161,9 +163,9 @@ class BasePool:
                     log.exception("killing %s instance %d failed", self.spec.name, slot.id)
         self.instances.clear()
 
-    def base_stats(self) -> dict[str, Any]:
+    def base_stats(self) -> dict[str, object]:
         p50, p99 = self.latency.percentile(50), self.latency.percentile(99)
-        stats: dict[str, Any] = {
+        stats: dict[str, object] = {
             "kind": self.spec.kind,
             "scope": self.spec.scope,
             "backend": self.spec.backend,
@@ -428,7 +430,7 @@ class RolloutPool(BasePool):
         self.idle.clear()
         await asyncio.gather(*(self._destroy(slot) for slot in list(self.instances)), return_exceptions=True)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         """``peak_in_use`` is the most instances held at once since the previous call: the trainer asks once per
         step, between steps, when ``in_use`` is back to 0, so the step's real use is the peak."""
         peak, self.peak_in_use = self.peak_in_use, self.in_use
@@ -509,7 +511,7 @@ class GlobalPool(BasePool):
         self.current = None
         await asyncio.gather(*(self._destroy(slot) for slot in list(self.instances)), return_exceptions=True)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         holders = sum(s.holders for s in self.instances)
         # A shared model service (a judge, a reward model) reports its own calls, batches and latency.
         # An async ``stats`` (a shared rate limiter's, read from Redis) is shown through ``isolation`` instead.
@@ -528,7 +530,7 @@ class GlobalPool(BasePool):
         }
 
 
-async def _quietly_close(resource: Any) -> None:
+async def _quietly_close(resource: Resource) -> None:
     """Close an instance; if that fails or hangs, kill it. Never raises (except for cancellation)."""
     try:
         await asyncio.wait_for(resource.close(), 30)

@@ -23,7 +23,12 @@ import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import httpx
+
+    from agentfly.resources.spec import ResourceSpec
 
 
 class RateLimiter:
@@ -31,7 +36,7 @@ class RateLimiter:
 
     kind = "api"
 
-    def __init__(self, spec: Any = None, *, rate: float | None = None, burst: int | None = None,
+    def __init__(self, spec: ResourceSpec | None = None, *, rate: float | None = None, burst: int | None = None,
                  concurrency: int | None = None) -> None:
         options = dict(getattr(spec, "options", None) or {})
         self.rate = float(rate if rate is not None else options.get("rate", 10.0))
@@ -93,7 +98,7 @@ class RateLimiter:
     def kill(self) -> None:
         self.closed = True
 
-    def isolation(self) -> dict[str, Any]:
+    def isolation(self) -> dict[str, object]:
         """Shown in the pool stats: the configured limits."""
         return {"rate_per_s": self.rate, "burst": self.burst, "concurrency": self.concurrency}
 
@@ -175,7 +180,7 @@ class SharedRateLimiter:
 
     kind = "api"
 
-    def __init__(self, spec: Any = None, **overrides: Any) -> None:
+    def __init__(self, spec: ResourceSpec | None = None, **overrides: Any) -> None:
         options = {**dict(getattr(spec, "options", None) or {}), **overrides}
         self.key = str(options.get("key") or getattr(spec, "name", None) or "api")
         self.redis_url = str(options.get("redis_url") or os.environ.get("AGENTFLY_RATELIMIT_REDIS")
@@ -194,13 +199,13 @@ class SharedRateLimiter:
             raise ValueError(f"SharedRateLimiter {self.key!r}: rate must be positive; burst, concurrency and "
                              "breaker_failures at least 1")
         self.redis: Any = None
-        self.client: Any = None
+        self.client: httpx.AsyncClient | None = None
         self.closed = False
         self._serial = 0
         # The shared counters as last read from Redis (at most every ``snapshot_every`` seconds, after a call),
         # so the pool stats, which are synchronous, can show them: the resources event carries them to the
         # dashboard.
-        self.snapshot: dict[str, Any] = {"rate_per_s": self.rate, "burst": self.burst,
+        self.snapshot: dict[str, object] = {"rate_per_s": self.rate, "burst": self.burst,
                                           "concurrency": self.concurrency, "daily_quota": self.daily_quota,
                                           "shared_in": "redis", "key": self.key}
         self.snapshot_every = float(options.get("snapshot_every", 5.0))
@@ -266,7 +271,7 @@ class SharedRateLimiter:
         await self._failed(keys=[keys["failures"], keys["breaker"], keys["stats"]],
                            args=[self.breaker_failures, int(self.breaker_cooldown * 1000)])
 
-    async def request(self, method: str, url: str, **kwargs: Any) -> Any:
+    async def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
         """An HTTP request within the shared budget, retried on 429/503 (after ``Retry-After``) and on connection
         errors; an ``httpx.Response`` for any other status. Raises ``InfrastructureFailure`` when retries run out
         (``server_down``) or the breaker is open (``breaker_open``)."""
@@ -279,6 +284,7 @@ class SharedRateLimiter:
             retry_after: float | None = None
             try:
                 async with self.slot():
+                    assert self.client is not None  # started with the Redis client that slot() checks
                     response = await self.client.request(method, url, **kwargs)
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {exc}"
@@ -307,11 +313,11 @@ class SharedRateLimiter:
             self._snapshot_at = time.monotonic()
             self.snapshot.update(await self.stats())  # in place: the pool keeps the dict isolation() gave it
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> dict[str, object]:
         """Calls, waits, wait seconds, 429s, failures, breaker openings; the quota in use; the breaker's state."""
         keys = self._keys()
         raw = await self.redis.hgetall(keys["stats"])
-        out: dict[str, Any] = dict.fromkeys(("calls", "waits", "wait_seconds", "http_429", "failures",
+        out: dict[str, object] = dict.fromkeys(("calls", "waits", "wait_seconds", "http_429", "failures",
                                              "breaker_opened"), 0.0)
         out.update({k.decode(): float(v) for k, v in raw.items()})
         out["quota_used"] = int(await self.redis.get(keys["quota"]) or 0)
@@ -341,7 +347,7 @@ class SharedRateLimiter:
     def kill(self) -> None:
         self.closed = True
 
-    def isolation(self) -> dict[str, Any]:
+    def isolation(self) -> dict[str, object]:
         """Shown in the pool stats (and so in the resources event): the limits, and the shared counters
         (calls, waits, 429s, quota in use, breaker state) as last read."""
         return self.snapshot

@@ -183,7 +183,7 @@ class ResourceSpec:
         if self.health_interval < 0:
             raise ValueError(f"ResourceSpec {self.name!r}: health_interval must be >= 0 (0 turns it off)")
 
-    def build(self) -> Any:
+    def build(self) -> Resource:
         """A new, not yet started instance."""
         try:
             params = inspect.signature(self.factory).parameters.values()
@@ -192,7 +192,7 @@ class ResourceSpec:
             )
         except (TypeError, ValueError):  # builtins without a signature
             takes_spec = False
-        instance = self.factory(self) if takes_spec else self.factory()
+        instance: Resource = self.factory(self) if takes_spec else self.factory()
         missing = [m for m in ("start", "reset", "health", "close") if not callable(getattr(instance, m, None))]
         if missing:
             raise TypeError(

@@ -12,9 +12,12 @@ import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from agentfly.resources.spec import InfrastructureFailure
+
+if TYPE_CHECKING:  # the rollout layer calls rewards: only the type goes the other way
+    from agentfly.rollout.trajectory import Trajectory
 
 BUILTIN_INPUTS = ("final_answer", "trajectory", "context")
 
@@ -59,14 +62,14 @@ class Reward:
                 f"{sorted(sample)}; add the field to the task data or give the parameter a default"
             )
 
-    def bind(self, final_answer: str | None, trajectory: Any, context: Any, sample: Mapping[str, Any]) -> dict[str, Any]:
+    def bind(self, final_answer: str | None, trajectory: Trajectory, context: Any, sample: Mapping[str, Any]) -> dict[str, Any]:
         available: dict[str, Any] = {**sample, "final_answer": final_answer, "trajectory": trajectory, "context": context}
         if self.takes_all:
             return available
         self.check_sample(sample)
         return {n: available[n] for n in (*self.required, *self.optional) if n in available}
 
-    async def score(self, final_answer: str | None, trajectory: Any, context: Any, sample: Mapping[str, Any]) -> RewardResult:
+    async def score(self, final_answer: str | None, trajectory: Trajectory, context: Any, sample: Mapping[str, Any]) -> RewardResult:
         """Compute the reward; an exception becomes reward 0 with the error recorded, never a lost batch."""
         try:
             kwargs = self.bind(final_answer, trajectory, context, sample)
@@ -122,7 +125,8 @@ def reward(fn: Callable[..., Any], /) -> Reward: ...
 def reward(*, name: str | None = None, resource: str | None = None) -> Callable[[Callable[..., Any]], Reward]: ...
 
 
-def reward(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, resource: str | None = None) -> Any:
+def reward(fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
+           resource: str | None = None) -> Reward | Callable[[Callable[..., Any]], Reward]:
     """Declare a reward. Use as ``@reward`` or ``@reward(name=..., resource="judge")``; a reward with a
     ``resource`` reads it from its context (``judge = await context.resource("judge")``)."""
     if fn is not None:

@@ -8,21 +8,25 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from agentfly.rollout.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 GREEN, DIM, RESET = "\033[32m", "\033[2m", "\033[0m"
 
 
 @functools.lru_cache(maxsize=8)
-def _load_tokenizer(model: str) -> Any:
+def _load_tokenizer(model: str) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model)
+    tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(model)
+    return tokenizer
 
 
-def _tokenizer_for(trajectory: Trajectory, tokenizer: Any) -> Any:
+def _tokenizer_for(trajectory: Trajectory, tokenizer: PreTrainedTokenizerBase | None) -> PreTrainedTokenizerBase:
     if tokenizer is not None:
         return tokenizer
     if trajectory.model is None:
@@ -30,7 +34,7 @@ def _tokenizer_for(trajectory: Trajectory, tokenizer: Any) -> Any:
     return _load_tokenizer(trajectory.model)
 
 
-def mask_segments(trajectory: Trajectory, tokenizer: Any = None) -> list[dict[str, Any]]:
+def mask_segments(trajectory: Trajectory, tokenizer: PreTrainedTokenizerBase | None = None) -> list[dict[str, Any]]:
     """``[{"start", "end", "mask", "text"}, ...]``: consecutive tokens with the same mask, decoded."""
     tok = _tokenizer_for(trajectory, tokenizer)
     return [
@@ -40,7 +44,7 @@ def mask_segments(trajectory: Trajectory, tokenizer: Any = None) -> list[dict[st
     ]
 
 
-def visualize_mask(trajectory: Trajectory, tokenizer: Any = None, *, file: TextIO | None = None,
+def visualize_mask(trajectory: Trajectory, tokenizer: PreTrainedTokenizerBase | None = None, *, file: TextIO | None = None,
                    color: bool | None = None) -> str:
     """Print the trajectory with trained tokens (mask 1) green and masked tokens (mask 0) dim.
 

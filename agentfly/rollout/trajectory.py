@@ -9,7 +9,10 @@ and 0.0 elsewhere.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 FinishReason = Literal["answer", "max_turns", "length", "error"]
 
@@ -145,7 +148,7 @@ class Trajectory:
                 spans.append((i, i + 1, m))
         return spans
 
-    def to_dict(self, tokenizer: Any = None) -> dict[str, Any]:
+    def to_dict(self, tokenizer: PreTrainedTokenizerBase | None = None) -> dict[str, Any]:
         """The trajectory as JSON-able data: its fields and derived counts (``from_dict`` reads it back).
 
         With ``tokenizer`` it also carries the decoded views a viewer needs without a tokenizer of its own:

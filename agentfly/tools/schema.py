@@ -60,7 +60,7 @@ def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     return "\n".join(summary).strip(), params
 
 
-def _enum_type(values: Sequence[Any]) -> dict[str, Any]:
+def _enum_type(values: Sequence[object]) -> dict[str, object]:
     kinds = {_JSON_TYPES.get(type(v)) for v in values}
     return {"type": kinds.pop()} if len(kinds) == 1 and None not in kinds else {}
 
@@ -76,7 +76,7 @@ def _inline_refs(schema: Any, defs: Mapping[str, Any]) -> Any:
     return schema
 
 
-def type_schema(hint: Any, where: str = "value") -> dict[str, Any]:
+def type_schema(hint: Any, where: str = "value") -> dict[str, object]:
     """The JSON schema of one type hint. ``where`` names the parameter in error messages."""
     if hint is inspect.Parameter.empty or hint is Any:
         return {}
@@ -126,7 +126,7 @@ def type_schema(hint: Any, where: str = "value") -> dict[str, Any]:
     )
 
 
-def signature_schema(fn: Callable[..., Any]) -> tuple[str, dict[str, Any], type[pydantic.BaseModel], bool]:
+def signature_schema(fn: Callable[..., Any]) -> tuple[str, dict[str, object], type[pydantic.BaseModel], bool]:
     """Describe ``fn``: (description, parameters schema, validator model, takes_context).
 
     Raises SchemaError naming the parameter whose hint cannot be described.
@@ -137,7 +137,7 @@ def signature_schema(fn: Callable[..., Any]) -> tuple[str, dict[str, Any], type[
     except Exception as exc:  # unresolvable forward references
         raise SchemaError(f"{fn.__qualname__}: cannot resolve type hints ({exc})") from exc
     sig = inspect.signature(fn)
-    properties: dict[str, Any] = {}
+    properties: dict[str, dict[str, object]] = {}
     required: list[str] = []
     fields: dict[str, Any] = {}
     takes_context = False
@@ -162,7 +162,7 @@ def signature_schema(fn: Callable[..., Any]) -> tuple[str, dict[str, Any], type[
                 schema["default"] = default
             fields[name] = (Any if hint is inspect.Parameter.empty else hint, default)
         properties[name] = schema
-    parameters: dict[str, Any] = {"type": "object", "properties": properties, "required": required}
+    parameters: dict[str, object] = {"type": "object", "properties": properties, "required": required}
     validator = pydantic.create_model(
         f"{fn.__name__}_arguments",
         __config__=pydantic.ConfigDict(extra="forbid", arbitrary_types_allowed=True),

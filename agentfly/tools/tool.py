@@ -57,7 +57,7 @@ class Tool:
     fn: Callable[..., Any]
     name: str
     description: str
-    parameters: dict[str, Any]
+    parameters: dict[str, object]  # a JSON schema, passed on to the chat template and the validator
     timeout: float | None = DEFAULT_TIMEOUT
     resource: str | None = None
     takes_context: bool = False
@@ -71,7 +71,7 @@ class Tool:
         return inspect.iscoroutinefunction(self.fn)
 
     @property
-    def schema(self) -> dict[str, Any]:
+    def schema(self) -> dict[str, object]:
         """The OpenAI-style function schema, as chat templates take it (``tools=[...]``)."""
         return {
             "type": "function",
