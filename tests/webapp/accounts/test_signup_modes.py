@@ -8,6 +8,7 @@ import subprocess
 import sys
 from datetime import timedelta
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -169,10 +170,12 @@ def test_the_demo_keeps_signup_open(monkeypatch: pytest.MonkeyPatch, tmp_path: A
     from webapp import demo
 
     monkeypatch.delenv("AGENTFLY_SIGNUP", raising=False)
-    for name in ("DEBUG", "DATABASE_URL", "AGENTFLY_RUNS_DIR"):  # configure_environment sets them
-        monkeypatch.setenv(name, os.environ.get(name, ""))
-    env = demo.configure_environment(argparse.Namespace(dir=str(tmp_path), debug=False), demo.Services(tmp_path))
+    # configure_environment sets the demo's environment in this process (DEBUG, SECRET_KEY, cookies without
+    # Secure, ...): all of it is put back after, or later tests would see the demo's settings.
+    with mock.patch.dict(os.environ):
+        env = demo.configure_environment(argparse.Namespace(dir=str(tmp_path), debug=False), demo.Services(tmp_path))
     assert env["AGENTFLY_SIGNUP"] == "open"
+    assert "SESSION_COOKIE_SECURE" not in os.environ or os.environ["SESSION_COOKIE_SECURE"] != "0"
 
 
 def test_the_api_creates_lists_and_revokes_invitations_of_the_users_teams_only(
