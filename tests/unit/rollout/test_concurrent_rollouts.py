@@ -56,65 +56,59 @@ async def test_concurrent_rollouts_with_a_slow_tool_take_a_fraction_of_the_seque
         assert [c.observation for c in b.tool_calls] == [f"value of k{b.sample['id'][1:]}"]
 
 
-async def test_the_tool_calls_of_one_turn_run_concurrently(scripted_engine: Callable[..., Any]) -> None:
-    keys = ["a", "b", "c", "d"]
-    running, peak = 0, 0
-    all_in = asyncio.Event()
+class Inside:
+    """How many calls are inside a tool at once (``running``) and the most there ever were (``peak``)."""
+
+    def __init__(self) -> None:
+        self.running = self.peak = 0
+
+
+def counting_lookup(full_at: int, bound: float) -> tuple[af.Tool, Inside]:
+    """A tool that waits on the network, counting the calls inside it at once. A call waits until ``full_at``
+    calls are inside together, or ``bound`` seconds at most: calls run together wait for each other, calls
+    admitted one at a time (or fewer than ``full_at``) wait out the bound and still finish."""
+    inside, full = Inside(), asyncio.Event()
 
     @af.tool(name="slow_lookup")
     async def counted_lookup(key: str) -> str:
-        """A tool that waits on the network, counting the calls inside it at once."""
-        nonlocal running, peak
-        running += 1
-        peak = max(peak, running)
-        if running == len(keys):
-            all_in.set()
+        """Look a key up."""
+        inside.running += 1
+        inside.peak = max(inside.peak, inside.running)
+        if inside.running >= full_at:
+            full.set()
         try:
-            # Calls run together wait for each other here; calls one at a time wait out the bound.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(all_in.wait(), 0.2)
+                await asyncio.wait_for(full.wait(), bound)
             return f"value of {key}"
         finally:
-            running -= 1
+            inside.running -= 1
+            if inside.running < full_at:
+                full.clear()
 
+    return counted_lookup, inside
+
+
+async def test_the_tool_calls_of_one_turn_run_concurrently(scripted_engine: Callable[..., Any]) -> None:
+    keys = ["a", "b", "c", "d"]
     one_turn = scripted_engine([["".join(call(k) for k in keys), "Done."]])
     many_turns = scripted_engine([[*(call(k) for k in keys), "Done."]])
-    together = (await af.Agent(model=one_turn, tools=[counted_lookup], max_turns=6).run(samples(1)))[0]
-    peak_together, peak = peak, 0
-    apart = (await af.Agent(model=many_turns, tools=[counted_lookup], max_turns=6).run(samples(1)))[0]
+    tool, together_inside = counting_lookup(len(keys), 0.2)
+    together = (await af.Agent(model=one_turn, tools=[tool], max_turns=6).run(samples(1)))[0]
+    tool, apart_inside = counting_lookup(len(keys), 0.2)
+    apart = (await af.Agent(model=many_turns, tools=[tool], max_turns=6).run(samples(1)))[0]
     assert [c.name for c in together.tool_calls] == [c.name for c in apart.tool_calls] == ["slow_lookup"] * 4
     assert [c.turn for c in together.tool_calls] == [0, 0, 0, 0]
     assert [c.observation for c in together.tool_calls] == [f"value of {k}" for k in keys]  # in call order
-    assert (peak_together, peak) == (len(keys), 1)  # one turn's calls all in flight at once; turns one by one
+    # One turn's calls all in flight at once; turns one by one.
+    assert (together_inside.peak, apart_inside.peak) == (len(keys), 1)
 
 
 async def test_max_concurrency_bounds_the_rollouts_in_flight(scripted_engine: Callable[..., Any]) -> None:
     n, limit = 6, 2
-    running, peak = 0, 0
-    full = asyncio.Event()
-
-    @af.tool(name="slow_lookup")
-    async def counted_lookup(key: str) -> str:
-        """A tool that waits on the network, counting the rollouts inside it at once."""
-        nonlocal running, peak
-        running += 1
-        peak = max(peak, running)
-        if running >= limit:
-            full.set()
-        try:
-            # Wait for the wave to fill (bounded, so that a runner admitting fewer still finishes).
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(full.wait(), 2.0)
-            return f"value of {key}"
-        finally:
-            running -= 1
-            if running < limit:
-                full.clear()
-
-    agent = af.Agent(model=scripted_engine([[call("x"), "Done."]] * n), tools=[counted_lookup],
-                     max_concurrency=limit)
+    tool, inside = counting_lookup(limit, 2.0)  # each wave of rollouts fills, then leaves
+    agent = af.Agent(model=scripted_engine([[call("x"), "Done."]] * n), tools=[tool], max_concurrency=limit)
     trajectories = await agent.run(samples(n))
-    assert peak == limit  # never more than the limit in flight, and the limit is used
+    assert inside.peak == limit  # never more than the limit in flight, and the limit is used
     assert all(t.finish_reason == "answer" for t in trajectories)
 
 
