@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agentfly.resources.backends.local import LocalWorker
+from agentfly.resources.builtin import register_builtin
 from agentfly.resources.spec import Pool, ResourceError, ResourceSpec
 
 INDEX_PATH = Path(__file__).with_name("data") / "scienceworld_tasks.json"
@@ -156,7 +157,7 @@ class ScienceWorld:
         return self.worker.pid if self.worker is not None else None
 
 
-SCIENCEWORLD = ResourceSpec(
+SCIENCEWORLD = register_builtin(ResourceSpec(
     name="scienceworld",
     factory=ScienceWorld,
     kind="environment",
@@ -165,7 +166,7 @@ SCIENCEWORLD = ResourceSpec(
     scope="rollout",
     acquire_timeout=180,
     health_interval=60,
-)
+))
 
 
 # ---------------------------------------------------------------------------------------------- task set

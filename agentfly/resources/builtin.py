@@ -1,35 +1,40 @@
 """The built-in resource specs, by the name a tool declares (``@tool(resource="python")``), and the one
 way to resize a spec's pool.
 
-Each spec lives next to the tool that uses it (``PYTHON_SANDBOX`` by ``python_code``, ``KEY_CHAIN`` by
-``lookup``, ``WIKI_MINI`` by the retrieval index, ``SCIENCEWORLD`` by the environment) and is imported on
-first use here, because building one can load an index or start a JVM. The trainer (``resources:`` in its config) and the web app (a job's
-pools, a "try it" call) both look built-ins up here.
+Each spec is declared next to what uses it (``PYTHON_SANDBOX`` by ``python_code``, ``KEY_CHAIN`` by ``lookup``,
+``WIKI_MINI`` by the retrieval index, ``SCIENCEWORLD`` by the environment) and registers itself there:
+``PYTHON_SANDBOX = register_builtin(ResourceSpec(...))``. Declaring builds nothing (building one can load an
+index or start a JVM; that happens when a pool starts an instance). ``import agentfly`` imports the declaring
+modules, so every built-in is here before anyone looks one up, and this layer names none of the layers above
+it. The trainer (``resources:`` in its config) and the web app (a job's pools, a "try it" call) both look
+built-ins up here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 from agentfly.resources.spec import Pool, ResourceSpec, UnknownResource
 
-BUILTIN_SPECS: dict[str, str] = {
-    "kv": "agentfly.tools.builtin.lookup:KEY_CHAIN",
-    "python": "agentfly.tools.builtin.python_code:PYTHON_SANDBOX",
-    "wiki": "agentfly.retrieval.index:WIKI_MINI",
-    "scienceworld": "agentfly.envs.scienceworld:SCIENCEWORLD",
-}
+BUILTIN_SPECS: dict[str, ResourceSpec] = {}  # by name, in the order their modules registered them
+
+
+def register_builtin(spec: ResourceSpec) -> ResourceSpec:
+    """Make ``spec`` a built-in under its name (and return it, for the declaring assignment); a second,
+    different spec of a taken name is refused."""
+    known = BUILTIN_SPECS.get(spec.name)
+    if known is not None and known is not spec:
+        raise ValueError(f"a built-in resource named {spec.name!r} is already registered ({known.factory!r}); "
+                         "give this one another name")
+    BUILTIN_SPECS[spec.name] = spec
+    return spec
 
 
 def builtin_spec(name: str) -> ResourceSpec:
     """The built-in spec named ``name``; ``UnknownResource`` names the built-ins when there is none."""
-    ref = BUILTIN_SPECS.get(name)
-    if ref is None:
+    spec = BUILTIN_SPECS.get(name)
+    if spec is None:
         raise UnknownResource(f"resource {name!r} is not built in; built-in resources: {', '.join(sorted(BUILTIN_SPECS))}")
-    module, _, attr = ref.partition(":")
-    spec = getattr(importlib.import_module(module), attr)
-    assert isinstance(spec, ResourceSpec), ref
     return spec
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentfly.resources.backends import SandboxWorker
 from agentfly.resources.backends.local import Isolation, Limits, LocalWorker
 from agentfly.resources.spec import InfrastructureFailure, ResourceError
 
@@ -95,10 +96,10 @@ class PythonSandbox:
         self.timeout = float(options.get("timeout", timeout))
         self.max_output = int(options.get("max_output", max_output))
         self.image = image or options.get("image")
-        self.worker: Any = None
+        self.worker: SandboxWorker | None = None
         self.restarts = 0
 
-    def _new_worker(self) -> Any:
+    def _new_worker(self) -> SandboxWorker:
         if self.backend == "docker":
             from agentfly.resources.backends.docker import DockerWorker, engines_of
 
@@ -112,6 +113,7 @@ class PythonSandbox:
             await self._write_files()
 
     async def _write_files(self) -> None:
+        assert self.worker is not None  # called by start, once the worker runs
         # Written from inside, so the files belong to the sandbox's uid and land in its working directory.
         for rel, content in self.files.items():
             if os.path.isabs(rel) or ".." in Path(rel).parts:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentfly.resources.builtin import register_builtin
 from agentfly.resources.spec import Pool, ResourceSpec
 
 
@@ -113,7 +114,7 @@ class BM25Index:
         return {"passages": len(self.passages), "corpus": self.corpus_path.name}
 
 
-WIKI_MINI = ResourceSpec(
+WIKI_MINI = register_builtin(ResourceSpec(
     name="wiki",
     factory=BM25Index,
     kind="index",
@@ -121,7 +122,7 @@ WIKI_MINI = ResourceSpec(
     pool=Pool(min=1, max=1),
     scope="global",
     acquire_timeout=120,
-)
+))
 
 
 def wiki_mini_qa(split: str = "train", hops: int | None = None, limit: int | None = None) -> list[dict[str, Any]]:

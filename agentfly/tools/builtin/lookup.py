@@ -23,6 +23,7 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
+from agentfly.resources.builtin import register_builtin
 from agentfly.resources.spec import Pool, ResourceSpec
 from agentfly.tools.tool import tool
 
@@ -118,8 +119,9 @@ class KeyChainStore:
 
 
 # In-process and cheap: one store per concurrent rollout (a training step of 16 x 8 rollouts holds 128).
-KEY_CHAIN = ResourceSpec(name=RESOURCE, factory=KeyChainStore, kind="other", backend="inprocess",
-                         pool=Pool(min=0, max=512), scope="rollout", acquire_timeout=60, health_interval=0)
+KEY_CHAIN = register_builtin(ResourceSpec(
+    name=RESOURCE, factory=KeyChainStore, kind="other", backend="inprocess", pool=Pool(min=0, max=512),
+    scope="rollout", acquire_timeout=60, health_interval=0))
 
 
 # Short docstring on purpose: it is in every prompt (the tool's schema), and the tiny model's tokenizer spells

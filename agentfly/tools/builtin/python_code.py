@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentfly.resources.builtin import register_builtin
 from agentfly.resources.sandbox import PythonSandbox
 from agentfly.resources.spec import Pool, ResourceSpec
 from agentfly.tools.tool import tool
@@ -17,8 +18,8 @@ from agentfly.tools.tool import tool
 RESOURCE = "python"
 
 # Up to 8 sandboxes, created on demand; a rollout waits at most 60 s for one before its call fails.
-PYTHON_SANDBOX = ResourceSpec(name=RESOURCE, factory=PythonSandbox, kind="sandbox", pool=Pool(min=0, max=8),
-                              acquire_timeout=60)
+PYTHON_SANDBOX = register_builtin(ResourceSpec(name=RESOURCE, factory=PythonSandbox, kind="sandbox",
+                                               pool=Pool(min=0, max=8), acquire_timeout=60))
 
 
 @tool(resource=RESOURCE, timeout=60)

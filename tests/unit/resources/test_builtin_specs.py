@@ -1,4 +1,5 @@
-"""The built-in resource specs live next to their tools, and one function resizes a spec's pool."""
+"""The built-in resource specs live next to their tools and register themselves there, and one function resizes
+a spec's pool."""
 
 from __future__ import annotations
 
@@ -18,6 +19,29 @@ def test_an_unknown_resource_names_the_built_ins() -> None:
     with pytest.raises(UnknownResource, match="built-in resources: kv, python, scienceworld, wiki"):
         builtin_spec("gpu_farm")
     assert sorted(BUILTIN_SPECS) == ["kv", "python", "scienceworld", "wiki"]
+
+
+def test_each_built_in_is_the_spec_its_module_declares_and_a_taken_name_is_refused() -> None:
+    from agentfly.envs.scienceworld import SCIENCEWORLD
+    from agentfly.resources.builtin import register_builtin
+    from agentfly.retrieval.index import WIKI_MINI
+    from agentfly.tools.builtin.lookup import KEY_CHAIN
+
+    declared = {"kv": KEY_CHAIN, "python": PYTHON_SANDBOX, "wiki": WIKI_MINI, "scienceworld": SCIENCEWORLD}
+    assert all(BUILTIN_SPECS[name] is spec for name, spec in declared.items())
+    assert register_builtin(PYTHON_SANDBOX) is PYTHON_SANDBOX  # a module imported twice registers once
+    with pytest.raises(ValueError, match="'python' is already registered"):
+        register_builtin(with_pool(PYTHON_SANDBOX, pool_max=2))
+
+
+def test_the_resource_layer_names_no_module_of_the_layers_above_it() -> None:
+    import inspect
+
+    import agentfly.resources.builtin as builtin
+
+    source = inspect.getsource(builtin)
+    assert "importlib" not in source
+    assert not any(name in source for name in ("agentfly.tools", "agentfly.envs", "agentfly.retrieval"))
 
 
 def test_a_pool_override_keeps_what_it_does_not_name_and_a_lone_max_fits() -> None:
