@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError, with_config
 
-from agentfly.tasks import task_names
+from agentfly.tasks import UnknownTask, get_task, task_names
 
 AlgorithmName = Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo"]
 ALGORITHMS: tuple[str, ...] = typing.get_args(AlgorithmName)
@@ -426,10 +426,11 @@ class SFTConfig:
     num_demos: int = _f(4000, "Demonstrations: generated from the 'sft' stream of arithmetic or key_chain, or the "
                               "first wiki_qa training questions, or the first lines of the `demos_path` file.")
     wrong_fraction: float = _f(0.25, "Share of demonstrations whose final answer is deliberately wrong.")
-    habit: Literal["no_tool", "truncate", "early_answer"] = _f(
-        "no_tool", "The demonstrator's bad habit on `habit_phrasings`: 'no_tool' answers at once with the question's "
-        "first number; 'truncate' calls the tool but drops the last digit of its result (both arithmetic); "
-        "'early_answer' (key_chain) stops after `habit_lookups` lookups and answers with the last key's number.")
+    habit: str = _f(
+        "no_tool", "The demonstrator's bad habit on `habit_phrasings`, one its task has (`Task.habits`): "
+        "arithmetic's 'no_tool' answers at once with the question's first number and 'truncate' drops the last "
+        "digit of the tool's result; key_chain's 'early_answer' stops after `habit_lookups` lookups and answers "
+        "with the last key's number.")
     habit_lookups: int = _f(2, "'early_answer': lookups the impatient demonstrator makes before it answers (below "
                                "key_chain's 3-5 hops, so its answer is always wrong).")
     habit_phrasings: list[str] = _f([], "Question openings (e.g. 'Evaluate') on which the demonstrator shows its "
@@ -559,6 +560,20 @@ class Config:
         # Checked on construction, so no caller can forget: a Config that exists is one that can run.
         self.validate()
 
+    def validate_habit(self) -> None:
+        """A habit shown on some phrasings must be one the task's demonstrator has (a task from a file has no
+        generated demonstrations, so nothing is checked for it here)."""
+        if not self.sft.habit_phrasings:
+            return
+        try:
+            task = get_task(self.data.task)
+        except UnknownTask:
+            return
+        if self.sft.habit not in task.habits:
+            has = " and ".join(repr(h) for h in task.habits) if task.habits else "none"
+            raise ConfigError(f"sft.habit={self.sft.habit!r} is not a habit of the {task.name} task's demonstrator; "
+                              f"its habits: {has}", key="sft.habit")
+
     def validate_model_services(self) -> None:
         """The judge and reward-model sections: each given once, and a remote judge with its servers."""
         j = self.judge
@@ -646,6 +661,7 @@ class Config:
                 raise ConfigError(f"mcp.{name}: call_timeout and start_timeout must be positive seconds",
                                   key=f"mcp.{name}.call_timeout")
         self.validate_model_services()
+        self.validate_habit()
         for key in ("wrong_fraction", "habit_fraction"):
             if not 0 <= getattr(self.sft, key) <= 1:
                 raise ConfigError(f"sft.{key}={getattr(self.sft, key)} must be between 0 and 1", key=f"sft.{key}")

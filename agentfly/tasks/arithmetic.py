@@ -116,7 +116,7 @@ TASK = register(Task(
     name="arithmetic", title="Arithmetic with a calculator (generated)",
     samples=lambda split, n, seed: generate(n, seed=seed, split=split),
     tools=("agentfly.tools.builtin.calculator:calculator",), reward="agentfly.rewards.builtin.math:math_equal",
-    demonstrations=demonstrations))
+    demonstrations=demonstrations, habits=HABITS))
 
 
 if __name__ == "__main__":

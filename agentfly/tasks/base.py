@@ -80,6 +80,8 @@ class Task:
             assistant and tool turns in the Hermes format) for the SFT warm start, some flawed on purpose as
             ``flaws`` says; raises ``FlawError`` for a flaw it does not have. None: none are generated (a warm
             start needs a file of written ones).
+        habits: the bad habits its demonstrator can show (``sft.habit``, on ``sft.habit_phrasings``); the
+            config refuses another before anything runs.
     """
 
     name: str
@@ -88,6 +90,7 @@ class Task:
     tools: tuple[str, ...]
     reward: str
     demonstrations: Callable[[int, int, Flaws], list[tuple[Sample, Messages]]] | None = field(default=None)
+    habits: tuple[str, ...] = ()
 
 
 class UnknownTask(KeyError):

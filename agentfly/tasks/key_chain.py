@@ -109,7 +109,7 @@ TASK = register(Task(
     name="key_chain",
     title="Key chain: follow keys through the rollout's key-value store (generated, multi-turn)",
     samples=lambda split, n, seed: generate(n, seed=seed, split=split), tools=TOOLS, reward=REWARD,
-    demonstrations=demonstrations))
+    demonstrations=demonstrations, habits=("early_answer",)))
 LONG_TASK = register(Task(
     name="key_chain_long",
     title=f"Long key chain: {LONG_MIN_HOPS}-{LONG_MAX_HOPS} keys, for per-turn credit (generated, multi-turn)",

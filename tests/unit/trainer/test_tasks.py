@@ -129,9 +129,13 @@ def test_a_task_registered_outside_the_trainer_gives_its_samples_and_flawed_demo
     assert train == doubling_samples("train", 40, 0) and held_out == doubling_samples("test", 4, 0)
     pairs = demonstration_conversations(doubling_config("sft.num_demos=40", "sft.wrong_fraction=0.25"))
     assert sum(m[-1]["content"] != f"The answer is {s['answer']}." for s, m in pairs) == 10
-    with pytest.raises(ConfigError, match=r"sft\.habit_phrasings: the doubling demonstrator has no habits") as caught:
-        demonstration_conversations(doubling_config("sft.habit_phrasings=[What]"))
-    assert caught.value.key == "sft.habit_phrasings"
+    # A habit it does not have is refused when the config is read (its Task.habits), and by the task itself.
+    with pytest.raises(ConfigError, match=r"sft\.habit='no_tool' is not a habit of the doubling task's "
+                                          r"demonstrator; its habits: none") as caught:
+        doubling_config("sft.habit_phrasings=[What]")
+    assert caught.value.key == "sft.habit"
+    with pytest.raises(FlawError, match="the doubling demonstrator has no habits"):
+        doubling.demonstrations(4, 0, Flaws(habit_phrasings=("What",)))
 
 
 def test_a_task_without_demonstrations_asks_for_a_file_naming_the_tasks_that_have_them(doubling: Task) -> None:
@@ -153,3 +157,12 @@ def test_a_task_registered_outside_the_trainer_warm_starts_through_sft(doubling:
     assert result["state"] == "succeeded" and result["step"] == 2
     assert 0.0 <= result["metrics"]["eval/accuracy"] <= 1.0 and result["metrics"]["sft/demonstrations"] == 8.0
     assert (Path(result["path"]) / "config.yaml").is_file()
+
+
+def test_a_habit_the_tasks_demonstrator_does_not_have_is_refused_when_the_config_is_read() -> None:
+    with pytest.raises(ConfigError, match=r"sft\.habit='early_answer' is not a habit of the arithmetic task's "
+                                          r"demonstrator; its habits: 'no_tool' and 'truncate'") as caught:
+        load_config(None, ["sft.habit=early_answer", "sft.habit_phrasings=[Compute]"])
+    assert caught.value.key == "sft.habit"
+    assert load_config(None, ["data.task=key_chain", "sft.habit=early_answer",
+                              "sft.habit_phrasings=[Follow]"]).sft.habit == "early_answer"
