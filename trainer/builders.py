@@ -126,17 +126,14 @@ def load_samples(config: Config) -> tuple[list[dict[str, Any]], list[dict[str, A
     """Training and held-out samples: the ``train`` and ``test`` splits of the task ``data.task`` names
     (``agentfly.tasks.get_task``; the built-in ones are disjoint), or a JSONL file of samples with
     ``data.eval_path`` holding the held-out ones. ``data.eval_path`` overrides a task's test split."""
-    from agentfly.tasks import UnknownTask, get_task, task_names
+    from agentfly.tasks import find_task, task_names
     from agentfly.tasks.io import load_jsonl
 
     data = config.data
-    try:
-        task = get_task(data.task)
-    except UnknownTask:
-        if not Path(data.task).is_file():
-            raise FileNotFoundError(f"data.task={data.task!r} is neither a known task ({', '.join(task_names())}) "
-                                    "nor an existing JSONL file") from None
-        task = None
+    task = find_task(data.task)
+    if task is None and not Path(data.task).is_file():
+        raise FileNotFoundError(f"data.task={data.task!r} is neither a known task ({', '.join(task_names())}) "
+                                "nor an existing JSONL file")
     train = task.samples("train", data.train_size, data.seed) if task else load_jsonl(data.task)
     if data.eval_path:
         held_out = load_jsonl(data.eval_path)[: data.eval_size]

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError, with_config
 
-from agentfly.tasks import UnknownTask, get_task, task_names
+from agentfly.tasks import find_task, task_names
 
 AlgorithmName = Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo"]
 ALGORITHMS: tuple[str, ...] = typing.get_args(AlgorithmName)
@@ -563,11 +563,8 @@ class Config:
     def validate_habit(self) -> None:
         """A habit shown on some phrasings must be one the task's demonstrator has (a task from a file has no
         generated demonstrations, so nothing is checked for it here)."""
-        if not self.sft.habit_phrasings:
-            return
-        try:
-            task = get_task(self.data.task)
-        except UnknownTask:
+        task = find_task(self.data.task)
+        if not self.sft.habit_phrasings or task is None:
             return
         if self.sft.habit not in task.habits:
             has = " and ".join(repr(h) for h in task.habits) if task.habits else "none"

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from agentfly.tasks import FlawError, Flaws, Task, UnknownTask, get_task, tasks
+from agentfly.tasks import FlawError, Flaws, find_task, tasks
 from trainer import algorithms as algos
 from trainer.batch import collate, forward
 from trainer.builders import build_agent, load_policy, load_samples, setup_torch
@@ -42,7 +42,7 @@ def demonstration_conversations(config: Config) -> list[tuple[dict[str, Any], li
     s = config.sft
     if s.demos_path:
         return _written_conversations(s.demos_path, s.num_demos)
-    task = _task(config.data.task)
+    task = find_task(config.data.task)
     if task is None or task.demonstrations is None:
         generated = [repr(t.name) for t in tasks() if t.demonstrations is not None]
         names = f"{', '.join(generated[:-1])} and {generated[-1]}" if len(generated) > 1 else "".join(generated)
@@ -54,13 +54,6 @@ def demonstration_conversations(config: Config) -> list[tuple[dict[str, Any], li
         return task.demonstrations(s.num_demos, config.data.seed, flaws)
     except FlawError as exc:
         raise ConfigError(f"sft.{exc}", key=f"sft.{exc.setting}") from None
-
-
-def _task(name: str) -> Task | None:
-    try:
-        return get_task(name)
-    except UnknownTask:
-        return None
 
 
 def _written_conversations(path: str, limit: int) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:

@@ -3,8 +3,7 @@ length-sorted micro-batches whose gradients accumulate (``Learner.optimise``), a
 micro-batch (``Learner.micro_step``: the clipped policy loss with its off-policy weights, KL, entropy and
 PPO's value loss). ``Learner.build`` makes what the update steps: AdamW over the policy and PPO's value head,
 the learning-rate schedule, the frozen reference for KL, and the plain torch (one rank or N) or DeepSpeed
-``Update``
-(``trainer.optim``).
+``Update`` (``trainer.optim``).
 """
 
 from __future__ import annotations

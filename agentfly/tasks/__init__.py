@@ -9,8 +9,18 @@ a ``question`` (or ``prompt``/``messages``).
 
 # The built-in tasks register themselves when imported.
 from agentfly.tasks import arithmetic, key_chain, scienceworld, wiki_qa
-from agentfly.tasks.base import FlawError, Flaws, Task, UnknownTask, get_task, register, task_names, tasks
+from agentfly.tasks.base import (
+    FlawError,
+    Flaws,
+    Task,
+    UnknownTask,
+    find_task,
+    get_task,
+    register,
+    task_names,
+    tasks,
+)
 from agentfly.tasks.io import load_jsonl, save_jsonl
 
-__all__ = ["FlawError", "Flaws", "Task", "UnknownTask", "arithmetic", "get_task", "key_chain", "load_jsonl",
-           "register", "save_jsonl", "scienceworld", "task_names", "tasks", "wiki_qa"]
+__all__ = ["FlawError", "Flaws", "Task", "UnknownTask", "arithmetic", "find_task", "get_task", "key_chain",
+           "load_jsonl", "register", "save_jsonl", "scienceworld", "task_names", "tasks", "wiki_qa"]

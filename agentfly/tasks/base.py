@@ -120,6 +120,11 @@ def get_task(name: str) -> Task:
         raise UnknownTask(f"unknown task {name!r}; the known tasks are {', '.join(_TASKS)}") from None
 
 
+def find_task(name: str) -> Task | None:
+    """The task registered as ``name``, or None (``data.task`` may be a file of samples instead)."""
+    return _TASKS.get(name)
+
+
 def task_names() -> tuple[str, ...]:
     """The registered tasks' names, in registration order."""
     return tuple(_TASKS)
