@@ -203,20 +203,18 @@ def connect(address: str | None) -> None:
     thread = threading.Thread(target=join, name="ray-connect", daemon=True)
     thread.start()
     thread.join(timeout)
-    hint = ("with token authentication (RAY_AUTH_MODE=token) every node and every process that joins needs the "
-            "cluster's RAY_AUTH_TOKEN")
     if thread.is_alive():
         raise ResourceError(
             f"could not join the Ray cluster at {address} within {timeout:.0f} s (AGENTFLY_RAY_CONNECT_TIMEOUT): it "
-            f"answers but did not accept this process; {hint}")
+            "answers but did not accept this process; with token authentication (RAY_AUTH_MODE=token) every node "
+            "and every process that joins needs the cluster's RAY_AUTH_TOKEN")
     if failed:
         exc = failed[0]
         if not isinstance(exc, Exception):
             raise exc
-        # Some Ray versions refuse a missing token at once (AuthenticationError) instead of retrying: the
-        # same typed failure, with Ray's own words.
-        raise ResourceError(f"could not join the Ray cluster at {address}: {type(exc).__name__}: {exc}"
-                            + ("" if "RAY_AUTH_TOKEN" in str(exc) else f"; {hint}")) from exc
+        # Some Ray versions refuse a missing token at once (AuthenticationError, whose message names
+        # RAY_AUTH_TOKEN) instead of retrying: a typed failure all the same, in Ray's own words.
+        raise ResourceError(f"could not join the Ray cluster at {address}: {type(exc).__name__}: {exc}") from exc
 
 
 # ----------------------------------------------------------------------------------------------------------
