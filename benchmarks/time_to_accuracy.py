@@ -8,6 +8,11 @@ greedy, AgentFly's evaluator: what ``agentfly eval --split test`` runs) until on
 training seconds at a checkpoint are wall time since training began, less the time checkpoints and evals
 took (from the run's ``events.jsonl``), so saving often costs the run nothing. The last line is JSON:
 ``{"run", "target", "reached_seconds", "reached_step", "curve": [[step, seconds, accuracy], ...]}``.
+
+    python benchmarks/time_to_accuracy.py runs/smollm2_tools/grpo-seed0 --target 0.755 --from-events
+
+``--from-events`` scores nothing: it reads the run's periodic held-out evaluations (``eval.every``) from its
+events, for a run that evaluated as it trained (any task), with the training seconds counted the same way.
 ``benchmarks/trl_compare.py --learning`` uses the same functions for every side.
 """
 
@@ -49,6 +54,24 @@ def checkpoint_times(run_dir: Path, trajectories_per_step: int) -> tuple[list[di
                           "trained_tokens": tokens_at[step]})
     last = max(trained_at)
     return saves, trained_at[last], tokens_at[last], last
+
+
+def eval_curve(run_dir: Path) -> list[tuple[int, float, float]]:
+    """``(step, training seconds, accuracy)`` of each periodic held-out evaluation of a run, from its events.
+    The seconds are wall time since training began less the evaluations and saves before that point (and the
+    evaluation itself); the final evaluation, which repeats the last periodic one's step, is left out."""
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+    begin = next(e["time"] for e in events if e["type"] == "status"
+                 and "training from step" in e["data"].get("message", ""))
+    paused, out = 0.0, []
+    for e in events:
+        if e["type"] != "metrics":
+            continue
+        data = e["data"]
+        if "eval/accuracy" in data and not (out and out[-1][0] == e["step"]):
+            out.append((e["step"], e["time"] - begin - paused - data.get("time/eval", 0.0), data["eval/accuracy"]))
+        paused += data.get("time/checkpoint", 0.0) + data.get("time/eval", 0.0)
+    return out
 
 
 def held_out_accuracy(checkpoint: str, test: Path | None, n: int) -> float:
@@ -102,11 +125,19 @@ def main(argv: list[str] | None = None) -> float | None:
     ap.add_argument("run", help="an agentfly train output_dir with checkpoint-N folders and events.jsonl")
     ap.add_argument("--target", type=float, default=0.85, help="held-out accuracy to reach")
     ap.add_argument("--n", type=int, default=500, help="held-out problems")
+    ap.add_argument("--from-events", action="store_true",
+                    help="read the run's periodic evaluations (eval.every) instead of scoring its checkpoints")
     args = ap.parse_args(argv)
     run = Path(args.run)
     saves, seconds, _, steps = checkpoint_times(run, 1)
     side: dict[str, Any] = {"framework": run.name, "saves": saves}
-    time_to_target(side, None, args.n, args.target)
+    if args.from_events:
+        side["curve"] = [(step, round(t, 1), acc) for step, t, acc in eval_curve(run)]
+        first = next(((t, step) for step, t, acc in side["curve"] if acc >= args.target), (None, None))
+        side["reached"], side["reached_step"] = first
+        side["final"] = side["curve"][-1][2] if side["curve"] else float("nan")
+    else:
+        time_to_target(side, None, args.n, args.target)
     reached = side["reached"]
     print(f"{run.name}: {steps} steps in {seconds:.0f} s of training; " + (
         f"held-out {args.target:.0%} reached at step {side['reached_step']}, after {reached:.0f} s"

@@ -23,6 +23,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.time_to_accuracy import eval_curve
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "examples" / "key_chain" / "grpo.yaml"
 RUNS: dict[str, list[str]] = {  # label -> overrides
@@ -31,22 +34,6 @@ RUNS: dict[str, list[str]] = {  # label -> overrides
     "step": ["algorithm.name=grpo", "algorithm.credit=step"],
     "turn_gae": ["algorithm.name=ppo", "algorithm.credit=turn_gae"],
 }
-
-
-def curve(run_dir: Path) -> list[tuple[int, float, float]]:
-    """``(step, training seconds, eval accuracy)`` for each periodic evaluation of a run, from its events."""
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
-    begin = next(e["time"] for e in events if e["type"] == "status"
-                 and "training from step" in e["data"].get("message", ""))
-    paused, out = 0.0, []
-    for e in events:
-        if e["type"] != "metrics":
-            continue
-        data = e["data"]
-        if "eval/accuracy" in data and not (out and out[-1][0] == e["step"]):  # the final eval repeats the last
-            out.append((e["step"], e["time"] - begin - paused - data.get("time/eval", 0.0), data["eval/accuracy"]))
-        paused += data.get("time/checkpoint", 0.0) + data.get("time/eval", 0.0)
-    return out
 
 
 def run(label: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -58,7 +45,7 @@ def run(label: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
                  "save_every=0", *RUNS[label]]
     cmd = [sys.executable, "-m", "trainer.cli", "train", str(CONFIG), *(a for o in overrides for a in ("--set", o))]
     subprocess.run(cmd, check=True, cwd=REPO)
-    points = curve(out)
+    points = eval_curve(out)
     reached = next((seconds for _, seconds, acc in points if acc >= args.target), None)
     return {"label": label, "seed": seed, "reached_seconds": reached,
             "start": points[0][2] if points else None, "best": max((p[2] for p in points), default=None),
