@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from agentfly.models.smollm2 import gguf_path
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 os.environ.setdefault("DEBUG", "1")
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/agentfly")
@@ -47,8 +49,10 @@ for _scope in ("ANON", "USER", "TOKEN", "SIGNUP", "TRY", "LAUNCH"):
 PLUGINS = Path(__file__).parent / "plugins"
 os.environ.setdefault("AGENTFLY_PLUGIN_DIRS", str(PLUGINS))
 # Paths outside a team's folder are refused unless listed here: the examples' shipped models (warm starts)
-# are the shared folder of the tests' server, as /data/models is compose's.
-os.environ.setdefault("AGENTFLY_ALLOWED_PATHS", str(Path(__file__).resolve().parents[2] / "examples"))
+# and SmolLM2's package folder are the shared folders of the tests' server, as /data/models is compose's.
+_smollm2 = gguf_path()
+os.environ.setdefault("AGENTFLY_ALLOWED_PATHS", ",".join(
+    [str(Path(__file__).resolve().parents[2] / "examples"), *([str(_smollm2.parent)] if _smollm2 else [])]))
 
 import django  # noqa: E402
 

@@ -17,6 +17,7 @@ from django.utils import timezone
 from trainer.events import log_event
 from webapp.accounts.models import Team
 from webapp.jobs import paths
+from webapp.jobs.body import warm_started
 from webapp.jobs.models import ACTIVE, WAITING, Checkpoint, Kind, Status, TrainingJob, quotas_of
 from webapp.jobs.tasks import run_job
 from webapp.jobs.worker import status_event
@@ -138,7 +139,7 @@ def do_resume_job(*, user: object, job: TrainingJob) -> tuple[TrainingJob, bool]
         raise NotResumable(f"job #{job.pk} wrote no checkpoint, so there is nothing to resume from; launch it again")
     config = {k: v for k, v in job.config.items() if k != "resources"}
     if job.kind == Kind.SFT_THEN_RL:
-        config["model"] = {**(job.config.get("model") or {}), "path": warm_start_model(job), "build_tiny": False}
+        config["model"] = warm_started(job.config.get("model") or {}, warm_start_model(job))
     return do_launch_job(
         user=user, team=job.team, name=f"{job.name} (resumed)"[:100], config=config, kind=job.kind,
         queue=job.queue, tool_versions=list(job.tool_versions.all()), reward_version=job.reward_version,

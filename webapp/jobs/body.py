@@ -207,6 +207,12 @@ def run_warm_start(config: dict[str, Any], *, output_dir: Path, sinks: Sequence[
     return outcome, result["path"]
 
 
+def warm_started(model: dict[str, Any], path: str) -> dict[str, Any]:
+    """The ``model`` section of an sft_then_rl job's RL phase: the model its warm start saved at ``path`` (a
+    safetensors folder), whatever the warm start loaded (the tiny model, a folder, a GGUF file)."""
+    return {**model, "path": path, "build_tiny": False, "gguf_file": None}
+
+
 def run_sft_then_rl(config: dict[str, Any], *, resume_from: str = "", output_dir: Path, sinks: Sequence[Sink],
                     should_stop: Callable[[], bool], on_checkpoint: OnCheckpoint, on_step: OnStep) -> Outcome:
     """The warm start, then RL from its weights, RL's steps after the warm start's. A job that resumes
@@ -220,7 +226,7 @@ def run_sft_then_rl(config: dict[str, Any], *, resume_from: str = "", output_dir
         if sft.cancelled or path is None:
             return sft
         warm = {k if k.startswith("sft/") else f"sft/{k}": v for k, v in sft.final_metrics.items()}
-        config = {**config, "model": {**(config.get("model") or {}), "path": path, "build_tiny": False}}
+        config = {**config, "model": warm_started(config.get("model") or {}, path)}
     rl = run_rl(config, resume_from=resume_from, output_dir=output_dir, sinks=[Offset(s, offset) for s in sinks],
                 should_stop=should_stop,
                 on_checkpoint=lambda step, path, metrics: on_checkpoint(offset + step, path, metrics),

@@ -103,3 +103,24 @@ def test_an_sft_then_rl_job_resumed_in_its_rl_phase_continues_rl_from_the_warm_s
     assert ended["status"] == "cancelled", ended["error"]
     assert not steps_of(metrics_of(alice_api, new["id"]), "sft/loss")
     assert not (runs_dir / "team-a" / f"job-{new['id']}" / "sft").exists()
+
+
+@pytest.mark.timeout(900)
+def test_an_sft_then_rl_job_on_smollm2s_gguf_file_warm_starts_with_its_habit_then_trains_rl_from_the_saved_model(
+        alice_api: Any, builtins: dict[str, Any], runs_dir: Path, smollm2_gguf: Path) -> None:
+    job = launch(alice_api, builtins, kind="sft_then_rl", model_source="smollm2", steps=1, max_turns=3,
+                 max_new_tokens=48, sft_learning_rate=5e-5, sft_habit="no_tool", sft_habit_phrasings="Evaluate",
+                 sft_habit_fraction=0.7, **WARM_START)
+    assert job["config"]["model"]["gguf_file"] == smollm2_gguf.name
+    done = wait_for(lambda: job_in(alice_api, job["id"], *FINISHED), 840, "SmolLM2's warm start and an RL step", 1.0)
+    assert done["status"] == "succeeded", done["error"]
+    run = runs_dir / "team-a" / f"job-{job['id']}"
+    sft_config = yaml.safe_load((run / "sft" / "config.yaml").read_text())
+    assert sft_config["sft"]["habit"] == "no_tool" and sft_config["sft"]["habit_phrasings"] == ["Evaluate"]
+    # RL loaded the warm start's safetensors, not the GGUF file the warm start began from.
+    rl_config = yaml.safe_load((run / "config.yaml").read_text())
+    assert rl_config["model"]["path"] == str(run / "sft") and rl_config["model"]["gguf_file"] is None
+    assert steps_of(metrics_of(alice_api, job["id"]), "reward/mean") == [3]
+    samples = alice_api.get(f"/api/jobs/{job['id']}/events/?types=samples&limit=10").json()["events"]
+    texts = [t["text"] for e in samples for t in e["data"]["trajectories"]]
+    assert texts and all(t.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM") for t in texts)
