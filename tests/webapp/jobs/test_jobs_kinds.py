@@ -155,7 +155,8 @@ def test_resuming_keeps_the_kind_and_an_sft_then_rl_job_resumes_its_rl_from_the_
     assert child["kind"] == "sft_then_rl"
     assert child["config"]["resume_from"].endswith("checkpoint-000003")
     warm_start = str(runs_dir / "team-a" / f"job-{parent.pk}" / "sft")
-    assert child["config"]["model"] == {"path": warm_start, "build_tiny": False}
+    # The warm start's safetensors, whatever the warm start itself loaded (a GGUF file is not read again).
+    assert child["config"]["model"] == {"path": warm_start, "build_tiny": False, "gguf_file": None}
     # Its own resume names the same warm start (the model its config names), not a folder it never wrote.
     TrainingJob.objects.filter(pk=child["id"]).update(status=Status.FAILED)
     Checkpoint.objects.create(job_id=child["id"], step=4, path="/runs/x/checkpoint-000004")

@@ -64,9 +64,11 @@ def test_one_teams_looping_tries_never_time_out_another_teams_try(
     # place given back (it will never run), which is not what this test is about.
     settings.AGENTFLY_TRY_TIMEOUT = 60.0
     assert try_it(bob, echo, {"text": "warm"}).status_code == 200
-    settings.AGENTFLY_TRY_TIMEOUT = 3.0  # alice stops waiting long before her loops are killed
+    # alice stops waiting long before her loops are killed, and late enough that each loop has started in its
+    # own child, on a worker process the warm-up may not have touched (it took over 3 s on a loaded machine).
+    settings.AGENTFLY_TRY_TIMEOUT = 8.0
 
-    # alice's two loops: each request gives up after 3 s (504), but both loops go on running on the worker.
+    # alice's two loops: each request gives up after 8 s (504), but both loops go on running on the worker.
     started = time.monotonic()
     for _ in range(2):
         assert try_it(alice, spin, {}).status_code == 504
