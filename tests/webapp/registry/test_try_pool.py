@@ -29,7 +29,14 @@ CHILD_TIMEOUT = 30.0
 
 @pytest.fixture
 def try_worker(transactional_db: None, runs_dir: Path, tmp_path: Path) -> Iterator[Worker]:
-    """A worker on the ``try`` queue alone, as many processes as the pool has places (3 here)."""
+    """A worker on the ``try`` queue alone, as many processes as the pool has places (3 here), and the only one
+    taking from it: a worker already running (the session's on ``cpu,try``, started by an earlier test) stops
+    consuming ``try`` meanwhile, or it would run some of these calls under its own timeouts and slots."""
+    from webapp.celery import app
+
+    others = [name for reply in app.control.ping(timeout=1.0) for name in reply]
+    if others:
+        app.control.cancel_consumer("try", destination=others, reply=True)
     env = {**worker_env(runs_dir), "AGENTFLY_CHILD_TIMEOUT": str(CHILD_TIMEOUT)}
     worker = Worker("try", env, tmp_path / "try-worker.log", concurrency=3)
     try:
@@ -37,6 +44,8 @@ def try_worker(transactional_db: None, runs_dir: Path, tmp_path: Path) -> Iterat
         yield worker
     finally:
         worker.stop()
+        if others:
+            app.control.add_consumer("try", destination=others, reply=True)
 
 
 def api_for(user: Any) -> APIClient:
