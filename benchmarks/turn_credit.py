@@ -23,10 +23,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.time_to_accuracy import eval_curve
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks.time_to_accuracy import eval_curve  # noqa: E402
+
 CONFIG = REPO / "examples" / "key_chain" / "grpo.yaml"
 RUNS: dict[str, list[str]] = {  # label -> overrides
     "outcome": ["algorithm.name=grpo", "algorithm.credit=outcome"],

@@ -329,6 +329,10 @@ class LaunchForm(forms.Form):
             raise ValidationError("Give the job a name.")
         return name
 
+    def clean_sft_habit_phrasings(self) -> list[str]:
+        """The comma-separated question openings as the list ``sft.habit_phrasings`` takes (blanks dropped)."""
+        return [p.strip() for p in (self.cleaned_data.get("sft_habit_phrasings") or "").split(",") if p.strip()]
+
     def clean_model_path(self) -> str:
         return allowed_path(self.cleaned_data.get("model_path", ""), self.cleaned_data.get("team"))
 
@@ -681,7 +685,7 @@ class LaunchForm(forms.Form):
         demos = d["sft_demos"]
         if d.get("demos_path"):
             demos = min(demos, self.demos_in_file)  # so the job's progress counts the steps it will take
-        phrasings = [p.strip() for p in (d.get("sft_habit_phrasings") or "").split(",") if p.strip()]
+        phrasings = d.get("sft_habit_phrasings") or []
         habit = {"habit": d["sft_habit"], "habit_phrasings": phrasings, "habit_fraction": d["sft_habit_fraction"]} \
             if d.get("sft_habit") and phrasings else {}
         return {"sft": {"num_demos": demos, "epochs": d["sft_epochs"], "batch_size": d["sft_batch_size"],
@@ -697,7 +701,7 @@ class LaunchForm(forms.Form):
         kind = data.get("kind")
         if kind not in (Kind.SFT, Kind.SFT_THEN_RL):
             return
-        habit, phrasings = data.get("sft_habit"), (data.get("sft_habit_phrasings") or "").strip(" ,")
+        habit, phrasings = data.get("sft_habit"), data.get("sft_habit_phrasings")
         if habit and not phrasings:
             self.add_error("sft_habit_phrasings", f"The habit {habit} shows on questions that open with these "
                                                   "phrasings; give them (e.g. \"Evaluate, Find the value of\"), or "
