@@ -111,6 +111,14 @@ def compile_game(game: dict[str, Any], root: str | Path | None = None) -> Path:
     return target
 
 
+def observe(state: dict[str, Any], answer: str, intro: str = "") -> str:
+    """What the agent reads after a command: the opening on a rollout's first command, the game's answer, and
+    the score line (the one format ``tw_act`` and the demonstrations share)."""
+    end = " You won." if state["won"] else (" You lost." if state["lost"] else (" The episode is over." if state["done"] else ""))
+    opening = f"{intro.strip()}\n\n" if intro.strip() else ""
+    return f"{opening}{answer.strip()}\n(score {state['score']}/{state['max_score']}, moves {state['moves']}.{end})"
+
+
 class TextGame:
     """One TextWorld player (a child process) that compiles and plays the games rollouts load.
 
@@ -172,12 +180,23 @@ class TextGame:
         self._update(reply)
         return str(reply["observation"])
 
-    def observe(self, answer: str, intro: str = "") -> str:
-        """What the agent reads after a command: the opening on a rollout's first command, the game's answer,
-        and the score line (the one format ``tw_act`` and the demonstrations share)."""
-        state = " You won." if self.won else (" You lost." if self.lost else (" The episode is over." if self.done else ""))
-        opening = f"{intro.strip()}\n\n" if intro.strip() else ""
-        return f"{opening}{answer.strip()}\n(score {self.score}/{self.max_score}, moves {self.moves}.{state})"
+    async def play(self, game: dict[str, Any], command: str) -> dict[str, Any]:
+        """One command of ``game`` in one call: the game is loaded first if this player holds another (or none),
+        so a remote player (a Ray actor) needs one round trip a turn and no attribute reads. Returns the
+        ``state()`` after the command, with ``answer`` (the game's) and ``intro`` (its opening, on a load)."""
+        intro = await self.load(game) if self.loaded != game_key(game) else ""
+        before = self.score
+        answer = await self.act(command)
+        return {**self._state(), "answer": answer, "intro": intro, "gained": self.score - before}
+
+    async def state(self) -> dict[str, Any]:
+        """Score, moves, won/lost/done and the game's winning commands from the start (async, as every call a
+        remote player answers)."""
+        return self._state()
+
+    def _state(self) -> dict[str, Any]:
+        return {"score": self.score, "max_score": self.max_score, "moves": self.moves, "won": self.won,
+                "lost": self.lost, "done": self.done, "walkthrough": list(self.walkthrough)}
 
     async def reset(self) -> None:
         """Forget the episode; fails if the player stopped answering (the pool then replaces it)."""

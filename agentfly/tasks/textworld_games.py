@@ -88,7 +88,7 @@ def samples(theme: str, options: dict[str, Any], split: str, n: int, seed: int) 
 async def _play(games: list[dict[str, Any]], detours: set[int]) -> list[list[tuple[str, str]]]:
     """Each game played on one TextWorld instance: ``look``, the detour's commands for the games in
     ``detours``, then the game's winning commands; each command with the game's real answer."""
-    from agentfly.envs.textgames import TextGame
+    from agentfly.envs.textgames import TextGame, observe
 
     env = TextGame()
     await env.start()
@@ -96,11 +96,11 @@ async def _play(games: list[dict[str, Any]], detours: set[int]) -> list[list[tup
         played = []
         for i, game in enumerate(games):
             intro = await env.load(game)
-            commands = ["look", *(DETOUR if i in detours else ()), *env.walkthrough]
-            steps = []
+            commands = ["look", *(DETOUR if i in detours else ()), *(await env.state())["walkthrough"]]
+            steps: list[tuple[str, str]] = []
             for command in commands:
                 answer = await env.act(command)
-                steps.append((command, env.observe(answer, "" if steps else intro)))
+                steps.append((command, observe(await env.state(), answer, "" if steps else intro)))
             played.append(steps)
             await env.reset()
         return played

@@ -28,12 +28,11 @@ async def tw_act(command: str, context: Any) -> str:
     if not isinstance(game, dict):
         raise ValueError("this rollout's sample has no TextWorld 'game' field; use a textworld:<theme> task")
     env = await context.resource(RESOURCE)
-    from agentfly.envs.textgames import game_key
+    from agentfly.envs.textgames import observe
 
-    intro = await env.load(game) if env.loaded != game_key(game) else ""
-    before = env.score
-    answer = await env.act(command)
-    if env.score != before and env.max_score:
-        context.reward_turn((env.score - before) / env.max_score, f"score {before} -> {env.score}")
-    context.info["env_score"] = 1.0 if env.won else 0.0
-    return str(env.observe(answer, intro))
+    state = await env.play(game, command)
+    if state["gained"] and state["max_score"]:
+        context.reward_turn(state["gained"] / state["max_score"],
+                            f"score {state['score'] - state['gained']} -> {state['score']}")
+    context.info["env_score"] = 1.0 if state["won"] else 0.0
+    return observe(state, state["answer"], state["intro"])

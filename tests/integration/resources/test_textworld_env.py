@@ -50,8 +50,8 @@ async def test_a_pooled_player_plays_each_rollout_s_own_game_to_a_win_with_a_tur
             first = await tw_act.invoke({"command": "look"}, context=context)
             assert first.ok and "TextWorld" in first.observation and "(score 0/" in first.observation
             env = await context.resource("textworld")
-            assert env.pid == pid and env.loaded == game_key(game) and env.walkthrough
-            for command in env.walkthrough:
+            assert env.pid == pid and env.loaded == game_key(game) and (await env.state())["walkthrough"]
+            for command in (await env.state())["walkthrough"]:
                 result = await tw_act.invoke({"command": command}, context=context)
             assert "You won." in result.observation
             assert (await env_score.score(None, None, context, context.sample)).reward == 1.0
