@@ -53,7 +53,7 @@ async def test_a_pooled_player_plays_each_rollout_s_own_game_to_a_win_with_a_tur
             assert env.pid == pid and env.loaded == game_key(game) and (await env.state())["walkthrough"]
             for command in (await env.state())["walkthrough"]:
                 result = await tw_act.invoke({"command": command}, context=context)
-            assert "You won." in result.observation
+            assert "You won." in result.observation and context.ended == "won"  # the rollout stops here
             assert (await env_score.score(None, None, context, context.sample)).reward == 1.0
             assert sum(value for _, value, _ in context.turn_rewards) == pytest.approx(1.0)
             await context.aclose()
