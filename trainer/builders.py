@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from trainer.config import Config
+from trainer.config import Config, ConfigError
 
 if TYPE_CHECKING:
     from agentfly.agents.agent import Agent
@@ -124,15 +124,21 @@ def apply_lora(model: Any, config: Config) -> Any:
 
 def load_samples(config: Config) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Training and held-out samples: the ``train`` and ``test`` splits of the task ``data.task`` names
-    (``agentfly.tasks.get_task``; the built-in ones are disjoint), or a JSONL file of samples with
+    (``agentfly.tasks.find_task``, with ``data.options``: built in, a source such as ``reasoning_gym:<dataset>``,
+    or a user's ``package.module:attribute``; the built-in ones are disjoint), or a JSONL file of samples with
     ``data.eval_path`` holding the held-out ones. ``data.eval_path`` overrides a task's test split."""
-    from agentfly.tasks import find_task, task_names
+    from agentfly.tasks import TaskOptionError, find_task, task_names
     from agentfly.tasks.io import load_jsonl
 
     data = config.data
-    task = find_task(data.task)
+    try:
+        task = find_task(data.task, data.options)
+    except TaskOptionError as exc:
+        raise ConfigError(f"data.task={data.task}: {exc}",
+                          key=f"data.options.{exc.option}" if exc.option else "data.options") from None
     if task is None and not Path(data.task).is_file():
-        raise FileNotFoundError(f"data.task={data.task!r} is neither a known task ({', '.join(task_names())}) "
+        raise FileNotFoundError(f"data.task={data.task!r} is neither a known task ({', '.join(task_names())}), a "
+                                "task source (reasoning_gym:<dataset>, textworld:<theme>, package.module:attribute) "
                                 "nor an existing JSONL file")
     train = task.samples("train", data.train_size, data.seed) if task else load_jsonl(data.task)
     if data.eval_path:

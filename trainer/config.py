@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError, with_config
 
-from agentfly.tasks import find_task, task_names
+from agentfly.tasks import TaskOptionError, UnknownTask, find_task, source_of, task_names
 
 AlgorithmName = Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo"]
 ALGORITHMS: tuple[str, ...] = typing.get_args(AlgorithmName)
@@ -148,8 +148,15 @@ class DataConfig:
     task: TaskSource = _f("arithmetic", "A built-in task ('arithmetic': generated calculator problems; 'key_chain': generated "
                                  "chains of 3-5 keys to follow with the `lookup` tool; 'key_chain_long': chains of "
                                  "6-10 keys, for per-turn credit; 'wiki_qa': questions on the "
-                                 "bundled WIKI_MINI corpus; 'scienceworld': its tasks, 5 variations each) or a JSONL "
-                                 "file of samples.")
+                                 "bundled WIKI_MINI corpus; 'scienceworld': its tasks, 5 variations each), a task "
+                                 "source ('reasoning_gym:<dataset>', 'textworld:<theme>'; options in data.options), "
+                                 "a 'package.module:attribute' naming a Task (or a function that builds one), or a "
+                                 "JSONL file of samples.")
+    options: dict[str, Any] = _f({}, "Options of a task source: a reasoning_gym:<dataset>'s config fields (e.g. "
+                                     "{max_terms: 4}); a textworld:<theme>'s game settings, each a value or a range "
+                                     "[low, high] drawn per game (e.g. {rooms: [2, 4], quest_length: [2, 5]}); the "
+                                     "keywords of a 'package.module:attribute' that builds a Task. Built-in tasks "
+                                     "take none.")
     train_size: int = _f(20000, "Training problems generated for 'arithmetic' and 'key_chain' (ignored for a JSONL "
                                 "file).")
     eval_path: LocalPath | None = _f(None, "JSONL of held-out samples; None takes a built-in task's test split.")
@@ -560,11 +567,27 @@ class Config:
         # Checked on construction, so no caller can forget: a Config that exists is one that can run.
         self.validate()
 
+    def validate_task(self) -> None:
+        """A task source's options are checked now, each refusal on ``data.options.<option>``. A
+        'package.module:attribute' task is not imported here (whoever validates a config, such as the web app's
+        launch form, may not run the code it names): its options are checked when the trainer builds it."""
+        if source_of(self.data.task) == "module":
+            return
+        try:
+            find_task(self.data.task, self.data.options)
+        except TaskOptionError as exc:
+            raise ConfigError(f"data.task={self.data.task}: {exc}",
+                              key=f"data.options.{exc.option}" if exc.option else "data.options") from None
+        except (UnknownTask, ImportError) as exc:
+            raise ConfigError(str(exc), key="data.task") from None
+
     def validate_habit(self) -> None:
         """A habit shown on some phrasings must be one the task's demonstrator has (a task from a file has no
         generated demonstrations, so nothing is checked for it here)."""
-        task = find_task(self.data.task)
-        if not self.sft.habit_phrasings or task is None:
+        if not self.sft.habit_phrasings or source_of(self.data.task) == "module":
+            return
+        task = find_task(self.data.task, self.data.options)
+        if task is None:
             return
         if self.sft.habit not in task.habits:
             has = " and ".join(repr(h) for h in task.habits) if task.habits else "none"
@@ -658,6 +681,7 @@ class Config:
                 raise ConfigError(f"mcp.{name}: call_timeout and start_timeout must be positive seconds",
                                   key=f"mcp.{name}.call_timeout")
         self.validate_model_services()
+        self.validate_task()
         self.validate_habit()
         for key in ("wrong_fraction", "habit_fraction"):
             if not 0 <= getattr(self.sft, key) <= 1:

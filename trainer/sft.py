@@ -42,7 +42,7 @@ def demonstration_conversations(config: Config) -> list[tuple[dict[str, Any], li
     s = config.sft
     if s.demos_path:
         return _written_conversations(s.demos_path, s.num_demos)
-    task = find_task(config.data.task)
+    task = find_task(config.data.task, config.data.options)
     if task is None or task.demonstrations is None:
         generated = [repr(t.name) for t in tasks() if t.demonstrations is not None]
         names = f"{', '.join(generated[:-1])} and {generated[-1]}" if len(generated) > 1 else "".join(generated)

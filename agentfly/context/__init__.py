@@ -62,6 +62,14 @@ class RolloutContext:
     # turns so far as (turn, value, reason).
     turn: int = 0
     turn_rewards: list[tuple[int, float, str]] = field(default_factory=list)
+    # Set by a tool whose environment ended the episode (a game won or lost): the rollout stops after this
+    # turn's observations instead of asking the model for another turn.
+    ended: str | None = None
+
+    def end_episode(self, reason: str) -> None:
+        """End the rollout after the running turn's tool calls: the environment is over (won, lost, out of
+        moves), so another turn would only be trained on noise. ``reason`` is kept on the trajectory."""
+        self.ended = str(reason) or "ended"
 
     def reward_turn(self, value: float, reason: str = "") -> None:
         """Credit ``value`` to the turn whose tool call is running (e.g. a key found on one hop of a chain).

@@ -1,5 +1,6 @@
-"""Environments as pooled resources: ScienceWorld (a JVM text simulator) and its task set."""
+"""Simulated environments as pooled resources: ScienceWorld (a JVM per instance) and TextWorld games."""
 
 from agentfly.envs.scienceworld import SCIENCEWORLD, ScienceWorld, scienceworld_tasks, task_names
+from agentfly.envs.textgames import TEXTWORLD, TextGame
 
-__all__ = ["SCIENCEWORLD", "ScienceWorld", "scienceworld_tasks", "task_names"]
+__all__ = ["SCIENCEWORLD", "TEXTWORLD", "ScienceWorld", "TextGame", "scienceworld_tasks", "task_names"]

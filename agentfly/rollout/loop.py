@@ -215,6 +215,10 @@ class RolloutRunner:
             traj.finish_reason = "length"
             return State.DONE
         traj.extend_observation(glue)
+        if r.ctx.ended is not None:  # the environment is over (context.end_episode): no turn after it
+            traj.final_answer = r.ctx.ended
+            traj.finish_reason = "answer"
+            return State.DONE
         return State.GENERATE
 
     async def _call(self, call: ToolCall, ctx: RolloutContext) -> ToolResult:

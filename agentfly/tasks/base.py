@@ -2,7 +2,9 @@
 its reward; and the registry, keyed by the name ``data.task`` gives, that task modules register into.
 
 A task module builds one ``Task`` and registers it when imported (``agentfly.tasks`` imports the built-in
-ones); the trainer, the SFT warm start and the CLI ask ``get_task(config.data.task)`` and never name a task.
+ones); the trainer, the SFT warm start and the CLI ask ``find_task(config.data.task, config.data.options)``
+(``agentfly.tasks.sources``, which also builds tasks from third-party sources and user modules) and never name
+a task.
 
     from agentfly.tasks import Task, register
 
@@ -112,16 +114,8 @@ def register(task: Task) -> Task:
     return task
 
 
-def get_task(name: str) -> Task:
-    """The task registered as ``name``; raises ``UnknownTask`` naming the known tasks."""
-    try:
-        return _TASKS[name]
-    except KeyError:
-        raise UnknownTask(f"unknown task {name!r}; the known tasks are {', '.join(_TASKS)}") from None
-
-
-def find_task(name: str) -> Task | None:
-    """The task registered as ``name``, or None (``data.task`` may be a file of samples instead)."""
+def registered(name: str) -> Task | None:
+    """The task registered as ``name``, or None (``agentfly.tasks.find_task`` also knows the sources)."""
     return _TASKS.get(name)
 
 

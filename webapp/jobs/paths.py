@@ -134,8 +134,11 @@ def _path_fields(cls: type, data: dict[str, Any], prefix: str) -> list[tuple[str
 
 def _as_paths(key: str, mark: Any, value: Any, siblings: dict[str, Any]) -> list[tuple[str, str]]:
     text = str(value)
-    if mark.kind == "task" and text in mark.names:
-        return []
+    if mark.kind == "task":
+        from agentfly.tasks import source_of
+
+        if text in mark.names or source_of(text) is not None:
+            return []  # a task's name (built in, a source, or a module's, which the registry's rules check)
     if mark.kind == "uri":
         from urllib.parse import urlparse
 

@@ -40,7 +40,10 @@ from webapp.registry.plugins import (
 
 BUILTIN_PACKAGES = ("agentfly.tools.builtin", "agentfly.rewards.builtin")
 # The names a decorated definition is made with, by kind (``@tool``, ``@af.tool(...)``, ``x = make_tool(f)``).
-MAKERS = {"tool": {"tool", "make_tool", "Tool"}, "reward": {"reward", "make_reward", "Reward"}}
+MAKERS = {"tool": {"tool", "make_tool", "Tool"}, "reward": {"reward", "make_reward", "Reward"},
+          # A job's ``data.task`` named as 'module:attribute' (agentfly.tasks.sources): a Task made at the top of the
+          # module, ``numbers = Task(...)`` or ``numbers = register(Task(...))``; never a function to call.
+          "task": {"Task", "register"}}
 
 
 class NotRegistrable(ValueError):
@@ -51,7 +54,7 @@ def check_registrable(kind: str, import_path: str, team_slug: str | None) -> Sou
     """Where ``import_path`` (a ``kind`` entry of the team ``team_slug``; None for built-ins) resolves, or
     NotRegistrable saying why not and which setting to change."""
     if kind not in MAKERS:
-        raise ValueError(f"Unknown registry kind: {kind!r}; expected 'tool' or 'reward'")
+        raise ValueError(f"Unknown registry kind: {kind!r}; expected 'tool', 'reward' or 'task'")
     try:
         import_path = check_import_path(import_path)
     except ValueError as exc:
@@ -76,7 +79,15 @@ def check_registrable(kind: str, import_path: str, team_slug: str | None) -> Sou
 
 
 def check_job_config(config: dict[str, object], team_slug: str | None) -> None:
-    """Check every tool and the reward a trainer config names, as a job of team ``team_slug``."""
+    """Check every tool and the reward a trainer config names, and a task it names as 'module:attribute', as a
+    job of team ``team_slug``. (A task source such as ``reasoning_gym:<dataset>`` is installed code the trainer
+    builds itself.)"""
+    from agentfly.tasks import source_of
+
+    data = config.get("data") or {}
+    assert isinstance(data, dict)
+    if source_of(str(data.get("task", ""))) == "module":
+        check_registrable("task", str(data["task"]), team_slug)
     rollout = config.get("rollout") or {}
     assert isinstance(rollout, dict)
     for path in rollout.get("tools") or []:
@@ -161,6 +172,10 @@ def _refuse_undecorated(kind: str, import_path: str, file: Path, package: bool =
     binding = _binding(tree, name, kind)
     if binding == "decorated":
         return
+    if kind == "task":
+        raise NotRegistrable(f"{import_path} is not a Task made at the top of {module!r}: a job's data.task names a "
+                             f"module attribute bound as `{name} = Task(...)` (from agentfly.tasks import Task), not "
+                             "a function or anything imported; the web app runs no other code to build a task")
     if binding == "imported":
         raise NotRegistrable(f"{import_path}: {name!r} is imported into {module!r}, not defined there; a registry "
                              f"path names a {kind} defined in the module itself. Write a {kind} in {module} that "

@@ -5,5 +5,6 @@ from agentfly.tools.builtin.lookup import lookup
 from agentfly.tools.builtin.python_code import python_code
 from agentfly.tools.builtin.scienceworld import sciworld_act, sciworld_look
 from agentfly.tools.builtin.search import search
+from agentfly.tools.builtin.textworld import tw_act
 
-__all__ = ["calculator", "evaluate_arithmetic", "lookup", "python_code", "sciworld_act", "sciworld_look", "search"]
+__all__ = ["calculator", "evaluate_arithmetic", "lookup", "python_code", "sciworld_act", "sciworld_look", "search", "tw_act"]

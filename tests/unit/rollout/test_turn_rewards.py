@@ -79,3 +79,21 @@ def test_reward_turn_refuses_what_is_not_a_number() -> None:
         ctx.reward_turn("1")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="give a finite number"):
         ctx.reward_turn(float("nan"))
+
+
+@af.tool
+def final_door(context: Any) -> str:
+    """Open the last door: the episode is over."""
+    context.end_episode("won")
+    return "You escaped."
+
+
+async def test_a_tool_that_ends_the_episode_stops_the_rollout_after_its_observation(tiny_tokenizer: Any) -> None:
+    def script(prompt: str) -> str:
+        return call("final_door")  # the model would go on calling it turn after turn
+
+    agent = af.Agent(model=af.ReplayEngine(tiny_tokenizer, script), tools=[final_door], max_turns=4)
+    [traj] = await agent.run([{"question": "go"}])
+    assert traj.num_turns == 1 and traj.finish_reason == "answer" and traj.final_answer == "won"
+    assert "You escaped." in tiny_tokenizer.decode(traj.token_ids)
+    assert traj.loss_mask[-1] == 0  # it ends on the observation, which is not trained on
