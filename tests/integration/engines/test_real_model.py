@@ -48,6 +48,27 @@ async def test_the_agent_runs_a_rollout_with_the_real_models_chat_template(engin
     assert sum(traj.loss_mask) == len(traj.token_ids) - traj.prompt_length >= 2
 
 
+def test_the_converted_checkpoint_is_token_exact_with_the_gguf_file_and_gives_its_logits(
+        engine: HFEngine, tmp_path: Path) -> None:
+    from agentfly.models.smollm2 import checkpoint_dir
+
+    folder = checkpoint_dir(tmp_path)
+    assert checkpoint_dir(tmp_path) == folder and not list(tmp_path.glob(".convert-*"))  # converted once
+    converted = HFEngine(folder)
+    ours, theirs = converted.tokenizer, engine.tokenizer
+    conversation = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "What is 37*48?  "},
+                    {"role": "assistant", "content": '<tool_call>\n{"name": "calculator"}\n</tool_call>'},
+                    {"role": "tool", "content": "1776"}]
+    for text in ("The capital of France is", "  tabs\tand ünïcode — 37*48=1776\n\n"):
+        assert ours(text)["input_ids"] == theirs(text)["input_ids"]
+    assert ours.apply_chat_template(conversation, add_generation_prompt=True) == \
+        theirs.apply_chat_template(conversation, add_generation_prompt=True)
+    assert converted.stop_token_ids == engine.stop_token_ids
+    ids = torch.tensor([ours("The capital of France is")["input_ids"]])
+    with torch.inference_mode():
+        assert torch.equal(converted.model(input_ids=ids).logits, engine.model(input_ids=ids).logits)
+
+
 # ---------------------------------------------------------------------------------------------- vLLM
 # vLLM runs in a pytest process of its own (scripts/test.sh: -m vllm), so it is imported inside these tests only.
 
@@ -75,15 +96,15 @@ def test_vllm_loads_the_gguf_file_itself(smollm2_gguf: Path) -> None:
 @pytest.mark.timeout(1200)
 async def test_vllm_samples_smollm2_with_the_logprobs_the_trainer_recomputes(engine: HFEngine,
                                                                               tmp_path: Path) -> None:
-    """The GGUF weights dequantised once (what ``model.gguf_file`` trains from), saved as a Hugging Face folder
-    that vLLM loads; its sampling logprobs match a plain forward of the same weights (what the trainer
-    recomputes) within the tiny-model vLLM test's tolerance, and greedy decoding gives the HF engine's tokens."""
+    """The GGUF weights converted once (``smollm2.checkpoint_dir``: what ``model.gguf_file`` trains from, as a
+    safetensors folder) load in vLLM; its sampling logprobs match a plain forward of the same weights (what the
+    trainer recomputes) within the tiny-model vLLM test's tolerance, and greedy decoding gives the HF engine's
+    tokens."""
     pytest.importorskip("vllm")
     from agentfly.engines.vllm import VLLMEngine
+    from agentfly.models.smollm2 import checkpoint_dir
 
-    folder = tmp_path / "smollm2-hf"
-    engine.model.save_pretrained(folder, safe_serialization=True)
-    engine.tokenizer.save_pretrained(folder)
+    folder = checkpoint_dir(tmp_path)
     vllm_engine = VLLMEngine(folder, max_model_len=1024)
     try:
         tok = vllm_engine.tokenizer
