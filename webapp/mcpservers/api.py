@@ -12,7 +12,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from webapp.accounts.models import Team
+from webapp.accounts.api import MemberTeamField
 from webapp.mcpservers import actions
 from webapp.mcpservers.models import MCPServer, MCPServerVersion, Status, Transport
 from webapp.mcpservers.rules import NotAllowed, check_url, stdio_argv
@@ -38,7 +38,7 @@ class MCPServerSerializer(serializers.ModelSerializer):
 
 
 class MCPRegisterSerializer(serializers.Serializer):
-    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
+    team = MemberTeamField()
     name = serializers.SlugField(max_length=60)
     transport = serializers.ChoiceField(choices=Transport.choices)
     command = serializers.ListField(child=serializers.CharField(max_length=500, trim_whitespace=False),
@@ -49,11 +49,6 @@ class MCPRegisterSerializer(serializers.Serializer):
     seed_tool = serializers.RegexField(r"^[A-Za-z_][\w.-]{0,63}$", required=False, allow_blank=True, default="",
                                        help_text="A tool called at a rollout's first call with the sample's fields "
                                                  "its input schema names.")
-
-    def validate_team(self, team: Team) -> Team:
-        if not team.has_member(self.context["request"].user):
-            raise serializers.ValidationError("You are not a member of this team.")
-        return team
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         try:

@@ -3,6 +3,7 @@ in the sandbox, the tools can be tried, and another team can neither see nor try
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 from typing import Any
@@ -122,3 +123,59 @@ def test_a_reset_or_seed_tool_the_server_does_not_list_fails_its_inspection_nami
     with pytest.raises(NotAllowed, match=r"lists no seed_tool 'load'; it lists put, reset: register it again"):
         check_named_tools(server, [{"name": "put"}, {"name": "reset"}])
     check_named_tools(MCPServer(team=team_a, name="kv", reset_tool="reset"), [{"name": "reset"}])
+
+
+# ---------------------------------------------------------------------------- URLs are parsed, not prefixes
+def test_a_url_with_userinfo_is_refused_though_its_text_starts_with_an_allowed_entry(
+        alice_api: Any, team_a: Any, settings: Any) -> None:
+    settings.AGENTFLY_MCP_URLS = ["http://127.0.0.1:8153"]
+    settings.AGENTFLY_MCP_LOCAL_HOSTS = ["127.0.0.1"]
+    response = register(alice_api, transport="http", url="http://127.0.0.1:8153@127.0.0.1:8154/steal")
+    assert response.status_code == 400 and "user name or password" in " ".join(response.json()["url"])
+    assert not MCPServer.objects.exists()
+
+
+@pytest.mark.parametrize("url", ["http://[::ffff:127.0.0.1]:8765/mcp", "http://[::ffff:169.254.169.254]/latest",
+                                 "http://2130706433:8765/mcp", "http://[::ffff:7f00:1]:8765/mcp"])
+def test_an_address_inside_another_form_is_refused_like_the_address_it_is(
+        alice_api: Any, team_a: Any, settings: Any, url: str) -> None:
+    settings.AGENTFLY_MCP_URLS = [url]  # on the allowlist: only the local-address check stands in the way
+    response = register(alice_api, transport="http", url=url)
+    assert response.status_code == 400 and "AGENTFLY_MCP_LOCAL_HOSTS" in " ".join(response.json()["url"])
+
+
+def test_an_allowlist_entry_allows_paths_under_its_own_on_a_segment_boundary_and_on_its_origin_only(
+        alice_api: Any, team_a: Any, settings: Any) -> None:
+    settings.AGENTFLY_MCP_URLS = ["http://127.0.0.1:8765/mcp"]
+    settings.AGENTFLY_MCP_LOCAL_HOSTS = ["127.0.0.1"]
+    for refused in ["http://127.0.0.1:8765/mcpx", "http://127.0.0.1:8766/mcp", "https://127.0.0.1:8765/mcp",
+                    "http://127.0.0.1:8765/mcp/../admin"]:
+        response = register(alice_api, transport="http", url=refused)
+        assert response.status_code == 400, refused
+    assert register(alice_api, transport="http", url="http://127.0.0.1:8765/mcp/v1").status_code == 202
+
+
+def test_the_answer_of_an_internal_service_never_comes_back_in_the_inspection_error(
+        alice_api: Any, team_a: Any, settings: Any) -> None:
+    from tests.integration.resources.test_mcp_http_endpoint import SECRET, serving_a_secret
+    from webapp.mcpservers.tasks import inspect_mcp_server
+
+    with serving_a_secret() as (port, hosts):
+        settings.AGENTFLY_MCP_URLS = [f"http://127.0.0.1:{port}/"]
+        settings.AGENTFLY_MCP_LOCAL_HOSTS = ["127.0.0.1"]
+        response = register(alice_api, transport="http", url=f"http://127.0.0.1:{port}/steal")
+        assert response.status_code == 202, response.content
+        assert inspect_mcp_server(response.json()["id"]) == "failed"
+    assert hosts, "the inspection never reached the service"
+    shown = alice_api.get(f"/api/mcp-servers/{response.json()['id']}/").json()
+    assert shown["status"] == "failed" and "not an MCP session" in shown["error"]
+    assert SECRET not in json.dumps(shown)
+
+
+def test_registering_for_a_missing_team_and_for_another_team_get_the_same_answer(
+        alice_api: Any, team_a: Any, team_b: Any) -> None:
+    answers = [register(alice_api, team=slug, transport="stdio", command=["kv.py"]) for slug in ("team-b", "no-team")]
+    assert [a.status_code for a in answers] == [400, 400]
+    messages = [" ".join(a.json()["team"]).replace(slug, "<slug>") for a, slug in zip(answers, ("team-b", "no-team"),
+                                                                                      strict=True)]
+    assert messages[0] == messages[1] and "does not exist or you are not a member" in messages[0]
