@@ -305,6 +305,10 @@ AGENTFLY_JOB_ENV = env_list("AGENTFLY_JOB_ENV", [
 AGENTFLY_QUOTA_CONCURRENT_JOBS = env_int("AGENTFLY_QUOTA_CONCURRENT_JOBS", 4)  # queued, running or preempted
 AGENTFLY_QUOTA_MAX_STEPS = env_int("AGENTFLY_QUOTA_MAX_STEPS", 100_000)  # a job's total steps
 AGENTFLY_QUOTA_MAX_SECONDS = env_int("AGENTFLY_QUOTA_MAX_SECONDS", 24 * 3600)  # a job's running time, all runs
+# Quotas that follow the person: a member's jobs queued, running or preempted at once over all of their teams
+# (so a new team of their own adds no room), and the teams one account may create (sign-up's team counts).
+AGENTFLY_QUOTA_USER_CONCURRENT_JOBS = env_int("AGENTFLY_QUOTA_USER_CONCURRENT_JOBS", 4)
+AGENTFLY_TEAMS_PER_USER = env_int("AGENTFLY_TEAMS_PER_USER", 5)
 # Fair share: a running job that has trained this long (from its run's first step) yields at its next step (with a checkpoint) when another
 # team's job waits for a worker on its queue, and is queued again to resume from there. 0 never preempts.
 AGENTFLY_TIME_SLICE = env_float("AGENTFLY_TIME_SLICE", 1800.0)
@@ -454,6 +458,7 @@ AGENTFLY_RATES = {
     "signup": env_rate("AGENTFLY_RATE_SIGNUP", "10/hour"),
     "try": env_rate("AGENTFLY_RATE_TRY", "30/minute"),
     "launch": env_rate("AGENTFLY_RATE_LAUNCH", "30/hour"),
+    "team": env_rate("AGENTFLY_RATE_TEAM", "5/day"),
 }
 REST_FRAMEWORK.update({
     "DEFAULT_THROTTLE_CLASSES": [

@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
 from django.db import models, transaction
@@ -99,6 +100,10 @@ class TeamNameTaken(ValueError):
     pass
 
 
+class TeamLimitReached(ValueError):
+    """The creator has created as many teams as one person may (``AGENTFLY_TEAMS_PER_USER``)."""
+
+
 # Slugs that name the app's own packages and routes. A team's plugin folder is ``<plugin dir>/<slug>/``, so a
 # slug is also a folder name a worker may import from: it must never be one a shared module already uses.
 RESERVED_SLUGS = frozenset({
@@ -152,6 +157,15 @@ def do_create_team(name: str, creator: object | None) -> Team:
     if re.fullmatch(r"job(-\d+)?", base) or slug_refusal(base) is not None:
         base = f"team-{base}"
     with transaction.atomic():
+        if creator is not None:
+            # Quotas count per team as well as per person; without a cap, a new team would be new room. The
+            # creator's row lock makes two creations at once count each other.
+            get_user_model().objects.select_for_update().filter(pk=getattr(creator, "pk", None)).first()
+            made = Team.objects.filter(created_by=creator).count()
+            if made >= settings.AGENTFLY_TEAMS_PER_USER:
+                raise TeamLimitReached(
+                    f"you have created {made} teams, as many as one person may (AGENTFLY_TEAMS_PER_USER="
+                    f"{settings.AGENTFLY_TEAMS_PER_USER}); work in one of them, or ask an operator to raise the limit")
         if Group.objects.filter(name=name).exists():
             raise TeamNameTaken(f"a team named {name!r} already exists; pick another name")
         slug, n = base, 1

@@ -21,6 +21,7 @@ from webapp.accounts.models import (
     MembershipInvitation,
     NotTeamAdmin,
     Team,
+    TeamLimitReached,
     do_answer_invitation,
     do_create_invitation,
     do_create_team,
@@ -84,12 +85,17 @@ def locked_out(request: HttpRequest, original_response: Any = None, credentials:
 
 @login_required
 @require_http_methods(["GET", "POST"])
+@throttle("team")
 def team_list(request: HttpRequest) -> HttpResponse:
     form = TeamForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        team = do_create_team(form.cleaned_data["name"], request.user)
-        messages.success(request, f"Team {team.name} created.")
-        return redirect("accounts:team", slug=team.slug)
+        try:
+            team = do_create_team(form.cleaned_data["name"], request.user)
+        except TeamLimitReached as exc:
+            form.add_error("name", sentence(exc))
+        else:
+            messages.success(request, f"Team {team.name} created.")
+            return redirect("accounts:team", slug=team.slug)
     teams = Team.objects.of(request.user).select_related("group")
     status = 400 if request.method == "POST" else 200  # a refused name is bad input, said on its field
     pending = MembershipInvitation.objects.to(request.user).pending().count()
