@@ -320,6 +320,13 @@ AGENTFLY_MCP_COMMANDS = json.loads(env_str("AGENTFLY_MCP_COMMANDS", "[]"))
 AGENTFLY_MCP_URLS = env_list("AGENTFLY_MCP_URLS", [])
 AGENTFLY_MCP_LOCAL_HOSTS = env_list("AGENTFLY_MCP_LOCAL_HOSTS", [])
 AGENTFLY_MCP_NETWORK = env_list("AGENTFLY_MCP_NETWORK", [])
+# A server's inspection (start it, list its tools) runs on the `inspect` queue, never on `cpu` beside training
+# jobs: at most AGENTFLY_MCP_INSPECT_POOL at once over the server (run its worker with that many processes:
+# `celery -A webapp worker -Q inspect -c 2`), AGENTFLY_MCP_INSPECT_TEAM_CONCURRENCY per team (a registration
+# beyond it is refused until one ends), each stopped after AGENTFLY_MCP_INSPECT_TIMEOUT seconds.
+AGENTFLY_MCP_INSPECT_POOL = env_int("AGENTFLY_MCP_INSPECT_POOL", 2)
+AGENTFLY_MCP_INSPECT_TEAM_CONCURRENCY = env_int("AGENTFLY_MCP_INSPECT_TEAM_CONCURRENCY", 1)
+AGENTFLY_MCP_INSPECT_TIMEOUT = env_float("AGENTFLY_MCP_INSPECT_TIMEOUT", 60.0)
 
 # ------------------------------------------------------------------ REST API
 REST_FRAMEWORK = {

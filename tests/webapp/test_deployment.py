@@ -80,7 +80,10 @@ def test_the_compose_file_is_valid_for_a_real_compose_parser() -> None:
 
     config = yaml.safe_load(result.stdout)
     services = config["services"]
-    assert set(services) == {"web", "worker-cpu", "worker-try", "worker-gpu", "redis", "postgres", "ray-head", "ray-worker"}
+    assert set(services) == {"web", "worker-cpu", "worker-try", "worker-inspect", "worker-gpu", "redis", "postgres",
+                             "ray-head", "ray-worker"}
+    # MCP inspections have a worker of their own: a server that never starts never holds worker-cpu.
+    assert "-Q inspect " in services["worker-inspect"]["command"]
     # Jobs' environments go to the Ray worker node, the one with sandbox room, from the project's image.
     assert services["worker-cpu"]["environment"]["AGENTFLY_RAY_ADDRESS"] == "ray://ray-head:10001"
     assert '--resources={"sandbox": 16}' in services["ray-worker"]["command"]
@@ -121,7 +124,7 @@ def test_celery_takes_one_job_at_a_time_acknowledges_late_and_limits_training_ti
     from webapp.celery import app
     from webapp.jobs.tasks import run_job
 
-    assert {q.name for q in app.conf.task_queues} == {"cpu", "gpu", "try"}
+    assert {q.name for q in app.conf.task_queues} == {"cpu", "gpu", "try", "inspect"}
     assert app.conf.task_acks_late and app.conf.task_reject_on_worker_lost
     assert app.conf.worker_prefetch_multiplier == 1
     assert app.conf.broker_transport_options["visibility_timeout"] > settings.JOB_TIME_LIMIT

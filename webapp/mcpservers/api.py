@@ -81,12 +81,19 @@ class MCPServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
             return MCPServer.objects.none()
         return MCPServer.objects.visible_to(self.request.user).select_related("team", "current_version")
 
-    @extend_schema(request=MCPRegisterSerializer, responses={202: MCPServerSerializer})
+    @extend_schema(request=MCPRegisterSerializer, responses={
+        202: MCPServerSerializer,
+        429: detail_response("The team's MCP inspections (AGENTFLY_MCP_INSPECT_TEAM_CONCURRENCY), or the "
+                             "server's (AGENTFLY_MCP_INSPECT_POOL), are at their limit."),
+    })
     def create(self, request: Request) -> Response:
         """Register a stdio or HTTP MCP server for a team; a worker lists its tools."""
         ser = MCPRegisterSerializer(data=request.data, context={"request": request})
         ser.is_valid(raise_exception=True)
-        server = actions.do_register_server(user=request.user, **ser.validated_data)
+        try:
+            server = actions.do_register_server(user=request.user, **ser.validated_data)
+        except actions.TooManyInspections as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_429_TOO_MANY_REQUESTS)
         return Response(MCPServerSerializer(server).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=MCPTrySerializer, responses={

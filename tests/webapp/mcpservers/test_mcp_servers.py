@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +180,64 @@ def test_registering_for_a_missing_team_and_for_another_team_get_the_same_answer
     messages = [" ".join(a.json()["team"]).replace(slug, "<slug>") for a, slug in zip(answers, ("team-b", "no-team"),
                                                                                       strict=True)]
     assert messages[0] == messages[1] and "does not exist or you are not a member" in messages[0]
+
+
+# ---------------------------------------------------------------------------- inspections: own queue, bounded
+STUCK = "import time\ntime.sleep(600)  # never answers: an MCP server that does not start\n"
+
+
+def test_a_teams_inspections_beyond_its_limit_are_refused_while_another_team_still_registers(
+        alice_api: Any, bob_api: Any, team_a: Any, team_b: Any, settings: Any) -> None:
+    settings.AGENTFLY_MCP_INSPECT_TEAM_CONCURRENCY = 1
+    with plugin_file("team-a/stuck.py", STUCK), plugin_file("team-b/stuck.py", STUCK):
+        assert register(alice_api, name="stuck1", transport="stdio", command=["stuck.py"]).status_code == 202
+        for n in range(2, 7):  # six registrations whose server never starts: one inspection, five refusals
+            refused = register(alice_api, name=f"stuck{n}", transport="stdio", command=["stuck.py"])
+            assert refused.status_code == 429
+            assert "AGENTFLY_MCP_INSPECT_TEAM_CONCURRENCY=1" in refused.json()["detail"]
+        assert register(bob_api, team="team-b", name="stuck1", transport="stdio",
+                        command=["stuck.py"]).status_code == 202
+    assert MCPServer.objects.filter(team=team_a).count() == 1
+
+
+@pytest.mark.timeout(120)
+def test_an_inspection_of_a_server_that_never_starts_fails_within_its_timeout_and_frees_its_place(
+        alice: Any, alice_api: Any, team_a: Any, settings: Any) -> None:
+    from webapp.mcpservers.actions import take_inspection_slot
+    from webapp.mcpservers.tasks import inspect_mcp_server
+
+    settings.AGENTFLY_MCP_INSPECT_TEAM_CONCURRENCY = 1
+    with plugin_file("team-a/stuck.py", STUCK):
+        server = MCPServer.objects.create(team=team_a, name="stuck", transport="stdio", command=["stuck.py"],
+                                          created_by=alice)
+        slot = take_inspection_slot(team_a, alice)  # the place its registration took
+        assert register(alice_api, name="other", transport="stdio", command=["stuck.py"]).status_code == 429
+        started = time.monotonic()
+        assert inspect_mcp_server(server.pk, slot=slot, timeout=3.0) == "failed"  # as the inspect worker runs it
+        assert time.monotonic() - started < 30
+        server.refresh_from_db()
+        assert server.status == Status.FAILED
+        assert "did not list its tools within AGENTFLY_MCP_INSPECT_TIMEOUT=3 s" in server.error
+        assert register(alice_api, name="other", transport="stdio", command=["stuck.py"]).status_code == 202
+
+
+def test_an_inspection_is_sent_to_the_inspect_queue_with_a_hard_time_limit(
+        alice_api: Any, team_a: Any, settings: Any, django_capture_on_commit_callbacks: Any) -> None:
+    settings.AGENTFLY_MCP_INSPECT_TIMEOUT = 20.0
+    sent: list[dict[str, Any]] = []
+
+    def record(sender: Any = None, headers: Any = None, routing_key: Any = None, **_: Any) -> None:
+        sent.append({"task": sender, "queue": routing_key, "limits": (headers or {}).get("timelimit")})
+
+    from celery.signals import before_task_publish
+
+    before_task_publish.connect(record, weak=False)
+    try:
+        with plugin_file("team-a/kv_server.py", STORE.read_text()), \
+                django_capture_on_commit_callbacks(execute=True):
+            assert register(alice_api, transport="stdio", command=["kv_server.py"]).status_code == 202
+    finally:
+        before_task_publish.disconnect(record)
+    # A worker that takes it finds no row (this test's transaction is rolled back) and returns "gone".
+    assert sent == [{"task": "webapp.mcpservers.tasks.inspect_mcp_server", "queue": "inspect",
+                     "limits": [50.0, 35.0]}]
