@@ -112,7 +112,7 @@ def render_team(request: HttpRequest, team: Team, form: AddMemberForm, status: i
         "team": team, "form": form, "invite_days": settings.AGENTFLY_INVITE_DAYS,
         "is_admin": team.is_admin(request.user), "admin_ids": set(team.admins.values_list("pk", flat=True)),
         "invitations": team.invitations.select_related("created_by", "used_by")[:20],
-        "member_invitations": team.member_invitations.select_related("invitee", "invited_by")[:20],
+        "member_invitations": team.member_invitations.select_related("invited_by")[:20],
         "api_quotas": team.api_quotas.all(),  # the operator's limits on the team's APIs, read-only here
         # The link's secret is stored only as a hash: it is shown once, on the page right after creating it.
         "new_invitation_link": request.session.pop("new_invitation_link", None),
@@ -140,7 +140,7 @@ def team_add_member(request: HttpRequest, slug: str) -> HttpResponse:
         except InvitationRefused as exc:
             form.add_error("username", sentence(exc))
         else:
-            messages.success(request, f"{invitation.invitee.username} is invited to {team.name}; they join once "
+            messages.success(request, f"{invitation.invitee_name} is invited to {team.name}; they join once "
                                       "they accept it on their Invitations page.")
             return redirect("accounts:team", slug=team.slug)
     return render_team(request, team, form, status=400)
