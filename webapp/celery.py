@@ -35,6 +35,8 @@ app.conf.update(
     # Beat (run as `celery -A webapp beat` or `worker -B`) sweeps for jobs whose worker stopped beating.
     beat_schedule={
         "fail-stale-jobs": {"task": "webapp.jobs.tasks.fail_stale_jobs", "schedule": 10.0},
+        # Redis has no memory limit per user: a team's keys past AGENTFLY_TEAM_REDIS_MAX_BYTES are cut off.
+        "cap-team-redis": {"task": "webapp.jobs.tasks.cap_team_redis", "schedule": 5.0},
     },
 )
 app.autodiscover_tasks(["webapp.registry", "webapp.mcpservers", "webapp.jobs"])

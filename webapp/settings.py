@@ -308,6 +308,9 @@ AGENTFLY_QUOTA_MAX_SECONDS = env_int("AGENTFLY_QUOTA_MAX_SECONDS", 24 * 3600)  #
 # Quotas that follow the person: a member's jobs queued, running or preempted at once over all of their teams
 # (so a new team of their own adds no room), and the teams one account may create (sign-up's team counts).
 AGENTFLY_QUOTA_USER_CONCURRENT_JOBS = env_int("AGENTFLY_QUOTA_USER_CONCURRENT_JOBS", 4)
+# The memory a team's Redis user may fill with its API budgets' keys (a budget takes a few hundred bytes);
+# beat cuts off a team past it every 5 s (webapp/jobs/apis.py).
+AGENTFLY_TEAM_REDIS_MAX_BYTES = env_int("AGENTFLY_TEAM_REDIS_MAX_BYTES", 1 << 20)
 AGENTFLY_TEAMS_PER_USER = env_int("AGENTFLY_TEAMS_PER_USER", 5)
 # Fair share: a running job that has trained this long (from its run's first step) yields at its next step (with a checkpoint) when another
 # team's job waits for a worker on its queue, and is queued again to resume from there. 0 never preempts.
