@@ -14,9 +14,10 @@ from rest_framework.response import Response
 
 from webapp.accounts.api import MemberTeamField
 from webapp.mcpservers import actions
-from webapp.mcpservers.models import MCPServer, MCPServerVersion, Status, Transport
+from webapp.mcpservers.models import MCPServer, MCPServerVersion, Transport
 from webapp.mcpservers.rules import NotAllowed, check_url, stdio_argv
 from webapp.registry.api import TryResultSerializer
+from webapp.registry.trying import not_triable
 from webapp.registry.tryslots import TooManyTries, acquire_slot, release_slot
 from webapp.schema import detail_response
 
@@ -109,9 +110,9 @@ class MCPServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
         from webapp.mcpservers.tasks import try_mcp_tool
 
         server = self.get_object()
-        if server.status != Status.READY or server.current_version is None:
-            return Response({"detail": f"This server is {server.status}; it can be tried once it is ready."},
-                            status=409)
+        why = not_triable("This server", server.status, server.current_version is not None)
+        if why:
+            return Response({"detail": why}, status=409)
         ser = MCPTrySerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         names = [t["name"] for t in server.current_version.tools]

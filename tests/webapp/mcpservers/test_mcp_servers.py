@@ -241,3 +241,26 @@ def test_an_inspection_is_sent_to_the_inspect_queue_with_a_hard_time_limit(
     # A worker that takes it finds no row (this test's transaction is rolled back) and returns "gone".
     assert sent == [{"task": "webapp.mcpservers.tasks.inspect_mcp_server", "queue": "inspect",
                      "limits": [50.0, 35.0]}]
+
+
+# ---------------------------------------------------------------------------- "try it" says what is missing
+def test_try_it_on_a_ready_entry_without_a_version_says_what_is_missing_not_that_it_is_not_ready(
+        alice_api: Any, team_a: Any, alice: Any) -> None:
+    from tests.webapp.factories import ready_entry
+    from webapp.registry.models import Kind
+
+    entry = ready_entry(team_a, Kind.TOOL, "tools_a:echo", "echo")
+    entry.current_version.delete()  # a version deleted in the admin: the entry stays ready, with none
+    entry.refresh_from_db()
+    server = MCPServer.objects.create(team=team_a, name="kv", transport="stdio", command=["kv.py"],
+                                      status=Status.READY, created_by=alice)
+    answers = [alice_api.post(f"/api/registry/{entry.pk}/try/", {"arguments": {}}, format="json"),
+               alice_api.post(f"/api/mcp-servers/{server.pk}/try/", {"tool": "put", "arguments": {}}, format="json")]
+    for answer in answers:
+        assert answer.status_code == 409
+        detail = answer.json()["detail"]
+        assert "no inspected version to try" in detail and "register it again" in detail
+        assert "once it is ready" not in detail
+    pending = MCPServer.objects.create(team=team_a, name="kv2", transport="stdio", command=["kv.py"], created_by=alice)
+    detail = alice_api.post(f"/api/mcp-servers/{pending.pk}/try/", {"tool": "put"}, format="json").json()["detail"]
+    assert detail == "This server is pending; it can be tried once its inspection has succeeded."
