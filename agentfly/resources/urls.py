@@ -156,7 +156,7 @@ def pinned_backend(host: str, address: str) -> Any:
     happens between the check of ``address`` and the connection. Any other host is refused."""
     import httpcore2  # the MCP SDK's HTTP stack; imported here so that importing agentfly does not need it
 
-    class PinnedBackend(httpcore2.AsyncNetworkBackend):  # type: ignore[misc]
+    class PinnedBackend(httpcore2.AsyncNetworkBackend):
         def __init__(self) -> None:
             self.inner = httpcore2.AnyIOBackend()
 
