@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
         _, team = demo.demo_user()
-        services.start("worker", [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", "cpu,try", "-c", "1",
+        services.start("worker", [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", "cpu,try,inspect", "-c", "1",
                                   "-l", "info", "-n", WORKER_NAME], env)
         services.start("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                "webapp.asgi:application"], env)

@@ -244,6 +244,8 @@ class MCPServerConfig:
                                          "(no network unless network=host, no secrets, rlimits).")
     url: str | None = _f(None, "A streamable-HTTP server's endpoint, e.g. http://127.0.0.1:8765/mcp (instead of "
                                "command).")
+    address: str | None = _f(None, "The IP address to connect to for url's host instead of looking it up (the "
+                                   "web app sets the address its check approved).")
     tools: list[str] | None = _f(None, "The server's tools the agent gets; null = every tool it lists (less "
                                        "reset_tool and seed_tool).")
     scope: Literal["rollout", "global"] = _f("rollout", "rollout: a session per rollout, reset before the next; "
@@ -674,6 +676,13 @@ class Config:
             if (server.command is None) == (server.url is None):
                 raise ConfigError(f"mcp.{name}: give exactly one of command (a stdio server's argv) or url (a "
                                   "streamable-HTTP endpoint)", key=f"mcp.{name}")
+            if server.url is not None:
+                from agentfly.resources.urls import URLRefused, parse
+
+                try:
+                    parse(server.url, what=f"mcp.{name}.url")
+                except URLRefused as exc:
+                    raise ConfigError(str(exc), key=f"mcp.{name}.url") from None
             if server.command is not None and not server.command:
                 raise ConfigError(f"mcp.{name}.command is empty; give the server's argv, e.g. [python, kv.py]",
                                   key=f"mcp.{name}.command")
@@ -737,9 +746,13 @@ class Config:
             raise ConfigError("engine=remote needs either engine_servers=[http://host:port, ...] (running servers) "
                               "or engine_replicas=N (the job starts N servers), not both and not neither",
                               key="engine_servers")
-        bad = [u for u in servers if not str(u).startswith(("http://", "https://"))]
-        if bad:
-            raise ConfigError(f"engine_servers {bad}: give base URLs such as http://gpu1:8000", key="engine_servers")
+        from agentfly.resources.urls import URLRefused, parse
+
+        for i, url in enumerate(servers):
+            try:
+                parse(url, what=f"engine_servers[{i}]")
+            except URLRefused as exc:
+                raise ConfigError(f"{exc} (base URLs such as http://gpu1:8000)", key="engine_servers") from None
         if self.engine_max_concurrency < 1:
             raise ConfigError("engine_max_concurrency must be >= 1", key="engine_max_concurrency")
         if self.model.gguf_file is not None:

@@ -1,13 +1,14 @@
 """The Celery app: Redis broker and result backend, one queue per hardware class.
 
-Training jobs go to ``cpu`` or ``gpu``; registry introspection goes to ``cpu`` and "try it" calls to their
+Training jobs go to ``cpu`` or ``gpu``; registry introspection goes to ``cpu``, "try it" calls to their
 own ``try`` queue (both import user code, which must never happen in the web process; a busy "try it" never
-takes a training job's queue). The registry's tasks opt out of the late acknowledgement below: they are
+takes a training job's queue) and MCP server inspections to ``inspect`` (a server that never starts holds
+only a bounded place there, never a worker that jobs wait for). The registry's tasks opt out of the late acknowledgement below: they are
 never redelivered (``webapp.registry.tasks``). ``acks_late`` with prefetch 1 means a worker takes
 one job at a time and a message is only acknowledged once the task returns, so a job whose worker vanished
 before starting it is redelivered; the task's conditional claim makes a redelivery of a started job a no-op.
 
-    celery -A webapp worker -Q cpu,try -c 1
+    celery -A webapp worker -Q cpu,try,inspect -c 1
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 app = Celery("webapp")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.update(
-    task_queues=(Queue("cpu"), Queue("gpu"), Queue("try")),
+    task_queues=(Queue("cpu"), Queue("gpu"), Queue("try"), Queue("inspect")),
     task_default_queue="cpu",
     task_acks_late=True,
     task_reject_on_worker_lost=True,
@@ -34,6 +35,8 @@ app.conf.update(
     # Beat (run as `celery -A webapp beat` or `worker -B`) sweeps for jobs whose worker stopped beating.
     beat_schedule={
         "fail-stale-jobs": {"task": "webapp.jobs.tasks.fail_stale_jobs", "schedule": 10.0},
+        # Redis has no memory limit per user: a team's keys past AGENTFLY_TEAM_REDIS_MAX_BYTES are cut off.
+        "cap-team-redis": {"task": "webapp.jobs.tasks.cap_team_redis", "schedule": 5.0},
     },
 )
 app.autodiscover_tasks(["webapp.registry", "webapp.mcpservers", "webapp.jobs"])

@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # The gpu queue only where there is a GPU: a job sent there otherwise waits, visibly, for a GPU worker
         # (the job page says which queue has none) instead of running on this machine's CPU.
-        queues = "cpu,gpu,try" if has_gpu() else "cpu,try"
+        queues = "cpu,gpu,try,inspect" if has_gpu() else "cpu,try,inspect"
         services.start("worker", [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", queues, "-c", "1",
                                   "-B", "-s", str(logs / "celerybeat-schedule"), "-l", "info", "-n", "demo@%h"], env)
         services.start("web", [sys.executable, "-m", "daphne", "-b", args.host, "-p", str(args.port),

@@ -17,7 +17,8 @@ from channels.security.websocket import WebsocketDenier
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
-DEFAULT_PORTS = {"http": 80, "https": 443}
+from agentfly.resources import urls
+
 # A channel-layer alias no setting defines: channels then runs a consumer with no channel layer at all, so a
 # refused socket never holds a Redis connection in a blocking receive (and ends as soon as its client goes).
 NO_CHANNEL_LAYER = "none (refused)"
@@ -30,14 +31,10 @@ class Denier(WebsocketDenier):
 
 
 def _origin_tuple(scheme: str, netloc: str) -> tuple[str, str, int] | None:
-    try:
-        parts = urlsplit(f"{scheme}://{netloc}")
-        port = parts.port
-    except ValueError:
+    try:  # the one URL parser (userinfo refused, IP literals normalised, the scheme's port filled in)
+        return urls.parse(f"{scheme}://{netloc}", what="origin").origin
+    except urls.URLRefused:
         return None
-    if not parts.hostname or scheme not in DEFAULT_PORTS:
-        return None
-    return scheme, parts.hostname.lower(), port or DEFAULT_PORTS[scheme]
 
 
 def site_origin(scope: dict[str, Any]) -> tuple[str, str, int] | None:

@@ -305,6 +305,13 @@ AGENTFLY_JOB_ENV = env_list("AGENTFLY_JOB_ENV", [
 AGENTFLY_QUOTA_CONCURRENT_JOBS = env_int("AGENTFLY_QUOTA_CONCURRENT_JOBS", 4)  # queued, running or preempted
 AGENTFLY_QUOTA_MAX_STEPS = env_int("AGENTFLY_QUOTA_MAX_STEPS", 100_000)  # a job's total steps
 AGENTFLY_QUOTA_MAX_SECONDS = env_int("AGENTFLY_QUOTA_MAX_SECONDS", 24 * 3600)  # a job's running time, all runs
+# Quotas that follow the person: a member's jobs queued, running or preempted at once over all of their teams
+# (so a new team of their own adds no room), and the teams one account may create (sign-up's team counts).
+AGENTFLY_QUOTA_USER_CONCURRENT_JOBS = env_int("AGENTFLY_QUOTA_USER_CONCURRENT_JOBS", 4)
+# The memory a team's Redis user may fill with its API budgets' keys (a budget takes a few hundred bytes);
+# beat cuts off a team past it every 5 s (webapp/jobs/apis.py).
+AGENTFLY_TEAM_REDIS_MAX_BYTES = env_int("AGENTFLY_TEAM_REDIS_MAX_BYTES", 1 << 20)
+AGENTFLY_TEAMS_PER_USER = env_int("AGENTFLY_TEAMS_PER_USER", 5)
 # Fair share: a running job that has trained this long (from its run's first step) yields at its next step (with a checkpoint) when another
 # team's job waits for a worker on its queue, and is queued again to resume from there. 0 never preempts.
 AGENTFLY_TIME_SLICE = env_float("AGENTFLY_TIME_SLICE", 1800.0)
@@ -316,6 +323,13 @@ AGENTFLY_MCP_COMMANDS = json.loads(env_str("AGENTFLY_MCP_COMMANDS", "[]"))
 AGENTFLY_MCP_URLS = env_list("AGENTFLY_MCP_URLS", [])
 AGENTFLY_MCP_LOCAL_HOSTS = env_list("AGENTFLY_MCP_LOCAL_HOSTS", [])
 AGENTFLY_MCP_NETWORK = env_list("AGENTFLY_MCP_NETWORK", [])
+# A server's inspection (start it, list its tools) runs on the `inspect` queue, never on `cpu` beside training
+# jobs: at most AGENTFLY_MCP_INSPECT_POOL at once over the server (run its worker with that many processes:
+# `celery -A webapp worker -Q inspect -c 2`), AGENTFLY_MCP_INSPECT_TEAM_CONCURRENCY per team (a registration
+# beyond it is refused until one ends), each stopped after AGENTFLY_MCP_INSPECT_TIMEOUT seconds.
+AGENTFLY_MCP_INSPECT_POOL = env_int("AGENTFLY_MCP_INSPECT_POOL", 2)
+AGENTFLY_MCP_INSPECT_TEAM_CONCURRENCY = env_int("AGENTFLY_MCP_INSPECT_TEAM_CONCURRENCY", 1)
+AGENTFLY_MCP_INSPECT_TIMEOUT = env_float("AGENTFLY_MCP_INSPECT_TIMEOUT", 60.0)
 
 # ------------------------------------------------------------------ REST API
 REST_FRAMEWORK = {
@@ -454,6 +468,7 @@ AGENTFLY_RATES = {
     "signup": env_rate("AGENTFLY_RATE_SIGNUP", "10/hour"),
     "try": env_rate("AGENTFLY_RATE_TRY", "30/minute"),
     "launch": env_rate("AGENTFLY_RATE_LAUNCH", "30/hour"),
+    "team": env_rate("AGENTFLY_RATE_TEAM", "5/day"),
 }
 REST_FRAMEWORK.update({
     "DEFAULT_THROTTLE_CLASSES": [

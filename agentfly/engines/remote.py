@@ -321,12 +321,16 @@ class RemoteEngine(Engine):
         from transformers import AutoConfig, AutoTokenizer
 
         from agentfly.engines.vllm import _stop_ids
+        from agentfly.resources.urls import URLRefused
+        from agentfly.resources.urls import parse as parse_url
 
         self.processes = [s for s in servers if isinstance(s, ServerProcess)]
         urls = [s.url if isinstance(s, ServerProcess) else str(s) for s in servers]
         for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"server {url!r}: give a base URL such as http://gpu1:8000")
+            try:
+                parse_url(url, what="server")
+            except URLRefused as exc:
+                raise ValueError(f"{exc} (a base URL such as http://gpu1:8000)") from None
         self.replicas = [Replica(u, max_concurrency, start_timeout) for u in urls]
         self.model_dir = path
         self.tokenizer = AutoTokenizer.from_pretrained(path)

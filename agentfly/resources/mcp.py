@@ -39,6 +39,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentfly.resources import urls
 from agentfly.resources.backends.local import WORKER, Isolation, Limits, LocalWorker
 from agentfly.resources.spec import InfrastructureFailure, Pool, ResourceError, ResourceSpec
 
@@ -66,6 +67,7 @@ def mcp_server(
     *,
     command: Sequence[str] | None = None,
     url: str | None = None,
+    address: str | None = None,
     scope: str = "rollout",
     pool: Pool | None = None,
     acquire_timeout: float | None = 60.0,
@@ -84,7 +86,11 @@ def mcp_server(
     Args:
         name: the resource's name; tools from ``tools_from`` ask for it.
         command: a stdio server's argv (run in the sandbox; the folders of its file arguments are readable).
-        url: a streamable-HTTP server's endpoint, e.g. ``http://127.0.0.1:8765/mcp``.
+        url: a streamable-HTTP server's endpoint, e.g. ``http://127.0.0.1:8765/mcp`` (parsed by
+            ``agentfly.resources.urls``: no userinfo, no dot segments).
+        address: the IP address to connect to for ``url``'s host instead of looking it up, e.g. the one a
+            check of the host's addresses approved (the web app's worker passes it); the URL, Host header and
+            TLS name stay the host's.
         scope: "rollout" (a session per rollout, reset between rollouts) or "global" (one shared session).
         pool: ``Pool(min, max)`` sessions (stdio: processes); defaults to ``Pool(0, 8)``.
         acquire_timeout: seconds a rollout waits for a free session before ``ResourceTimeout``.
@@ -105,8 +111,13 @@ def mcp_server(
         raise ValueError(f"mcp_server {name!r}: give exactly one of command=[...] (stdio) or url=... (HTTP)")
     if command is not None and (isinstance(command, str) or not command):
         raise ValueError(f"mcp_server {name!r}: command is an argv list, e.g. [sys.executable, 'server.py']")
-    if url is not None and not url.startswith(("http://", "https://")):
-        raise ValueError(f"mcp_server {name!r}: url={url!r} must be an http:// or https:// endpoint")
+    if url is not None:
+        try:
+            urls.parse(url, what=f"mcp_server {name!r}: url")
+        except urls.URLRefused as exc:
+            raise ValueError(str(exc)) from None
+    if address is not None and (url is None or urls.ip_literal(address) is None):
+        raise ValueError(f"mcp_server {name!r}: address={address!r} must be an IP address, given with url=...")
     if network not in ("none", "host"):
         raise ValueError(f"mcp_server {name!r}: network={network!r}; use 'none' or 'host'")
     if call_timeout <= 0 or start_timeout <= 0:
@@ -116,6 +127,7 @@ def mcp_server(
         "command": [os.path.realpath(a) if i and os.path.isfile(a) else a for i, a in enumerate(command)]
         if command is not None else None,
         "url": url,
+        "address": address,
         "call_timeout": float(call_timeout),
         "start_timeout": float(start_timeout),
         "reset_tool": reset_tool,
@@ -183,6 +195,37 @@ async def _pipe_streams(proc: asyncio.subprocess.Process) -> AsyncIterator[
             group.cancel_scope.cancel()
 
 
+def _http_reason(exc: BaseException) -> str:
+    """Why an HTTP server did not open a session, in words that quote nothing it sent: a URL may reach a
+    service that is no MCP server (an internal one, by mistake or on purpose), and its answer would otherwise
+    come back in the error. A connection failure and an HTTP status are shown; any other answer is not."""
+    import httpx2
+
+    if isinstance(exc, httpx2.HTTPStatusError):
+        return f"it answered HTTP {exc.response.status_code}"
+    if isinstance(exc, httpx2.TransportError | OSError | TimeoutError):
+        return f"{type(exc).__name__}: {exc}"
+    return (f"{type(exc).__name__}: what it answered is not an MCP session (not shown here: check that the URL "
+            "is the server's MCP endpoint)")
+
+
+def _http_client(url: str, address: str | None) -> Any:
+    """The SDK's HTTP client with its timeouts, taking no proxy from the environment (a proxy would look the
+    host up again) and, given ``address``, connecting to that address for the URL's host."""
+    import httpcore2
+    import httpx2
+    from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+
+    timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
+    transport = httpx2.AsyncHTTPTransport(trust_env=False)
+    if address is not None:
+        # httpx2 builds its pool without a way to choose the network backend: build the same pool with one.
+        transport._pool = httpcore2.AsyncConnectionPool(
+            ssl_context=httpx2.create_ssl_context(trust_env=False),
+            network_backend=urls.pinned_backend(urls.parse(url).host, address))
+    return httpx2.AsyncClient(transport=transport, timeout=timeout, trust_env=False)
+
+
 class MCPSession:
     """One client session of an MCP server (see the module docstring). ``call`` is what tools use."""
 
@@ -193,6 +236,7 @@ class MCPSession:
         options = spec.options
         self.command: list[str] | None = options.get("command")
         self.url: str | None = options.get("url")
+        self.address: str | None = options.get("address")
         self.call_timeout = float(options.get("call_timeout", 30.0))
         self.start_timeout = float(options.get("start_timeout", 60.0))
         self.reset_tool: str | None = options.get("reset_tool")
@@ -234,8 +278,9 @@ class MCPSession:
             said = f"; it printed: {printed[-1000:]}" if printed else ""
             if code is not None:  # gone before it answered: how it ended (a signal is negative)
                 said += f"; it had exited with {code}"
-            raise InfrastructureFailure(f"MCP server {self.name!r} ({where}) did not start: "
-                                        f"{type(exc).__name__}: {exc}{said}", "server_down") from exc
+            reason = f"{type(exc).__name__}: {exc}" if self.command else _http_reason(exc)
+            raise InfrastructureFailure(f"MCP server {self.name!r} ({where}) did not start: {reason}{said}",
+                                        "server_down") from exc
 
     async def _serve(self, ready: asyncio.Future[None], stop: asyncio.Event) -> None:
         """Own the transport and the session from entry to exit (anyio wants one task to do both)."""
@@ -246,7 +291,9 @@ class MCPSession:
                 if self.url is not None:
                     from mcp.client.streamable_http import streamable_http_client
 
-                    read, write = (await stack.enter_async_context(streamable_http_client(self.url)))[:2]
+                    client = await stack.enter_async_context(_http_client(self.url, self.address))
+                    read, write = (await stack.enter_async_context(
+                        streamable_http_client(self.url, http_client=client)))[:2]
                 else:
                     assert self.command is not None
                     worker = LocalWorker(
@@ -273,7 +320,7 @@ class MCPSession:
             if not ready.done():
                 ready.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
             elif not isinstance(exc, asyncio.CancelledError):
-                self._lost = f"{type(exc).__name__}: {exc}"
+                self._lost = f"{type(exc).__name__}: {exc}" if self.command else _http_reason(exc)
         finally:
             self.session = None
 

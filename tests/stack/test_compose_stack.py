@@ -69,6 +69,7 @@ class Stack:
         # DEBUG=1 for the in-process tests), which compose would otherwise pass into the containers.
         shell = {k: v for k, v in os.environ.items() if k not in COMPOSE_SETTINGS}
         self.env = {**shell, "SECRET_KEY": secrets.token_urlsafe(48), "REDIS_PASSWORD": secrets.token_hex(24),
+                    "POSTGRES_PASSWORD": secrets.token_hex(24),
                     "RAY_AUTH_TOKEN": secrets.token_hex(32), "AGENTFLY_WEB_PORT": str(self.port),
                     "ALLOWED_HOSTS": "localhost,127.0.0.1", "CSRF_TRUSTED_ORIGINS": self.url,
                     "AGENTFLY_MODELS_DIR": str(models), "AGENTFLY_DATASETS_DIR": str(datasets),

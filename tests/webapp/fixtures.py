@@ -201,13 +201,14 @@ def rate_limits(settings: Any) -> Any:
 @pytest.fixture(scope="session")
 def worker(django_db_setup: None, django_db_blocker: Any, runs_dir: Path,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
-    """One worker on the ``cpu`` and ``try`` queues for the whole session (training, introspection, "try it")."""
+    """One worker on the ``cpu``, ``try`` and ``inspect`` queues for the whole session (training,
+    introspection, "try it", MCP inspections)."""
     from webapp.celery import app
 
     app.control.purge()  # messages a previous, interrupted session left in the test broker
     with django_db_blocker.unblock():
         env = worker_env(runs_dir)
-    w = Worker("cpu,try", env, tmp_path_factory.mktemp("worker") / "worker.log")
+    w = Worker("cpu,try,inspect", env, tmp_path_factory.mktemp("worker") / "worker.log")
     try:
         w.wait_ready()
         yield w

@@ -72,7 +72,8 @@ def test_the_demos_sqlite_runs_in_wal_mode_and_waits_for_the_write_lock(tmp_path
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="needs Debian's docker-compose package")
 def test_the_compose_file_is_valid_for_a_real_compose_parser() -> None:
-    env = {**os.environ, "SECRET_KEY": "k" * 50, "REDIS_PASSWORD": "p" * 32, "RAY_AUTH_TOKEN": "t" * 64}
+    env = {**os.environ, "SECRET_KEY": "k" * 50, "REDIS_PASSWORD": "p" * 32, "RAY_AUTH_TOKEN": "t" * 64,
+           "POSTGRES_PASSWORD": "d" * 48}
     result = subprocess.run(["docker-compose", "-f", "docker-compose.yml", "config"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -80,7 +81,10 @@ def test_the_compose_file_is_valid_for_a_real_compose_parser() -> None:
 
     config = yaml.safe_load(result.stdout)
     services = config["services"]
-    assert set(services) == {"web", "worker-cpu", "worker-try", "worker-gpu", "redis", "postgres", "ray-head", "ray-worker"}
+    assert set(services) == {"web", "worker-cpu", "worker-try", "worker-inspect", "worker-gpu", "redis", "postgres",
+                             "ray-head", "ray-worker"}
+    # MCP inspections have a worker of their own: a server that never starts never holds worker-cpu.
+    assert "-Q inspect " in services["worker-inspect"]["command"]
     # Jobs' environments go to the Ray worker node, the one with sandbox room, from the project's image.
     assert services["worker-cpu"]["environment"]["AGENTFLY_RAY_ADDRESS"] == "ray://ray-head:10001"
     assert '--resources={"sandbox": 16}' in services["ray-worker"]["command"]
@@ -99,6 +103,35 @@ def test_the_compose_file_is_valid_for_a_real_compose_parser() -> None:
                              env={k: v for k, v in os.environ.items() if k != "SECRET_KEY"},
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode != 0 and "set SECRET_KEY" in missing.stderr
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="needs Debian's docker-compose package")
+def test_the_database_needs_the_password_from_the_environment_and_no_password_is_written_in_the_files() -> None:
+    env = {**os.environ, "SECRET_KEY": "k" * 50, "REDIS_PASSWORD": "p" * 32, "RAY_AUTH_TOKEN": "t" * 64,
+           "POSTGRES_PASSWORD": "d" * 48}
+    result = subprocess.run(["docker-compose", "-f", "docker-compose.yml", "config"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    import yaml
+
+    services = yaml.safe_load(result.stdout)["services"]
+    postgres = services["postgres"]["environment"]
+    assert postgres["POSTGRES_PASSWORD"] == "d" * 48
+    assert postgres["POSTGRES_HOST_AUTH_METHOD"] == "scram-sha-256"
+    assert "--auth-local=scram-sha-256" in postgres["POSTGRES_INITDB_ARGS"]
+    assert "--auth-host=scram-sha-256" in postgres["POSTGRES_INITDB_ARGS"]
+    for name in ("web", "worker-cpu", "worker-try", "worker-inspect", "worker-gpu"):
+        assert services[name]["environment"]["DATABASE_URL"] == f"postgres://agentfly:{'d' * 48}@postgres:5432/agentfly"
+    # The Debian-built image trusts nothing either.
+    entrypoint = (ROOT / "deploy" / "postgres-entrypoint.sh").read_text()
+    assert "trust" not in entrypoint.replace("trusted", "") and "--auth-local=scram-sha-256" in entrypoint
+    # No password is written down: every one comes from the environment, and compose refuses to start without.
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert "agentfly:agentfly@" not in compose and "POSTGRES_PASSWORD: agentfly" not in compose
+    without = subprocess.run(["docker-compose", "-f", "docker-compose.yml", "config", "-q"], cwd=ROOT,
+                             env={k: v for k, v in env.items() if k != "POSTGRES_PASSWORD"},
+                             capture_output=True, text=True, timeout=60)
+    assert without.returncode != 0 and "set POSTGRES_PASSWORD" in without.stderr
 
 
 @pytest.mark.slow
@@ -121,7 +154,7 @@ def test_celery_takes_one_job_at_a_time_acknowledges_late_and_limits_training_ti
     from webapp.celery import app
     from webapp.jobs.tasks import run_job
 
-    assert {q.name for q in app.conf.task_queues} == {"cpu", "gpu", "try"}
+    assert {q.name for q in app.conf.task_queues} == {"cpu", "gpu", "try", "inspect"}
     assert app.conf.task_acks_late and app.conf.task_reject_on_worker_lost
     assert app.conf.worker_prefetch_multiplier == 1
     assert app.conf.broker_transport_options["visibility_timeout"] > settings.JOB_TIME_LIMIT

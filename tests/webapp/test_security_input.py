@@ -247,7 +247,7 @@ def test_schemathesis_finds_no_server_error_or_schema_mismatch(unconsumed_broker
 # ------------------------------------------------------------------------------------------ deployment checks
 def compose_environment() -> dict[str, str]:
     """docker-compose's ``x-app`` environment as compose would resolve it with no variables set but
-    SECRET_KEY (``${NAME:-default}`` takes its default)."""
+    SECRET_KEY and POSTGRES_PASSWORD, both required (``${NAME:-default}`` takes its default)."""
     import re
 
     import yaml
@@ -258,6 +258,7 @@ def compose_environment() -> dict[str, str]:
     def resolve(value: Any) -> str:
         text = str(value)
         text = re.sub(r"\$\{SECRET_KEY:\?[^}]*\}", secret, text)
+        text = re.sub(r"\$\{POSTGRES_PASSWORD:\?[^}]*\}", "d" * 48, text)
         return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", text)
 
     return {k: resolve(v) for k, v in env.items()}

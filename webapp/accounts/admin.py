@@ -2,7 +2,8 @@
 
 A staff member who is not a superuser sees and changes only rows of the teams they belong to, and every
 foreign-key and many-to-many choice offers only such rows (plus the built-in tools and rewards, which every
-team may pick). Users and invitations are narrower: a staff member changes a user only when they administer
+team may pick), as does every list page's filter by a related row (``ScopedRelatedFilter``: Django's own lists
+every team's name). Users and invitations are narrower: a staff member changes a user only when they administer
 every team of that user (``Team.admins``), and sees only the invitations of the teams they administer. ``TEAM_PATHS`` says how each model reaches its team; every ModelAdmin of the project mixes
 in ``TeamScoped``, so one rule covers lists, change forms, choices, autocomplete and raw-id pop-ups alike.
 Privileges (superuser, staff, permissions) are granted by superusers only.
@@ -52,6 +53,12 @@ def _team_filter(label: str, user: Any, *, choosing: bool) -> Q:
     return q
 
 
+def _is_relation(model: Any, path: str) -> bool:
+    from django.contrib.admin.utils import get_fields_from_path
+
+    return bool(getattr(get_fields_from_path(model, path)[-1], "is_relation", False))
+
+
 def scoped(qs: QuerySet[Any], user: Any, *, choosing: bool = False) -> QuerySet[Any]:
     """``qs`` narrowed to the rows of ``user``'s teams (all rows for a superuser).
 
@@ -68,11 +75,33 @@ def scoped(qs: QuerySet[Any], user: Any, *, choosing: bool = False) -> QuerySet[
                      .values("pk"))
 
 
+class ScopedRelatedFilter(admin.RelatedFieldListFilter):
+    """A list page's filter by a related row (a team, a group, a job), offering only rows the staff member's
+    teams own: Django's own lists every row of the related table, every team's name among them."""
+
+    def field_choices(self, field: Any, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
+        related = field.related_model._default_manager.all()
+        if related.model._meta.label_lower in TEAM_PATHS:
+            related = scoped(related, request.user, choosing=True)
+        ordering = self.field_admin_ordering(field, request, model_admin)
+        return list(field.get_choices(include_blank=False, ordering=ordering,
+                                      limit_choices_to=Q(pk__in=related.values("pk"))))
+
+
 class TeamScoped:
     """Mix into a ModelAdmin or an inline (before the Django class) to confine non-superusers to their teams."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return scoped(super().get_queryset(request), request.user)  # type: ignore[misc]
+
+    def get_list_filter(self, request: HttpRequest) -> Any:
+        # Every filter by a related row offers only in-scope rows; others (status, kind) are the rows' own.
+        filters = []
+        for entry in super().get_list_filter(request):  # type: ignore[misc]
+            if isinstance(entry, str) and _is_relation(self.model, entry):  # type: ignore[attr-defined]
+                entry = (entry, ScopedRelatedFilter)
+            filters.append(entry)
+        return filters
 
     def _narrow(self, field: Any, request: HttpRequest) -> Any:
         queryset = getattr(field, "queryset", None)

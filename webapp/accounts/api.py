@@ -159,7 +159,8 @@ class InvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
 
 class MembershipInvitationSerializer(serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    invitee = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    invitee = serializers.CharField(source="invitee_name", read_only=True,
+                                    help_text="The username the invitation was made for.")
     invited_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     state = serializers.ChoiceField(choices=["pending", "accepted", "declined"], read_only=True)
 
@@ -192,7 +193,8 @@ class MembershipInvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet
         201: MembershipInvitationSerializer,
         400: OpenApiResponse(description="The team is not one of yours."),
         403: OpenApiResponse(description="You are a member of the team but not one of its admins."),
-        409: OpenApiResponse(description="No such user, or they are already a member."),
+        409: OpenApiResponse(description="They are already a member (a username no one has is invited like any "
+                                         "other, and never answers)."),
     })
     def create(self, request: Request) -> Response:
         ser = InviteMemberSerializer(data=request.data, context={"request": request})

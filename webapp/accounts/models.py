@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
 from django.db import models, transaction
@@ -99,6 +100,10 @@ class TeamNameTaken(ValueError):
     pass
 
 
+class TeamLimitReached(ValueError):
+    """The creator has created as many teams as one person may (``AGENTFLY_TEAMS_PER_USER``)."""
+
+
 # Slugs that name the app's own packages and routes. A team's plugin folder is ``<plugin dir>/<slug>/``, so a
 # slug is also a folder name a worker may import from: it must never be one a shared module already uses.
 RESERVED_SLUGS = frozenset({
@@ -152,6 +157,15 @@ def do_create_team(name: str, creator: object | None) -> Team:
     if re.fullmatch(r"job(-\d+)?", base) or slug_refusal(base) is not None:
         base = f"team-{base}"
     with transaction.atomic():
+        if creator is not None:
+            # Quotas count per team as well as per person; without a cap, a new team would be new room. The
+            # creator's row lock makes two creations at once count each other.
+            get_user_model().objects.select_for_update().filter(pk=getattr(creator, "pk", None)).first()
+            made = Team.objects.filter(created_by=creator).count()
+            if made >= settings.AGENTFLY_TEAMS_PER_USER:
+                raise TeamLimitReached(
+                    f"you have created {made} teams, as many as one person may (AGENTFLY_TEAMS_PER_USER="
+                    f"{settings.AGENTFLY_TEAMS_PER_USER}); work in one of them, or ask an operator to raise the limit")
         if Group.objects.filter(name=name).exists():
             raise TeamNameTaken(f"a team named {name!r} already exists; pick another name")
         slug, n = base, 1
@@ -317,10 +331,17 @@ class MembershipInvitationQuerySet(models.QuerySet["MembershipInvitation"]):
 
 
 class MembershipInvitation(models.Model):
-    """An existing user invited into ``team``: they become a member only by accepting it (consent)."""
+    """A user invited into ``team`` by name: they become a member only by accepting it (consent).
+
+    A name no active user has makes an invitation too, with no ``invitee``, shown to the team as pending like
+    any other and addressed to nobody (a user who signs up with that name later does not get it), so neither
+    the answer to an invitation nor the team's list of them tells a made-up username from a real one."""
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="member_invitations")
-    invitee = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="team_invitations")
+    invitee = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
+                                related_name="team_invitations")
+    invitee_name = models.CharField(max_length=150, blank=True, help_text="The username the invitation was made "
+                                                                          "for, as the team admin gave it.")
     invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     answered_at = models.DateTimeField(null=True, blank=True)
@@ -331,10 +352,13 @@ class MembershipInvitation(models.Model):
     class Meta:
         ordering = ["-created_at"]
         constraints = [models.UniqueConstraint(fields=["team", "invitee"], condition=models.Q(answered_at__isnull=True),
-                                               name="one_pending_invitation_per_user_and_team")]
+                                               name="one_pending_invitation_per_user_and_team"),
+                       models.UniqueConstraint(fields=["team", "invitee_name"],
+                                               condition=models.Q(answered_at__isnull=True, invitee__isnull=True),
+                                               name="one_pending_invitation_per_unknown_name_and_team")]
 
     def __str__(self) -> str:
-        return f"{self.invitee} invited to {self.team} ({self.state})"
+        return f"{self.invitee_name} invited to {self.team} ({self.state})"
 
     @property
     def state(self) -> str:
@@ -344,19 +368,24 @@ class MembershipInvitation(models.Model):
 
 
 def do_invite_member(team: Team, inviter: object, username: str) -> MembershipInvitation:
-    """Invite the existing user ``username`` into ``team`` (by its admin ``inviter``); they accept or decline."""
+    """Invite the user called ``username`` into ``team`` (by its admin ``inviter``); they accept or decline.
+
+    A name no active user has gets the same answer, an invitation addressed to nobody (see
+    ``MembershipInvitation``): the inviter learns nothing about which usernames exist. A member already in the
+    team is refused by name (the team's members are no secret to its admin)."""
     from django.contrib.auth import get_user_model
 
     _require_admin(team, inviter, "invite members")
-    invitee = get_user_model().objects.filter(username=username.strip(), is_active=True).first()
-    if invitee is None:
-        raise InvitationRefused(f"no user is called {username.strip()!r}; they sign up first (or with an "
-                                "invitation link)")
-    if team.has_member(invitee):
+    name = username.strip()
+    if not name:
+        raise InvitationRefused("give the username of the person to invite")
+    invitee = get_user_model().objects.filter(username=name, is_active=True).first()
+    if invitee is not None and team.has_member(invitee):
         raise InvitationRefused(f"{invitee.username} is already a member of {team.name}")
     with transaction.atomic():
         invitation, _ = MembershipInvitation.objects.select_for_update().get_or_create(
-            team=team, invitee=invitee, answered_at__isnull=True, defaults={"invited_by": inviter})
+            team=team, invitee=invitee, answered_at__isnull=True, **({} if invitee else {"invitee_name": name}),
+            defaults={"invited_by": inviter, "invitee_name": name})
     return invitation
 
 

@@ -26,6 +26,7 @@ SCOPES = {
     "signup": ("sign-ups from your address", "AGENTFLY_RATE_SIGNUP"),
     "try": ('"try it" calls', "AGENTFLY_RATE_TRY"),
     "launch": ("job launches", "AGENTFLY_RATE_LAUNCH"),
+    "team": ("new teams", "AGENTFLY_RATE_TEAM"),
 }
 
 

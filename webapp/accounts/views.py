@@ -21,6 +21,7 @@ from webapp.accounts.models import (
     MembershipInvitation,
     NotTeamAdmin,
     Team,
+    TeamLimitReached,
     do_answer_invitation,
     do_create_invitation,
     do_create_team,
@@ -84,12 +85,17 @@ def locked_out(request: HttpRequest, original_response: Any = None, credentials:
 
 @login_required
 @require_http_methods(["GET", "POST"])
+@throttle("team")
 def team_list(request: HttpRequest) -> HttpResponse:
     form = TeamForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        team = do_create_team(form.cleaned_data["name"], request.user)
-        messages.success(request, f"Team {team.name} created.")
-        return redirect("accounts:team", slug=team.slug)
+        try:
+            team = do_create_team(form.cleaned_data["name"], request.user)
+        except TeamLimitReached as exc:
+            form.add_error("name", sentence(exc))
+        else:
+            messages.success(request, f"Team {team.name} created.")
+            return redirect("accounts:team", slug=team.slug)
     teams = Team.objects.of(request.user).select_related("group")
     status = 400 if request.method == "POST" else 200  # a refused name is bad input, said on its field
     pending = MembershipInvitation.objects.to(request.user).pending().count()
@@ -106,7 +112,7 @@ def render_team(request: HttpRequest, team: Team, form: AddMemberForm, status: i
         "team": team, "form": form, "invite_days": settings.AGENTFLY_INVITE_DAYS,
         "is_admin": team.is_admin(request.user), "admin_ids": set(team.admins.values_list("pk", flat=True)),
         "invitations": team.invitations.select_related("created_by", "used_by")[:20],
-        "member_invitations": team.member_invitations.select_related("invitee", "invited_by")[:20],
+        "member_invitations": team.member_invitations.select_related("invited_by")[:20],
         "api_quotas": team.api_quotas.all(),  # the operator's limits on the team's APIs, read-only here
         # The link's secret is stored only as a hash: it is shown once, on the page right after creating it.
         "new_invitation_link": request.session.pop("new_invitation_link", None),
@@ -134,7 +140,7 @@ def team_add_member(request: HttpRequest, slug: str) -> HttpResponse:
         except InvitationRefused as exc:
             form.add_error("username", sentence(exc))
         else:
-            messages.success(request, f"{invitation.invitee.username} is invited to {team.name}; they join once "
+            messages.success(request, f"{invitation.invitee_name} is invited to {team.name}; they join once "
                                       "they accept it on their Invitations page.")
             return redirect("accounts:team", slug=team.slug)
     return render_team(request, team, form, status=400)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -32,9 +34,10 @@ class QuotaExceeded(PermissionError):
     """A launch past one of its team's quotas; the message names the quota and how to get under it."""
 
 
-def check_quotas(team: Team, config: dict[str, Any], kind: str) -> None:
-    """Refuse a job past its team's step quota, or one more job than its concurrent-jobs quota. The caller
-    holds the team's row lock, so two launches at once cannot both take the last place."""
+def check_quotas(team: Team, config: dict[str, Any], kind: str, user: object) -> None:
+    """Refuse a job past its team's step quota, one more job than its team's concurrent-jobs quota, or one
+    more than ``user``'s own over all of their teams (a team of one's own adds no room). The caller holds the
+    team's and the user's row locks, so two launches at once cannot both take the last place."""
     quotas = quotas_of(team)
     steps = TrainingJob(config=config, kind=kind).total_steps
     if steps > quotas.max_steps:
@@ -45,6 +48,12 @@ def check_quotas(team: Team, config: dict[str, Any], kind: str) -> None:
         raise QuotaExceeded(f"team {team.name} already has {active} jobs queued or running, its quota of "
                             f"{quotas.concurrent_jobs} concurrent jobs (concurrent_jobs); wait for one to finish or "
                             "cancel one, or ask an operator to raise the team's quota")
+    mine = TrainingJob.objects.filter(created_by=user, status__in=ACTIVE).count()
+    if mine >= settings.AGENTFLY_QUOTA_USER_CONCURRENT_JOBS:
+        raise QuotaExceeded(f"you already have {mine} jobs queued or running over all your teams, the quota of "
+                            f"{settings.AGENTFLY_QUOTA_USER_CONCURRENT_JOBS} per person "
+                            "(AGENTFLY_QUOTA_USER_CONCURRENT_JOBS); wait for one to finish or cancel one, or ask "
+                            "an operator to raise it")
 
 
 def do_launch_job(
@@ -67,8 +76,11 @@ def do_launch_job(
             return existing, False
     try:
         with transaction.atomic():
+            # The user's row, then the team's: every launch takes them in this order, so none waits on another
+            # in a circle, and a user's launches into two teams at once count each other.
+            get_user_model().objects.select_for_update().filter(pk=getattr(user, "pk", None)).first()
             Team.objects.select_for_update().filter(pk=team.pk).first()
-            check_quotas(team, config, kind)
+            check_quotas(team, config, kind, user)
             job = TrainingJob.objects.create(
                 team=team, created_by=user, name=name, queue=queue, launch_key=launch_key, kind=kind,
                 reward_version=reward_version, resumed_from=resumed_from, queued_at=timezone.now(),

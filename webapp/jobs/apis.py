@@ -14,11 +14,17 @@ budget lives in Redis; ``trainer.config.APIConfig``). The operator sets each tea
 - while it runs (``credential``): the training process gets a Redis URL of its team's own Redis user,
   whose rights are only the limiter's commands on the keys of its team's budgets, never the server's
   Redis URL. The worker creates the user (or refreshes its rights) and adds a random password for this
-  run, which it removes when the run ends; docs/security.md says who may do what.
+  run, which it removes when the run ends; docs/security.md says who may do what;
+- and always (``cap_team_redis``, beat): Redis has no memory limit per user, and the limiter's commands
+  (``SET``, ``HSET``, ``ZADD`` on the team's keys) can store anything, so every few seconds the memory of
+  each team's keys is summed; a team past ``AGENTFLY_TEAM_REDIS_MAX_BYTES`` loses its keys' rights (at once,
+  on its open connections too), its connections and its keys, and its jobs' API calls fail as the
+  infrastructure's until its next job starts with an empty budget.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 from collections.abc import Iterable, Iterator
@@ -33,6 +39,7 @@ from django.urls import reverse
 from webapp.accounts.models import Team
 from webapp.jobs.models import APIQuota, Status, TrainingJob
 
+log = logging.getLogger(__name__)
 LIMITS = ("rate", "burst", "concurrency", "daily_quota")
 # The variable the training process's SharedRateLimiter reads its Redis URL from (never the config, which
 # is written into the job's folder).
@@ -216,6 +223,47 @@ def grant(team: Team, job_pk: int, *, first: bool) -> tuple[str, str]:
     finally:
         r.close()
     return username, password
+
+
+def team_redis_bytes(r: Any, team_slug: str, most: int) -> int:
+    """The memory of the team's keys (their values and Redis's own overhead, as ``MEMORY USAGE`` counts), or
+    the first sum past ``most``: the count stops there, so a team with millions of keys costs one check."""
+    total = 0
+    for key in r.scan_iter(match=key_pattern(team_slug), count=500):
+        total += int(r.memory_usage(key, samples=0) or 0)
+        if total > most:
+            break
+    return total
+
+
+def cap_team_redis() -> list[str]:
+    """Cut off every team whose Redis keys use more than ``AGENTFLY_TEAM_REDIS_MAX_BYTES``: their user loses
+    its key rights (checked on every command, so its open connections stop writing at once), its connections
+    are closed and its keys deleted. Returns the teams cut off. ``grant`` gives the rights back at the team's
+    next job start (with an empty budget)."""
+    most = int(settings.AGENTFLY_TEAM_REDIS_MAX_BYTES)
+    prefix = redis_username("")
+    r = server_redis()
+    cut: list[str] = []
+    try:
+        users = [u.decode() if isinstance(u, bytes) else str(u) for u in r.execute_command("ACL", "USERS")]
+        for username in users:
+            if not username.startswith(prefix):
+                continue
+            slug = username[len(prefix):]
+            used = team_redis_bytes(r, slug, most)
+            if used <= most:
+                continue
+            r.execute_command("ACL", "SETUSER", username, "resetkeys")
+            r.execute_command("CLIENT", "KILL", "USER", username)
+            for key in r.scan_iter(match=key_pattern(slug), count=500):
+                r.delete(key)
+            log.warning("team %s's Redis keys used more than %d bytes (AGENTFLY_TEAM_REDIS_MAX_BYTES): its Redis "
+                        "user lost its keys, connections and rights until its next job starts", slug, most)
+            cut.append(slug)
+    finally:
+        r.close()
+    return cut
 
 
 def revoke(username: str, password: str) -> None:

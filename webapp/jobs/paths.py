@@ -17,6 +17,7 @@ because a job's config can be written behind the API (the admin, a shell, an old
 
 from __future__ import annotations
 
+import os
 import re
 import types
 from pathlib import Path
@@ -72,8 +73,16 @@ def refusal(raw: str, team: Any | None) -> str | None:
     ``AGENTFLY_ALLOWED_PATHS`` lists (nothing when it is empty). The answer never depends on whether the
     path exists, so a refusal tells nobody what is on the server's disk.
     """
-    resolved = Path(raw).resolve()
     own = f"your team's folder ({team_dir(team)})" if team is not None else "your team's folder"
+    try:
+        resolved = Path(raw).resolve()
+    except (RuntimeError, OSError):  # a symbolic link that loops (ELOOP), or a name too long for the system
+        # Say so only inside the team's own folder, where the team made the link; elsewhere the answer stays the
+        # one a path that does not exist gets, which tells nothing about the disk.
+        if team is not None and Path(os.path.abspath(raw)).is_relative_to(team_dir(team).absolute()):
+            return (f"{raw!r} is a symbolic link that loops (or a path too long to resolve); give the path of the "
+                    "real file or folder.")
+        resolved = Path(os.path.abspath(raw))
     owner = folder_owner(resolved)
     if owner is not None:
         if team is not None and owner == team.slug:

@@ -288,6 +288,15 @@ def run_node(self: Any, job_id: int, node_rank: int, endpoint: str, leader: str)
     return "done"
 
 
+@shared_task(name="webapp.jobs.tasks.cap_team_redis", ignore_result=True)
+def cap_team_redis() -> list[str]:
+    """Beat runs this every few seconds: a team whose Redis keys outgrow AGENTFLY_TEAM_REDIS_MAX_BYTES is cut
+    off (``webapp.jobs.apis.cap_team_redis``)."""
+    from webapp.jobs import apis
+
+    return apis.cap_team_redis()
+
+
 @shared_task(name="webapp.jobs.tasks.fail_stale_jobs", ignore_result=True)
 def fail_stale_jobs() -> list[int]:
     """Beat runs this every few seconds: running jobs whose worker stopped beating end (failed, or cancelled

@@ -12,11 +12,12 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from webapp.accounts.models import Team
+from webapp.accounts.api import MemberTeamField
 from webapp.mcpservers import actions
-from webapp.mcpservers.models import MCPServer, MCPServerVersion, Status, Transport
+from webapp.mcpservers.models import MCPServer, MCPServerVersion, Transport
 from webapp.mcpservers.rules import NotAllowed, check_url, stdio_argv
 from webapp.registry.api import TryResultSerializer
+from webapp.registry.trying import not_triable
 from webapp.registry.tryslots import TooManyTries, acquire_slot, release_slot
 from webapp.schema import detail_response
 
@@ -38,7 +39,7 @@ class MCPServerSerializer(serializers.ModelSerializer):
 
 
 class MCPRegisterSerializer(serializers.Serializer):
-    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
+    team = MemberTeamField()
     name = serializers.SlugField(max_length=60)
     transport = serializers.ChoiceField(choices=Transport.choices)
     command = serializers.ListField(child=serializers.CharField(max_length=500, trim_whitespace=False),
@@ -49,11 +50,6 @@ class MCPRegisterSerializer(serializers.Serializer):
     seed_tool = serializers.RegexField(r"^[A-Za-z_][\w.-]{0,63}$", required=False, allow_blank=True, default="",
                                        help_text="A tool called at a rollout's first call with the sample's fields "
                                                  "its input schema names.")
-
-    def validate_team(self, team: Team) -> Team:
-        if not team.has_member(self.context["request"].user):
-            raise serializers.ValidationError("You are not a member of this team.")
-        return team
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -86,12 +82,19 @@ class MCPServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
             return MCPServer.objects.none()
         return MCPServer.objects.visible_to(self.request.user).select_related("team", "current_version")
 
-    @extend_schema(request=MCPRegisterSerializer, responses={202: MCPServerSerializer})
+    @extend_schema(request=MCPRegisterSerializer, responses={
+        202: MCPServerSerializer,
+        429: detail_response("The team's MCP inspections (AGENTFLY_MCP_INSPECT_TEAM_CONCURRENCY), or the "
+                             "server's (AGENTFLY_MCP_INSPECT_POOL), are at their limit."),
+    })
     def create(self, request: Request) -> Response:
         """Register a stdio or HTTP MCP server for a team; a worker lists its tools."""
         ser = MCPRegisterSerializer(data=request.data, context={"request": request})
         ser.is_valid(raise_exception=True)
-        server = actions.do_register_server(user=request.user, **ser.validated_data)
+        try:
+            server = actions.do_register_server(user=request.user, **ser.validated_data)
+        except actions.TooManyInspections as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_429_TOO_MANY_REQUESTS)
         return Response(MCPServerSerializer(server).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=MCPTrySerializer, responses={
@@ -107,9 +110,9 @@ class MCPServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
         from webapp.mcpservers.tasks import try_mcp_tool
 
         server = self.get_object()
-        if server.status != Status.READY or server.current_version is None:
-            return Response({"detail": f"This server is {server.status}; it can be tried once it is ready."},
-                            status=409)
+        why = not_triable("This server", server.status, server.current_version is not None)
+        if why:
+            return Response({"detail": why}, status=409)
         ser = MCPTrySerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         names = [t["name"] for t in server.current_version.tools]

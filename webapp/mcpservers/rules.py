@@ -8,24 +8,26 @@ the server is started or reached (a row may outlive a setting's change).
   what they run (``npx``, ``uvx``, ``pipx``), and paths out of the folder are refused, each with the setting
   that would allow it. The server then runs in the sandbox (no secrets, rlimits, Landlock) with no network
   unless ``AGENTFLY_MCP_NETWORK`` names it (``team-slug/server-name``).
-- **HTTP**: the URL must start with an entry of ``AGENTFLY_MCP_URLS``; a host that resolves to a loopback,
-  link-local or unspecified address must also be in ``AGENTFLY_MCP_LOCAL_HOSTS`` (so an allowlisted name
-  cannot be pointed at the worker's own services). The SDK's client follows a redirect only on the same
-  origin, so a redirect off the allowlisted host is refused by the client itself.
+- **HTTP**: the URL is parsed (``agentfly.resources.urls``: userinfo, backslashes and dot segments refused,
+  IP literals in any form normalised) and must be on the origin of an entry of ``AGENTFLY_MCP_URLS`` (scheme,
+  host and port equal) under its path on a segment boundary; a host that resolves to a loopback, private,
+  link-local or other non-public address (an IPv4 address inside an IPv6 one counts as itself) must also be in
+  ``AGENTFLY_MCP_LOCAL_HOSTS`` (so an allowlisted name cannot be pointed at the worker's own services). The
+  address checked is the address connected to: the worker's client is pinned to it, so a name that resolves
+  elsewhere a second later gains nothing. The SDK's client follows a redirect only on the same origin, so a
+  redirect off the allowlisted host is refused by the client itself.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from agentfly.resources import urls
 from webapp.mcpservers.models import MCPServer, Transport
 from webapp.registry.plugins import team_folders
 
@@ -73,34 +75,27 @@ def stdio_argv(team_slug: str, command: list[str]) -> list[str]:
     return [sys.executable, str(target), *command[1:]]
 
 
-def check_url(url: str) -> str:
-    """``url`` if an HTTP server there may be reached; NotAllowed names the setting otherwise."""
+def check_url(url: str) -> tuple[str, str]:
+    """``url`` and the address to connect to for it, if an HTTP server there may be reached; NotAllowed names
+    what is wrong and the setting that would allow it otherwise."""
     try:
-        parts = urlsplit(url)
-        port = parts.port  # raises on a port out of range
-    except ValueError:
-        raise NotAllowed(f"{url[:100]!r} is not a valid URL") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or len(url) > 500:
-        raise NotAllowed(f"{url[:100]!r} is not an http(s) URL")
-    allowed = [u for u in settings.AGENTFLY_MCP_URLS if url.startswith(u)]
-    if not allowed:
-        raise NotAllowed(f"{url!r} is not on the operator's allowlist: ask the operator to add it (or a prefix of "
-                         "it) to AGENTFLY_MCP_URLS")
-    host = parts.hostname
+        endpoint = urls.parse(url)
+        allowlist = [urls.parse(entry, what="the AGENTFLY_MCP_URLS entry") for entry in settings.AGENTFLY_MCP_URLS]
+    except urls.URLRefused as exc:
+        raise NotAllowed(str(exc)) from None
+    if not any(endpoint.within(entry) for entry in allowlist):
+        raise NotAllowed(f"{url[:200]!r} is not on the operator's allowlist: its scheme, host and port must be "
+                         "those of an entry of AGENTFLY_MCP_URLS and its path under that entry's path; ask the "
+                         "operator to add it")
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, port or 443, type=socket.SOCK_STREAM)}
-    except (OSError, UnicodeError) as exc:
-        raise NotAllowed(f"{host!r} does not resolve ({exc})") from None
-    local = [a for a in addresses if _is_local(a)]
-    if local and host not in settings.AGENTFLY_MCP_LOCAL_HOSTS:
-        raise NotAllowed(f"{host!r} resolves to a loopback or link-local address ({', '.join(sorted(local))}); "
-                         "only hosts in AGENTFLY_MCP_LOCAL_HOSTS may")
-    return url
-
-
-def _is_local(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%")[0])
-    return ip.is_loopback or ip.is_link_local or ip.is_unspecified
+        addresses = urls.resolve(endpoint)
+    except urls.URLRefused as exc:
+        raise NotAllowed(str(exc)) from None
+    internal = [a for a in addresses if urls.is_internal(a)]
+    if internal and endpoint.host not in {urls.normal_host(h) for h in settings.AGENTFLY_MCP_LOCAL_HOSTS}:
+        raise NotAllowed(f"{endpoint.host!r} resolves to a loopback, private or link-local address "
+                         f"({', '.join(internal)}); only hosts in AGENTFLY_MCP_LOCAL_HOSTS may")
+    return url, addresses[0]
 
 
 def network_allowed(team_slug: str, name: str) -> bool:
@@ -109,9 +104,11 @@ def network_allowed(team_slug: str, name: str) -> bool:
 
 def allowed_launch(server: MCPServer) -> dict[str, Any]:
     """How a registered server may be started or reached, checked against the rule now: ``command`` and
-    ``network`` for stdio, ``url`` for HTTP (``agentfly.mcp.server``'s and ``mcp.<name>``'s keys)."""
+    ``network`` for stdio, ``url`` and the checked ``address`` to connect to for HTTP (``agentfly.mcp.server``'s
+    and ``mcp.<name>``'s keys)."""
     slug = server.team.slug
     if server.transport == Transport.STDIO:
         return {"command": stdio_argv(slug, list(server.command)),
                 "network": "host" if network_allowed(slug, server.name) else "none"}
-    return {"url": check_url(server.url)}
+    url, address = check_url(server.url)
+    return {"url": url, "address": address}

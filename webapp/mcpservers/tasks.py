@@ -22,18 +22,19 @@ from django.utils import timezone
 
 from webapp.mcpservers.models import MCPServer, MCPServerVersion, Status
 from webapp.mcpservers.rules import NotAllowed, allowed_launch
+from webapp.registry.tryslots import release_slot
 
 ONCE = {"acks_late": False, "reject_on_worker_lost": False}
 MAX_TOOLS, MAX_DESCRIPTION, MAX_SCHEMA, MAX_OBSERVATION = 64, 2000, 16_000, 16_000
 NAME = re.compile(r"[A-Za-z_][\w.-]{0,63}")
 
 
-def server_spec(server: MCPServer) -> Any:
+def server_spec(server: MCPServer, start_timeout: float | None = None) -> Any:
     """The ``af.mcp.server`` spec of a row, after the rule allows it again."""
     from agentfly.mcp import server as mcp_server
 
     timeout = float(settings.AGENTFLY_CHILD_TIMEOUT)
-    start = max(timeout, 60.0)  # a Python server imports the SDK first: seconds on a busy worker
+    start = start_timeout or max(timeout, 60.0)  # a Python server imports the SDK first: seconds on a busy worker
     return mcp_server(server.name, **allowed_launch(server), start_timeout=start, call_timeout=timeout)
 
 
@@ -66,8 +67,17 @@ def check_named_tools(server: MCPServer, tools: list[dict[str, Any]]) -> None:
 
 
 @shared_task(name="webapp.mcpservers.tasks.inspect_mcp_server", time_limit=120, **ONCE)
-def inspect_mcp_server(server_id: int) -> str:
-    """Start (or reach) the server, list its tools, store the listing as a version, or the reason it failed."""
+def inspect_mcp_server(server_id: int, slot: dict[str, Any] | None = None, timeout: float | None = None) -> str:
+    """Start (or reach) the server, list its tools, store the listing as a version, or the reason it failed.
+    The server has ``timeout`` seconds (``AGENTFLY_MCP_INSPECT_TIMEOUT``) to list its tools; the inspection's
+    place in the pool (``slot``) is given back however it ends."""
+    try:
+        return _inspect(server_id, float(timeout or settings.AGENTFLY_MCP_INSPECT_TIMEOUT))
+    finally:
+        release_slot(slot)
+
+
+def _inspect(server_id: int, timeout: float) -> str:
     from agentfly.resources.mcp import MCPSession
 
     server = MCPServer.objects.select_related("team").filter(pk=server_id).first()
@@ -75,18 +85,23 @@ def inspect_mcp_server(server_id: int) -> str:
         return "gone"
 
     async def listing() -> list[Any]:
-        session = MCPSession(server_spec(server))
+        session = MCPSession(server_spec(server, start_timeout=timeout))
         await session.start()
         try:
             return list(session.tools)
         finally:
             await session.close()
 
+    started = time.monotonic()
     try:
         tools = bounded_listing(asyncio.run(listing()))
         check_named_tools(server, tools)
-    except Exception as exc:  # NotAllowed, a server that did not start: the user reads why
-        MCPServer.objects.filter(pk=server_id).update(status=Status.FAILED, error=str(exc)[:2000],
+    except Exception as exc:  # NotAllowed, a server that did not start, the soft time limit: the user reads why
+        error = str(exc)
+        if time.monotonic() - started >= timeout:
+            error = (f"the server did not list its tools within AGENTFLY_MCP_INSPECT_TIMEOUT={timeout:g} s "
+                     f"(make it answer sooner, or ask the operator to raise it): {error}")
+        MCPServer.objects.filter(pk=server_id).update(status=Status.FAILED, error=error[:2000],
                                                       inspected_at=timezone.now())
         return "failed"
     digest = hashlib.sha256(json.dumps(tools, sort_keys=True).encode()).hexdigest()

@@ -12,9 +12,9 @@ from rest_framework.response import Response
 
 from webapp.accounts.api import MemberTeamField
 from webapp.registry import actions
-from webapp.registry.models import Entry, EntryStatus, Kind, Version, check_import_path
+from webapp.registry.models import Entry, Kind, Version, check_import_path
 from webapp.registry.rules import NotRegistrable, check_registrable
-from webapp.registry.trying import NoAnswer, TooManyTries, charged_team, try_on_worker
+from webapp.registry.trying import NoAnswer, TooManyTries, charged_team, not_triable, try_on_worker
 from webapp.schema import detail_response
 
 
@@ -113,8 +113,9 @@ class EntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         entry = self.get_object()
         if entry.kind != Kind.TOOL:
             return Response({"detail": "Only tools can be tried; this entry is a reward."}, status=400)
-        if entry.status != EntryStatus.READY or entry.current_version is None:
-            return Response({"detail": f"This tool is {entry.status}; it can be tried once it is ready."}, status=409)
+        why = not_triable("This tool", entry.status, entry.current_version is not None)
+        if why:
+            return Response({"detail": why}, status=409)
         ser = TrySerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         try:

@@ -25,11 +25,22 @@ from django.conf import settings
 
 from webapp.registry.tryslots import TooManyTries, acquire_slot, release_slot
 
-__all__ = ["NoAnswer", "TooManyTries", "charged_team", "try_on_worker"]
+__all__ = ["NoAnswer", "TooManyTries", "charged_team", "not_triable", "try_on_worker"]
 
 
 class NoAnswer(Exception):
     """No worker answered within ``AGENTFLY_TRY_TIMEOUT`` (HTTP 504 in the API)."""
+
+
+def not_triable(what: str, status: str, has_version: bool) -> str | None:
+    """Why a tool (``what``: "This tool", "This server") cannot be tried now, or None when it can: it is
+    inspecting or failed, or it is ready but no inspected version is kept (one was deleted)."""
+    if status != "ready":
+        return f"{what} is {status}; it can be tried once its inspection has succeeded."
+    if not has_version:
+        return (f"{what} has no inspected version to try (its last one was deleted); register it again to have it "
+                "inspected, then try it.")
+    return None
 
 
 def charged_team(entry: Any, user: Any) -> int | None:

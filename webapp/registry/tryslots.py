@@ -55,8 +55,7 @@ def acquire_slot(user_id: int, team_id: int | None) -> dict[str, Any]:
     user_limit = settings.AGENTFLY_TRY_CONCURRENCY
     team_limit = settings.AGENTFLY_TRY_TEAM_CONCURRENCY
     pool = settings.AGENTFLY_TRY_POOL
-    keys, token, now = slot_keys(user_id, team_id), uuid.uuid4().hex, time.time()
-    full = int(_redis().eval(_ACQUIRE, 3, *keys, now, now + longest_call(), token, pool, team_limit, user_limit))
+    full, slot = take_slot(slot_keys(user_id, team_id), (pool, team_limit, user_limit), longest_call())
     if full == 3:
         raise TooManyTries(f"You already have {user_limit} \"try it\" calls running; wait for one to finish "
                            f"(at most AGENTFLY_TRY_CONCURRENCY={user_limit} per user at a time; a call that loops "
@@ -68,7 +67,16 @@ def acquire_slot(user_id: int, team_id: int | None) -> dict[str, Any]:
     if full == 1:
         raise TooManyTries(f"All {pool} \"try it\" places of this server are in use; try again in a few seconds "
                            f"(AGENTFLY_TRY_POOL={pool}).")
-    return {"keys": keys, "token": token}
+    return slot
+
+
+def take_slot(keys: list[str], limits: tuple[int, int, int], seconds: float) -> tuple[int, dict[str, Any]]:
+    """Take a place in each of ``keys`` (a pool's, a team's, a user's: at most ``limits`` at once), held for
+    ``seconds`` unless given back sooner; return 0 and the slot, or the 1-based index of the first full key
+    (the user's checked first). Another bounded pool (MCP inspections) counts its places the same way."""
+    token, now = uuid.uuid4().hex, time.time()
+    full = int(_redis().eval(_ACQUIRE, 3, *keys, now, now + seconds, token, *limits))
+    return full, {"keys": keys, "token": token}
 
 
 def release_slot(slot: dict[str, Any] | None) -> None:

@@ -102,6 +102,31 @@ def test_every_admin_list_shows_only_the_staff_members_teams(label: str, staff_c
 
 
 @pytest.mark.parametrize("label", sorted(TEAM_PATHS))
+def test_no_admin_list_names_another_team_not_even_in_its_filter_sidebar(label: str, staff_client: Client,
+                                                                        world: dict[str, Any]) -> None:
+    model = next(m for m in admin.site._registry if m._meta.label_lower == label)
+    page = staff_client.get(url(model, "changelist")).content.decode()
+    assert "Team B" not in page and "team-b" not in page
+
+
+def test_the_filter_sidebars_offer_the_staff_members_own_teams_and_a_superuser_every_team(
+        staff_client: Client, world: dict[str, Any], alice: Any) -> None:
+    from django.contrib.auth.models import User
+
+    from webapp.accounts.models import do_create_team
+
+    do_create_team("Team C", alice)  # a filter shows from two choices on
+    for model in (APIQuota, User):  # by team; by group (a user's teams)
+        sidebar = staff_client.get(url(model, "changelist")).content.decode().split('id="changelist-filter"')[-1]
+        assert "Team A" in sidebar and "Team C" in sidebar, model
+        assert "Team B" not in sidebar and "team-b" not in sidebar, model
+    root = Client()
+    root.force_login(get_user_model().objects.create_superuser("root", password="x" * 20))
+    sidebar = root.get(url(APIQuota, "changelist")).content.decode().split('id="changelist-filter"')[-1]
+    assert "Team A" in sidebar and "Team B" in sidebar
+
+
+@pytest.mark.parametrize("label", sorted(TEAM_PATHS))
 def test_every_admin_form_offers_only_the_staff_members_teams_rows(label: str, staff_client: Client,
                                                                    world: dict[str, Any], team_a: Team) -> None:
     model = next(m for m in admin.site._registry if m._meta.label_lower == label)

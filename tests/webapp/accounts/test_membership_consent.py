@@ -111,6 +111,34 @@ def test_the_api_invites_and_only_the_invitee_accepts(alice: Any, bob: Any, team
     assert response.status_code == 400
 
 
+def test_inviting_a_made_up_username_answers_exactly_as_inviting_a_real_one(
+        alice: Any, alice_client: Client, bob: Any, team_a: Team) -> None:
+    import re
+
+    alice_api = api_for(alice)
+    real = alice_api.post("/api/team-invitations/", {"team": team_a.slug, "username": "bob"}, format="json")
+    made_up = alice_api.post("/api/team-invitations/", {"team": team_a.slug, "username": "nobody-here"},
+                             format="json")
+    assert real.status_code == made_up.status_code == 201
+
+    def shape(body: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in body.items() if k not in ("id", "created_at", "invitee")}
+
+    assert shape(real.json()) == shape(made_up.json())
+    assert (real.json()["invitee"], made_up.json()["invitee"]) == ("bob", "nobody-here")
+    # The page's answer and the team's list of invitations read the same for both names.
+    pages = [alice_client.post(reverse("accounts:add_member", args=[team_a.slug]), {"username": name}, follow=True)
+             for name in ("bob", "nobody-here")]
+    texts = [re.sub(r"\s+", " ", page.content.decode()) for page in pages]
+    for name, text in zip(("bob", "nobody-here"), texts, strict=True):
+        assert f"{name} is invited to Team A; they join once" in text
+        assert re.search(rf'<tr class="member-invitation pending"><td>{name}</td><td>alice</td><td>pending</td>', text)
+    # The made-up name's invitation is addressed to nobody: a user who takes that name later does not get it.
+    later = get_user_model().objects.create_user("nobody-here", password=PASSWORD)
+    assert not MembershipInvitation.objects.to(later).exists()
+    assert MembershipInvitation.objects.get(team=team_a, invitee_name="nobody-here").invitee is None
+
+
 def test_a_teams_staff_member_cannot_set_the_password_of_a_user_also_in_another_team(
         staff_alice: Client, carol: Any) -> None:
     page = staff_alice.post(reverse("admin:auth_user_password_change", args=[carol.pk]),

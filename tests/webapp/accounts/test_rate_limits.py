@@ -129,6 +129,27 @@ def test_sign_up_is_throttled_per_address(client: Client, db: None, rate_limits:
     assert "Try again in" in refused.content.decode()
 
 
+def test_creating_teams_is_throttled_per_person(alice_client: Client, bob_client: Client, rate_limits: Any) -> None:
+    rate_limits({"team": "2/hour"})
+    for name in ("Vision", "Audio"):
+        assert alice_client.post(reverse("accounts:teams"), {"name": name}).status_code == 302
+    refused = alice_client.post(reverse("accounts:teams"), {"name": "Speech"})
+    assert refused.status_code == 429 and "AGENTFLY_RATE_TEAM" in refused.content.decode()
+    assert alice_client.get(reverse("accounts:teams")).status_code == 200  # the page itself stays open
+    assert bob_client.post(reverse("accounts:teams"), {"name": "Speech"}).status_code == 302
+
+
+def test_a_person_may_create_only_so_many_teams(alice_client: Client, alice: Any, settings: Any) -> None:
+    from webapp.accounts.models import Team
+
+    settings.AGENTFLY_TEAMS_PER_USER = 2  # alice's sign-up team is her first
+    assert alice_client.post(reverse("accounts:teams"), {"name": "Vision"}).status_code == 302
+    refused = alice_client.post(reverse("accounts:teams"), {"name": "Audio"})
+    assert refused.status_code == 400
+    assert "as many as one person may (AGENTFLY_TEAMS_PER_USER=2)" in refused.content.decode()
+    assert not Team.objects.filter(slug="audio").exists()
+
+
 def test_every_api_call_counts_against_the_user_rate(alice_api: Any, bob_api: Any, rate_limits: Any) -> None:
     rate_limits({"user": "3/minute"})
     assert [alice_api.get("/api/jobs/").status_code for _ in range(4)] == [200, 200, 200, 429]

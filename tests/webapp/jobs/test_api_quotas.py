@@ -288,3 +288,25 @@ def test_a_worker_whose_redis_user_may_not_create_users_fails_the_job_naming_wha
             apis.grant(team_a, 0, first=True)
     finally:
         server_redis.execute_command("ACL", "DELUSER", name)
+
+
+def test_a_team_whose_redis_keys_outgrow_its_cap_is_cut_off_and_another_team_is_not(
+        team_a: Any, team_b: Any, server_redis: redis.Redis, settings: Any) -> None:
+    settings.AGENTFLY_TEAM_REDIS_MAX_BYTES = 64 * 1024
+    a_user, a_password = apis.grant(team_a, 0, first=True)
+    b_user, b_password = apis.grant(team_b, 0, first=True)
+    a, b = team_client(apis.job_url(a_user, a_password)), team_client(apis.job_url(b_user, b_password))
+    own = f"{KEY_PREFIX}{apis.budget_key('team-a', 'search')}"
+    for i in range(4):  # the limiter's own commands, storing what no budget needs: 4 x 32 KiB
+        a.set(f"{own}:hoard-{i}", "x" * 32 * 1024)
+    b.hset(f"{KEY_PREFIX}{apis.budget_key('team-b', 'search')}:bucket", "tokens", 1)
+    assert apis.cap_team_redis() == ["team-a"]  # what beat runs every 5 s
+    assert list(server_redis.scan_iter(match=apis.key_pattern("team-a"))) == []
+    with pytest.raises((redis.exceptions.ConnectionError, redis.exceptions.NoPermissionError)):
+        a.set(f"{own}:hoard-5", "x")  # its connection was closed, and a new one may write nothing
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        team_client(apis.job_url(a_user, a_password)).set(f"{own}:hoard-5", "x")
+    assert b.hgetall(f"{KEY_PREFIX}{apis.budget_key('team-b', 'search')}:bucket") == {b"tokens": b"1"}
+    # The team's next job start gives the rights back, with an empty budget.
+    a_user, a_password = apis.grant(team_a, 0, first=True)
+    assert team_client(apis.job_url(a_user, a_password)).hset(f"{own}:bucket", "tokens", 1) == 1

@@ -254,3 +254,21 @@ def test_with_no_allowed_paths_a_path_outside_the_teams_folder_is_refused_alike_
     # A folder the operator lists is allowed, and the team's own folder always is.
     settings.AGENTFLY_ALLOWED_PATHS = [tmp_path / "elsewhere"]
     assert model_path_errors(bob_client, team_b, entries, existing) == []
+
+
+def test_a_symlink_loop_as_model_path_is_a_400_naming_the_loop_not_a_500(
+        alice_client: Any, alice_api: Any, team_a: Any, entries: tuple[Any, Any], runs: Path) -> None:
+    (runs / "team-a").mkdir(parents=True)
+    loop = runs / "team-a" / "loop"
+    loop.symlink_to(loop)
+    other = runs / "team-a" / "ping"
+    other.symlink_to(runs / "team-a" / "pong")
+    (runs / "team-a" / "pong").symlink_to(other)
+    for path in (loop, other / "model"):
+        response = alice_api.post("/api/jobs/", {"name": "loop", "team": "team-a", "tools": [entries[0].pk],
+                                                 "reward": entries[1].pk, "model_source": "path",
+                                                 "model_path": str(path)}, format="json")
+        assert response.status_code == 400, response.content
+        assert "symbolic link that loops" in str(response.json()["model_path"])
+        assert "symbolic link that loops" in " ".join(model_path_errors(alice_client, team_a, entries, path))
+    assert not TrainingJob.objects.exists()

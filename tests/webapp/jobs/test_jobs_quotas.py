@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from tests.webapp.factories import builtin_entries, launch_data
 from tests.webapp.helpers import Worker, wait_for, worker_env
+from webapp.accounts.models import Team
 from webapp.jobs import worker
 from webapp.jobs.models import Status, TeamQuota, TrainingJob
 
@@ -157,3 +158,22 @@ def test_on_one_worker_slot_another_teams_short_job_starts_within_a_slice_and_th
     states = [e["data"]["state"] for e in alice_api.get(f"/api/jobs/{long['id']}/events/?type=status&limit=5000")
               .json()["events"]]
     assert "preempted" in states and states[-1] == "cancelled"
+
+
+def test_a_member_cannot_escape_the_concurrent_jobs_quota_by_creating_a_new_team(
+        alice_api: Any, alice_client: Any, bob_api: Any, team_a: Any, team_b: Any, entries: tuple[Any, Any],
+        settings: Any) -> None:
+    # The defaults: a team's quota and a person's are the same, so a team of one's own adds no room.
+    assert settings.AGENTFLY_QUOTA_USER_CONCURRENT_JOBS == settings.AGENTFLY_QUOTA_CONCURRENT_JOBS == 4
+    for _ in range(4):
+        assert api_launch(alice_api, entries).status_code == 201
+    assert alice_client.post(reverse("accounts:teams"), {"name": "Alice Alone"}).status_code == 302
+    refused = api_launch(alice_api, entries, team="alice-alone")
+    assert refused.status_code == 403, refused.content
+    assert "4 per person (AGENTFLY_QUOTA_USER_CONCURRENT_JOBS)" in refused.json()["detail"]
+    page = alice_client.post(reverse("jobs:launch"), launch_data(Team.objects.get(slug="alice-alone"), *entries))
+    assert page.status_code == 400 and "AGENTFLY_QUOTA_USER_CONCURRENT_JOBS" in page.content.decode()
+    assert api_launch(bob_api, entries, team="team-b").status_code == 201  # another person keeps their own
+    # A job of hers that ends gives the place back, in whichever team she launches next.
+    alice_api.post(f"/api/jobs/{TrainingJob.objects.filter(team=team_a).first().pk}/cancel/")
+    assert api_launch(alice_api, entries, team="alice-alone").status_code == 201
