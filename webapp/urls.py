@@ -34,6 +34,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("accounts/", include("webapp.accounts.urls")),
     path("registry/", include("webapp.registry.urls")),
+    path("mcp/", include("webapp.mcpservers.urls")),
     path("jobs/", include("webapp.jobs.urls")),
     path("monitor/", include("webapp.jobs.dashboard_urls")),
     path("admin/", admin.site.urls),
