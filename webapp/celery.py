@@ -37,3 +37,4 @@ app.conf.update(
     },
 )
 app.autodiscover_tasks(["webapp.registry", "webapp.mcpservers", "webapp.jobs"])
+app.autodiscover_tasks(["webapp.jobs"], related_name="exports")  # checkpoint exports

@@ -8,6 +8,7 @@ from rest_framework.routers import DefaultRouter
 
 from webapp import pages
 from webapp.accounts.api import InvitationViewSet, MembershipInvitationViewSet, obtain_token
+from webapp.jobs import files as job_files
 from webapp.jobs.api import APIQuotaViewSet, JobViewSet
 from webapp.mcpservers.api import MCPServerViewSet
 from webapp.registry.api import EntryViewSet
@@ -40,6 +41,10 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include(router.urls)),
     path("api/token/", obtain_token, name="api-token"),
+    path("api/jobs/<int:pk>/checkpoints/<int:step>/archive/", job_files.api_checkpoint_archive,
+         name="api-checkpoint-archive"),
+    path("api/jobs/<int:pk>/checkpoints/<int:step>/export/", job_files.api_checkpoint_export,
+         name="api-checkpoint-export"),
     # Any other /api/.../ path is a JSON 404 (not Django's HTML page): API clients always get JSON. Paths
     # without the trailing slash still reach APPEND_SLASH's redirect.
     re_path(r"^api/(?!schema/|docs/).*/$", api_not_found),

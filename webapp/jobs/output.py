@@ -1,10 +1,8 @@
 """The training process's own output (its stdout and stderr, as the worker captured them), read for the job
 page: a tail, what came after a byte offset, or the whole file as a download.
 
-The folder holding the file is one a job may write (its team's folder), so the web process never resolves a
-path there by name: ``open_output`` walks from the runs folder one component at a time with ``O_NOFOLLOW``
-(a symlink anywhere is refused, not followed), opens the file non-blocking (a FIFO put in its place cannot
-hang a request), and uses it only if it is a regular file with one link. Every read is through that
+The folder holding the file is one a job may write (its team's folder), so it is opened through
+``webapp.jobs.jobfiles`` (no symlink followed, no FIFO or hard link read); every read is through that
 descriptor and bounded. ``open_output`` is the one place that knows where the output lives.
 """
 
@@ -12,12 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from django.conf import settings
+from webapp.jobs.jobfiles import Unreadable, job_parts, open_beneath, open_regular
 
 OUTPUT_NAME = "process.log"
 CHUNK = 64 * 1024  # the most one page load or poll returns; the download streams in pieces of this size
@@ -43,32 +40,24 @@ class OutputChunk:
         return self.end - self.start
 
 
-def _open_at(dir_fd: int | None, name: str, flags: int) -> int:
-    if "/" in name or name in ("", ".", ".."):
-        raise OutputUnavailable(f"{name!r} is not one path component")
-    return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-
-
 def open_output(job: Any) -> int:
-    """A read-only descriptor of ``job``'s output file (the caller closes it); OutputUnavailable otherwise."""
-    root = os.open(os.fspath(settings.AGENTFLY_RUNS_DIR), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    fds = [root]
+    """A read-only descriptor of ``job``'s output file (the caller closes it); OutputUnavailable otherwise.
+    The one place that knows where the output lives."""
     try:
-        for part in (job.team.slug, f"job-{job.pk}"):
-            fds.append(_open_at(fds[-1], part, os.O_RDONLY | os.O_DIRECTORY))
-        fd = _open_at(fds[-1], OUTPUT_NAME, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-    except FileNotFoundError:
-        raise OutputUnavailable("the training process has written no output yet") from None
-    except OSError as exc:  # ELOOP (a symlink), ENOTDIR: something a job put there in place of the real thing
-        raise OutputUnavailable(f"the output cannot be read safely ({os.strerror(exc.errno or 0)})") from None
+        folder = open_beneath(job_parts(job))
+    except Unreadable as exc:
+        raise OutputUnavailable(_missing(exc)) from None
+    try:
+        return open_regular(folder, OUTPUT_NAME)
+    except Unreadable as exc:
+        raise OutputUnavailable(_missing(exc)) from None
     finally:
-        for opened in fds:
-            os.close(opened)
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-        os.close(fd)
-        raise OutputUnavailable("the output is not a plain file; it is not shown")
-    return fd
+        os.close(folder)
+
+
+def _missing(exc: Unreadable) -> str:
+    text = str(exc)
+    return "the training process has written no output yet" if "does not exist" in text else f"the output: {text}"
 
 
 def _decode(data: bytes) -> str:

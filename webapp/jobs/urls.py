@@ -11,4 +11,6 @@ urlpatterns = [
     path("<int:pk>/resume/", views.resume, name="resume"),
     path("<int:pk>/output/", files.output, name="output"),
     path("<int:pk>/output.log", files.output_download, name="output_download"),
+    path("<int:pk>/checkpoints/<int:step>.tar", files.checkpoint_archive, name="checkpoint_archive"),
+    path("<int:pk>/checkpoints/<int:step>/export/", files.checkpoint_export, name="checkpoint_export"),
 ]

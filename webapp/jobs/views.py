@@ -117,7 +117,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
                "tool_versions": job.tool_versions.select_related("entry")}
     if request.headers.get("HX-Request"):
         return render(request, "jobs/_job_live.html", context)
-    return render(request, "jobs/job_detail.html", context | files.output_context(job))
+    return render(request, "jobs/job_detail.html", context | files.output_context(job) | files.checkpoints_context(job, request.user))
 
 
 @login_required
