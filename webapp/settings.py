@@ -98,6 +98,7 @@ INSTALLED_APPS = [
     "webapp.mcpservers",
     "webapp.jobs",
     "webapp.monitor",
+    "webapp.sweeps",
 ]
 
 MIDDLEWARE = [
@@ -305,6 +306,8 @@ AGENTFLY_JOB_ENV = env_list("AGENTFLY_JOB_ENV", [
 AGENTFLY_QUOTA_CONCURRENT_JOBS = env_int("AGENTFLY_QUOTA_CONCURRENT_JOBS", 4)  # queued, running or preempted
 AGENTFLY_QUOTA_MAX_STEPS = env_int("AGENTFLY_QUOTA_MAX_STEPS", 100_000)  # a job's total steps
 AGENTFLY_QUOTA_MAX_SECONDS = env_int("AGENTFLY_QUOTA_MAX_SECONDS", 24 * 3600)  # a job's running time, all runs
+# The most runs one sweep launches (each is a job, counted against the team's concurrent-jobs quota).
+AGENTFLY_SWEEP_MAX_RUNS = env_int("AGENTFLY_SWEEP_MAX_RUNS", 32)
 # Fair share: a running job that has trained this long (from its run's first step) yields at its next step (with a checkpoint) when another
 # team's job waits for a worker on its queue, and is queued again to resume from there. 0 never preempts.
 AGENTFLY_TIME_SLICE = env_float("AGENTFLY_TIME_SLICE", 1800.0)

@@ -12,6 +12,7 @@ from webapp.jobs import files as job_files
 from webapp.jobs.api import APIQuotaViewSet, JobViewSet
 from webapp.mcpservers.api import MCPServerViewSet
 from webapp.registry.api import EntryViewSet
+from webapp.sweeps.api import SweepViewSet
 
 
 @csrf_exempt  # nothing happens here; a token client's POST to a wrong path gets the 404, not a CSRF page
@@ -24,6 +25,7 @@ router.register("registry", EntryViewSet, basename="entry")
 router.register("jobs", JobViewSet, basename="job")
 router.register("api-quotas", APIQuotaViewSet, basename="api-quota")
 router.register("mcp-servers", MCPServerViewSet, basename="mcp-server")
+router.register("sweeps", SweepViewSet, basename="sweep")
 router.register("invitations", InvitationViewSet, basename="invitation")
 router.register("team-invitations", MembershipInvitationViewSet, basename="team-invitation")
 
@@ -36,6 +38,7 @@ urlpatterns = [
     path("accounts/", include("webapp.accounts.urls")),
     path("registry/", include("webapp.registry.urls")),
     path("mcp/", include("webapp.mcpservers.urls")),
+    path("sweeps/", include("webapp.sweeps.urls")),
     path("jobs/", include("webapp.jobs.urls")),
     path("monitor/", include("webapp.jobs.dashboard_urls")),
     path("admin/", admin.site.urls),

@@ -75,10 +75,12 @@ def team_checkpoint(user: object, pk: int, step: int) -> Checkpoint:
                              job__in=TrainingJob.objects.visible_to(user), job_id=pk, step=step)
 
 
-def archive_response(checkpoint: Checkpoint) -> HttpResponse:
+def archive_response(checkpoint: Checkpoint, *, api: bool = False) -> HttpResponse:
     try:
         pieces = exports.stream_archive(checkpoint)
     except exports.NotExportable as exc:
+        if api:
+            return JsonResponse({"detail": str(exc)}, status=404)
         return HttpResponse(f"{exc}\n", status=404, content_type="text/plain; charset=utf-8")
     response = StreamingHttpResponse(pieces, content_type="application/x-tar")
     response["Content-Disposition"] = f'attachment; filename="{exports.archive_name(checkpoint)}.tar"'
@@ -133,7 +135,7 @@ def checkpoints_context(job: TrainingJob, user: object) -> dict[str, object]:
 @api_view(["GET"])
 def api_checkpoint_archive(request: Request, pk: int, step: int) -> HttpResponse:
     """The checkpoint's model files (safetensors, config, tokenizer, chat template) as a tar, streamed."""
-    return archive_response(team_checkpoint(request.user, pk, step))
+    return archive_response(team_checkpoint(request.user, pk, step), api=True)
 
 
 @extend_schema(request=None, responses={
