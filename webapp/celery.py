@@ -22,7 +22,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 app = Celery("webapp")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.update(
-    task_queues=(Queue("cpu"), Queue("gpu"), Queue("try")),
+    task_queues=(Queue("cpu"), Queue("gpu"), Queue("try"), Queue("alerts")),
     task_default_queue="cpu",
     task_acks_late=True,
     task_reject_on_worker_lost=True,
@@ -34,7 +34,10 @@ app.conf.update(
     # Beat (run as `celery -A webapp beat` or `worker -B`) sweeps for jobs whose worker stopped beating.
     beat_schedule={
         "fail-stale-jobs": {"task": "webapp.jobs.tasks.fail_stale_jobs", "schedule": 10.0},
+        # Alerts have a queue of their own, so a worker busy training never holds one up.
+        "scan-for-alerts": {"task": "webapp.alerts.tasks.scan_for_alerts", "schedule": 15.0,
+                            "options": {"queue": "alerts"}},
     },
 )
-app.autodiscover_tasks(["webapp.registry", "webapp.mcpservers", "webapp.jobs"])
+app.autodiscover_tasks(["webapp.registry", "webapp.mcpservers", "webapp.jobs", "webapp.alerts"])
 app.autodiscover_tasks(["webapp.jobs"], related_name="exports")  # checkpoint exports

@@ -99,6 +99,7 @@ INSTALLED_APPS = [
     "webapp.jobs",
     "webapp.monitor",
     "webapp.sweeps",
+    "webapp.alerts",
 ]
 
 MIDDLEWARE = [
@@ -308,6 +309,14 @@ AGENTFLY_QUOTA_MAX_STEPS = env_int("AGENTFLY_QUOTA_MAX_STEPS", 100_000)  # a job
 AGENTFLY_QUOTA_MAX_SECONDS = env_int("AGENTFLY_QUOTA_MAX_SECONDS", 24 * 3600)  # a job's running time, all runs
 # The most runs one sweep launches (each is a job, counted against the team's concurrent-jobs quota).
 AGENTFLY_SWEEP_MAX_RUNS = env_int("AGENTFLY_SWEEP_MAX_RUNS", 32)
+# Alerts (webapp.alerts): webhook hosts allowed to resolve to loopback or private addresses (none by default),
+# the first retry's delay (doubling each time), the address jobs' links start with, and mail (off without a host).
+AGENTFLY_ALERT_ALLOWED_HOSTS = env_list("AGENTFLY_ALERT_ALLOWED_HOSTS", [])
+AGENTFLY_ALERT_RETRY_S = env_int("AGENTFLY_ALERT_RETRY_S", 30)
+AGENTFLY_SITE_URL = env_str("AGENTFLY_SITE_URL", "")
+EMAIL_HOST = env_str("EMAIL_HOST", "")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "agentfly@localhost")
 # Fair share: a running job that has trained this long (from its run's first step) yields at its next step (with a checkpoint) when another
 # team's job waits for a worker on its queue, and is queued again to resume from there. 0 never preempts.
 AGENTFLY_TIME_SLICE = env_float("AGENTFLY_TIME_SLICE", 1800.0)

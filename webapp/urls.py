@@ -39,6 +39,7 @@ urlpatterns = [
     path("registry/", include("webapp.registry.urls")),
     path("mcp/", include("webapp.mcpservers.urls")),
     path("sweeps/", include("webapp.sweeps.urls")),
+    path("alerts/", include("webapp.alerts.urls")),
     path("jobs/", include("webapp.jobs.urls")),
     path("monitor/", include("webapp.jobs.dashboard_urls")),
     path("admin/", admin.site.urls),
