@@ -29,7 +29,10 @@ def _component(name: str) -> str:
 
 def open_beneath(parts: Sequence[str]) -> int:
     """A descriptor of the folder ``AGENTFLY_RUNS_DIR/<parts...>``, walked without following symlinks."""
-    fd = os.open(os.fspath(settings.AGENTFLY_RUNS_DIR), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:  # the runs folder is the operator's (no job writes its parent): opened by name
+        fd = os.open(os.fspath(settings.AGENTFLY_RUNS_DIR), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:  # no job has run on this server yet
+        raise Unreadable("it does not exist (yet)") from None
     try:
         for part in parts:
             inner = os.open(_component(part), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
