@@ -358,7 +358,8 @@ SPECTACULAR_SETTINGS = {
                             # two invitations, each with its own `state`
                             "InvitationStateEnum": ["pending", "used", "revoked", "expired"],
                             "TeamInvitationStateEnum": ["pending", "accepted", "declined"],
-                            "MCPServerStatusEnum": "webapp.mcpservers.models.Status"},
+                            "MCPServerStatusEnum": "webapp.mcpservers.models.Status",
+                            "SweepKindEnum": "webapp.sweeps.models.Kind"},
     # Every operation also documents the errors it can answer (400, 401, 403, 404, ...), so a client, and
     # the schemathesis run in the tests, can rely on the schema for every status code.
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
