@@ -13,7 +13,7 @@ from tests.e2e.conftest import watch_for_problems
 from tests.e2e.pagecheck import SIZES, layout_problems
 from tests.webapp.helpers import Daphne, sign_in
 
-pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "alerts"
 
