@@ -23,7 +23,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 app = Celery("webapp")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.update(
-    task_queues=(Queue("cpu"), Queue("gpu"), Queue("try"), Queue("inspect")),
+    task_queues=(Queue("cpu"), Queue("gpu"), Queue("try"), Queue("inspect"), Queue("alerts")),
     task_default_queue="cpu",
     task_acks_late=True,
     task_reject_on_worker_lost=True,
@@ -37,6 +37,10 @@ app.conf.update(
         "fail-stale-jobs": {"task": "webapp.jobs.tasks.fail_stale_jobs", "schedule": 10.0},
         # Redis has no memory limit per user: a team's keys past AGENTFLY_TEAM_REDIS_MAX_BYTES are cut off.
         "cap-team-redis": {"task": "webapp.jobs.tasks.cap_team_redis", "schedule": 5.0},
+        # Alerts have a queue of their own, so a worker busy training never holds one up.
+        "scan-for-alerts": {"task": "webapp.alerts.tasks.scan_for_alerts", "schedule": 15.0,
+                            "options": {"queue": "alerts"}},
     },
 )
-app.autodiscover_tasks(["webapp.registry", "webapp.mcpservers", "webapp.jobs"])
+app.autodiscover_tasks(["webapp.registry", "webapp.mcpservers", "webapp.jobs", "webapp.alerts"])
+app.autodiscover_tasks(["webapp.jobs"], related_name="exports")  # checkpoint exports

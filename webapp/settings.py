@@ -98,6 +98,8 @@ INSTALLED_APPS = [
     "webapp.mcpservers",
     "webapp.jobs",
     "webapp.monitor",
+    "webapp.sweeps",
+    "webapp.alerts",
 ]
 
 MIDDLEWARE = [
@@ -312,6 +314,16 @@ AGENTFLY_QUOTA_USER_CONCURRENT_JOBS = env_int("AGENTFLY_QUOTA_USER_CONCURRENT_JO
 # beat cuts off a team past it every 5 s (webapp/jobs/apis.py).
 AGENTFLY_TEAM_REDIS_MAX_BYTES = env_int("AGENTFLY_TEAM_REDIS_MAX_BYTES", 1 << 20)
 AGENTFLY_TEAMS_PER_USER = env_int("AGENTFLY_TEAMS_PER_USER", 5)
+# The most runs one sweep launches (each is a job, counted against the team's concurrent-jobs quota).
+AGENTFLY_SWEEP_MAX_RUNS = env_int("AGENTFLY_SWEEP_MAX_RUNS", 32)
+# Alerts (webapp.alerts): webhook hosts allowed to resolve to loopback or private addresses (none by default),
+# the first retry's delay (doubling each time), the address jobs' links start with, and mail (off without a host).
+AGENTFLY_ALERT_ALLOWED_HOSTS = env_list("AGENTFLY_ALERT_ALLOWED_HOSTS", [])
+AGENTFLY_ALERT_RETRY_S = env_int("AGENTFLY_ALERT_RETRY_S", 30)
+AGENTFLY_SITE_URL = env_str("AGENTFLY_SITE_URL", "")
+EMAIL_HOST = env_str("EMAIL_HOST", "")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "agentfly@localhost")
 # Fair share: a running job that has trained this long (from its run's first step) yields at its next step (with a checkpoint) when another
 # team's job waits for a worker on its queue, and is queued again to resume from there. 0 never preempts.
 AGENTFLY_TIME_SLICE = env_float("AGENTFLY_TIME_SLICE", 1800.0)
@@ -360,7 +372,8 @@ SPECTACULAR_SETTINGS = {
                             # two invitations, each with its own `state`
                             "InvitationStateEnum": ["pending", "used", "revoked", "expired"],
                             "TeamInvitationStateEnum": ["pending", "accepted", "declined"],
-                            "MCPServerStatusEnum": "webapp.mcpservers.models.Status"},
+                            "MCPServerStatusEnum": "webapp.mcpservers.models.Status",
+                            "SweepKindEnum": "webapp.sweeps.models.Kind"},
     # Every operation also documents the errors it can answer (400, 401, 403, 404, ...), so a client, and
     # the schemathesis run in the tests, can rely on the schema for every status code.
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",

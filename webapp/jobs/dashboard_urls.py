@@ -4,6 +4,7 @@ jobs app's (``webapp.jobs.dashboard``), which reads the events ``webapp.monitor`
 from django.urls import path
 
 from webapp.jobs import dashboard as views
+from webapp.jobs import groups
 
 app_name = "monitor"
 urlpatterns = [
@@ -14,4 +15,5 @@ urlpatterns = [
     path("jobs/<int:pk>/samples/search.json", views.samples_search, name="samples_search"),
     path("jobs/<int:pk>/notes/", views.job_note, name="job_note"),
     path("compare/", views.compare, name="compare"),
+    path("compare/seed-bands.json", groups.seed_bands_json, name="seed_bands"),
 ]

@@ -9,7 +9,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.accounts.throttling import throttle
-from webapp.jobs import actions
+from webapp.jobs import actions, files
 from webapp.jobs.forms import PRESETS, LaunchForm, initial_from_job, preset_initial
 from webapp.jobs.models import Status, TrainingJob
 from webapp.monitor.models import JobEvent
@@ -117,7 +117,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
                "tool_versions": job.tool_versions.select_related("entry")}
     if request.headers.get("HX-Request"):
         return render(request, "jobs/_job_live.html", context)
-    return render(request, "jobs/job_detail.html", context)
+    return render(request, "jobs/job_detail.html", context | files.output_context(job) | files.checkpoints_context(job, request.user))
 
 
 @login_required

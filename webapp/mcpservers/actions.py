@@ -82,3 +82,33 @@ def queue_inspection(server_id: int, slot: dict[str, Any] | None = None) -> None
     timeout = float(settings.AGENTFLY_MCP_INSPECT_TIMEOUT)
     inspect_mcp_server.apply_async(args=[server_id], kwargs={"slot": slot, "timeout": timeout}, queue="inspect",
                                    soft_time_limit=timeout + 15, time_limit=hard_limit())
+
+
+class NoAnswer(Exception):
+    """No worker on the ``try`` queue answered within ``AGENTFLY_TRY_TIMEOUT``."""
+
+
+def do_try_tool(*, user: object, server: MCPServer, tool: str, arguments: dict[str, object]) -> dict[str, object]:
+    """Call ``tool`` of a ready ``server`` on a ``try`` worker: ``{"observation", "error", "latency"}``.
+
+    The call holds a place in the bounded "try it" pool, charged to the server's team
+    (``webapp.registry.trying``); TooManyTries when that pool is full, NoAnswer when no worker answered in
+    time. The page and the API both call this, so they answer alike."""
+    from celery.exceptions import TimeoutError as CeleryTimeout
+    from django.conf import settings
+
+    from webapp.mcpservers.tasks import try_mcp_tool
+    from webapp.registry.tryslots import acquire_slot, release_slot
+
+    slot = acquire_slot(getattr(user, "pk", None), server.team_id)
+    try:
+        pending = try_mcp_tool.apply_async(args=[server.pk, tool, arguments], queue="try",
+                                           time_limit=settings.AGENTFLY_CHILD_TIMEOUT + 15)
+        result = pending.get(timeout=settings.AGENTFLY_TRY_TIMEOUT, propagate=False)
+    except CeleryTimeout:
+        raise NoAnswer("no worker answered in time") from None
+    finally:
+        release_slot(slot)
+    if not isinstance(result, dict):
+        return {"observation": "", "error": f"the worker failed to run the call: {result!r}", "latency": 0.0}
+    return result

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery.exceptions import TimeoutError as CeleryTimeout
-from django.conf import settings
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -18,7 +16,7 @@ from webapp.mcpservers.models import MCPServer, MCPServerVersion, Transport
 from webapp.mcpservers.rules import NotAllowed, check_url, stdio_argv
 from webapp.registry.api import TryResultSerializer
 from webapp.registry.trying import not_triable
-from webapp.registry.tryslots import TooManyTries, acquire_slot, release_slot
+from webapp.registry.tryslots import TooManyTries
 from webapp.schema import detail_response
 
 
@@ -107,8 +105,6 @@ class MCPServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
     @action(detail=True, methods=["post"], url_path="try")
     def try_it(self, request: Request, pk: str | None = None) -> Response:
         """Call one of a ready server's tools on a worker and return what the model would read."""
-        from webapp.mcpservers.tasks import try_mcp_tool
-
         server = self.get_object()
         why = not_triable("This server", server.status, server.current_version is not None)
         if why:
@@ -118,19 +114,11 @@ class MCPServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
         names = [t["name"] for t in server.current_version.tools]
         if ser.validated_data["tool"] not in names:
             return Response({"tool": [f"This server has no such tool; it has: {', '.join(names)}."]}, status=400)
-        try:  # a place in the bounded "try it" pool, charged to the server's team (webapp.registry.trying)
-            slot = acquire_slot(request.user.pk, server.team_id)
+        try:
+            result = actions.do_try_tool(user=request.user, server=server, tool=ser.validated_data["tool"],
+                                         arguments=ser.validated_data["arguments"])
         except TooManyTries as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_429_TOO_MANY_REQUESTS)
-        try:
-            pending = try_mcp_tool.apply_async(args=[server.pk, ser.validated_data["tool"],
-                                                     ser.validated_data["arguments"]], queue="try",
-                                               time_limit=settings.AGENTFLY_CHILD_TIMEOUT + 15)
-            result = pending.get(timeout=settings.AGENTFLY_TRY_TIMEOUT, propagate=False)
-        except CeleryTimeout:
-            return Response({"detail": "no worker answered in time"}, status=status.HTTP_504_GATEWAY_TIMEOUT)
-        finally:
-            release_slot(slot)
-        if not isinstance(result, dict):
-            result = {"observation": "", "error": f"the worker failed to run the call: {result!r}", "latency": 0.0}
+        except actions.NoAnswer as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_504_GATEWAY_TIMEOUT)
         return Response(result)
