@@ -175,6 +175,23 @@ def bound_error(key: str, value: Any, metadata: Any) -> str | None:
     return f"{key}={value} must be " + " and ".join(f"{_OPS[b]} {_number(v)}" for b, v in bounds.items())
 
 
+def field_notes(metadata: Any) -> str:
+    """A field's help with its bounds and where the web app shows it, as the reference and ``--help-config``
+    print it: "Rollouts per prompt ... (1 to 64; launch form: algorithm, `group_size`)"."""
+    bounds = {b: metadata[b] for b in BOUNDS if b in metadata}
+    notes = []
+    if set(bounds) == {"ge", "le"}:
+        notes.append(f"{_number(bounds['ge'])} to {_number(bounds['le'])}")
+    elif bounds:
+        notes.append(", ".join(f"{_OPS[b]} {_number(v)}" for b, v in bounds.items()))
+    web = metadata.get("web")
+    if web is not None:
+        where = f"launch form: {web.section}" if web.section else "REST API"
+        notes.append(f"{where}, `{web.name}`" if web.name else where)
+    help_text = str(metadata.get("help", "")).strip()
+    return f"{help_text} ({'; '.join(notes)})" if notes else help_text
+
+
 def check_bounds(section: Any, prefix: str = "") -> None:
     """Every field of ``section`` (a config dataclass, its sections and mappings of sections too) within its
     bounds: for a section built in code, which pydantic never saw."""
@@ -952,12 +969,16 @@ def _config_error(exc: ValidationError, cls: type, prefix: str) -> ConfigError:
         number = plain(value) if plain in (int, float) else value  # 0 given for a float reads 0.0, as in code
         return ConfigError(bound_error(key, number, metadata) or error["msg"], key=key)
     if typing.get_origin(_without_none(tp)) is Literal:
-        choices = typing.get_args(_without_none(tp))
-        near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-        hint = f" (did you mean {near[0]!r}?)" if near else ""
-        return ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}{hint}", key=key)
+        return ConfigError(choice_error(key, value, typing.get_args(_without_none(tp))), key=key)
     hint = " (write it as [a, b] in YAML)" if error["type"] == "list_type" else ""
     return ConfigError(f"{key}: expected {_expected(tp)}, got {value!r}{hint}", key=key)
+
+
+def choice_error(key: str, value: Any, choices: tuple[Any, ...]) -> str:
+    """The message for ``value`` given to ``key``, whose values are ``choices``: the loader's and the web app's."""
+    near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}{hint}"
 
 
 def _dotted(prefix: str, loc: tuple[int | str, ...]) -> str:
@@ -1105,5 +1126,5 @@ def describe(cls: type = Config, prefix: str = "") -> list[str]:
             continue
         factory = f.default_factory
         default = f.default if f.default is not dataclasses.MISSING else factory() if callable(factory) else None
-        lines.append(f"  {prefix}{f.name} ({_type_name(tp)}, default {default!r}): {f.metadata.get('help', '')}")
+        lines.append(f"  {prefix}{f.name} ({_type_name(tp)}, default {default!r}): {field_notes(f.metadata)}")
     return lines
