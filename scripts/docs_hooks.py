@@ -27,7 +27,8 @@ Generated from the dataclasses in `trainer/config.py` when the site is built; do
 A run's YAML fills these (`agentfly train CONFIG.yaml`), `--set key=value` overrides one
 (`--set algorithm.name=rloo`, `--set rollout.tools=[my_tools:lookup]`), and `agentfly train --help-config`
 prints the same list in a terminal. Loading refuses an unknown key (naming the nearest one), a value of the
-wrong type or outside its choices, and a combination that cannot work, saying which key to change.
+wrong type, outside its choices or its bounds (in brackets after the help, with where the web app's launch
+form or REST API takes the setting), and a combination that cannot work, saying which key to change.
 """
 
 
@@ -72,7 +73,7 @@ def _yaml(value: Any) -> str:
 def sections(cls: type | None = None, prefix: str = "", title: str = "Top level"
              ) -> list[tuple[str, str, list[tuple[str, str, str, str]]]]:
     """``[(title, help, [(key, type, default, help), ...]), ...]``: one section per dataclass, depth first."""
-    from trainer.config import Config, _type_name
+    from trainer.config import Config, _type_name, field_notes
 
     cls = cls or Config
     rows: list[tuple[str, str, str, str]] = []
@@ -87,7 +88,7 @@ def sections(cls: type | None = None, prefix: str = "", title: str = "Top level"
             for sub_title, sub_help, sub_rows in sections(section, f"{sub_key}.", sub_key):
                 nested.append((sub_title, sub_help or help_text, sub_rows))
             continue
-        rows.append((key, _type_name(tp), _yaml(_default(f)), help_text))
+        rows.append((key, _type_name(tp), _yaml(_default(f)), field_notes(f.metadata)))
     return [(title, "", rows), *nested]
 
 

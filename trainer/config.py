@@ -4,8 +4,14 @@ YAML is only a way to fill these; every field's default is what the cited paper 
 uses. The sections are plain dataclasses (attribute access, ``dataclasses.replace``, ``asdict``); pydantic
 fills them from a mapping (``from_dict``, under ``YAML_RULES``), converting each value to its field's type and
 refusing unknown keys. Loading fails early, naming the key and the fix, for an unknown key, a value of the
-wrong type, a value outside its choices, or a combination that cannot work: ``Config.validate``, which runs
-whenever a ``Config`` is made, so one that exists can run.
+wrong type, a value outside its choices or its bounds, or a combination that cannot work: ``Config.validate``,
+which runs whenever a ``Config`` is made, so one that exists can run.
+
+This file is the one schema of a run. Each field is declared once, with ``_f``: its default, its help, its
+bounds (``ge``/``gt``/``le``/``lt``, which pydantic enforces when it loads and ``check_bounds`` when a section is
+built in code) and, with ``web=Web(...)``, where the web app shows it (a launch form section, the REST API only,
+or nowhere). The web app builds its launch form, REST serializer, OpenAPI schema, form-to-config mapping, clone
+values and page rules from these declarations (``webapp.jobs.schema``): a new setting is one field here.
 
     config = load_config("examples/calculator/grpo.yaml", ["algorithm.name=rloo", "engine=vllm"])
 """
@@ -85,12 +91,120 @@ NULL_IS_EMPTY = BeforeValidator(lambda value: {} if value is None else value)
 T = TypeVar("T")
 
 
-def _f(default: Any, help: str, **kw: Any) -> Any:
-    """A dataclass field with its help text in the metadata (shown by ``agentfly train --help-config``)."""
+DEFAULT = "__default__"  # Web.initial / Web.blank: the field's own default
+
+
+@dataclass(frozen=True)
+class Web:
+    """Where and how the web app shows a config field: ``webapp.jobs.schema`` builds from it the launch form's
+    field, the REST API's field (and so the OpenAPI schema), the mapping of the form onto the config, the values
+    a cloned job's form opens with, and the page's rule for when the field is shown. A field without ``web`` is
+    hidden: a job gets its default (or what the web app derives, such as ``threads`` from the queue).
+
+    Attributes:
+        section: the launch form's section ("job", "model", "task", "warm_start", "agent", "algorithm"); None
+            shows the field in the REST API only.
+        name: the form and API field name; None = the dotted key with "_" for ".". Kept stable: API clients
+            and cloned forms use it.
+        label: the form's label; None = made from ``name``.
+        help: the form's and the API's help, where the config's own speaks of YAML; None = the field's help.
+        initial: the form's and the API's starting value; ``DEFAULT`` = the field's default.
+        optional: the field may be left empty; it then means ``blank``.
+        blank: what an empty optional field means; ``DEFAULT`` = the field's default.
+        choice_labels: the form's label of each choice of a ``Literal`` field (None for "" of an optional one).
+        show_if: when the page shows the field: form field name -> the values it shows for ("!v": any value
+            but v). Shown always when empty. A hidden field keeps its value and is still posted.
+        also: other config keys the field fills with the same value (``eval.size`` beside ``data.eval_size``).
+    """
+
+    section: str | None
+    name: str | None = None
+    label: str | None = None
+    help: str | None = None
+    initial: Any = DEFAULT
+    optional: bool = False
+    blank: Any = DEFAULT
+    choice_labels: dict[str | None, str] = field(default_factory=dict)
+    show_if: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    also: tuple[str, ...] = ()
+
+
+# The page's rule of the RL fields: shown unless the job is a warm start alone.
+_RL: dict[str, tuple[str, ...]] = {"kind": ("!sft",)}
+BOUNDS = ("ge", "gt", "le", "lt")  # pydantic's names; in a field's metadata pydantic enforces them when it loads
+_OPS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+
+
+def _f(default: Any, help: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+       lt: float | None = None, must: str | None = None, web: Web | None = None, **kw: Any) -> Any:
+    """A dataclass field with its help text in the metadata (shown by ``agentfly train --help-config``), its
+    bounds (``ge``/``gt``/``le``/``lt``: pydantic checks them when it fills the field, ``check_bounds`` when a
+    section is built in code, the web app's form and API from the same numbers), ``must`` (the bound's words
+    where the numbers alone mislead, e.g. "-1 (all), 0 (none) or a count") and where the web app shows it
+    (``web``; see ``Web``)."""
+    metadata: dict[str, Any] = {"help": help}
+    metadata |= {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}
+    if must is not None:
+        metadata["must"] = must
+    if web is not None:
+        metadata["web"] = web
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         value = default
-        return field(default_factory=lambda: _copy(value), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
+        return field(default_factory=lambda: _copy(value), metadata=metadata, **kw)
+    return field(default=default, metadata=metadata, **kw)
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def bound_error(key: str, value: Any, metadata: Any) -> str | None:
+    """Why ``value`` of the field ``key`` (with ``metadata``) is out of its bounds, or None: the one message the
+    loader, ``Config.validate`` and the web app's form and API give."""
+    bounds = {b: metadata[b] for b in BOUNDS if b in metadata}
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or not bounds:
+        return None
+    fails = ((b == "ge" and value < v) or (b == "gt" and value <= v) or (b == "le" and value > v)
+             or (b == "lt" and value >= v) for b, v in bounds.items())
+    if not any(fails):
+        return None
+    if "must" in metadata:
+        return f"{key}={value} must be {metadata['must']}"
+    if set(bounds) == {"ge", "le"}:
+        return f"{key}={value} must be between {_number(bounds['ge'])} and {_number(bounds['le'])}"
+    return f"{key}={value} must be " + " and ".join(f"{_OPS[b]} {_number(v)}" for b, v in bounds.items())
+
+
+def field_notes(metadata: Any) -> str:
+    """A field's help with its bounds and where the web app shows it, as the reference and ``--help-config``
+    print it: "Rollouts per prompt ... (1 to 64; launch form: algorithm, `group_size`)"."""
+    bounds = {b: metadata[b] for b in BOUNDS if b in metadata}
+    notes = []
+    if set(bounds) == {"ge", "le"}:
+        notes.append(f"{_number(bounds['ge'])} to {_number(bounds['le'])}")
+    elif bounds:
+        notes.append(", ".join(f"{_OPS[b]} {_number(v)}" for b, v in bounds.items()))
+    web = metadata.get("web")
+    if web is not None:
+        where = f"launch form: {web.section}" if web.section else "REST API"
+        notes.append(f"{where}, `{web.name}`" if web.name else where)
+    help_text = str(metadata.get("help", "")).strip()
+    return f"{help_text} ({'; '.join(notes)})" if notes else help_text
+
+
+def check_bounds(section: Any, prefix: str = "") -> None:
+    """Every field of ``section`` (a config dataclass, its sections and mappings of sections too) within its
+    bounds: for a section built in code, which pydantic never saw."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            check_bounds(value, f"{prefix}{f.name}.")
+        elif isinstance(value, dict):
+            for name, item in value.items():
+                if dataclasses.is_dataclass(item):
+                    check_bounds(item, f"{prefix}{f.name}.{name}.")
+        elif (message := bound_error(prefix + f.name, value, f.metadata)) is not None:
+            raise ConfigError(message, key=prefix + f.name)
 
 
 def _copy(value: Any) -> Any:
@@ -158,9 +272,15 @@ class DataConfig:
                                      "keywords of a 'package.module:attribute' that builds a Task. Built-in tasks "
                                      "take none.")
     train_size: int = _f(20000, "Training problems generated for 'arithmetic' and 'key_chain' (ignored for a JSONL "
-                                "file).")
+                                "file).",
+                         ge=1, le=1_000_000, web=Web("task", name="task_size", initial=200,
+                         help="Problems generated for a generated task (arithmetic, key chain).",
+                         show_if={"task": ("!jsonl",)}))
     eval_path: LocalPath | None = _f(None, "JSONL of held-out samples; None takes a built-in task's test split.")
-    eval_size: int = _f(500, "Held-out problems used by eval (the bar uses 500 unseen problems).")
+    eval_size: int = _f(500, "Held-out problems used by eval (the bar uses 500 unseen problems).",
+                        ge=1, le=100_000, web=Web("algorithm", name="eval_size", initial=8,
+                        help="Held-out problems evaluated (greedily) during training and at the end.",
+                        also=("eval.size",)))
     seed: int = _f(0, "Seed of the generated problems (train and test streams are disjoint).")
     shuffle: bool = _f(True, "Shuffle the training samples each epoch (seeded by `seed` + epoch).")
 
@@ -174,21 +294,42 @@ class RolloutConfig:
     system_prompt: str | None = _f(None, "System message; None leaves the template's default.")
     chat_template_kwargs: dict[str, Any] = _f({}, "Extra chat template variables, e.g. {enable_thinking: false} "
                                               "for Qwen3's non-thinking mode (see the own-model guide).")
-    max_turns: int = _f(4, "Most assistant turns per trajectory.")
-    prompts_per_step: int = _f(16, "Task samples drawn per training step.")
-    group_size: int = _f(8, "Rollouts per prompt (GRPO's G; DeepSeekMath uses 64, the calculator 8).")
-    temperature: float = _f(1.0, "Sampling temperature; 1.0 keeps the rollout on-policy for the ratio.")
+    max_turns: int = _f(4, "Most assistant turns per trajectory.",
+                        ge=1, le=32, web=Web("agent", name="max_turns", initial=2))
+    prompts_per_step: int = _f(16, "Task samples drawn per training step.",
+                               ge=1, le=1024, web=Web("algorithm", name="prompts_per_step", initial=2,
+                               show_if=_RL))
+    group_size: int = _f(8, "Rollouts per prompt (GRPO's G; DeepSeekMath uses 64, the calculator 8).",
+                         ge=1, le=64, web=Web("algorithm", name="group_size", initial=2, show_if=_RL))
+    temperature: float = _f(1.0, "Sampling temperature; 1.0 keeps the rollout on-policy for the ratio.",
+                            gt=0, le=5, web=Web("algorithm", name="temperature", show_if=_RL))
     top_p: float = _f(1.0, "Nucleus sampling; < 1 makes rollouts off-policy (the ratio does not see it).")
     top_k: int = _f(0, "Top-k sampling; 0 is off.")
-    max_new_tokens: int = _f(64, "Most tokens one assistant turn may produce.")
+    max_new_tokens: int = _f(64, "Most tokens one assistant turn may produce.",
+                             ge=1, le=32_768, web=Web("algorithm", name="max_new_tokens", initial=24,
+                             also=("eval.max_new_tokens",),
+                             help="Most tokens one assistant turn may produce, in rollouts and in the "
+                                  "held-out evaluation."))
     mode: Literal["sync", "async"] = _f(
         "sync", "sync: a step rolls out, then updates, the engine idle during the update. async: a producer "
         "thread with its own copy of the weights samples the batches of the next steps while the trainer "
         "updates (one core generates while another trains); each trajectory records the policy version that "
-        "sampled it and the loss corrects the gap (algorithm.off_policy_correction, tis by default).")
+        "sampled it and the loss corrects the gap (algorithm.off_policy_correction, tis by default).",
+        web=Web("algorithm", name="rollout_mode", label="Rollout mode", optional=True, show_if=_RL,
+                help="async: a producer with its own copy of the weights samples the next steps' batches while "
+                     "the update runs (off-policy by up to max staleness versions, corrected by truncated "
+                     "importance sampling).",
+                choice_labels={"sync": "sync: roll out, then update",
+                               "async": "async: roll out the next steps during the update"}))
     max_staleness: int = _f(1, "async: the most policy versions a batch may lag the update it trains (k): the "
                                "producer samples steps s+1..s+k while step s updates, and a batch older than k "
-                               "versions is dropped (counted in rollout/dropped_stale), never trained on.")
+                               "versions is dropped (counted in rollout/dropped_stale), never trained on.",
+                            ge=1,
+                            must=">= 1 (the producer runs at least one step ahead); for on-policy training "
+                                 "use rollout.mode=sync",
+                            web=Web("algorithm", name="max_staleness", optional=True,
+                            help="async: the most policy versions a trained batch may lag.", show_if={**_RL,
+                            "rollout_mode": ("async",)}))
     infra_failures: Literal["exclude", "drop_group"] = _f(
         "exclude", "A trajectory the infrastructure ended (a dead sandbox, a lost node, a server down; counted in "
         "rollout/infra_failed) is never trained on. exclude: it leaves its group, whose statistics and loss are "
@@ -196,7 +337,7 @@ class RolloutConfig:
         "algorithm.max_sample_batches rounds (for estimators that need full groups).")
     max_infra_failed_steps: int = _f(
         3, "Stop the job (an error naming the failure) when every rollout of this many steps in a row ended in an "
-           "infrastructure failure: such steps train nothing. 0 never stops.")
+           "infrastructure failure: such steps train nothing. 0 never stops.", ge=0)
 
 
 @with_config(YAML_RULES)
@@ -208,11 +349,12 @@ class APIConfig:
 
     key: str | None = _f(None, "The budget's name in Redis; processes that name the same key share one budget. "
                                "None = the resource's name.")
-    rate: float | None = _f(None, "Requests per second (a token bucket); None = the spec's, else 10.")
+    rate: float | None = _f(None, "Requests per second (a token bucket); None = the spec's, else 10.", gt=0)
     burst: int | None = _f(None, "Requests that may go at once after a quiet spell; None = the spec's, else the "
-                                 "rate rounded.")
-    concurrency: int | None = _f(None, "Requests in flight at once; None = the spec's, else 8.")
-    daily_quota: int | None = _f(None, "Requests per UTC day (0 = no daily limit); None = the spec's, else 0.")
+                                 "rate rounded.", ge=1)
+    concurrency: int | None = _f(None, "Requests in flight at once; None = the spec's, else 8.", ge=1)
+    daily_quota: int | None = _f(None, "Requests per UTC day (0 = no daily limit); None = the spec's, else 0.",
+                                 ge=0, must=">= 0 (0: no daily limit)")
 
     def options(self) -> dict[str, Any]:
         """The limits that are set, as ``SharedRateLimiter`` options."""
@@ -224,11 +366,13 @@ class APIConfig:
 class ResourceConfig:
     spec: str | None = _f(None, "A ResourceSpec as 'module:attribute' (e.g. agentfly.envs.scienceworld:SCIENCEWORLD); "
                           "None = the built-in spec of this name (python, wiki, scienceworld).")
-    min: int | None = _f(None, "Instances kept warm; None keeps the spec's.")
-    max: int | None = _f(None, "Most instances at once (acquirers beyond it wait); None keeps the spec's.")
+    min: int | None = _f(None, "Instances kept warm; None keeps the spec's.", ge=0)
+    max: int | None = _f(None, "Most instances at once (acquirers beyond it wait); None keeps the spec's.",
+                         ge=1)
     acquire_timeout: float | None = _f(None, "Seconds a rollout waits for an instance; None keeps the spec's.")
     starting: int | None = _f(None, "Most instances starting at once (e.g. 4 for server processes on a small "
-                                    "machine, so none times out starting); None keeps the spec's.")
+                                    "machine, so none times out starting); None keeps the spec's.",
+                              ge=1, must=">= 1 (or null: no bound)")
     api: APIConfig | None = _f(None, "Makes this resource a rate-limited API shared through Redis, e.g. {rate: 5, "
                                      "burst: 5, concurrency: 4, daily_quota: 10000}; with `spec` these override "
                                      "its options, without one it is a SharedRateLimiter.")
@@ -256,8 +400,8 @@ class MCPServerConfig:
                                      "its input schema names (loads the rollout's own data into its session).")
     network: Literal["none", "host"] = _f("none", "A stdio server's network: none, or the host's.")
     call_timeout: float = _f(30.0, "Seconds a tool call may take before the server counts as down (an "
-                                   "infrastructure failure, not the agent's).")
-    start_timeout: float = _f(60.0, "Seconds to start the server and open a session.")
+                                   "infrastructure failure, not the agent's).", gt=0)
+    start_timeout: float = _f(60.0, "Seconds to start the server and open a session.", gt=0)
 
 
 PoolConfig = Annotated[ResourceConfig, NULL_IS_EMPTY]
@@ -315,9 +459,9 @@ class JudgeConfig:
     rubric: str | None = _f(None, "What the judge grades on (rubric_judge) or weighs answers by "
                                   "(preference_vs_reference) when the task sample has no `rubric` field; None: "
                                   "a general rubric (correct, complete, helpful).")
-    max_concurrency: int = _f(8, "Judge generations in flight at once.")
-    max_batch: int = _f(16, "Most judge calls sent to its engine together.")
-    max_new_tokens: int = _f(48, "Most tokens of one verdict.")
+    max_concurrency: int = _f(8, "Judge generations in flight at once.", ge=1)
+    max_batch: int = _f(16, "Most judge calls sent to its engine together.", ge=1)
+    max_new_tokens: int = _f(48, "Most tokens of one verdict.", ge=1)
 
 
 @with_config(YAML_RULES)
@@ -328,27 +472,35 @@ class RewardModelConfig:
 
     model_dir: LocalPath | None = _f(None, "An AutoModelForSequenceClassification folder. None: no reward model "
                                            "from this section (resources.reward_model.spec may name one).")
-    max_batch: int = _f(16, "Most texts scored in one forward pass.")
+    max_batch: int = _f(16, "Most texts scored in one forward pass.", ge=1)
 
 
 @with_config(YAML_RULES)
 @dataclass
 class AlgorithmConfig:
-    name: AlgorithmName = _f("grpo", "grpo | dr_grpo | dapo | rloo | reinforce_pp | reinforce_pp_baseline | ppo.")
+    name: AlgorithmName = _f("grpo", "grpo | dr_grpo | dapo | rloo | reinforce_pp | reinforce_pp_baseline | ppo.",
+                             web=Web("algorithm", name="algorithm", show_if=_RL))
     clip_low: float = _f(0.2, "Lower clip: ratio >= 1 - clip_low (PPO: 0.2).")
     clip_high: float | None = _f(None, "Upper clip: ratio <= 1 + clip_high; None = clip_low, or 0.28 for dapo.")
-    dual_clip: float | None = _f(None, "Dual-clip bound c > 1 for negative advantages (Ye et al. 2020); None off.")
+    dual_clip: float | None = _f(None, "Dual-clip bound c > 1 for negative advantages (Ye et al. 2020); None off.",
+                                 gt=1, must="> 1 (or null to turn it off)")
     loss_agg: LossAggName | None = _f(
         None, "Loss aggregation; None = the paper's: grpo/rloo seq-mean-token-mean, dr_grpo "
-        "seq-mean-token-sum-norm, dapo/ppo/reinforce_pp token-mean.")
+        "seq-mean-token-sum-norm, dapo/ppo/reinforce_pp token-mean.",
+        web=Web("algorithm", name="loss_agg", label="Loss aggregation", optional=True,
+                help="How token losses become the batch's loss: token-mean over all trained tokens, or a mean over "
+                     "sequences of each one's token mean (seq-mean-token-mean, GRPO's paper), ... Empty: the "
+                     "algorithm's own.",
+                choice_labels={None: "the algorithm's own"}))
     std_normalize: bool = _f(True, "GRPO: divide by the group std (Dr. GRPO and `dr_grpo` do not).")
     kl_coef: float = _f(0.0, "KL-to-reference weight (GRPO paper 0.04; DAPO and Dr. GRPO drop it). 0 skips "
                         "the reference model entirely.")
     kl_estimator: Literal["k1", "k2", "k3"] = _f("k3", "KL estimator (Schulman 2020): k1, k2 or k3.")
     kl_in_reward: bool = _f(False, "Apply KL as a per-token reward penalty (PPO/REINFORCE++) instead of a loss.")
     entropy_coef: float = _f(0.0, "Entropy bonus weight (subtracted from the loss).")
-    epochs: int = _f(1, "Passes over each rollout batch (PPO epochs). 1 = strictly on-policy.")
-    minibatches: int = _f(1, "Optimizer steps per epoch; the batch of trajectories is split this many ways.")
+    epochs: int = _f(1, "Passes over each rollout batch (PPO epochs). 1 = strictly on-policy.", ge=1)
+    minibatches: int = _f(1, "Optimizer steps per epoch; the batch of trajectories is split this many ways.",
+                          ge=1)
     gamma: float = _f(1.0, "Discount for REINFORCE++ and PPO (1.0: outcome rewards, no discount).")
     lam: float = _f(0.95, "GAE lambda (PPO).")
     vf_coef: float = _f(0.5, "Value-loss weight (PPO).")
@@ -362,7 +514,8 @@ class AlgorithmConfig:
         "turn t (gamma) minus the mean return of the group's other rollouts at turn t, an unbiased baseline "
         "(trainer/algorithms/turns.py derives it). step: GiGPO (Feng et al. 2025): the outcome's leave-one-out "
         "advantage plus step_weight times the turn return's leave-one-out advantage among the group's turns that "
-        "acted from the same observations. turn_gae: PPO's GAE with one step per turn (needs algorithm.name=ppo).")
+        "acted from the same observations. turn_gae: PPO's GAE with one step per turn (needs algorithm.name=ppo).",
+        web=Web("algorithm", name="credit", label="Credit assignment", optional=True, show_if=_RL))
     step_weight: float = _f(1.0, "credit=step: weight of the step-level advantage (GiGPO's omega).")
     overlong_buffer: int = _f(0, "Overlong shaping buffer in tokens (DAPO: 4096 of 20480); 0 is off.")
     overlong_max_tokens: int = _f(256, "Overlong shaping: response length that gets the full penalty.")
@@ -373,7 +526,8 @@ class AlgorithmConfig:
         "al. 2025; verl's rollout_is): tis truncates each token's ratio at tis_cap, mis masks out tokens whose "
         "ratio leaves mis_band; none trains as if on-policy; auto is tis with rollout.mode=async (rollouts sampled by "
         "older weights) and none in sync mode.")
-    tis_cap: float = _f(2.0, "TIS: the largest importance weight (the note and verl use 2).")
+    tis_cap: float = _f(2.0, "TIS: the largest importance weight (the note and verl use 2).",
+                        gt=0, must="> 0 (the note uses 2)")
     mis_band: list[float] = _f([0.5, 2.0], "MIS: [low, high]; tokens whose ratio leaves it get weight 0.")
 
     @property
@@ -403,7 +557,8 @@ class AlgorithmConfig:
 @with_config(YAML_RULES)
 @dataclass
 class OptimConfig:
-    lr: float = _f(1e-4, "AdamW learning rate of the policy.")
+    lr: float = _f(1e-4, "AdamW learning rate of the policy.",
+                   gt=0, le=1, web=Web("algorithm", name="learning_rate", initial=1e-4, show_if=_RL))
     critic_lr: float | None = _f(None, "Learning rate of the PPO value head; None = lr.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
     betas: list[float] = _f([0.9, 0.999], "AdamW betas.")
@@ -416,9 +571,14 @@ class OptimConfig:
 @with_config(YAML_RULES)
 @dataclass
 class EvalConfig:
-    every: int = _f(0, "Evaluate every N steps (and at the end); 0 = only at the end.")
-    size: int | None = _f(None, "Problems per evaluation; None = data.eval_size.")
-    max_new_tokens: int = _f(64, "Most tokens per turn in evaluation (greedy).")
+    every: int = _f(0, "Evaluate every N steps (and at the end); 0 = only at the end.",
+                    ge=0, le=100_000, web=Web("algorithm", name="eval_every", label="Evaluate every",
+                    initial=10, optional=True,
+                    help="Evaluate on the held-out problems every N steps, drawn as a curve on the dashboard"
+                         " (0: only at the end).",
+                    show_if=_RL))
+    size: int | None = _f(None, "Problems per evaluation; None = data.eval_size.", ge=1)
+    max_new_tokens: int = _f(64, "Most tokens per turn in evaluation (greedy).", ge=1, le=32_768)
     batch_size: int = _f(500, "Evaluation rollouts in flight at once.")
     pass_k: list[int] = _f([], "k values of pass@k (the unbiased estimator of Chen et al. 2021), e.g. [1, 4]: every "
                                "problem is also rolled out `eval.samples` times at `eval.temperature`, which costs "
@@ -433,8 +593,12 @@ class EvalConfig:
 @dataclass
 class SFTConfig:
     num_demos: int = _f(4000, "Demonstrations: generated from the 'sft' stream of arithmetic or key_chain, or the "
-                              "first wiki_qa training questions, or the first lines of the `demos_path` file.")
-    wrong_fraction: float = _f(0.25, "Share of demonstrations whose final answer is deliberately wrong.")
+                              "first wiki_qa training questions, or the first lines of the `demos_path` file.",
+                        ge=1, le=1_000_000, web=Web("warm_start", name="sft_demos", label="Demonstrations",
+                        initial=64, optional=True, blank=64,
+                        help="Demonstrations the warm start trains on (the first ones of the file)."))
+    wrong_fraction: float = _f(0.25, "Share of demonstrations whose final answer is deliberately wrong.",
+                               ge=0, le=1)
     habit: str = _f(
         "no_tool", "The demonstrator's bad habit on `habit_phrasings`, one its task has (`Task.habits`): "
         "arithmetic's 'no_tool' answers at once with the question's first number and 'truncate' drops the last "
@@ -444,10 +608,20 @@ class SFTConfig:
                                "key_chain's 3-5 hops, so its answer is always wrong).")
     habit_phrasings: list[str] = _f([], "Question openings (e.g. 'Evaluate') on which the demonstrator shows its "
                                         "habit; empty = no habit.")
-    habit_fraction: float = _f(0.0, "Share of the demonstrations with those phrasings that show the habit.")
-    epochs: int = _f(4, "Passes over the demonstrations.")
-    batch_size: int = _f(8, "Demonstrations per optimizer step.")
-    lr: float = _f(1.5e-3, "AdamW learning rate for SFT.")
+    habit_fraction: float = _f(0.0, "Share of the demonstrations with those phrasings that show the habit.",
+                               ge=0, le=1, web=Web("warm_start", name="sft_habit_fraction",
+                               label="Habit share", initial=0.7, optional=True, blank=0.7,
+                               help="Share of those questions' demonstrations that show the habit (above 0.5"
+                                    " greedy decoding follows it)."))
+    epochs: int = _f(4, "Passes over the demonstrations.",
+                     ge=1, le=1000, web=Web("warm_start", name="sft_epochs", label="SFT epochs", initial=2,
+                     optional=True, blank=2))
+    batch_size: int = _f(8, "Demonstrations per optimizer step.",
+                         ge=1, le=1024, web=Web("warm_start", name="sft_batch_size", label="SFT batch size",
+                         initial=8, optional=True, blank=8))
+    lr: float = _f(1.5e-3, "AdamW learning rate for SFT.",
+                   gt=0, le=1, web=Web("warm_start", name="sft_learning_rate", label="SFT learning rate",
+                   initial=2e-3, optional=True, blank=2e-3))
     warmup_steps: int = _f(0, "Linear warm-up steps of the SFT learning rate.")
     schedule: Literal["constant", "linear", "cosine"] = _f("constant", "SFT learning-rate schedule after warm-up "
                                                           "(a decay to 0 over all epochs settles the copy).")
@@ -512,9 +686,16 @@ class TrackerOptions:
 @dataclass
 class Config:
     output_dir: LocalPath = _f("runs/calculator", "Run directory: events.jsonl, checkpoints, config.yaml.")
-    seed: int = _f(0, "Seed of everything random: data order, sampling, initialisation of new heads.")
-    steps: int = _f(150, "Training steps (one rollout batch and its update each).")
-    max_minutes: float | None = _f(None, "Stop after this many minutes of training (time budget); None = no limit.")
+    seed: int = _f(0, "Seed of everything random: data order, sampling, initialisation of new heads.",
+                   ge=0, le=2**31 - 1, web=Web("algorithm", also=("data.seed",)))
+    steps: int = _f(150, "Training steps (one rollout batch and its update each).",
+                    ge=1, le=100_000, web=Web("algorithm", initial=5, show_if=_RL))
+    max_minutes: float | None = _f(None, "Stop after this many minutes of training (time budget); None = no limit.",
+                                   ge=0.1, le=10_080, web=Web("algorithm", label="Time budget (minutes)",
+                                   optional=True,
+                                   help="Stop after this many minutes of training, with a checkpoint, "
+                                        "whatever step it reached (a learning bar's \"within 15 minutes\"). "
+                                        "Empty: no limit but the steps."))
     engine: Literal["hf", "vllm", "remote"] = _f("hf", "Rollout engine: hf (shares the trainer's module), vllm (in "
                                                  "process) or remote (a fleet of vLLM servers: `engine_servers` "
                                                  "or `engine_replicas`).")
@@ -522,7 +703,7 @@ class Config:
                                        "[http://gpu1:8000, http://gpu2:8000] (started as docs/remote.md says).")
     engine_replicas: int = _f(0, "engine=remote: start this many vLLM servers on model.path for the job, and "
                                  "stop them when it ends, is cancelled or its process dies.")
-    engine_max_concurrency: int = _f(32, "engine=remote: requests in flight per server replica.")
+    engine_max_concurrency: int = _f(32, "engine=remote: requests in flight per server replica.", ge=1)
     engine_sync_dir: LocalPath | None = _f(None, "engine=remote: a folder every server can read, where the weights are "
                                            "saved after each update for the servers to reload; None = "
                                            "<output_dir>/weight-sync (servers on this host).")
@@ -532,16 +713,26 @@ class Config:
     update_threads: int = _f(0, "torch intra-op threads for the update stage, when nothing else runs; 0 = the "
                                 "same as `threads`.")
     micro_batch_size: int = _f(32, "Rows per forward/backward; rows are length-sorted so each micro-batch is "
-                               "padded only to its own longest row, and gradients accumulate to the minibatch's.")
-    save_every: int = _f(0, "Save a checkpoint every N steps (and at the end); 0 = only at the end.")
+                               "padded only to its own longest row, and gradients accumulate to the minibatch's.",
+                               ge=1)
+    save_every: int = _f(0, "Save a checkpoint every N steps (and at the end); 0 = only at the end.",
+                         ge=0, le=100_000, web=Web("algorithm", initial=1,
+                         help="Checkpoint every N steps (0: only at the end).", show_if=_RL))
     keep_last: int = _f(2, "Checkpoints kept besides the best one.")
     log_samples: int = _f(2, "Sample trajectories sent to the event stream each step (the first N this process "
                              "sampled); -1 sends all of them (the web app's jobs do, so the rollout viewer shows "
-                             "every trajectory of a step); 0 sends none.")
+                             "every trajectory of a step); 0 sends none.",
+                          ge=-1, must="-1 (all), 0 (none) or a count")
     tensorboard: bool = _f(False, "Same as listing tensorboard in `trackers` (kept for older configs).")
     trackers: list[TrackerName] = _f([], "Experiment trackers that get every metric under the names of "
                                          "events.jsonl, e.g. [tensorboard, wandb, mlflow]; each needs its package "
-                                         "(pip install 'agentfly[trackers]'). Options in `tracker_options`.")
+                                         "(pip install 'agentfly[trackers]'). Options in `tracker_options`.",
+                                     web=Web("algorithm",
+                                     help="Also log the run's metrics to these trackers; the workers need "
+                                          "their package and settings (WANDB_API_KEY or WANDB_MODE, "
+                                          "MLFLOW_TRACKING_URI): see the deployment guide.",
+                                     choice_labels={"tensorboard": "TensorBoard",
+                                     "wandb": "Weights & Biases", "mlflow": "MLflow"}))
     tracker_options: TrackerOptions = _f(TrackerOptions(), "Settings of each tracker named in `trackers`.")
     progress: bool = _f(True, "Print a progress bar and a per-step table to the terminal.")
     resources: dict[str, PoolConfig] = _f({}, "Resource pools by name, e.g. {python: {max: 4}}; tools that "
@@ -608,12 +799,6 @@ class Config:
         if j.servers and j.model_dir is None:
             raise ConfigError("judge.servers needs judge.model_dir: a local copy of the served model's tokenizer "
                               "and config", key="judge.model_dir")
-        for key in ("max_concurrency", "max_batch", "max_new_tokens"):
-            if getattr(j, key) < 1:
-                raise ConfigError(f"judge.{key}={getattr(j, key)} must be >= 1", key=f"judge.{key}")
-        if self.reward_model.max_batch < 1:
-            raise ConfigError(f"reward_model.max_batch={self.reward_model.max_batch} must be >= 1",
-                              key="reward_model.max_batch")
         for name, section in (("judge", j.model_dir), ("reward_model", self.reward_model.model_dir)):
             res = self.resources.get(name)
             if section is not None and res is not None and res.spec:
@@ -621,7 +806,10 @@ class Config:
                                   key=f"resources.{name}.spec")
 
     def validate(self) -> Config:
-        """Reject combinations that cannot work, saying which keys to change (run on construction)."""
+        """Reject combinations that cannot work, saying which keys to change (run on construction). A field's
+        own bounds are declared with it (``_f``'s ``ge``/``gt``/``le``/``lt``) and checked here only for sections
+        built in code, which pydantic never saw; what remains below crosses fields."""
+        check_bounds(self)
         a, r = self.algorithm, self.rollout
         if r.group_size < 2 and a.name in ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp_baseline"):
             raise ConfigError(f"rollout.group_size={r.group_size}: {a.name} compares responses to the same prompt, "
@@ -643,35 +831,12 @@ class Config:
         if a.overlong_buffer and a.overlong_buffer > a.overlong_max_tokens:
             raise ConfigError(f"algorithm.overlong_buffer={a.overlong_buffer} must be <= "
                               f"algorithm.overlong_max_tokens={a.overlong_max_tokens}", key="algorithm.overlong_buffer")
-        if r.max_staleness < 1:
-            raise ConfigError(f"rollout.max_staleness={r.max_staleness} must be >= 1 (the producer runs at least "
-                              "one step ahead); for on-policy training use rollout.mode=sync",
-                              key="rollout.max_staleness")
-        if r.max_infra_failed_steps < 0:
-            raise ConfigError(f"rollout.max_infra_failed_steps={r.max_infra_failed_steps} must be >= 0 (0 never "
-                              "stops)", key="rollout.max_infra_failed_steps")
-        if a.tis_cap <= 0:
-            raise ConfigError(f"algorithm.tis_cap={a.tis_cap} must be > 0 (the note uses 2)", key="algorithm.tis_cap")
         if len(a.mis_band) != 2 or not 0 <= a.mis_band[0] <= 1 <= a.mis_band[1]:
             raise ConfigError(f"algorithm.mis_band={a.mis_band} must be [low, high] with low <= 1 <= high, "
                               "e.g. [0.5, 2.0]", key="algorithm.mis_band")
-        if a.dual_clip is not None and a.dual_clip <= 1:
-            raise ConfigError(f"algorithm.dual_clip={a.dual_clip} must be > 1 (or null to turn it off)",
-                              key="algorithm.dual_clip")
         for name, res in self.resources.items():
             if res.min is not None and res.max is not None and res.min > res.max:
                 raise ConfigError(f"resources.{name}: min={res.min} is above max={res.max}", key=f"resources.{name}.min")
-            if res.max is not None and res.max < 1:
-                raise ConfigError(f"resources.{name}.max={res.max} must be >= 1", key=f"resources.{name}.max")
-            if res.starting is not None and res.starting < 1:
-                raise ConfigError(f"resources.{name}.starting={res.starting} must be >= 1 (or null: no bound)",
-                                  key=f"resources.{name}.starting")
-            api = res.api
-            if api is not None and ((api.rate is not None and api.rate <= 0)
-                                    or any(v is not None and v < 1 for v in (api.burst, api.concurrency))
-                                    or (api.daily_quota is not None and api.daily_quota < 0)):
-                raise ConfigError(f"resources.{name}.api: rate must be positive, burst and concurrency at least 1, "
-                                  "daily_quota at least 0 (0: no daily limit)", key=f"resources.{name}.api")
         for name, server in self.mcp.items():
             if (server.command is None) == (server.url is None):
                 raise ConfigError(f"mcp.{name}: give exactly one of command (a stdio server's argv) or url (a "
@@ -686,30 +851,9 @@ class Config:
             if server.command is not None and not server.command:
                 raise ConfigError(f"mcp.{name}.command is empty; give the server's argv, e.g. [python, kv.py]",
                                   key=f"mcp.{name}.command")
-            if server.call_timeout <= 0 or server.start_timeout <= 0:
-                raise ConfigError(f"mcp.{name}: call_timeout and start_timeout must be positive seconds",
-                                  key=f"mcp.{name}.call_timeout")
         self.validate_model_services()
         self.validate_task()
         self.validate_habit()
-        for key in ("wrong_fraction", "habit_fraction"):
-            if not 0 <= getattr(self.sft, key) <= 1:
-                raise ConfigError(f"sft.{key}={getattr(self.sft, key)} must be between 0 and 1", key=f"sft.{key}")
-        for key, value in [("steps", self.steps), ("rollout.group_size", r.group_size),
-                           ("rollout.prompts_per_step", r.prompts_per_step), ("rollout.max_turns", r.max_turns),
-                           ("rollout.max_new_tokens", r.max_new_tokens), ("algorithm.epochs", a.epochs),
-                           ("algorithm.minibatches", a.minibatches), ("data.eval_size", self.data.eval_size),
-                           ("micro_batch_size", self.micro_batch_size)]:
-            if value < 1:
-                raise ConfigError(f"{key}={value} must be >= 1", key=key)
-        if self.log_samples < -1:
-            raise ConfigError(f"log_samples={self.log_samples} must be -1 (all), 0 (none) or a count",
-                              key="log_samples")
-        if self.optim.lr <= 0:
-            raise ConfigError(f"optim.lr={self.optim.lr} must be > 0", key="optim.lr")
-        if r.temperature <= 0:
-            raise ConfigError("rollout.temperature must be > 0 for RL (greedy rollouts have no exploration); "
-                              "evaluation is greedy anyway", key="rollout.temperature")
         self._validate_remote_engine()
         if self.model.gguf_file is not None:
             if self.model.build_tiny:
@@ -753,8 +897,6 @@ class Config:
                 parse(url, what=f"engine_servers[{i}]")
             except URLRefused as exc:
                 raise ConfigError(f"{exc} (base URLs such as http://gpu1:8000)", key="engine_servers") from None
-        if self.engine_max_concurrency < 1:
-            raise ConfigError("engine_max_concurrency must be >= 1", key="engine_max_concurrency")
         if self.model.gguf_file is not None:
             raise ConfigError("model.gguf_file with engine=remote: vLLM serves Hugging Face folders; point "
                               "model.path at one and drop model.gguf_file", key="engine")
@@ -832,6 +974,14 @@ def _type_at(cls: type, loc: tuple[int | str, ...]) -> Any:
     return tp
 
 
+def _field_at(cls: type, loc: tuple[int | str, ...]) -> dataclasses.Field[Any]:
+    """The dataclass field at ``loc`` inside ``cls`` (its metadata holds the bounds)."""
+    section = _without_none(_type_at(cls, loc[:-1]))
+    return next(f for f in dataclasses.fields(section) if f.name == loc[-1])
+
+
+# pydantic's error types of a field's bounds (``ge``, ``gt``, ``le``, ``lt`` in its metadata).
+_BOUND_ERRORS = frozenset({"greater_than_equal", "greater_than", "less_than_equal", "less_than"})
 _ADAPTERS: dict[type, TypeAdapter[Any]] = {}  # pydantic's validator of each section, built once
 
 
@@ -850,13 +1000,22 @@ def _config_error(exc: ValidationError, cls: type, prefix: str) -> ConfigError:
         hint = f"did you mean '{parent}{near[0]}'?" if near else f"valid keys: {', '.join(names)}"
         return ConfigError(f"unknown config key '{key}'; {hint}", key=key)
     tp = _type_at(cls, loc)
+    if error["type"] in _BOUND_ERRORS:
+        metadata = _field_at(cls, loc).metadata
+        plain = _without_none(tp)
+        number = plain(value) if plain in (int, float) else value  # 0 given for a float reads 0.0, as in code
+        return ConfigError(bound_error(key, number, metadata) or error["msg"], key=key)
     if typing.get_origin(_without_none(tp)) is Literal:
-        choices = typing.get_args(_without_none(tp))
-        near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-        hint = f" (did you mean {near[0]!r}?)" if near else ""
-        return ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}{hint}", key=key)
+        return ConfigError(choice_error(key, value, typing.get_args(_without_none(tp))), key=key)
     hint = " (write it as [a, b] in YAML)" if error["type"] == "list_type" else ""
     return ConfigError(f"{key}: expected {_expected(tp)}, got {value!r}{hint}", key=key)
+
+
+def choice_error(key: str, value: Any, choices: tuple[Any, ...]) -> str:
+    """The message for ``value`` given to ``key``, whose values are ``choices``: the loader's and the web app's."""
+    near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}{hint}"
 
 
 def _dotted(prefix: str, loc: tuple[int | str, ...]) -> str:
@@ -1004,5 +1163,5 @@ def describe(cls: type = Config, prefix: str = "") -> list[str]:
             continue
         factory = f.default_factory
         default = f.default if f.default is not dataclasses.MISSING else factory() if callable(factory) else None
-        lines.append(f"  {prefix}{f.name} ({_type_name(tp)}, default {default!r}): {f.metadata.get('help', '')}")
+        lines.append(f"  {prefix}{f.name} ({_type_name(tp)}, default {default!r}): {field_notes(f.metadata)}")
     return lines

@@ -9,7 +9,7 @@ from rest_framework.routers import DefaultRouter
 from webapp import pages
 from webapp.accounts.api import InvitationViewSet, MembershipInvitationViewSet, obtain_token
 from webapp.jobs import files as job_files
-from webapp.jobs.api import APIQuotaViewSet, JobViewSet
+from webapp.jobs.rest import APIQuotaViewSet, JobViewSet
 from webapp.mcpservers.api import MCPServerViewSet
 from webapp.registry.api import EntryViewSet
 from webapp.sweeps.api import SweepViewSet

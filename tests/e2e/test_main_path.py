@@ -53,7 +53,7 @@ def test_a_user_signs_in_registers_a_tool_launches_a_job_and_sees_it_succeed(
     page.select_option("#id_reward", label="math_equal (built-in)")
     page.fill("#id_steps", "0")
     page.click("#launch-button")
-    expect(page.locator('.error[data-field="steps"]')).to_contain_text("greater than or equal to 1")
+    expect(page.locator('.error[data-field="steps"]')).to_contain_text("steps=0 must be between 1 and 100000")
     page.screenshot(path=str(ARTIFACTS / "webapp-launch-error.png"), full_page=True)
     page.fill("#id_steps", "2")
     page.fill("#id_eval_size", "2")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from django import forms
 from django.conf import settings
@@ -18,10 +18,10 @@ from agentfly.models import smollm2
 from agentfly.resources.builtin import BUILTIN_SPECS  # names only: no spec is built here
 from agentfly.tasks import task_names
 from agentfly.tasks import tasks as registered_tasks
-from trainer.config import ALGORITHMS, Config, ConfigError, LossAggName, from_dict
+from trainer.config import Config, ConfigError, from_dict
 from webapp import inputs
 from webapp.accounts.models import Team
-from webapp.jobs import apis, paths, servers
+from webapp.jobs import actions, apis, paths, schema, servers
 from webapp.jobs.models import APIQuota, Kind, Queue, kind_choices_text
 from webapp.mcpservers.jobs import stored_config
 from webapp.mcpservers.models import MCPServer
@@ -91,34 +91,42 @@ def preset_initial(name: str, user: Any) -> dict[str, Any] | None:
     if reward is not None:
         initial["reward"] = reward.pk
     return initial
-TRACKERS = (("tensorboard", "TensorBoard"), ("wandb", "Weights & Biases"), ("mlflow", "MLflow"))
 
 # The form field that fills each trainer config key (``LaunchForm.trainer_config``), so a ``ConfigError`` lands
-# on the field the user can change. A key under one of these (``resources.python.max``) belongs to it too.
+# on the field the user can change: the settings the config declares (``schema.FIELD_OF_KEY``) and the fields
+# written here. A key under one of these (``resources.python.max``) belongs to it too.
 FIELD_OF_KEY = {
-    "steps": "steps", "save_every": "save_every", "seed": "seed", "model.path": "model_path",
-    "data.task": "task_path", "data.eval_path": "eval_path", "data.train_size": "task_size",
-    "data.eval_size": "eval_size", "eval.size": "eval_size", "eval.max_new_tokens": "max_new_tokens",
-    "rollout.tools": "tools", "rollout.reward": "reward", "rollout.max_turns": "max_turns",
-    "rollout.prompts_per_step": "prompts_per_step", "rollout.group_size": "group_size",
-    "rollout.temperature": "temperature", "rollout.max_new_tokens": "max_new_tokens",
-    "algorithm.name": "algorithm", "optim.lr": "learning_rate", "resources": "resources", "trackers": "trackers",
-    "sft.demos_path": "demos_path", "sft.num_demos": "sft_demos", "sft.epochs": "sft_epochs",
-    "sft.batch_size": "sft_batch_size", "sft.lr": "sft_learning_rate", "sft.habit": "sft_habit",
-    "sft.habit_phrasings": "sft_habit_phrasings", "sft.habit_fraction": "sft_habit_fraction",
-    "rollout.mode": "rollout_mode", "rollout.max_staleness": "max_staleness", "eval.every": "eval_every",
-    "mcp": "mcp_tools", "judge": "judge_source", "judge.model_dir": "judge_model_path",
-    "judge.servers": "judge_server", "judge.rubric": "judge_rubric",
-    "max_minutes": "max_minutes", "algorithm.loss_agg": "loss_agg",
+    **schema.FIELD_OF_KEY, "model.path": "model_path", "data.task": "task_path", "data.eval_path": "eval_path",
+    "rollout.tools": "tools", "rollout.reward": "reward", "resources": "resources", "sft.demos_path": "demos_path",
+    "sft.habit": "sft_habit", "sft.habit_phrasings": "sft_habit_phrasings", "mcp": "mcp_tools",
+    "judge": "judge_source", "judge.model_dir": "judge_model_path", "judge.servers": "judge_server",
+    "judge.rubric": "judge_rubric",
 }
 # Where a job's judge runs (``judge_source``); "" is no judge.
 JUDGE_SOURCES = (("", "No judge"), ("policy", "The job's starting model (a frozen copy, in the worker)"),
                  ("path", "A model directory (in the worker)"), ("server", "A judge server the operator allows"))
 # The rubric goes into every judge prompt, whose room is the judge model's context less its verdict.
 RUBRIC_MAX_CHARS = 2000
-ROLLOUT_MODES = (("sync", "sync: roll out, then update"), ("async", "async: roll out the next steps during the update"))
-# "" is the algorithm's own (``AlgorithmConfig.resolved_loss_agg``).
-LOSS_AGGS = (("", "the algorithm's own"), *((a, a) for a in get_args(LossAggName)))
+# When the page shows each field written here (the settings carry their own, ``Web.show_if``): form field ->
+# the values it shows for ("!v": any but v), read by static/js/launch.js from the page.
+SHOW_IF: dict[str, dict[str, tuple[str, ...]]] = {
+    "model_path": {"model_source": ("path",)}, "task_path": {"task": ("jsonl",)}, "eval_path": {"task": ("jsonl",)},
+    "judge_model_path": {"judge_source": ("path",)}, "judge_server": {"judge_source": ("server",)},
+    "judge_rubric": {"judge_source": ("!",)},
+}
+# The launch page's sections: the fields written here, in order, then the settings of the section
+# (``Web.section``) in the order the config declares them.
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "job": ("name", "team", "kind", "queue", "gpus", "nodes"),
+    "model": ("model_source", "model_path", "engine_servers"),
+    "task": ("task", "task_path", "eval_path"),
+    "warm_start": ("demos_path", "sft_habit", "sft_habit_phrasings"),
+    "agent": ("tools", "mcp_tools", "reward", "judge_source", "judge_model_path", "judge_server", "judge_rubric",
+              "reward_model_path", "resources"),
+    "algorithm": (),
+}
+# The warm start's section is shown for the kinds that make one.
+WARM_START_SHOWN = json.dumps({"kind": [Kind.SFT, Kind.SFT_THEN_RL]})
 
 
 def field_of(key: str | None) -> str | None:
@@ -135,10 +143,7 @@ def model_dir_error(path: str, missing: str) -> str | None:
     """Why ``path`` is not a model directory on this server (``missing`` when it is empty), or None."""
     if not path:
         return missing
-    if not Path(path).is_absolute():
-        # A worker resolves a relative path against its own working folder, not the one meant here.
-        return (f"{path!r} is relative; give the absolute path of the model directory on the workers' disk (e.g. "
-                "/srv/agentfly/models/my-model).")
+    # A relative path never gets here: ``allowed_path`` refuses it first, naming the fix.
     if not Path(path).is_dir():
         return f"{path!r} is not a directory on this server."
     if not (Path(path) / "config.json").is_file():
@@ -151,9 +156,14 @@ def tiny_model_path(seed: int, team: Team) -> str:
 
 
 def allowed_path(raw: str, team: Team | None = None) -> str:
-    """``raw`` stripped, refused if it resolves into another team's runs or outside ``AGENTFLY_ALLOWED_PATHS``
-    (see ``webapp.jobs.paths``)."""
+    """``raw`` stripped, refused if it is relative (a worker would resolve it against its own working folder),
+    resolves into another team's runs or lies outside ``AGENTFLY_ALLOWED_PATHS`` (see ``webapp.jobs.paths``)."""
     path = raw.strip()
+    if path and not Path(path).is_absolute():
+        # Said before the allowed folders are looked at: resolved here it would name this process's folder.
+        example = paths.team_dir(team) / path if team is not None else Path("/path/to") / path
+        raise ValidationError(f"{path!r} is relative; give the absolute path on the workers' shared disk (a worker "
+                              f"would look for it in its own working folder), e.g. {example}.")
     reason = paths.refusal(path, team) if path else None
     if reason:
         raise ValidationError(reason)
@@ -172,7 +182,11 @@ class EntryMultipleChoiceField(forms.ModelMultipleChoiceField):
         return f"{obj.name} ({owner})"
 
 
-class LaunchForm(forms.Form):
+# The settings trainer/config.py declares for the web app (``webapp.jobs.schema``), as form fields.
+Settings = type("Settings", (forms.Form,), schema.form_fields())
+
+
+class LaunchForm(Settings):  # type: ignore[misc,valid-type]
     name = forms.CharField(max_length=100, help_text="Shown in job lists.")
     team = forms.ModelChoiceField(queryset=Team.objects.none(), empty_label=None)
     # What the job trains (models.Kind). The warm start's fields below matter for sft and sft_then_rl only.
@@ -185,22 +199,12 @@ class LaunchForm(forms.Form):
         required=False, max_length=500, label="Demonstrations file",
         help_text="JSONL of written demonstrations for sft and sft_then_rl: one task sample a line with its "
                   "\"messages\" (the conversation to imitate). Empty: generated for the arithmetic and key-chain tasks.")
-    # Optional (left out: the initial value), so a launch that predates them, or posts no warm start, still is valid.
-    sft_demos = forms.IntegerField(min_value=1, max_value=1_000_000, initial=64, required=False, label="Demonstrations",
-                                   help_text="Demonstrations the warm start trains on (the first ones of the file).")
-    sft_epochs = forms.IntegerField(min_value=1, max_value=1000, initial=2, required=False, label="SFT epochs")
-    sft_batch_size = forms.IntegerField(min_value=1, max_value=1024, initial=8, required=False, label="SFT batch size")
-    sft_learning_rate = forms.FloatField(min_value=1e-9, max_value=1.0, initial=2e-3, required=False,
-                                         label="SFT learning rate")
     sft_habit = forms.ChoiceField(
         choices=[("", "none"), *((h, h) for h in HABITS)], initial="", required=False, label="Demonstrator's habit",
         help_text="Generated demonstrations only: a bad habit shown on the questions that open with the phrasings "
                   "below (no_tool: answer without the calculator), for RL to undo.")
     sft_habit_phrasings = forms.CharField(required=False, max_length=500, label="Habit phrasings",
                                           help_text='Question openings, comma-separated, e.g. "Evaluate, Find the value of".')
-    sft_habit_fraction = forms.FloatField(min_value=0.0, max_value=1.0, initial=0.7, required=False,
-                                          label="Habit share", help_text="Share of those questions' demonstrations that "
-                                                                         "show the habit (above 0.5 greedy decoding follows it).")
     model_source = forms.ChoiceField(choices=MODEL_SOURCES, initial="tiny")
     model_path = forms.CharField(required=False, max_length=500,
                                  help_text="A directory with config.json on the workers' shared disk.")
@@ -208,8 +212,6 @@ class LaunchForm(forms.Form):
     task_path = forms.CharField(required=False, max_length=500, help_text="Required for a JSONL task.")
     eval_path = forms.CharField(required=False, max_length=500,
                                 help_text="JSONL of held-out samples; required for a JSONL task.")
-    task_size = forms.IntegerField(min_value=1, max_value=1_000_000, initial=200,
-                                   help_text="Problems generated for a generated task (arithmetic, key chain).")
     tools = EntryMultipleChoiceField(queryset=Entry.objects.none(), required=False,
                                      widget=forms.CheckboxSelectMultiple)
     mcp_tools = forms.MultipleChoiceField(
@@ -219,31 +221,6 @@ class LaunchForm(forms.Form):
         help_text="Tools of your team's MCP servers (registered through the API, docs/guides/mcp.md): each rollout "
                   "has its own session of the server, reset before the next rollout.")
     reward = EntryChoiceField(queryset=Entry.objects.none())
-    algorithm = forms.ChoiceField(choices=[(a, a) for a in ALGORITHMS], initial="grpo")
-    steps = forms.IntegerField(min_value=1, max_value=100_000, initial=5)
-    max_minutes = forms.FloatField(
-        min_value=0.1, max_value=10_080, required=False, label="Time budget (minutes)",
-        help_text="Stop after this many minutes of training, with a checkpoint, whatever step it reached (a "
-                  "learning bar's \"within 15 minutes\"). Empty: no limit but the steps.")
-    prompts_per_step = forms.IntegerField(min_value=1, max_value=1024, initial=2)
-    group_size = forms.IntegerField(min_value=1, max_value=64, initial=2)
-    max_turns = forms.IntegerField(min_value=1, max_value=32, initial=2)
-    max_new_tokens = forms.IntegerField(min_value=1, max_value=8192, initial=24)
-    learning_rate = forms.FloatField(min_value=1e-9, max_value=1.0, initial=1e-4)
-    loss_agg = forms.ChoiceField(
-        choices=LOSS_AGGS, initial="", required=False, label="Loss aggregation",
-        help_text="How token losses become the batch's loss: token-mean over all trained tokens, or a mean over "
-                  "sequences of each one's token mean (seq-mean-token-mean, GRPO's paper), ... Empty: the "
-                  "algorithm's own.")
-    temperature = forms.FloatField(min_value=0.01, max_value=5.0, initial=1.0)
-    seed = forms.IntegerField(min_value=0, max_value=2**31 - 1, initial=0)
-    eval_size = forms.IntegerField(min_value=1, max_value=100_000, initial=8,
-                                   help_text="Held-out problems evaluated (greedily) during training and at the end.")
-    eval_every = forms.IntegerField(min_value=0, max_value=100_000, initial=10, required=False, label="Evaluate every",
-                                    help_text="Evaluate on the held-out problems every N steps, drawn as a curve on the "
-                                              "dashboard (0: only at the end).")
-    save_every = forms.IntegerField(min_value=0, max_value=100_000, initial=1,
-                                    help_text="Checkpoint every N steps (0: only at the end).")
     resources = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
                                 help_text='Pool sizes per resource as JSON, e.g. {"python": {"max": 4}}; '
                                           '"acquire_timeout" (seconds) is how long a rollout waits for an instance; '
@@ -251,20 +228,9 @@ class LaunchForm(forms.Form):
                                           'A rate-limited API your team has a quota for (see its team page) may ask '
                                           'for less, e.g. {"search": {"api": {"rate": 2}}}.')
     queue = forms.ChoiceField(choices=Queue.choices, initial=Queue.CPU)
-    trackers = forms.MultipleChoiceField(
-        choices=TRACKERS, required=False, widget=forms.CheckboxSelectMultiple,
-        help_text="Also log the run's metrics to these trackers; the workers need their package and settings "
-                  "(WANDB_API_KEY or WANDB_MODE, MLFLOW_TRACKING_URI): see the deployment guide.")
     gpus = forms.IntegerField(min_value=1, max_value=64, initial=1, required=False, label="Ranks (GPUs)",
                               help_text="Data-parallel ranks of the job, one process each: GPUs on the gpu queue, "
                                         "CPU processes on the cpu queue. They must divide the prompts per step.")
-    rollout_mode = forms.ChoiceField(
-        choices=ROLLOUT_MODES, initial="sync", required=False, label="Rollout mode",
-        help_text="async: a producer with its own copy of the weights samples the next steps' batches while the "
-                  "update runs (off-policy by up to max staleness versions, corrected by truncated importance "
-                  "sampling).")
-    max_staleness = forms.IntegerField(min_value=1, max_value=16, initial=1, required=False,
-                                       help_text="async: the most policy versions a trained batch may lag.")
     nodes = forms.IntegerField(min_value=1, max_value=16, initial=1, required=False, label="Nodes (hosts)",
                                help_text="Hosts the job runs on, each with the ranks above (one torchrun per "
                                          "host, on different workers of the queue).")
@@ -311,6 +277,22 @@ class LaunchForm(forms.Form):
         slugs = list(self.fields["team"].queryset.values_list("slug", flat=True))
         self.fields["judge_server"].choices = [("", "---------")] + [(u, u) for u in servers.judge_servers_of_teams(slugs)]
         self.preselect_calculator_recipe(visible)
+        for name, rule in SHOW_IF.items():
+            self.fields[name].show_if = json.dumps({k: list(v) for k, v in rule.items()})  # type: ignore[attr-defined]
+
+    @property
+    def sections(self) -> dict[str, list[forms.BoundField]]:
+        """The page's sections, each its fields in order (``SECTIONS``; MCP tools only when there are any)."""
+        shown = {}
+        for section, names in SECTIONS.items():
+            fields = [*names, *schema.section_names(section)]
+            shown[section] = [self[n] for n in fields
+                              if n != "mcp_tools" or self.fields["mcp_tools"].choices or self["mcp_tools"].errors]
+        return shown
+
+    @property
+    def warm_start_shown(self) -> str:
+        return WARM_START_SHOWN
 
     def preselect_calculator_recipe(self, visible: Any) -> None:
         """The defaults launch: the arithmetic task with the built-in calculator and ``math_equal``, when the
@@ -434,12 +416,6 @@ class LaunchForm(forms.Form):
     def clean_gpus(self) -> int:
         return self.cleaned_data.get("gpus") or 1  # left empty: one rank, as before the field existed
 
-    def clean_rollout_mode(self) -> str:
-        return self.cleaned_data.get("rollout_mode") or "sync"  # left empty: as before the field existed
-
-    def clean_max_staleness(self) -> int:
-        return self.cleaned_data.get("max_staleness") or 1
-
     def clean_engine_servers(self) -> list[str]:
         raw = self.cleaned_data.get("engine_servers") or ""
         return [u.strip().rstrip("/") for u in raw.split(",") if u.strip()]
@@ -491,6 +467,7 @@ class LaunchForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        schema.fill_blanks(data)
         if data.get("model_source") == "path" and "model_path" not in self.errors:  # refused: never probed
             error = model_dir_error(data.get("model_path", ""), "Give the model directory, or choose the tiny model.")
             if error:
@@ -535,16 +512,11 @@ class LaunchForm(forms.Form):
         """While other fields have errors, the trainer's rules on the algorithm and the rollout's shape still run
         (GRPO with a group of 1 is said now, not after the other errors are fixed): the valid ones of those fields
         as a config of their own, an error kept only where it names one of them."""
-        fields = {"algorithm": ("algorithm", "name"), "group_size": ("rollout", "group_size"),
-                  "prompts_per_step": ("rollout", "prompts_per_step"), "steps": (None, "steps")}
+        fields = ("algorithm", "group_size", "prompts_per_step", "steps")
         partial: dict[str, Any] = {}
-        for field, (section, key) in fields.items():
-            if field in self.errors or data.get(field) is None:
-                continue
-            if section:
-                partial.setdefault(section, {})[key] = data[field]
-            else:
-                partial[key] = data[field]
+        for field in fields:
+            if field not in self.errors and data.get(field) is not None:
+                schema.put(partial, schema.BY_NAME[field].key, data[field])
         try:
             from_dict(Config, partial)
         except ConfigError as exc:
@@ -614,44 +586,36 @@ class LaunchForm(forms.Form):
                 "tiny_seed": d["seed"]}
 
     def trainer_config(self) -> dict[str, Any]:
-        """The validated input as the trainer's configuration (``trainer.config.Config`` as a dict)."""
+        """The validated input as the trainer's configuration (``trainer.config.Config`` as a dict): the settings
+        the config declares (``schema.config_from``), then what the fields written here make of it."""
         d = self.cleaned_data
-        seed = d["seed"]
-        mcp_servers = self.chosen_mcp_servers()
+        config = schema.config_from(d)
+        sft = config.pop("sft", {})
+        config["data"] |= {"task": d["task"] if d["task"] in GENERATED_TASKS else d["task_path"],
+                           "eval_path": (d.get("eval_path") or None) if d["task"] == "jsonl" else None}
+        config["rollout"] |= {"tools": [t.import_path for t in d.get("tools") or []], "reward": d["reward"].import_path}
         return {
-            "seed": seed,
-            "steps": d["steps"],
-            "save_every": d["save_every"],
+            **config,
             "threads": 1 if d["queue"] == Queue.CPU else 0,
             "device": "cpu" if d["queue"] == Queue.CPU else "auto",
             "progress": False,
             "model": self.model_config(),
-            "data": {"task": d["task"] if d["task"] in GENERATED_TASKS else d["task_path"],
-                     "eval_path": (d.get("eval_path") or None) if d["task"] == "jsonl" else None,
-                     "train_size": d["task_size"], "eval_size": d["eval_size"], "seed": seed},
-            "eval": {"size": d["eval_size"], "max_new_tokens": d["max_new_tokens"], "every": d.get("eval_every") or 0},
-            "rollout": {
-                "tools": [t.import_path for t in d.get("tools") or []],
-                "reward": d["reward"].import_path,
-                "max_turns": d["max_turns"],
-                "prompts_per_step": d["prompts_per_step"],
-                "group_size": d["group_size"],
-                "temperature": d["temperature"],
-                "max_new_tokens": d["max_new_tokens"],
-                "mode": d.get("rollout_mode") or "sync",
-                "max_staleness": d.get("max_staleness") or 1,
-            },
-            "algorithm": {"name": d["algorithm"], **({"loss_agg": d["loss_agg"]} if d.get("loss_agg") else {})},
-            **({"max_minutes": d["max_minutes"]} if d.get("max_minutes") else {}),
-            "optim": {"lr": d["learning_rate"]},
             "resources": d.get("resources") or {},
-            "mcp": {s.name: stored_config(s, tools) for s, tools in mcp_servers.items()},
-            "trackers": list(d.get("trackers") or []),
-            **self.warm_start_config(),
+            "mcp": {s.name: stored_config(s, tools) for s, tools in self.chosen_mcp_servers().items()},
+            **self.warm_start_config(sft),
             **({"engine": "remote", "engine_servers": d["engine_servers"]} if d.get("engine_servers") else {}),
             **self.judge_config(),
             **({"reward_model": {"model_dir": d["reward_model_path"]}} if d.get("reward_model_path") else {}),
         }
+
+    def launch(self, user: Any) -> tuple[Any, bool]:
+        """Queue the job this valid form describes (``actions.do_launch_job``): the page and the REST API launch
+        through here. Returns (job, created); raises ``actions.QuotaExceeded``."""
+        d = self.cleaned_data
+        return actions.do_launch_job(
+            user=user, team=d["team"], name=d["name"], config=self.trainer_config(), queue=d["queue"],
+            tool_versions=[t.current_version for t in d["tools"]], reward_version=d["reward"].current_version,
+            resources=d["resources"], launch_key=d["launch_key"], kind=d["kind"], **self.launch_fields())
 
     def judge_config(self) -> dict[str, Any]:
         """The ``judge`` section as the job stores it: a judge in the worker on its model directory (the job's
@@ -676,28 +640,25 @@ class LaunchForm(forms.Form):
         d = self.cleaned_data
         return {"ranks": d.get("gpus") or 1, "nodes": d.get("nodes") or 1}
 
-    def warm_start_config(self) -> dict[str, Any]:
-        """The ``sft`` section of an sft or sft_then_rl job: its demonstrations all as written (the trainer's
-        deliberately wrong ones are a research device, not what a team's warm start wants)."""
+    def warm_start_config(self, sft: dict[str, Any]) -> dict[str, Any]:
+        """The ``sft`` section of an sft or sft_then_rl job from its settings (``sft``): its demonstrations all as
+        written (the trainer's deliberately wrong ones are a research device, not what a team's warm start
+        wants), the habit only when it has phrasings."""
         d = self.cleaned_data
         if d.get("kind", Kind.RL) == Kind.RL:
             return {}
-        demos = d["sft_demos"]
         if d.get("demos_path"):
-            demos = min(demos, self.demos_in_file)  # so the job's progress counts the steps it will take
+            # So the job's progress counts the steps it will take.
+            sft["num_demos"] = min(sft["num_demos"], self.demos_in_file)
         phrasings = d.get("sft_habit_phrasings") or []
-        habit = {"habit": d["sft_habit"], "habit_phrasings": phrasings, "habit_fraction": d["sft_habit_fraction"]} \
+        fraction = sft.pop("habit_fraction")
+        habit = {"habit": d["sft_habit"], "habit_phrasings": phrasings, "habit_fraction": fraction} \
             if d.get("sft_habit") and phrasings else {}
-        return {"sft": {"num_demos": demos, "epochs": d["sft_epochs"], "batch_size": d["sft_batch_size"],
-                        "lr": d["sft_learning_rate"], "wrong_fraction": 0.0, "demos_path": d.get("demos_path") or None,
-                        **habit}}
+        return {"sft": {**sft, "wrong_fraction": 0.0, "demos_path": d.get("demos_path") or None, **habit}}
 
     def check_warm_start(self, data: dict[str, Any]) -> None:
         """An sft or sft_then_rl job has demonstrations: written ones in a JSONL file in the team's allowed
         folders, or generated ones (the arithmetic task). The warm start runs as one process."""
-        for name in ("sft_demos", "sft_epochs", "sft_batch_size", "sft_learning_rate", "sft_habit_fraction"):
-            if data.get(name) is None and name not in self.errors:
-                data[name] = self.fields[name].initial
         kind = data.get("kind")
         if kind not in (Kind.SFT, Kind.SFT_THEN_RL):
             return
@@ -843,33 +804,26 @@ class LaunchForm(forms.Form):
 
 def initial_from_job(job: Any) -> dict[str, Any]:
     """The launch form's fields as ``job`` was launched with them (``LaunchForm.trainer_config`` read back): the
-    form "clone job" opens with. Tools and reward are the registry entries of the versions it ran."""
+    form "clone job" opens with. The settings come back through ``schema.initial_from``; tools and reward are
+    the registry entries of the versions it ran."""
     c = job.config if isinstance(job.config, dict) else {}
-    model, data, rollout = c.get("model") or {}, c.get("data") or {}, c.get("rollout") or {}
-    ev, sft = c.get("eval") or {}, c.get("sft") or {}
+    model, data, sft = c.get("model") or {}, c.get("data") or {}, c.get("sft") or {}
     tiny = bool(model.get("build_tiny", True))
     task = data.get("task", "arithmetic")
     initial: dict[str, Any] = {
+        **schema.initial_from(c),
         "name": f"{job.name} (clone)"[:100], "team": job.team_id, "kind": job.kind, "queue": job.queue,
         "model_source": "tiny" if tiny else "smollm2" if model.get("gguf_file") else "path",
         "model_path": "" if tiny or model.get("gguf_file") else model.get("path", ""),
         "task": task if task in GENERATED_TASKS else "jsonl", "task_path": "" if task in GENERATED_TASKS else task,
-        "eval_path": data.get("eval_path") or "", "task_size": data.get("train_size"),
+        "eval_path": data.get("eval_path") or "",
         "tools": [v.entry_id for v in job.tool_versions.all()],
         "mcp_tools": [f"{pk}/{tool}" for pk, name in MCPServer.objects.filter(
             team_id=job.team_id, name__in=list(c.get("mcp") or {})).values_list("pk", "name")
             for tool in (c["mcp"][name] or {}).get("tools") or []],
         "reward": job.reward_version.entry_id if job.reward_version_id else None,
-        "algorithm": (c.get("algorithm") or {}).get("name"), "steps": c.get("steps"),
-        "loss_agg": (c.get("algorithm") or {}).get("loss_agg") or "", "max_minutes": c.get("max_minutes"),
-        "prompts_per_step": rollout.get("prompts_per_step"), "group_size": rollout.get("group_size"),
-        "max_turns": rollout.get("max_turns"), "max_new_tokens": rollout.get("max_new_tokens"),
-        "learning_rate": (c.get("optim") or {}).get("lr"), "temperature": rollout.get("temperature"),
-        "seed": c.get("seed"), "eval_size": ev.get("size", data.get("eval_size")), "eval_every": ev.get("every", 0),
-        "save_every": c.get("save_every"), "trackers": list(c.get("trackers") or []),
         "resources": json.dumps(c["resources"]) if c.get("resources") else "",
         "gpus": job.ranks, "nodes": job.nodes,
-        "rollout_mode": rollout.get("mode", "sync"), "max_staleness": rollout.get("max_staleness", 1),
     }
     judge = c.get("judge") or {}
     if judge.get("servers"):
@@ -882,9 +836,9 @@ def initial_from_job(job: Any) -> dict[str, Any]:
     if (c.get("reward_model") or {}).get("model_dir"):
         initial["reward_model_path"] = c["reward_model"]["model_dir"]
     if sft:
-        initial |= {"demos_path": sft.get("demos_path") or "", "sft_demos": sft.get("num_demos"),
-                    "sft_epochs": sft.get("epochs"), "sft_batch_size": sft.get("batch_size"),
-                    "sft_learning_rate": sft.get("lr"), "sft_habit": sft.get("habit") if sft.get("habit_phrasings") else "",
-                    "sft_habit_phrasings": ", ".join(sft.get("habit_phrasings") or []),
-                    "sft_habit_fraction": sft.get("habit_fraction")}
+        initial |= {"demos_path": sft.get("demos_path") or "",
+                    "sft_habit": sft.get("habit") if sft.get("habit_phrasings") else "",
+                    "sft_habit_phrasings": ", ".join(sft.get("habit_phrasings") or [])}
+        if not sft.get("habit_phrasings"):  # no habit: its share is the form's, not the trainer's 0
+            initial.pop("sft_habit_fraction", None)
     return {k: v for k, v in initial.items() if v is not None}

@@ -23,6 +23,8 @@ def visible_jobs(request: HttpRequest):  # type: ignore[no-untyped-def]
 SORTS = {"created": lambda j: j.created_at.timestamp(), "name": lambda j: j.name.lower(), "status": lambda j: j.status,
          "steps": lambda j: j.step}
 FINAL_SORTS = ("eval/accuracy", "reward/mean")
+# The launch page's "start from an example" bar: (preset, title).
+PRESET_LINKS = [(key, preset["title"]) for key, preset in PRESETS.items()]
 
 
 def job_filters(request: HttpRequest) -> dict[str, str]:
@@ -67,20 +69,16 @@ def launch(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         form = LaunchForm(request.POST, user=request.user)
         if form.is_valid():
-            d = form.cleaned_data
             try:
-                job, created = actions.do_launch_job(
-                    user=request.user, team=d["team"], name=d["name"], config=form.trainer_config(), queue=d["queue"],
-                    tool_versions=[t.current_version for t in d["tools"]], reward_version=d["reward"].current_version,
-                    resources=d["resources"], launch_key=d["launch_key"], kind=d["kind"], **form.launch_fields(),
-                )
+                job, created = form.launch(request.user)
             except actions.QuotaExceeded as exc:
                 form.add_error(None, str(exc))
             else:
                 if created:
                     messages.success(request, f"Job #{job.pk} is queued on the {job.queue} queue.")
                 return redirect(job)
-        return render(request, "jobs/launch.html", {"form": form}, status=400)
+        # The presets stay on offer beside the errors: starting again from an example is one way out.
+        return render(request, "jobs/launch.html", {"form": form, "presets": PRESET_LINKS, "preset": ""}, status=400)
     initial: dict[str, object] = {"name": "calculator-grpo"}
     clone_of = None
     if request.GET.get("clone", "").isdecimal() and len(request.GET["clone"]) < 18:
@@ -100,8 +98,7 @@ def launch(request: HttpRequest) -> HttpResponse:
     if not form.fields["reward"].queryset.exists():
         messages.warning(request, "No reward is registered yet. Built-ins appear when a worker starts "
                                   "(celery -A webapp worker -Q cpu); or register one in the registry.")
-    return render(request, "jobs/launch.html", {"form": form, "clone_of": clone_of,
-                                                "presets": [(k, v["title"]) for k, v in PRESETS.items()],
+    return render(request, "jobs/launch.html", {"form": form, "clone_of": clone_of, "presets": PRESET_LINKS,
                                                 "preset": request.GET.get("preset", "")})
 
 

@@ -110,11 +110,7 @@ def do_launch_sweep(*, user: object, base: TrainingJob, name: str, kind: str, sp
         sweep = Sweep.objects.create(team=team, created_by=user, name=name, kind=kind, space=space, count=count,
                                      seed=seed, metric=metric, goal=goal, base_job=base)
         for params, form in zip(runs, forms, strict=True):
-            d = form.cleaned_data
-            job, _ = job_actions.do_launch_job(
-                user=user, team=d["team"], name=d["name"], config=form.trainer_config(), queue=d["queue"],
-                tool_versions=[t.current_version for t in d["tools"]], reward_version=d["reward"].current_version,
-                resources=d["resources"], kind=d["kind"], **form.launch_fields())
+            job, _ = form.launch(user)  # the one launch path of the page and the API (no launch key: each run is new)
             SweepRun.objects.create(sweep=sweep, job=job, params=params)
     return sweep
 

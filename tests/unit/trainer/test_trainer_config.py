@@ -272,9 +272,9 @@ def test_a_resource_with_an_api_block_is_a_shared_rate_limiter_kept_in_the_jobs_
     assert search.options == {"key": "team-7:search", "rate": 2.0, "burst": 3}
     # Its budget is already shared through Redis: the limiter runs in each process, only the sandbox on Ray.
     assert search.backend == "inprocess" and engine.specs["python"].backend == "ray"
-    with pytest.raises(ConfigError, match=r"resources.search.api: rate must be positive") as bad:
+    with pytest.raises(ConfigError, match=r"resources\.search\.api\.rate=0\.0 must be > 0") as bad:
         load_config(overrides=["resources.search.api={rate: 0}"])
-    assert bad.value.key == "resources.search.api"
+    assert bad.value.key == "resources.search.api.rate"
 
 
 def test_set_strings_are_coerced_to_each_fields_type_by_the_library() -> None:
@@ -345,3 +345,31 @@ def test_an_invalid_combination_is_refused_by_construction_with_validates_messag
         from_dict(Config, {"optim": {"lr": 0}})
     assert caught.value.key == "optim.lr"
     assert Config().validate().validate() == Config()  # still callable, and idempotent
+
+
+@pytest.mark.parametrize(("override", "section", "message"), [
+    ("rollout.group_size=65", "rollout", "rollout.group_size=65 must be between 1 and 64"),
+    ("optim.lr=0.0", "optim", "optim.lr=0.0 must be > 0 and <= 1"),
+    ("rollout.max_staleness=0", "rollout", "rollout.max_staleness=0 must be >= 1 (the producer runs at least one "
+                                           "step ahead); for on-policy training use rollout.mode=sync"),
+    ("sft.habit_fraction=1.5", "sft", "sft.habit_fraction=1.5 must be between 0 and 1"),
+])
+def test_a_bound_is_declared_once_and_the_loader_and_a_config_built_in_code_refuse_with_one_message(
+        override: str, section: str, message: str) -> None:
+    import dataclasses
+
+    key, value = parse_override(override)
+    with pytest.raises(ConfigError) as loaded:
+        load_config(None, [override])
+    ok = Config()
+    built = dataclasses.replace(getattr(ok, section), **{key.split(".")[1]: value})
+    with pytest.raises(ConfigError) as in_code:
+        dataclasses.replace(ok, **{section: built})
+    assert str(loaded.value) == str(in_code.value) == message
+    assert loaded.value.key == in_code.value.key == key
+
+
+def test_a_resource_pools_bounds_name_the_pool() -> None:
+    with pytest.raises(ConfigError, match=r"^resources\.python\.starting=0 must be >= 1 \(or null: no bound\)$") as bad:
+        load_config(None, ["resources={python: {starting: 0}}"])
+    assert bad.value.key == "resources.python.starting"

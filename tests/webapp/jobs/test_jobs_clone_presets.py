@@ -134,6 +134,21 @@ def test_a_relative_model_path_is_refused_with_the_absolute_form_asked_for(
     assert not TrainingJob.objects.exists()
 
 
+def test_a_relative_path_is_told_relative_with_its_absolute_form_even_where_no_folder_is_allowed(
+        alice_client: Client, team_a: Any, entries: tuple[Any, Any], settings: Any) -> None:
+    from webapp.jobs.paths import team_dir
+
+    settings.AGENTFLY_ALLOWED_PATHS = []  # resolved against the server's folder, it would be "outside" them
+    response = alice_client.post(reverse("jobs:launch"), launch_data(
+        team_a, *entries, model_source="path", model_path="models/mine", judge_source="path",
+        judge_model_path="./judge"))
+    errors = response.context["form"].errors
+    for field, path in (("model_path", "models/mine"), ("judge_model_path", "judge")):
+        assert "is relative; give the absolute path on the workers' shared disk" in errors[field][0], errors
+        assert str(team_dir(team_a) / path) in errors[field][0] and "outside" not in errors[field][0]
+    assert not TrainingJob.objects.exists()
+
+
 def test_the_landing_page_points_a_signed_in_user_at_the_job_already_running(
         alice_client: Client, team_a: Any, alice: Any, entries: tuple[Any, Any]) -> None:
     job = TrainingJob.objects.create(team=team_a, created_by=alice, name="demo: already running", status="running",

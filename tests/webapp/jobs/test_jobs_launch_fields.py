@@ -41,8 +41,8 @@ def test_the_migration_moves_ranks_nodes_and_resume_from_out_of_the_stored_confi
 @pytest.mark.django_db
 def test_the_api_shows_the_launch_fields_in_the_config_as_before_and_stores_them_as_columns(
         team_a: Any, alice: Any) -> None:
-    from webapp.jobs.api import JobSerializer
     from webapp.jobs.models import TrainingJob
+    from webapp.jobs.rest import JobSerializer
 
     job = TrainingJob.objects.create(team=team_a, created_by=alice, name="x", config={"steps": 2}, ranks=2,
                                      resume_from="/runs/team-a/job-1/checkpoint-000001")

@@ -43,10 +43,10 @@ def test_the_api_refuses_a_staleness_below_1_and_an_unknown_mode_on_their_fields
         "/api/jobs/", {**base, "rollout_mode": "async", "max_staleness": 0}, format="json"
     )
     assert response.status_code == 400
-    assert "greater than or equal to 1" in str(response.json()["max_staleness"])
+    assert "rollout.max_staleness=0 must be >= 1 (the producer" in str(response.json()["max_staleness"])
     response = alice_api.post("/api/jobs/", {**base, "rollout_mode": "later"}, format="json")
     assert response.status_code == 400
-    assert "later is not one of the available choices" in str(response.json()["rollout_mode"])
+    assert "rollout.mode: 'later' is not one of" in str(response.json()["rollout_mode"])
     response = alice_api.post(
         "/api/jobs/", {**base, "rollout_mode": "async", "max_staleness": 1}, format="json"
     )

@@ -44,10 +44,10 @@ def test_the_api_takes_them_and_refuses_a_budget_below_six_seconds_and_an_unknow
     base = {"name": "x", "team": "team-a", "tools": [tool.pk], "reward": reward.pk}
     response = alice_api.post("/api/jobs/", {**base, "max_minutes": 0.05}, format="json")
     assert response.status_code == 400
-    assert "greater than or equal to 0.1" in str(response.json()["max_minutes"])
+    assert "max_minutes=0.05 must be between 0.1 and 10080" in str(response.json()["max_minutes"])
     response = alice_api.post("/api/jobs/", {**base, "loss_agg": "seq-sum"}, format="json")
     assert response.status_code == 400
-    assert "seq-sum is not one of the available choices" in str(response.json()["loss_agg"])
+    assert "algorithm.loss_agg: 'seq-sum' is not one of" in str(response.json()["loss_agg"])
     response = alice_api.post("/api/jobs/", {**base, "max_minutes": 1.5, "loss_agg": "token-mean"}, format="json")
     assert response.status_code == 201, response.content
     config = response.json()["config"]

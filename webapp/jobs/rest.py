@@ -1,4 +1,6 @@
-"""REST API of jobs: launch (validated by the same form as the page), cancel, resume, events, checkpoints."""
+"""REST API of jobs: launch (validated by the same form as the page), cancel, resume, events, checkpoints.
+
+(``webapp.jobs.apis`` is another thing: the rate-limited web APIs a job's tools call, within its team's quota.)"""
 
 from __future__ import annotations
 
@@ -11,20 +13,10 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from trainer.config import ALGORITHMS
 from webapp.accounts.models import Team
 from webapp.inputs import PG_BIGINT_MAX, query_int
-from webapp.jobs import actions
-from webapp.jobs.forms import (
-    JUDGE_SOURCES,
-    LOSS_AGGS,
-    MODEL_SOURCES,
-    ROLLOUT_MODES,
-    RUBRIC_MAX_CHARS,
-    TASKS,
-    TRACKERS,
-    LaunchForm,
-)
+from webapp.jobs import actions, schema
+from webapp.jobs.forms import JUDGE_SOURCES, MODEL_SOURCES, RUBRIC_MAX_CHARS, TASKS, LaunchForm
 from webapp.jobs.models import APIQuota, Checkpoint, Kind, Queue, TrainingJob
 from webapp.monitor.events import events_after, requested_types
 from webapp.monitor.models import EventType
@@ -75,7 +67,11 @@ def bounded(kind: Any, name: str, default: float) -> Any:
     return kind(default=default, min_value=field.min_value, max_value=field.max_value)  # type: ignore[attr-defined]
 
 
-class LaunchSerializer(serializers.Serializer):
+# The settings trainer/config.py declares for the web app (``webapp.jobs.schema``), as API fields.
+LaunchSettings = type("LaunchSettings", (serializers.Serializer,), schema.serializer_fields())
+
+
+class LaunchSerializer(LaunchSettings):  # type: ignore[misc,valid-type]
     """The launch fields. Validation is ``LaunchForm``'s, so the page and the API share every rule."""
 
     name = serializers.CharField(max_length=100)
@@ -88,51 +84,25 @@ class LaunchSerializer(serializers.Serializer):
         required=False, allow_blank=True,
         help_text="sft, sft_then_rl: JSONL of written demonstrations (a task sample with its `messages` a line), in "
                   "the team's folder or AGENTFLY_ALLOWED_PATHS; empty generates them for the arithmetic task.")
-    sft_demos = bounded(serializers.IntegerField, "sft_demos", 64)
-    sft_epochs = bounded(serializers.IntegerField, "sft_epochs", 2)
-    sft_batch_size = bounded(serializers.IntegerField, "sft_batch_size", 8)
-    sft_learning_rate = bounded(serializers.FloatField, "sft_learning_rate", 2e-3)
     sft_habit = serializers.ChoiceField(
         choices=LaunchForm.base_fields["sft_habit"].choices, default="", required=False,  # type: ignore[attr-defined]
         help_text="sft, sft_then_rl with generated demonstrations: a demonstrator's bad habit for RL to undo, shown "
                   "on questions opening with `sft_habit_phrasings` (comma-separated), in `sft_habit_fraction` of them.")
     sft_habit_phrasings = serializers.CharField(required=False, allow_blank=True, default="")
-    sft_habit_fraction = bounded(serializers.FloatField, "sft_habit_fraction", 0.7)
     model_source = serializers.ChoiceField(choices=MODEL_SOURCES, default="tiny")
     model_path = serializers.CharField(required=False, allow_blank=True)
     task = serializers.ChoiceField(choices=TASKS, default="arithmetic")
     task_path = serializers.CharField(required=False, allow_blank=True)
     eval_path = serializers.CharField(required=False, allow_blank=True,
                                       help_text="JSONL of held-out samples; required for a JSONL task.")
-    task_size = bounded(serializers.IntegerField, "task_size", 200)
     tools = serializers.ListField(child=serializers.IntegerField(), default=list, help_text="Registry entry ids.")
     mcp_tools = serializers.ListField(child=serializers.CharField(), default=list,
                                      help_text="Tools of the team's ready MCP servers the agent gets, each as "
                                                "<server id>/<tool name> (GET /api/mcp-servers/).")
     reward = serializers.IntegerField(help_text="Registry entry id.")
-    algorithm = serializers.ChoiceField(choices=ALGORITHMS, default="grpo")
-    steps = bounded(serializers.IntegerField, "steps", 5)
-    max_minutes = serializers.FloatField(
-        required=False, allow_null=True, min_value=LaunchForm.base_fields["max_minutes"].min_value,  # type: ignore[attr-defined]
-        max_value=LaunchForm.base_fields["max_minutes"].max_value,  # type: ignore[attr-defined]
-        help_text="Stop after this many minutes of training, with a checkpoint; null: no time limit.")
-    loss_agg = serializers.ChoiceField(choices=LOSS_AGGS, required=False, allow_blank=True,
-                                       help_text="The loss aggregation; blank: the algorithm's own.")
-    prompts_per_step = bounded(serializers.IntegerField, "prompts_per_step", 2)
-    group_size = bounded(serializers.IntegerField, "group_size", 2)
-    max_turns = bounded(serializers.IntegerField, "max_turns", 2)
-    max_new_tokens = bounded(serializers.IntegerField, "max_new_tokens", 24)
-    learning_rate = bounded(serializers.FloatField, "learning_rate", 1e-4)
-    temperature = bounded(serializers.FloatField, "temperature", 1.0)
-    seed = bounded(serializers.IntegerField, "seed", 0)
-    eval_size = bounded(serializers.IntegerField, "eval_size", 8)
-    save_every = bounded(serializers.IntegerField, "save_every", 1)
     resources = serializers.DictField(default=dict)
     queue = serializers.ChoiceField(choices=Queue.choices, default=Queue.CPU)
     gpus = bounded(serializers.IntegerField, "gpus", 1)
-    rollout_mode = serializers.ChoiceField(choices=[m for m, _ in ROLLOUT_MODES], default="sync",
-                                           help_text="async: rollouts of the next steps run during the update.")
-    max_staleness = bounded(serializers.IntegerField, "max_staleness", 1)
     nodes = bounded(serializers.IntegerField, "nodes", 1)
     launch_key = serializers.CharField(required=False, allow_blank=True, max_length=64)
     engine_servers = serializers.ListField(
@@ -154,8 +124,6 @@ class LaunchSerializer(serializers.Serializer):
         required=False, allow_blank=True,
         help_text="For a reward declared with @reward(resource=\"reward_model\"): a sequence-classification model "
                   "directory, loaded in the worker.")
-    trackers = serializers.ListField(child=serializers.ChoiceField(choices=TRACKERS), default=list,
-                                     help_text="Experiment trackers that also get the metrics.")
 
 
 def launch_form(request: Request) -> LaunchForm:
@@ -208,13 +176,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         form = launch_form(request)
         if not form.is_valid():
             return Response(form.errors.get_json_data(), status=status.HTTP_400_BAD_REQUEST)
-        d = form.cleaned_data
         try:
-            job, created = actions.do_launch_job(
-                user=request.user, team=d["team"], name=d["name"], config=form.trainer_config(), queue=d["queue"],
-                tool_versions=[t.current_version for t in d["tools"]], reward_version=d["reward"].current_version,
-                resources=d["resources"], launch_key=d["launch_key"], kind=d["kind"], **form.launch_fields(),
-            )
+            job, created = form.launch(request.user)
         except actions.QuotaExceeded as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_403_FORBIDDEN)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
