@@ -252,6 +252,10 @@ def build_agent(config: Config, engine: Engine, resources: ResourceEngine | None
     with ``resources`` when given (an evaluation that shares the rollout producer's pools)."""
     import agentfly as af
 
+    if config.gateway.enabled:  # the rollouts come from agents elsewhere, through the job's gateway
+        from trainer.gateway import GatewayAgent
+
+        return GatewayAgent(config, engine)
     r = config.rollout
     tools = [import_object(spec, "rollout.tools entry") for spec in r.tools] + mcp_tools(config)
     reward = import_object(r.reward, "rollout.reward")

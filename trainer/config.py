@@ -194,6 +194,26 @@ class RolloutConfig:
 
 @with_config(YAML_RULES)
 @dataclass
+class GatewayConfig:
+    enabled: bool = _f(False, "Serve the policy over an OpenAI-compatible endpoint and train on the conversations of "
+                              "agents written elsewhere (the openai SDK, OpenAI Agents SDK, pydantic-ai, LangGraph) "
+                              "instead of running rollout.tools in process (docs/guides/gateway.md).")
+    host: str = _f("127.0.0.1", "Address the gateway listens on; 0.0.0.0 serves other hosts (put it behind the "
+                                "team's network rules: every rollout key is a bearer secret).")
+    port: int = _f(0, "TCP port of the gateway; 0 takes a free one (written to <output_dir>/gateway.json and "
+                      "shown on the job page).")
+    idle_timeout: float = _f(300.0, "Seconds a handed-out rollout may go without a request before it ends as an "
+                                    "infrastructure failure (client_lost), kept out of the loss.")
+    max_inflight: int = _f(256, "Generation requests in flight at once; one more is answered 429 with Retry-After.")
+    max_requests: int = _f(64, "Requests (turns) one rollout key may make.")
+    max_tokens: int | None = _f(None, "Tokens one rollout's sequence may hold; None = the model's context length.")
+    on_mismatch: Literal["split", "reject"] = _f(
+        "split", "When a client changes earlier messages: split starts a new segment from its conversation (the "
+                 "earlier one is counted and not trained on); reject answers 409.")
+
+
+@with_config(YAML_RULES)
+@dataclass
 class APIConfig:
     """A rate-limited web API (``resources.<name>.api``): one ``SharedRateLimiter`` whose budget lives in Redis,
     so every rank, the producer, evaluations and every other process naming the same ``key`` share it. Under the
@@ -551,6 +571,8 @@ class Config:
     model: ModelConfig = _f(ModelConfig(), "The policy model.")
     data: DataConfig = _f(DataConfig(), "Task samples.")
     rollout: RolloutConfig = _f(RolloutConfig(), "How trajectories are sampled.")
+    gateway: GatewayConfig = _f(GatewayConfig(), "An OpenAI-compatible endpoint whose agents' conversations are the "
+                                                 "rollouts (a gateway job).")
     algorithm: AlgorithmConfig = _f(AlgorithmConfig(), "Advantage estimator and policy loss.")
     optim: OptimConfig = _f(OptimConfig(), "Optimizer and schedule.")
     eval: EvalConfig = _f(EvalConfig(), "Held-out evaluation (greedy decoding).")
@@ -622,6 +644,17 @@ class Config:
             raise ConfigError(f"rollout.max_staleness={r.max_staleness} must be >= 1 (the producer runs at least "
                               "one step ahead); for on-policy training use rollout.mode=sync",
                               key="rollout.max_staleness")
+        g = self.gateway
+        for key in ("max_inflight", "max_requests"):
+            if getattr(g, key) < 1:
+                raise ConfigError(f"gateway.{key}={getattr(g, key)} must be >= 1", key=f"gateway.{key}")
+        if g.idle_timeout <= 0:
+            raise ConfigError(f"gateway.idle_timeout={g.idle_timeout} must be > 0 seconds", key="gateway.idle_timeout")
+        if not 0 <= g.port <= 65535:
+            raise ConfigError(f"gateway.port={g.port} must be in 0..65535 (0 takes a free port)", key="gateway.port")
+        if g.max_tokens is not None and g.max_tokens < 2:
+            raise ConfigError(f"gateway.max_tokens={g.max_tokens} must be >= 2, or null for the model's context",
+                              key="gateway.max_tokens")
         if r.max_infra_failed_steps < 0:
             raise ConfigError(f"rollout.max_infra_failed_steps={r.max_infra_failed_steps} must be >= 0 (0 never "
                               "stops)", key="rollout.max_infra_failed_steps")

@@ -119,6 +119,9 @@ class Trainer:
                               "allow; use rollout.mode=sync" + ("" if engine is not None else
                                                                  ", or a ZeRO stage below 3"), key="rollout.mode")
         self.agent: Agent = build_agent(config, self.engine)
+        gateway_url = getattr(self.agent, "url", None)
+        if gateway_url is not None:  # a gateway job: where the team's agents connect (and gateway.json)
+            self.events.log(0, f"gateway serving the policy at {gateway_url}; keys in {self.out / 'gateway.json'}")
         # build_agent gives the agent build_resources' engine (or none): the trainer reports and closes it.
         self.resources = pools_of(self.agent)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None

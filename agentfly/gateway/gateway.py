@@ -335,7 +335,7 @@ class Gateway:
             result = await self.reward.score(traj.final_answer, traj, ctx, rollout.sample)
         finally:
             await ctx.aclose()
-        rollout.reward = result.reward
+        rollout.reward = traj.reward = result.reward
         traj.reward_metrics, traj.reward_error = dict(result.metrics), result.error
         if result.turn_rewards is not None:
             rollout.turn_rewards += [TurnReward(k, v, getattr(self.reward, "name", "reward"))
