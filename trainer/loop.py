@@ -53,7 +53,7 @@ from trainer.checkpoint import check_resume_world, resume_run, save_run
 from trainer.collect import Collected, collect
 from trainer.config import Config, ConfigError, save_config
 from trainer.evaluation import evaluate, sampled_eval
-from trainer.events import EventStream, JSONLSink, RunState, Sink
+from trainer.events import EventStream, JSONLSink, RunState, Sink, log_event
 from trainer.metrics import Progress, StageTimer, stage_times, summary, summary_metrics, throughput
 from trainer.producer import AsyncRollouts, ProducedBatch
 from trainer.trackers import tracker_sinks
@@ -119,9 +119,11 @@ class Trainer:
                               "allow; use rollout.mode=sync" + ("" if engine is not None else
                                                                  ", or a ZeRO stage below 3"), key="rollout.mode")
         self.agent: Agent = build_agent(config, self.engine)
-        gateway_url = getattr(self.agent, "url", None)
-        if gateway_url is not None:  # a gateway job: where the team's agents connect (and gateway.json)
-            self.events.log(0, f"gateway serving the policy at {gateway_url}; keys in {self.out / 'gateway.json'}")
+        gateway = getattr(self.agent, "gateway", None)
+        if gateway is not None:  # a gateway job: where the team's agents connect (the job page shows it)
+            url = getattr(self.agent, "url", "")
+            self.events.send(log_event(0, f"gateway serving the policy at {url}; keys in {self.out / 'gateway.json'}",
+                                       gateway={"url": url, "job_key": gateway.job_key}, run=self.events.run))
         # build_agent gives the agent build_resources' engine (or none): the trainer reports and closes it.
         self.resources = pools_of(self.agent)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
