@@ -255,7 +255,7 @@ def build_agent(config: Config, engine: Engine, resources: ResourceEngine | None
     if config.gateway.enabled:  # the rollouts come from agents elsewhere, through the job's gateway
         from trainer.gateway import GatewayAgent
 
-        return GatewayAgent(config, engine)
+        return GatewayAgent(config, engine, reward=import_object(config.rollout.reward, "rollout.reward"))
     r = config.rollout
     tools = [import_object(spec, "rollout.tools entry") for spec in r.tools] + mcp_tools(config)
     reward = import_object(r.reward, "rollout.reward")

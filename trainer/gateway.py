@@ -33,11 +33,11 @@ _lock = threading.Lock()
 _running: dict[str, tuple[GatewayServer, int]] = {}  # output_dir -> (server, agents using it)
 
 
-def _acquire(config: Config, engine: Engine) -> GatewayServer:
+def _acquire(config: Config, engine: Engine, reward: Any) -> GatewayServer:
     """The run's gateway server, started by its first agent."""
     from agentfly.gateway import Gateway, GatewayLimits
     from agentfly.gateway.server import GatewayServer
-    from trainer.builders import import_object
+    from agentfly.rewards.reward import make_reward
 
     key = os.path.abspath(config.output_dir)
     with _lock:
@@ -46,7 +46,7 @@ def _acquire(config: Config, engine: Engine) -> GatewayServer:
             _running[key] = (server, users + 1)
             return server
         g, r = config.gateway, config.rollout
-        gateway = Gateway(engine, parser=r.parser, reward=import_object(r.reward, "rollout.reward"),
+        gateway = Gateway(engine, parser=r.parser, reward=make_reward(reward) if reward is not None else None,
                           system_prompt=r.system_prompt, chat_template_kwargs=r.chat_template_kwargs,
                           limits=GatewayLimits(max_inflight=g.max_inflight, max_requests=g.max_requests,
                                                max_tokens=g.max_tokens, idle_timeout=g.idle_timeout,
@@ -81,14 +81,17 @@ def _release(config: Config) -> None:
 
 
 class GatewayAgent(Agent):
-    """An ``Agent`` whose rollouts are driven by agents elsewhere through the job's gateway."""
+    """An ``Agent`` whose rollouts are driven by agents elsewhere through the job's gateway.
 
-    def __init__(self, config: Config, engine: Engine) -> None:
+    reward: the job's reward function (``rollout.reward``), scoring rollouts that end without an API reward.
+    """
+
+    def __init__(self, config: Config, engine: Engine, reward: Any = None) -> None:
         super().__init__(engine, parser=config.rollout.parser, max_turns=config.rollout.max_turns,
                          system_prompt=config.rollout.system_prompt,
                          chat_template_kwargs=config.rollout.chat_template_kwargs)
         self.config = config
-        self.server = _acquire(config, engine)
+        self.server = _acquire(config, engine, reward)
         self.stop = threading.Event()  # set by close: a wait in progress ends
         self._closed = False
 

@@ -196,7 +196,7 @@ class Conversation:
         index = len(traj.turns)
         # A turn whose calls did not parse goes back as its raw text, so the agent sees what the model wrote.
         content = parsed.content if parsed.tool_calls and not parsed.errors else text
-        tool_calls = []
+        tool_calls: list[dict[str, Any]] = []
         for call in parsed.tool_calls if not parsed.errors else []:
             call_id = f"call_{uuid.uuid4().hex[:24]}"
             self.call_names[call_id] = call.name

@@ -259,7 +259,7 @@ class Gateway:
 
     def take(self, n: int = 1) -> list[dict[str, Any]]:
         """Up to ``n`` queued rollouts, now active (their idle clock starts): what ``GET /v1/samples`` hands out."""
-        out = []
+        out: list[dict[str, Any]] = []
         with self._lock:
             while self._queue and len(out) < n:
                 rollout = self._rollouts[self._queue.popleft()]

@@ -85,11 +85,11 @@ def _single_choice(body: Mapping[str, Any]) -> None:
         raise RequestError("n must be 1: a rollout is one conversation (take more samples for more rollouts)")
 
 
-def _logprobs(gateway: Gateway, rollout: Rollout, generation: Generation) -> dict[str, Any]:
+def _logprobs(rollout: Rollout, generation: Generation) -> dict[str, Any]:
     tokenizer = rollout.engine.tokenizer
     content = []
     for token_id, logprob in zip(generation.token_ids, generation.logprobs, strict=True):
-        token = tokenizer.decode([token_id], skip_special_tokens=False)
+        token = str(tokenizer.decode([token_id], skip_special_tokens=False))
         content.append({"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []})
     return {"content": content, "refusal": None}
 
@@ -133,7 +133,7 @@ def build_app(gateway: Gateway) -> Starlette:
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(generation.token_ids),
                  "total_tokens": prompt_tokens + len(generation.token_ids)}
         ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        logprobs = _logprobs(gateway, rollout, generation) if body.get("logprobs") else None
+        logprobs = _logprobs(rollout, generation) if body.get("logprobs") else None
         if not body.get("stream"):
             message: dict[str, Any] = {"role": "assistant", "content": content or None, "refusal": None}
             if tool_calls:

@@ -250,3 +250,15 @@ def test_turn_rewards_come_by_api_and_the_jobs_reward_function_scores_a_finished
     assert done.json()["reward"] == 1.0
     [traj] = server.gateway.wait(ids)
     assert traj.reward == 1.0 and traj.rewards_per_turn() == [0.25]
+
+
+def test_logprobs_asked_for_are_the_engines_own_sampling_logprobs(serve, turns_engine):
+    engine = turns_engine(["Five."])
+    server = serve(engine)
+    server.gateway.hand_out([SAMPLE], 1, Sampling(max_new_tokens=16))
+    [handout] = take(server)
+    client = openai.OpenAI(base_url=server.url, api_key=handout["api_key"])
+    reply = client.chat.completions.create(model="policy", messages=handout["messages"], logprobs=True)
+    [(_, generation)] = engine.calls
+    assert [t.logprob for t in reply.choices[0].logprobs.content] == generation.logprobs
+    assert reply.usage.completion_tokens == len(generation.token_ids)
