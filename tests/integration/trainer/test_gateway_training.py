@@ -36,7 +36,10 @@ def agents(out: Path, stop: threading.Event, seen: list[str]) -> None:
     where = endpoint(out)
     http = httpx.Client(base_url=where["url"], headers={"Authorization": f"Bearer {where['job_key']}"})
     while not stop.is_set():
-        response = http.get("/samples", params={"n": 4})
+        try:
+            response = http.get("/samples", params={"n": 4})
+        except httpx.ConnectError:  # the job ended and its gateway with it
+            return
         if response.status_code == 429:  # between batches: the job is updating
             time.sleep(float(response.headers["retry-after"]) / 10)
             continue
@@ -55,11 +58,13 @@ def agents(out: Path, stop: threading.Event, seen: list[str]) -> None:
             seen.append(handout["rollout_id"])
 
 
-def test_a_gateway_job_trains_on_the_conversations_of_agents_outside_it(tiny_model_dir, tmp_path, tiny_overrides):
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_gateway_job_trains_on_the_conversations_of_agents_outside_it(tiny_model_dir, tmp_path, tiny_overrides,
+                                                                        mode):
     out = tmp_path / "gateway-job"
     events: list[dict[str, Any]] = []
     config = load_config(None, tiny_overrides(tiny_model_dir, out, REWARD, "gateway.enabled=true",
-                                              "optim.lr=0.003", "data.eval_size=2"))
+                                              "optim.lr=0.003", "data.eval_size=2", f"rollout.mode={mode}"))
     stop, seen = threading.Event(), []
     pool = threading.Thread(target=agents, args=(out, stop, seen), daemon=True)
     pool.start()
@@ -73,6 +78,8 @@ def test_a_gateway_job_trains_on_the_conversations_of_agents_outside_it(tiny_mod
     for metrics in steps:
         assert metrics["turns/mean"] == 2.0 and metrics["rollout/infra_failed"] == 0.0
         assert metrics["grad_norm"] > 0 and "reward/mean" in metrics
+        if mode == "async":  # the producer hands out the next batch during the update, within the bound
+            assert metrics["rollout/staleness_max"] <= config.rollout.max_staleness
     # 2 steps x 2 prompts x 2 rollouts, plus the final evaluation's 2 held-out problems.
     assert len(seen) == 10
     logs = [e["data"]["message"] for e in events if e["type"] == "log"]

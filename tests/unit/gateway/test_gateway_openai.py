@@ -262,3 +262,18 @@ def test_logprobs_asked_for_are_the_engines_own_sampling_logprobs(serve, turns_e
     [(_, generation)] = engine.calls
     assert [t.logprob for t in reply.choices[0].logprobs.content] == generation.logprobs
     assert reply.usage.completion_tokens == len(generation.token_ids)
+
+
+def test_with_the_jobs_key_an_x_rollout_id_header_names_the_rollout_a_request_drives(serve, turns_engine):
+    engine = turns_engine(["Five."])
+    server = serve(engine)
+    ids = server.gateway.hand_out([SAMPLE], 2, Sampling(max_new_tokens=16))
+    client = openai.OpenAI(base_url=server.url, api_key=server.gateway.job_key,
+                           default_headers={"X-Rollout-Id": ids[1]})
+    reply = client.chat.completions.with_raw_response.create(
+        model="policy", messages=[{"role": "user", "content": SAMPLE["question"]}])
+    assert reply.headers["x-rollout-id"] == ids[1]
+    server.gateway.set_reward(ids[0], 0.0)
+    server.gateway.set_reward(ids[1], 1.0)
+    untouched, driven = server.gateway.wait(ids)
+    assert driven.num_turns == 1 and untouched.num_turns == 0
