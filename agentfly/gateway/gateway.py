@@ -363,8 +363,9 @@ class Gateway:
         if rollout.segments and not fresh and rollout.segments[-1].tools_key == tools_key:
             return rollout.segments[-1]
         if rollout.segments:  # a new segment: the earlier one is kept, counted, and not trained on
-            rollout.mismatches += 1
-            self.counters["mismatches"] += 1
+            with self._lock:
+                rollout.mismatches += 1
+                self.counters["mismatches"] += 1
         suffix = f"#{len(rollout.segments)}" if rollout.segments else ""
         traj = Trajectory(sample=rollout.sample, rollout_id=rollout.rollout_id + suffix, group_id=rollout.group_id,
                           temperature=rollout.sampling.temperature, model=rollout.engine.model_name)
@@ -388,8 +389,9 @@ class Gateway:
         turn_sampling = sampling.replace(max_new_tokens=want, seed=turn_seed(sampling.seed, rollout.index, turn),
                                          stop=tuple(dict.fromkeys((*sampling.stop, *self.parser.stop, *stop))))
         generation = await rollout.engine.generate(prompt, turn_sampling)
-        self.counters["prompt_tokens"] += len(prompt)
-        self.counters["completion_tokens"] += len(generation.token_ids)
+        with self._lock:
+            self.counters["prompt_tokens"] += len(prompt)
+            self.counters["completion_tokens"] += len(generation.token_ids)
         return generation
 
     def _begin(self, rollout: Rollout) -> None:
