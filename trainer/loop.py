@@ -217,6 +217,9 @@ class Trainer:
         if self.producer is not None and produced is not None:  # its rollout and reward seconds are the step's
             # Staleness against the version this update started from (self.step has counted it already).
             metrics |= self.producer.metrics(produced, dropped, collected.trajectories, version=self.step - 1)
+        gateway = getattr(self.agent, "gateway", None)
+        if gateway is not None:  # a gateway job's counters since it started: requests, mismatches, client_lost, 429s
+            metrics |= {f"gateway/{k}": v for k, v in gateway.stats().items()}
         metrics |= throughput(sum(t.num_trained_tokens for t in everything), metrics.get("time/rollout", 0.0),
                               cpu_start)
         self.events.metrics(self.step, metrics)

@@ -78,6 +78,8 @@ def test_a_gateway_job_trains_on_the_conversations_of_agents_outside_it(tiny_mod
     for metrics in steps:
         assert metrics["turns/mean"] == 2.0 and metrics["rollout/infra_failed"] == 0.0
         assert metrics["grad_norm"] > 0 and "reward/mean" in metrics
+        assert metrics["gateway/mismatches"] == 0 and metrics["gateway/client_lost"] == 0
+        assert metrics["gateway/requests"] >= 2 * 4  # two turns of each of the step's four rollouts so far
         if mode == "async":  # the producer hands out the next batch during the update, within the bound
             assert metrics["rollout/staleness_max"] <= config.rollout.max_staleness
     # 2 steps x 2 prompts x 2 rollouts, plus the final evaluation's 2 held-out problems.
