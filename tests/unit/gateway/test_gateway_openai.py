@@ -142,19 +142,20 @@ def test_with_on_mismatch_reject_a_changed_history_is_answered_409_and_the_rollo
 def test_a_rollout_whose_client_disappears_ends_as_client_lost_and_stays_out_of_training(serve, turns_engine):
     from trainer.collect import infra_kept
 
-    server = serve(turns_engine(["Thinking..."]), limits=GatewayLimits(idle_timeout=0.5))
-    ids = server.gateway.hand_out([SAMPLE], 2, Sampling(max_new_tokens=160))
-    gone, stays = take(server, 2)
-    openai.OpenAI(base_url=server.url, api_key=gone["api_key"]).chat.completions.create(
-        model="policy", messages=gone["messages"])
+    server = serve(turns_engine(["Thinking..."]), limits=GatewayLimits(idle_timeout=2.0))
+    ids = server.gateway.hand_out([SAMPLE], 2, Sampling(max_new_tokens=64))
+    [stays] = take(server)
     httpx.post(f"{server.url}/rollouts/{stays['rollout_id']}/reward", json={"reward": 1.0},
                headers={"Authorization": f"Bearer {server.gateway.job_key}"}).raise_for_status()
+    [gone] = take(server)  # one turn, then its agent is gone
+    openai.OpenAI(base_url=server.url, api_key=gone["api_key"]).chat.completions.create(
+        model="policy", messages=gone["messages"])
     started = time.monotonic()
-    lost, rewarded = server.gateway.wait(ids, poll=0.1)
-    assert time.monotonic() - started < 10
+    rewarded, lost = server.gateway.wait(ids, poll=0.1)
+    assert time.monotonic() - started < 15
     assert lost.failure == "client_lost" and "idle_timeout" in (lost.failure_reason or "")
     assert rewarded.failure is None and rewarded.reward == 1.0
-    assert infra_kept([lost, rewarded], [0, 0], "exclude") == [False, True]
+    assert lost.num_turns == 1 and infra_kept([lost, rewarded], [0, 0], "exclude") == [False, True]
     # Its key is revoked with it.
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url, api_key=gone["api_key"], max_retries=0).chat.completions.create(
