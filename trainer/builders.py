@@ -253,11 +253,20 @@ def mcp_tools(config: Config) -> list[Any]:
             for tool in tools_from(spec, include=config.mcp[name].tools)]
 
 
-def build_agent(config: Config, engine: Engine, resources: ResourceEngine | None = None) -> Agent:
+def build_agent(config: Config, engine: Engine, resources: ResourceEngine | None = None, *,
+                in_process: bool = False) -> Agent:
     """The config's agent on ``engine``, with the resource pools ``build_resources`` makes for its tools, or
-    with ``resources`` when given (an evaluation that shares the rollout producer's pools)."""
+    with ``resources`` when given (an evaluation that shares the rollout producer's pools).
+
+    With ``gateway.enabled`` the training run's rollouts come from agents elsewhere, through the job's gateway
+    (``trainer.gateway.GatewayAgent``); ``in_process`` asks for the in-process agent on ``rollout.tools`` anyway
+    (SFT's replayed demonstrations, ``agentfly eval`` of a checkpoint)."""
     import agentfly as af
 
+    if config.gateway.enabled and not in_process:
+        from trainer.gateway import GatewayAgent
+
+        return GatewayAgent(config, engine, reward=import_object(config.rollout.reward, "rollout.reward"))
     r = config.rollout
     tools = [import_object(spec, "rollout.tools entry") for spec in r.tools] + mcp_tools(config)
     reward = import_object(r.reward, "rollout.reward")

@@ -167,7 +167,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # Without a split field the data itself is the one split: its file, or the built-in task and split.
     source = (Path(config.data.eval_path).name if args.split == "test" and config.data.eval_path
               else Path(config.data.task).name if Path(config.data.task).is_file() else f"{config.data.task}:{args.split}")
-    agent = build_agent(config, HFEngine(model=model, tokenizer=tokenizer))
+    # A gateway job's checkpoint too is evaluated in process, on rollout.tools: no agent waits for its samples.
+    agent = build_agent(config, HFEngine(model=model, tokenizer=tokenizer), in_process=True)
     try:
         with torch.inference_mode():
             run = run_eval(agent, samples, config.eval.max_new_tokens, config.eval.batch_size, sampled_eval(config))

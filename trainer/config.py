@@ -342,6 +342,28 @@ class RolloutConfig:
 
 @with_config(YAML_RULES)
 @dataclass
+class GatewayConfig:
+    enabled: bool = _f(False, "Serve the policy over an OpenAI-compatible endpoint and train on the conversations of "
+                              "agents written elsewhere (the openai SDK, OpenAI Agents SDK, pydantic-ai, LangGraph) "
+                              "instead of running rollout.tools in process (docs/guides/gateway.md).")
+    host: str = _f("127.0.0.1", "Address the gateway listens on; 0.0.0.0 serves other hosts (put it behind the "
+                                "team's network rules: every rollout key is a bearer secret).")
+    port: int = _f(0, "TCP port of the gateway; 0 takes a free one (written to <output_dir>/gateway.json and "
+                      "shown on the job page).", ge=0, le=65535)
+    idle_timeout: float = _f(300.0, "Seconds a handed-out rollout may go without a request before it ends as an "
+                                    "infrastructure failure (client_lost), kept out of the loss.", gt=0)
+    max_inflight: int = _f(256, "Generation requests in flight at once; one more is answered 429 with Retry-After.",
+                           ge=1)
+    max_requests: int = _f(64, "Requests (turns) one rollout key may make.", ge=1)
+    max_tokens: int | None = _f(None, "Tokens one rollout's sequence may hold; None = the model's context length.",
+                                ge=2)
+    on_mismatch: Literal["split", "reject"] = _f(
+        "split", "When a client changes earlier messages: split starts a new segment from its conversation (the "
+                 "earlier one is counted and not trained on); reject answers 409.")
+
+
+@with_config(YAML_RULES)
+@dataclass
 class APIConfig:
     """A rate-limited web API (``resources.<name>.api``): one ``SharedRateLimiter`` whose budget lives in Redis,
     so every rank, the producer, evaluations and every other process naming the same ``key`` share it. Under the
@@ -751,6 +773,8 @@ class Config:
     model: ModelConfig = _f(ModelConfig(), "The policy model.")
     data: DataConfig = _f(DataConfig(), "Task samples.")
     rollout: RolloutConfig = _f(RolloutConfig(), "How trajectories are sampled.")
+    gateway: GatewayConfig = _f(GatewayConfig(), "An OpenAI-compatible endpoint whose agents' conversations are the "
+                                                 "rollouts (a gateway job).")
     algorithm: AlgorithmConfig = _f(AlgorithmConfig(), "Advantage estimator and policy loss.")
     optim: OptimConfig = _f(OptimConfig(), "Optimizer and schedule.")
     eval: EvalConfig = _f(EvalConfig(), "Held-out evaluation (greedy decoding).")

@@ -106,11 +106,17 @@ class CheckpointData(TypedDict):
     score: float | None  # the held-out accuracy it was saved with, when an evaluation preceded the save
 
 
+class GatewayEndpoint(TypedDict):
+    url: str  # the OpenAI base_url the team's agents use
+    job_key: str  # the job's key: takes rollouts (GET /v1/samples), each with its own key; revoked at the end
+
+
 class LogData(TypedDict):
     message: str
     level: LogLevel
     traceback: NotRequired[str]  # the worker's traceback of a job that failed
     checkpoint: NotRequired[str]  # the path, on the web app's "checkpoint saved" line
+    gateway: NotRequired[GatewayEndpoint]  # a gateway job's endpoint, on its "gateway serving" line
 
 
 class Event(TypedDict):
@@ -195,12 +201,15 @@ def checkpoint_event(step: int, path: str | os.PathLike[str], score: float | Non
 
 
 def log_event(step: int, message: str, level: LogLevel = "info", *, traceback: str | None = None,
-              checkpoint: str | None = None, run: str = "", at: float | None = None) -> Event:
+              checkpoint: str | None = None, gateway: GatewayEndpoint | None = None, run: str = "",
+              at: float | None = None) -> Event:
     data = LogData(message=message, level=level)
     if traceback is not None:
         data["traceback"] = traceback
     if checkpoint is not None:
         data["checkpoint"] = checkpoint
+    if gateway is not None:
+        data["gateway"] = gateway
     return make_event("log", step, data, run=run, at=at)
 
 

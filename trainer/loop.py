@@ -53,7 +53,7 @@ from trainer.checkpoint import check_resume_world, resume_run, save_run
 from trainer.collect import Collected, collect
 from trainer.config import Config, ConfigError, save_config
 from trainer.evaluation import evaluate, sampled_eval
-from trainer.events import EventStream, JSONLSink, RunState, Sink
+from trainer.events import EventStream, JSONLSink, RunState, Sink, log_event
 from trainer.metrics import Progress, StageTimer, stage_times, summary, summary_metrics, throughput
 from trainer.producer import AsyncRollouts, ProducedBatch
 from trainer.trackers import tracker_sinks
@@ -119,6 +119,11 @@ class Trainer:
                               "allow; use rollout.mode=sync" + ("" if engine is not None else
                                                                  ", or a ZeRO stage below 3"), key="rollout.mode")
         self.agent: Agent = build_agent(config, self.engine)
+        gateway = getattr(self.agent, "gateway", None)
+        if gateway is not None:  # a gateway job: where the team's agents connect (the job page shows it)
+            url = getattr(self.agent, "url", "")
+            self.events.send(log_event(0, f"gateway serving the policy at {url}; keys in {self.out / 'gateway.json'}",
+                                       gateway={"url": url, "job_key": gateway.job_key}, run=self.events.run))
         # build_agent gives the agent build_resources' engine (or none): the trainer reports and closes it.
         self.resources = pools_of(self.agent)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
@@ -212,6 +217,9 @@ class Trainer:
         if self.producer is not None and produced is not None:  # its rollout and reward seconds are the step's
             # Staleness against the version this update started from (self.step has counted it already).
             metrics |= self.producer.metrics(produced, dropped, collected.trajectories, version=self.step - 1)
+        gateway = getattr(self.agent, "gateway", None)
+        if gateway is not None:  # a gateway job's counters since it started: requests, mismatches, client_lost, 429s
+            metrics |= {f"gateway/{k}": v for k, v in gateway.stats().items()}
         metrics |= throughput(sum(t.num_trained_tokens for t in everything), metrics.get("time/rollout", 0.0),
                               cpu_start)
         self.events.metrics(self.step, metrics)

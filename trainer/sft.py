@@ -108,7 +108,7 @@ def demonstration_trajectories(config: Config, tokenizer: Any) -> list[Any]:
         return turns[question.group(1)][index]
 
     engine = af.ReplayEngine(tokenizer, script)
-    agent = build_agent(config, engine)
+    agent = build_agent(config, engine, in_process=True)  # demonstrations replay in process, gateway or not
     replayed: dict[int, Any] = {}
     try:
         for indices in rounds:
@@ -195,7 +195,7 @@ def run_sft(config: Config, sinks: Sequence[Sink] = (), should_stop: Callable[[]
         from agentfly.engines.hf import HFEngine
 
         _, held_out = load_samples(config)
-        agent = build_agent(config, HFEngine(model=model, tokenizer=tokenizer))
+        agent = build_agent(config, HFEngine(model=model, tokenizer=tokenizer), in_process=True)
         try:
             metrics, _ = evaluate(agent, held_out[: config.eval.size or config.data.eval_size],
                                   config.eval.max_new_tokens, config.eval.batch_size, sampled_eval(config))

@@ -32,6 +32,7 @@ FAILURE_KINDS: tuple[str, ...] = (
     "server_down",  # a model service, MCP server or web API stopped answering
     "breaker_open",  # a circuit breaker refused the call after repeated failures
     "killed",  # a sandbox killed for a reason the agent did not cause (a limit of the host, a shutdown)
+    "client_lost",  # an agent driving a rollout through the gateway stopped calling it (agentfly.gateway)
 )
 
 

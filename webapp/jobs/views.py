@@ -102,6 +102,19 @@ def launch(request: HttpRequest) -> HttpResponse:
                                                 "preset": request.GET.get("preset", "")})
 
 
+def gateway_endpoint(job: TrainingJob) -> dict[str, str] | None:
+    """A running gateway job's endpoint (its URL and job key), from the log event its trainer sent when the
+    gateway started: shown to the job's team while it runs; once the job ends its keys are revoked."""
+    if not job.is_active or not (job.config or {}).get("gateway", {}).get("enabled"):
+        return None
+    event = (JobEvent.objects.filter(job=job, type="log", data__has_key="gateway").order_by("-seq")
+             .values_list("data", flat=True).first())
+    endpoint = event.get("gateway") if isinstance(event, dict) else None
+    if not isinstance(endpoint, dict):
+        return None
+    return {"url": str(endpoint.get("url", "")), "job_key": str(endpoint.get("job_key", ""))}
+
+
 @login_required
 def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_object_or_404(visible_jobs(request), pk=pk)
@@ -111,7 +124,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     # start, and the user is of its team (``actions.do_resume_job``'s rules).
     context = {"job": job, "logs": list(reversed(logs)), "checkpoints": checkpoints,
                "can_resume": job.can_resume and job.team.has_member(request.user),
-               "tool_versions": job.tool_versions.select_related("entry")}
+               "tool_versions": job.tool_versions.select_related("entry"), "gateway": gateway_endpoint(job)}
     if request.headers.get("HX-Request"):
         return render(request, "jobs/_job_live.html", context)
     return render(request, "jobs/job_detail.html", context | files.output_context(job) | files.checkpoints_context(job, request.user))
