@@ -190,6 +190,10 @@ class RolloutConfig:
     max_infra_failed_steps: int = _f(
         3, "Stop the job (an error naming the failure) when every rollout of this many steps in a row ended in an "
            "infrastructure failure: such steps train nothing. 0 never stops.")
+    max_reward_error_steps: int = _f(
+        3, "Fail the job (with the reward's traceback) when the reward raised on every rollout of this many steps "
+           "in a row: a reward that raises scores 0, so such steps train on noise. An evaluation whose every "
+           "reward raised fails the job at once. 0 never stops (the dashboard still shows the errors).")
 
 
 @with_config(YAML_RULES)
@@ -625,6 +629,9 @@ class Config:
         if r.max_infra_failed_steps < 0:
             raise ConfigError(f"rollout.max_infra_failed_steps={r.max_infra_failed_steps} must be >= 0 (0 never "
                               "stops)", key="rollout.max_infra_failed_steps")
+        if r.max_reward_error_steps < 0:
+            raise ConfigError(f"rollout.max_reward_error_steps={r.max_reward_error_steps} must be >= 0 (0 never "
+                              "stops)", key="rollout.max_reward_error_steps")
         if a.tis_cap <= 0:
             raise ConfigError(f"algorithm.tis_cap={a.tis_cap} must be > 0 (the note uses 2)", key="algorithm.tis_cap")
         if len(a.mis_band) != 2 or not 0 <= a.mis_band[0] <= 1 <= a.mis_band[1]:

@@ -127,7 +127,10 @@
     // Calls and turns together: a multi-turn agent that learns to keep using its tool shows both rising.
     { id: "tool_calls", title: "Tool calls and turns per trajectory", keys: ["tool_calls_mean"], lines: ["turns_mean"],
       y: { title: "calls, turns (mean per trajectory)", rangemode: "tozero" } },
-    { id: "tool_errors", title: "Tool errors per trajectory", keys: ["tool_errors_mean"], y: { title: "failed calls", rangemode: "tozero" } },
+    // Every kind of error per trajectory on one chart: a reward that raises (scored 0) is as plain as a tool
+    // that fails or a call the parser could not read.
+    { id: "tool_errors", title: "Errors per trajectory", keys: ["tool_errors_mean"], lines: ["parse_errors_mean", "reward_errors_fraction"],
+      y: { title: "errors (mean per trajectory)", rangemode: "tozero" } },
     { id: "tokens_per_s", title: "Generation throughput", keys: ["tokens_per_second"], y: { title: "tokens / s", rangemode: "tozero" } },
     { id: "lr", title: "Learning rate", keys: ["lr"], y: { title: "learning rate", tickformat: ".1e", rangemode: "tozero" } },
     { id: "step_time", title: "Step time", keys: ["time_step"], lines: ["time_step_cpu"], skipStart: true,
@@ -144,8 +147,10 @@
       y: { title: "tokens (held-out)", rangemode: "tozero" } },
     { id: "eval_counts", title: "Evaluation: turns and tool calls", keys: [], prefix: "eval_", only: /turns|calls|errors/,
       y: { title: "per trajectory (held-out)", rangemode: "tozero" } },
+    // The number of problems is a count, not a share: on the 0–1 axis it would flatten every other line.
     { id: "eval", title: "Evaluation (held-out)", keys: ["eval_accuracy"], prefix: "eval_",
-      drop: ["eval_reward_std", "eval_reward_min", "eval_reward_max"], y: { title: "share / reward (0–1)", rangemode: "tozero" } },
+      drop: ["eval_reward_std", "eval_reward_min", "eval_reward_max", "eval_reward_errors"], y: { title: "share / reward (0–1)", rangemode: "tozero" },
+      y2: { title: "problems", match: /^eval_problems$|^eval_sampled_n$/ } },
   ];
 
   /* The y axis of a chart no spec names: its unit guessed from the metric's name. */

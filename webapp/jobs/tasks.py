@@ -215,11 +215,10 @@ def run_job(job_id: int) -> str:
                 if heartbeat.over_time:
                     status, error = Status.FAILED, heartbeat.over_time
                 elif heartbeat.yielding.is_set():
-                    if worker.preempt_job(job_id, outcome.last_step, enqueue_again):
-                        status = Status.PREEMPTED
-                    else:
-                        status, error = Status.FAILED, ("the job stopped to yield its worker to another team's "
-                                                        "job but has no checkpoint to resume from; launch it again")
+                    status = worker.preempt_job(job_id, outcome.last_step, enqueue_again) or Status.FAILED
+                    if status == Status.FAILED:
+                        error = ("the job stopped to yield its worker to another team's job but has no checkpoint "
+                                 "to resume from; launch it again")
         except SoftTimeLimitExceeded:
             error = f"the job ran past its time limit of {settings.JOB_SOFT_TIME_LIMIT} s; resume it from its checkpoint"
         except Exception as exc:

@@ -103,17 +103,22 @@ def must_yield(job_id: int, first_step_at: datetime | None, now: datetime | None
                                        queued_at__lt=waited).exclude(team_id=job.team_id).exists())
 
 
-def preempt_job(job_id: int, step: int, enqueue: Callable[[TrainingJob], None]) -> bool:
-    """Put a job that yielded back in its queue to resume from its last checkpoint; False (nothing changed)
-    when it is no longer running, a cancel is pending (it ends cancelled instead) or it has no checkpoint."""
+def preempt_job(job_id: int, step: int, enqueue: Callable[[TrainingJob], None]) -> Status | None:
+    """Put a job that yielded back in its queue to resume from its last checkpoint, and say what the run
+    ends as: ``PREEMPTED``; ``CANCELLED`` when a cancel is pending (a cancel that landed after the trainer's
+    last look at its flag stopped the same run as the yield: the user asked for it, so it ends cancelled, with
+    its checkpoints); ``FAILED`` when it has no checkpoint to resume from; None when it is no longer running.
+    Nothing changes but for ``PREEMPTED``."""
     now = timezone.now()
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().filter(pk=job_id, status=Status.RUNNING).first()
-        if job is None or job.cancel_requested:
-            return False
+        if job is None:
+            return None
+        if job.cancel_requested:
+            return Status.CANCELLED
         checkpoint = job.last_checkpoint
         if checkpoint is None:
-            return False
+            return Status.FAILED
         TrainingJob.objects.filter(pk=job_id).update(
             status=Status.PREEMPTED, resume_from=checkpoint.path, queued_at=now,
             run_seconds=seconds_used(job, now), run_started_at=None, worker="", step=Greatest("step", step),
@@ -124,7 +129,7 @@ def preempt_job(job_id: int, step: int, enqueue: Callable[[TrainingJob], None]) 
             f"{checkpoint.path}"))
         job.refresh_from_db()
         transaction.on_commit(lambda: enqueue(job))
-    return True
+    return Status.PREEMPTED
 
 
 def beat(job_id: int) -> bool:

@@ -106,6 +106,23 @@ def test_a_job_whose_start_up_outlasts_the_slice_yields_only_after_training_a_fu
     assert not worker.must_yield(running.pk, first_step_at=now - timedelta(seconds=61), now=now)
 
 
+def test_a_cancel_that_lands_while_a_job_yields_ends_it_cancelled_with_its_checkpoint(team_a: Any) -> None:
+    # The yield and the cancel stop the same run: the trainer stopped for the yield (its last look at the
+    # cancel flag came before the click), saved its checkpoint, and the worker then puts it back in its queue.
+    # The cancel is what the user asked for: the run ends cancelled, resumable from that checkpoint, never
+    # "failed, no checkpoint to resume from".
+    job = TrainingJob.objects.create(team=team_a, name="long", config={"steps": 100}, status=Status.RUNNING,
+                                     run_started_at=timezone.now(), step=68, cancel_requested=True)
+    job.checkpoints.create(step=68, path="/runs/team-a/job/checkpoint-68")
+    enqueued: list[TrainingJob] = []
+    ends_as = worker.preempt_job(job.pk, 68, enqueued.append)
+    assert ends_as == Status.CANCELLED and not enqueued
+    assert worker.finish_job(job.pk, ends_as) == Status.CANCELLED
+    job.refresh_from_db()
+    assert (job.status, job.error) == (Status.CANCELLED, "") and job.can_resume
+    assert job.last_checkpoint is not None and job.last_checkpoint.step == 68
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(600)
