@@ -81,15 +81,15 @@ def first_reward_error(trajectories: Sequence[Trajectory]) -> tuple[str, str | N
 
 
 def reward_error_stop(where: str, error: tuple[str, str | None] | None) -> RewardErrorStop:
-    """The error a job fails with when its reward raised everywhere ``where`` says: the reward's own words
-    and traceback first (what to fix), then how to go on."""
+    """The error a job fails with when its reward raised everywhere ``where`` says: the reward's own words,
+    how to go on, and where it raised."""
     what, trace = error if error is not None else ("on another rank", None)
+    # The fix first and the traceback last (its last frames, where it raised): a shown error may be cut short.
     return RewardErrorStop(
-        f"the reward raised on every rollout of {where}, so every reward was 0 and nothing was learnt: {what}\n"
-        + (f"{trace.rstrip()}\n" if trace else "")
-        + "Fix the reward (the traceback above shows where it raised; try it on a sample in the registry), then "
-          "launch again or resume from the last checkpoint; rollout.max_reward_error_steps sets how many such "
-          "steps a job may take (0 never stops).")
+        f"the reward raised on every rollout of {where}, so every reward was 0 and nothing was learnt: {what}. "
+        "Fix the reward (the traceback below shows where it raised; try it on a sample in the registry), then "
+        "launch again or resume from the last checkpoint; rollout.max_reward_error_steps sets how many such steps "
+        "a job may take (0 never stops)." + (f"\n{trace.rstrip()[-1200:]}" if trace else ""))
 
 
 class Trainer:

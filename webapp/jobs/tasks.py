@@ -68,6 +68,7 @@ class Heartbeat:
                     if self.over_time is None:
                         self.over_time = worker.over_time(self.job_id)
                     if not self.yielding.is_set() and worker.must_yield(self.job_id, self.first_step_at):
+                        worker.mark_yielding(self.job_id)  # first, so the pages never say running while it yields
                         self.yielding.set()
                 except Exception:  # a database blip must not end the job; the next beat retries
                     log.warning("heartbeat of job %d failed", self.job_id, exc_info=True)

@@ -114,7 +114,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     # start, and the user is of its team (``actions.do_resume_job``'s rules).
     context = {"job": job, "logs": list(reversed(logs)), "checkpoints": checkpoints,
                "can_resume": job.can_resume and job.team.has_member(request.user),
-               "tool_versions": job.tool_versions.select_related("entry")}
+               "tool_versions": job.tool_versions.select_related("entry"), "reward_errors": job.reward_errors()}
     if request.headers.get("HX-Request"):
         return render(request, "jobs/_job_live.html", context)
     return render(request, "jobs/job_detail.html", context)

@@ -149,7 +149,7 @@ def test_on_one_worker_slot_another_teams_short_job_starts_within_a_slice_and_th
         preempted = TrainingJob.objects.get(pk=long["id"])
         assert preempted.status == Status.PREEMPTED and preempted.step < 1000
         page = alice_client.get(reverse("jobs:detail", args=[long["id"]])).content.decode()
-        assert "preempted, queued" in page
+        assert "Preempted, queued" in page
         # Within one slice of the long job's start, plus its step in flight and the short job's start-up.
         waited = (started.started_at - started.queued_at).total_seconds()
         assert waited < slice_s + 30, waited
