@@ -381,6 +381,14 @@ class Trainer:
                 self.producer = AsyncRollouts(cfg, self.model, self.tokenizer, self.engine,
                                               separate=self.separate_engine, cursor=self.cursor, step=self.step)
                 self.producer.start()
+            if cfg.eval.every and self.step == 0:
+                # The held-out curve starts where the weights do: a warm start's accuracy before any update,
+                # so the first evaluation after training is read against it.
+                timer = StageTimer()
+                with timer("eval"):
+                    eval_metrics = self.evaluate()
+                if self.main:
+                    self.events.metrics(0, eval_metrics | {"time/eval": timer.times["eval"]})
             while self.step < cfg.steps:
                 # Decided together: a rank that stopped alone would leave the others waiting in a collective.
                 stop, over = dist.all_reduce_max(torch.tensor([

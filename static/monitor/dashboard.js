@@ -424,10 +424,9 @@
     if (!rewards.length) return;
     const step = trajectories[0].step;
     const note = left ? `; ${left} left out: infrastructure failure` : "";
-    Plotly.react("reward-histogram", [{ type: "histogram", x: rewards, marker: { color: "#4f46e5" }, nbinsx: 20, name: "reward" }],
-      { height: 170, margin: { l: 50, r: 10, t: 28, b: 36 }, bargap: 0.05,
+    Plotly.react("reward-histogram", [{ type: "histogram", x: rewards, marker: { color: "#4f46e5" }, nbinsx: 20, name: "reward" }], M.themed({ height: 170, margin: { l: 50, r: 10, t: 28, b: 36 }, bargap: 0.05,
         title: { text: `rewards at step ${step} (${rewards.length} trajectories${note})`, font: { size: 12 }, x: 0.02, xanchor: "left" },
-        xaxis: { title: { text: "reward", font: { size: 11 } } }, yaxis: yTitle("trajectories") },
+        xaxis: { title: { text: "reward", font: { size: 11 } } }, yaxis: yTitle("trajectories") }),
       { displaylogo: false, responsive: true });
   }
 
@@ -547,9 +546,9 @@
     if (tokens) traces.push(trace(tokens.value, { name: "generated tokens" }));
     if (sequences) traces.push(trace(sequences.value, { name: "sequences", yaxis: "y2", line: { dash: "dot" } }));
     if (traces.length) {
-      Plotly.react("engine-timeline", traces, { height: 200, margin: { l: 56, r: 56, t: 10, b: 30 },
+      Plotly.react("engine-timeline", traces, M.themed({ height: 200, margin: { l: 56, r: 56, t: 10, b: 30 },
         yaxis: yTitle("tokens generated (total)"), yaxis2: yTitle("sequences (total)", { overlaying: "y", side: "right", showgrid: false }),
-        legend: { orientation: "h", y: -0.3 } }, { displaylogo: false, responsive: true });
+        legend: { orientation: "h", y: -0.3 } }), { displaylogo: false, responsive: true });
     }
   }
 
@@ -594,8 +593,8 @@
       const fields = [["size", "#94a3b8"], ["in_use", "#4f46e5"], ["idle", "#0f9d58"], ["waiting", "#d93025"]];
       Plotly.react("pool-bars", fields.map(([f, color]) => ({
         type: "bar", name: f.replace("_", " "), x: names.map(M.plotText), y: names.map((n) => pools[n][f] ?? 0), marker: { color },
-      })), { barmode: "group", height: 220, margin: { l: 50, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: 1.15 },
-        yaxis: yTitle("instances") },
+      })), M.themed({ barmode: "group", height: 220, margin: { l: 50, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: 1.15 },
+        yaxis: yTitle("instances") }),
       { displaylogo: false, responsive: true });
       const rows = names.flatMap((n) => {
         const s = pools[n];
@@ -623,8 +622,8 @@
         timeline.push(trace(peak ? h.peak_in_use : h.in_use, { name: M.plotText(`${name} ${peak ? "peak in use per step" : "in use"}`), line: { shape: "hv" } }));
         timeline.push(trace(h.waiting, { name: M.plotText(`${name} waiting`), line: { dash: "dot" } }));
       }
-      Plotly.react("pool-timeline", timeline, { height: 200, margin: { l: 50, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: -0.3 },
-        yaxis: yTitle("instances") },
+      Plotly.react("pool-timeline", timeline, M.themed({ height: 200, margin: { l: 50, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: -0.3 },
+        yaxis: yTitle("instances") }),
         { displaylogo: false, responsive: true });
     }
     const gpus = worker.gpus;
@@ -654,8 +653,8 @@
       traces.push(trace(h.util, { name: `GPU ${key} util %` }));
       traces.push(trace(h.mem, { name: `GPU ${key} memory %`, line: { dash: "dot" } }));
     }
-    Plotly.react("worker-timeline", traces, { height: 200, margin: { l: 50, r: 10, t: 10, b: 30 }, yaxis: yTitle("percent", { range: [0, 100] }),
-      legend: { orientation: "h", y: -0.3 } }, { displaylogo: false, responsive: true });
+    Plotly.react("worker-timeline", traces, M.themed({ height: 200, margin: { l: 50, r: 10, t: 10, b: 30 }, yaxis: yTitle("percent", { range: [0, 100] }),
+      legend: { orientation: "h", y: -0.3 } }), { displaylogo: false, responsive: true });
   }
 
   /* ------------------------------------------------------------------------------------- wiring */
