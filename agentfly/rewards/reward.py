@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
@@ -32,6 +33,7 @@ class RewardResult:
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     turn_rewards: list[float] | None = None  # per-turn scores, when the reward returned ``turn_rewards``
+    traceback: str | None = None  # where the reward raised ``error``: what a user needs to fix it
 
 
 @dataclass
@@ -78,7 +80,8 @@ class Reward:
         except (asyncio.CancelledError, InfrastructureFailure):
             raise  # a judge or service that failed says nothing of the answer: the rollout ends as a failure
         except Exception as exc:
-            return RewardResult(0.0, {}, f"reward '{self.name}' raised {type(exc).__name__}: {exc}")
+            return RewardResult(0.0, {}, f"reward '{self.name}' raised {type(exc).__name__}: {exc}",
+                                traceback=traceback.format_exc(limit=-8)[-4000:])
 
 
 def normalise(name: str, value: Any) -> RewardResult:

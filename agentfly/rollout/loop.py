@@ -234,6 +234,7 @@ class RolloutRunner:
         t0 = time.perf_counter()
         result = await self.reward.score(traj.final_answer, traj, ctx, traj.sample)
         traj.reward, traj.reward_metrics, traj.reward_error = result.reward, result.metrics, result.error
+        traj.reward_traceback = result.traceback
         if result.turn_rewards is not None:
             name = getattr(self.reward, "name", "reward")
             traj.turn_rewards += [TurnReward(k, v, name) for k, v in enumerate(result.turn_rewards[:traj.num_turns])]

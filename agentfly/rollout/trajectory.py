@@ -72,6 +72,7 @@ class Trajectory:
     reward: float = 0.0
     reward_metrics: dict[str, float] = field(default_factory=dict)
     reward_error: str | None = None
+    reward_traceback: str | None = None  # where the reward raised ``reward_error`` (the last frames)
     turn_rewards: list[TurnReward] = field(default_factory=list)  # beside the outcome ``reward``
     finish_reason: FinishReason = "answer"
     error: str | None = None

@@ -5,7 +5,6 @@
   const M = window.AgentFlyMonitor;
   const { el, fmt } = M;
   const config = JSON.parse(document.getElementById("monitor-config").textContent);
-  const ACTIVE = new Set(["queued", "running"]);
   const MAX_TOKENS_SHOWN = 6000;
   const MAX_LOG = 300;
 
@@ -32,19 +31,37 @@
     setStatus(jobStatus);
   }
 
-  // Every control follows the job's state: Cancel only while it is queued or running ("Cancelling…",
-  // disabled, once asked), Resume only once it ended failed or cancelled with a checkpoint.
+  // Every control follows the job's state (the model's TrainingJob.phase: its status, refined by a pending
+  // cancel or yield, or by a later job that resumed it): Cancel while a cancel works (queued, running,
+  // yielding, preempted: it asks first, in the words of that state), "Cancelling…" (disabled) once asked,
+  // Resume once it ended failed or cancelled with a checkpoint and nothing resumed it yet.
+  const ACTIVE = new Set(["queued", "running", "preempted"]);
+  const CANCELLABLE = new Set(Object.keys(config.cancel_questions));
+  const WAITING = new Set(["queued", "preempted"]);
   let jobStatus = badge.dataset.status;
-  function setStatus(status, cancelling) {
+  let jobPhase = badge.dataset.phase;
+  function phaseOf(status, given) {
+    if (given) return given;
+    if (status === "running") return cancelRequested ? "cancelling" : jobPhase === "yielding" ? "yielding" : "running";
+    if ((status === "failed" || status === "cancelled") && jobPhase === "resumed") return "resumed";
+    return status;
+  }
+  function setStatus(status, cancelling, phase) {
     jobStatus = status;
     if (cancelling) cancelRequested = true;
-    if (resumeForm) resumeForm.hidden = !((status === "failed" || status === "cancelled") && resumeStep !== null);
-    badge.className = `badge big ${status}`;
+    jobPhase = phaseOf(status, phase);
+    if (resumeForm) resumeForm.hidden = !((status === "failed" || status === "cancelled") && resumeStep !== null && jobPhase !== "resumed");
+    badge.className = `badge big ${status} ${jobPhase}`;
     badge.dataset.status = status;
-    badge.textContent = status.charAt(0).toUpperCase() + status.slice(1);
-    cancelButton.hidden = !ACTIVE.has(status);
-    cancelButton.disabled = !ACTIVE.has(status) || cancelRequested;
-    cancelButton.textContent = cancelRequested && ACTIVE.has(status) ? "Cancelling…" : "Cancel job";
+    badge.dataset.phase = jobPhase;
+    badge.textContent = config.phase_labels[jobPhase] || status;
+    cancelButton.hidden = !(CANCELLABLE.has(jobPhase) || jobPhase === "cancelling");
+    cancelButton.disabled = jobPhase === "cancelling";
+    cancelButton.textContent = jobPhase === "cancelling" ? "Cancelling…" : "Cancel job";
+    for (const id of ["job-queue-reason", "job-waiting"]) {
+      const note = document.getElementById(id);
+      if (note && !WAITING.has(status)) note.hidden = true;
+    }
     if (!ACTIVE.has(status)) ended();
     showEta();
   }
@@ -74,7 +91,7 @@
   function showEta() {
     const eta = document.getElementById("job-eta");
     const left = totalSteps - shownStep;
-    if (!ACTIVE.has(jobStatus) || !stepTimes.length || !(left > 0)) { eta.textContent = ""; return; }
+    if (jobStatus !== "running" || !stepTimes.length || !(left > 0)) { eta.textContent = ""; return; }
     const seconds = (stepTimes.reduce((a, [, s]) => a + s, 0) / stepTimes.length) * left;
     const m = Math.floor(seconds / 60), sec = Math.round(seconds % 60);
     eta.textContent = `ETA ${m ? `${m} min ` : ""}${sec} s`;
@@ -90,6 +107,8 @@
   }
 
   cancelButton.addEventListener("click", async () => {
+    // As the job page does: one tap never stops training unasked.
+    if (!window.confirm(config.cancel_questions[jobPhase] || `Cancel job #${config.id}?`)) return;
     cancelRequested = true;
     cancelButton.disabled = true;
     cancelButton.textContent = "Cancelling…";
@@ -102,11 +121,27 @@
       if (response.type !== "opaqueredirect" && !response.ok) throw new Error(`HTTP ${response.status}`);
     } catch (err) {
       cancelRequested = false;
-      cancelButton.disabled = false;
-      cancelButton.textContent = "Cancel job";
+      setStatus(jobStatus, false, jobPhase === "cancelling" ? null : jobPhase);
       appendLog({ seq: "", type: "log", data: { level: "error", message: `cancel failed: ${err.message}` } });
     }
   });
+
+  /* ------------------------------------------------------------------------------ reward errors */
+  // The banner the page renders when a reward raised (the trainer logs the first error's traceback once, as
+  // a warning); live, it appears with that warning and follows each step's share of raised rewards.
+  const rewardBanner = document.getElementById("reward-errors");
+  function showRewardErrors(event) {
+    const d = M.payload(event);
+    if (!rewardBanner.hidden) return; // the first traceback stays
+    document.getElementById("reward-errors-message").textContent = d.message || "";
+    document.getElementById("reward-errors-traceback").textContent = d.traceback;
+    rewardBanner.hidden = false;
+  }
+  function showRewardShare(step, share) {
+    if (rewardBanner.hidden && !(share > 0)) return;
+    document.getElementById("reward-errors-share").textContent =
+      `At step ${step}, ${Math.round(100 * share)}% of the rollouts' rewards raised and scored 0.`;
+  }
 
   /* ------------------------------------------------------------------------------------------ log */
   const logList = document.getElementById("log-list");
@@ -389,10 +424,9 @@
     if (!rewards.length) return;
     const step = trajectories[0].step;
     const note = left ? `; ${left} left out: infrastructure failure` : "";
-    Plotly.react("reward-histogram", [{ type: "histogram", x: rewards, marker: { color: "#4f46e5" }, nbinsx: 20, name: "reward" }],
-      { height: 170, margin: { l: 50, r: 10, t: 28, b: 36 }, bargap: 0.05,
+    Plotly.react("reward-histogram", [{ type: "histogram", x: rewards, marker: { color: "#4f46e5" }, nbinsx: 20, name: "reward" }], M.themed({ height: 170, margin: { l: 50, r: 10, t: 28, b: 36 }, bargap: 0.05,
         title: { text: `rewards at step ${step} (${rewards.length} trajectories${note})`, font: { size: 12 }, x: 0.02, xanchor: "left" },
-        xaxis: { title: { text: "reward", font: { size: 11 } } }, yaxis: yTitle("trajectories") },
+        xaxis: { title: { text: "reward", font: { size: 11 } } }, yaxis: yTitle("trajectories") }),
       { displaylogo: false, responsive: true });
   }
 
@@ -512,9 +546,9 @@
     if (tokens) traces.push(trace(tokens.value, { name: "generated tokens" }));
     if (sequences) traces.push(trace(sequences.value, { name: "sequences", yaxis: "y2", line: { dash: "dot" } }));
     if (traces.length) {
-      Plotly.react("engine-timeline", traces, { height: 200, margin: { l: 56, r: 56, t: 10, b: 30 },
+      Plotly.react("engine-timeline", traces, M.themed({ height: 200, margin: { l: 56, r: 56, t: 10, b: 30 },
         yaxis: yTitle("tokens generated (total)"), yaxis2: yTitle("sequences (total)", { overlaying: "y", side: "right", showgrid: false }),
-        legend: { orientation: "h", y: -0.3 } }, { displaylogo: false, responsive: true });
+        legend: { orientation: "h", y: -0.3 } }), { displaylogo: false, responsive: true });
     }
   }
 
@@ -559,8 +593,8 @@
       const fields = [["size", "#94a3b8"], ["in_use", "#4f46e5"], ["idle", "#0f9d58"], ["waiting", "#d93025"]];
       Plotly.react("pool-bars", fields.map(([f, color]) => ({
         type: "bar", name: f.replace("_", " "), x: names.map(M.plotText), y: names.map((n) => pools[n][f] ?? 0), marker: { color },
-      })), { barmode: "group", height: 220, margin: { l: 50, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: 1.15 },
-        yaxis: yTitle("instances") },
+      })), M.themed({ barmode: "group", height: 220, margin: { l: 50, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: 1.15 },
+        yaxis: yTitle("instances") }),
       { displaylogo: false, responsive: true });
       const rows = names.flatMap((n) => {
         const s = pools[n];
@@ -588,8 +622,8 @@
         timeline.push(trace(peak ? h.peak_in_use : h.in_use, { name: M.plotText(`${name} ${peak ? "peak in use per step" : "in use"}`), line: { shape: "hv" } }));
         timeline.push(trace(h.waiting, { name: M.plotText(`${name} waiting`), line: { dash: "dot" } }));
       }
-      Plotly.react("pool-timeline", timeline, { height: 200, margin: { l: 50, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: -0.3 },
-        yaxis: yTitle("instances") },
+      Plotly.react("pool-timeline", timeline, M.themed({ height: 200, margin: { l: 50, r: 10, t: 10, b: 30 }, legend: { orientation: "h", y: -0.3 },
+        yaxis: yTitle("instances") }),
         { displaylogo: false, responsive: true });
     }
     const gpus = worker.gpus;
@@ -619,8 +653,8 @@
       traces.push(trace(h.util, { name: `GPU ${key} util %` }));
       traces.push(trace(h.mem, { name: `GPU ${key} memory %`, line: { dash: "dot" } }));
     }
-    Plotly.react("worker-timeline", traces, { height: 200, margin: { l: 50, r: 10, t: 10, b: 30 }, yaxis: yTitle("percent", { range: [0, 100] }),
-      legend: { orientation: "h", y: -0.3 } }, { displaylogo: false, responsive: true });
+    Plotly.react("worker-timeline", traces, M.themed({ height: 200, margin: { l: 50, r: 10, t: 10, b: 30 }, yaxis: yTitle("percent", { range: [0, 100] }),
+      legend: { orientation: "h", y: -0.3 } }), { displaylogo: false, responsive: true });
   }
 
   /* ------------------------------------------------------------------------------------- wiring */
@@ -639,12 +673,13 @@
           charts.addLive(config.id, event.seq, event.step ?? event.seq, M.numericMetrics(data), event.time);
           if (typeof data["time/step"] === "number") noteStepTime(event.step, data["time/step"]);
           setStep(event.step);
+          if (typeof data["reward_errors/fraction"] === "number") showRewardShare(event.step, data["reward_errors/fraction"]);
           break;
         case "samples": indexSamples(event.step, event.seq); break;
         case "resources": if (event.stub) break; addResources(event); break;
         case "status": setStatus(data.state); appendLog(event); break;
         case "checkpoint": setCheckpoint(data.step); appendLog(event); break;
-        case "log": appendLog(event); break;
+        case "log": appendLog(event); if (data.level === "warning" && data.traceback) showRewardErrors(event); break;
         default: break;
       }
     }
@@ -681,7 +716,7 @@
     const history = await M.getJSON(config.series_url);
     state.timings.fetched = performance.now();
     totalSteps = history.job.total_steps;
-    setStatus(history.job.status, history.job.cancel_requested);
+    setStatus(history.job.status, history.job.cancel_requested, history.job.phase);
     setStep(history.job.step);
     charts.setStartSteps(config.id, history.starts || []);
     showLineage(history.lineage || []);
@@ -702,7 +737,7 @@
     document.body.dataset.history = "drawn";
     state.socket = new M.EventSocket(config.ws_path, {
       onEvents,
-      onHello: (job) => { totalSteps = job.total_steps; setStatus(job.status, job.cancel_requested); },
+      onHello: (job) => { totalSteps = job.total_steps; setStatus(job.status, job.cancel_requested, job.phase); },
       onState: (s, detail) => {
         if (connection.dataset.state === "ended") return;
         connection.dataset.state = s; connection.textContent = detail || s;

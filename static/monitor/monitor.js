@@ -36,6 +36,8 @@
       this.ws = null;
       this.stopped = false;
       this.timer = null;
+      // The system switched light/dark: redraw in the page's new colours.
+      window.matchMedia?.("(prefers-color-scheme: dark)")?.addEventListener?.("change", () => this._redrawAll());
     }
 
     start() { this._connect(); return this; }
@@ -127,7 +129,10 @@
     // Calls and turns together: a multi-turn agent that learns to keep using its tool shows both rising.
     { id: "tool_calls", title: "Tool calls and turns per trajectory", keys: ["tool_calls_mean"], lines: ["turns_mean"],
       y: { title: "calls, turns (mean per trajectory)", rangemode: "tozero" } },
-    { id: "tool_errors", title: "Tool errors per trajectory", keys: ["tool_errors_mean"], y: { title: "failed calls", rangemode: "tozero" } },
+    // Every kind of error per trajectory on one chart: a reward that raises (scored 0) is as plain as a tool
+    // that fails or a call the parser could not read.
+    { id: "tool_errors", title: "Errors per trajectory", keys: ["tool_errors_mean"], lines: ["parse_errors_mean", "reward_errors_fraction"],
+      y: { title: "errors (mean per trajectory)", rangemode: "tozero" } },
     { id: "tokens_per_s", title: "Generation throughput", keys: ["tokens_per_second"], y: { title: "tokens / s", rangemode: "tozero" } },
     { id: "lr", title: "Learning rate", keys: ["lr"], y: { title: "learning rate", tickformat: ".1e", rangemode: "tozero" } },
     { id: "step_time", title: "Step time", keys: ["time_step"], lines: ["time_step_cpu"], skipStart: true,
@@ -144,8 +149,10 @@
       y: { title: "tokens (held-out)", rangemode: "tozero" } },
     { id: "eval_counts", title: "Evaluation: turns and tool calls", keys: [], prefix: "eval_", only: /turns|calls|errors/,
       y: { title: "per trajectory (held-out)", rangemode: "tozero" } },
+    // The number of problems is a count, not a share: on the 0–1 axis it would flatten every other line.
     { id: "eval", title: "Evaluation (held-out)", keys: ["eval_accuracy"], prefix: "eval_",
-      drop: ["eval_reward_std", "eval_reward_min", "eval_reward_max"], y: { title: "share / reward (0–1)", rangemode: "tozero" } },
+      drop: ["eval_reward_std", "eval_reward_min", "eval_reward_max", "eval_reward_errors"], y: { title: "share / reward (0–1)", rangemode: "tozero" },
+      y2: { title: "problems", match: /^eval_problems$|^eval_sampled_n$/ } },
   ];
 
   /* The y axis of a chart no spec names: its unit guessed from the metric's name. */
@@ -410,6 +417,31 @@
 
     _redrawAll() { for (const chart of this.charts.values()) { chart.full = true; this._pressed(chart); } this.flush(); }
 
+    /* A log axis cannot draw a value at or below 0 (a loss, an advantage, a smoothed rate that touched 0):
+     * the chart says how many points it leaves out, and that the smoothed line is off, instead of hiding them
+     * silently; a chart with no value above 0 stays linear and says so. */
+    _logNote(chart) {
+      const asked = chart.log ?? this.logScale;
+      let text = "";
+      if (asked) {
+        let hidden = 0;
+        for (const l of chart.lines) for (const v of l.y) if (v !== null && v !== undefined && v <= 0) hidden += 1;
+        if (this._axisType(chart) !== "log") text = "Log scale off for this chart: it has no value above 0.";
+        else if (hidden) {
+          text = `Log scale: ${hidden} point${hidden === 1 ? "" : "s"} at or below 0 not drawn` +
+            ((chart.smooth ?? this.smoothing) ? "; smoothing off (its line would pass through them)." : ".");
+        }
+      }
+      if (!chart.note) {
+        if (!text) return;
+        chart.note = document.createElement("p");
+        chart.note.className = "chart-note";
+        chart.box.append(chart.note);
+      }
+      chart.note.textContent = text;
+      chart.note.hidden = !text;
+    }
+
     _band(line, i) {
       const y = line.y[i];
       if (y === null || y === undefined) return [null, null];
@@ -651,7 +683,10 @@
             legend: { orientation: "h", x: 0, y: -0.18, yanchor: "top", font: { size: 10 } }, uirevision: id,
           };
           if (y2) layout.yaxis2 = { ...axisLayout({ rangemode: "tozero", ...chart.def.y2 }), overlaying: "y", side: "right", showgrid: false };
-          Plotly.react(chart.div, traces, layout, { displaylogo: false, responsive: true });
+          // No Plotly toolbar on a phone: its 20 px buttons are under the 24 px a finger needs (WCAG 2.2), and
+          // the chart's own row of tools (log, smooth, CSV, ...) and a double tap (reset zoom) remain.
+          Plotly.react(chart.div, traces, themed(layout), { displaylogo: false, responsive: true,
+            displayModeBar: !window.matchMedia?.("(pointer: coarse), (max-width: 640px)")?.matches });
           if (!chart.bound) this._bind(chart);
           chart.bound = true;
           chart.drawn = true; chart.full = false;
@@ -676,6 +711,7 @@
           }
           if (indices.length) Plotly.extendTraces(chart.div, update, indices);
         }
+        this._logNote(chart);
         if (this.search) this._applyPanel(chart);
         chart.div.dataset.points = String(chart.lines[0].x.length);
         chart.box.dataset.points = chart.div.dataset.points;
@@ -695,6 +731,20 @@
       return { pinned: Array.isArray(value.pinned) ? value.pinned.map(String) : [],
         hidden: Array.isArray(value.hidden) ? value.hidden.map(String) : [] };
     } catch (err) { return { pinned: [], hidden: [] }; }
+  }
+
+  /* The page's colours (app.css's variables, light or dark as the system prefers) on a chart's layout: a
+   * transparent background, the page's ink for text and its line colour for the grid. */
+  function themed(layout) {
+    const css = getComputedStyle(document.documentElement);
+    const ink = css.getPropertyValue("--ink").trim() || "#1d2330", line = css.getPropertyValue("--line").trim() || "#e3e6eb";
+    const out = { ...layout, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", font: { color: ink } };
+    // Only the axes the layout has: Plotly reads every axis key it is given, an undefined one included.
+    for (const key of ["xaxis", "yaxis", "yaxis2"]) {
+      out[key] = { ...(layout[key] || {}), gridcolor: line, zerolinecolor: line, linecolor: line };
+      if (key === "yaxis2" && !layout.yaxis2) delete out[key];
+    }
+    return out;
   }
 
   /* A chart spec's axis as Plotly's layout writes it: the title (with its unit) is what every chart has. */
@@ -815,5 +865,5 @@
     return Number.isInteger(value) ? String(value) : value.toFixed(digits ?? 3);
   }
 
-  window.AgentFlyMonitor = { EventSocket, MetricCharts, payload, numericMetrics, normKey, bindChartControls, moreMetrics, el, fmt, PALETTE, getJSON, rangeFetcher, axisLayout, plotText };
+  window.AgentFlyMonitor = { EventSocket, MetricCharts, themed, payload, numericMetrics, normKey, bindChartControls, moreMetrics, el, fmt, PALETTE, getJSON, rangeFetcher, axisLayout, plotText };
 })();

@@ -92,6 +92,7 @@ def test_the_dashboard_grows_live_shows_rollouts_and_pools_and_cancels_the_job(
     assert pools and all(p["python"]["acquires"] >= 4 and p["python"]["created"] >= 1 for p in pools), pools
 
     # Cancel from the page; the status badge changes live.
+    page.once("dialog", lambda dialog: dialog.accept())  # the dashboard asks before it cancels
     page.click("#cancel-button")
     wait_for_js(page, "document.getElementById('job-status').dataset.status === 'cancelled'",
                            timeout=180_000)

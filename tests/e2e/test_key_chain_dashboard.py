@@ -90,6 +90,7 @@ def test_the_key_chain_job_launched_from_the_form_shows_success_rising_more_call
     assert chain[-1][1].removeprefix("final: ") in page.inner_text("#rollout-view .final-answer"), chain
     page.locator("#rollout-view").screenshot(path=str(ARTIFACTS / "key-chain-rollout.png"))
 
+    page.once("dialog", lambda dialog: dialog.accept())  # the dashboard asks before it cancels
     page.click("#cancel-button")
     wait_for_js(page, "() => document.getElementById('job-status').dataset.status === 'cancelled'", timeout=180_000)
     assert not page.errors, page.errors

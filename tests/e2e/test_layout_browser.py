@@ -160,14 +160,17 @@ def test_the_charts_are_as_wide_as_their_card_on_a_phone_and_resize_with_the_win
 
 # --------------------------------------------------------------------------------- buttons follow the state
 STATES = {
-    # name: (status, cancel_requested, checkpoint step or None)
-    "queued": ("queued", False, None),
-    "running": ("running", False, None),
-    "cancelling": ("running", True, 10),
-    "succeeded": ("succeeded", False, 40),
-    "failed": ("failed", False, None),
-    "cancelled": ("cancelled", False, None),
-    "resumable": ("failed", False, 30),
+    # name: (status, fields, checkpoint step or None)
+    "queued": ("queued", {}, None),
+    "running": ("running", {}, None),
+    "yielding": ("running", {"yield_requested": True}, 10),
+    "cancelling": ("running", {"cancel_requested": True}, 10),
+    "preempted": ("preempted", {}, 20),
+    "succeeded": ("succeeded", {}, 40),
+    "failed": ("failed", {}, None),
+    "cancelled": ("cancelled", {}, None),
+    "resumable": ("failed", {}, 30),
+    "resumed": ("cancelled", {}, 30),
 }
 
 
@@ -178,12 +181,15 @@ def jobs_in_every_state(alice: Any, transactional_db: None) -> dict[str, Any]:
 
     team = Team.objects.of(alice).get()
     jobs = {}
-    for name, (status, cancelling, step) in STATES.items():
-        job = make_job(team, alice, f"job {name}", status, cancel_requested=cancelling, step=step or 0)
+    for name, (status, fields, step) in STATES.items():
+        job = make_job(team, alice, f"job {name}", status, step=step or 0, **fields)
         seed_long_job(job, 3)
         if step is not None:
             checkpoint(job, step)
         jobs[name] = job
+    # "resumed": a later job continues it from its checkpoint.
+    jobs["continuation"] = make_job(team, alice, "job resumed (resumed)", "succeeded",
+                                    resumed_from=jobs["resumed"].checkpoints.get())
     return jobs
 
 
@@ -198,37 +204,82 @@ def controls(page: Any) -> dict[str, Any]:
     }""")
 
 
+def words(page: Any) -> dict[str, Any]:
+    """The state's other words: the link to the job that continued it, why it waits, the missing-worker hint."""
+    return page.evaluate("""() => {
+      const text = (sel) => { const e = document.querySelector(sel); return e && e.offsetParent !== null ? e.textContent.trim().replace(/\\s+/g, ' ') : null; };
+      return {continued: text('#continued-link'), waits: text('#job-queue-reason'), no_worker: text('#job-waiting')};
+    }""")
+
+
+def cancel_question(page: Any) -> str | None:
+    """Tap Cancel and say no: the question asked (None: nothing asked). Nothing is cancelled."""
+    asked: list[str] = []
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+    page.click("#cancel-button")
+    page.wait_for_timeout(200)
+    return asked[0] if asked else None
+
+
 EXPECTED = {
     "queued": {"badge": "queued", "cancel": "Cancel", "resume": None},
     "running": {"badge": "running", "cancel": "Cancel", "resume": None},
-    "cancelling": {"badge": "running", "cancel": "disabled Cancelling…", "resume": None},
+    "yielding": {"badge": "yielding", "cancel": "Cancel", "resume": None},
+    "cancelling": {"badge": "cancelling", "cancel": "disabled Cancelling…", "resume": None},
+    "preempted": {"badge": "preempted, queued", "cancel": "Cancel", "resume": None},
     "succeeded": {"badge": "succeeded", "cancel": None, "resume": None},
     "failed": {"badge": "failed", "cancel": None, "resume": None},
     "cancelled": {"badge": "cancelled", "cancel": None, "resume": None},
     "resumable": {"badge": "failed", "cancel": None, "resume": "Resume from step 30"},
+    "resumed": {"badge": "resumed", "cancel": None, "resume": None},
+}
+# What Cancel asks, in the words of each state where it works.
+QUESTIONS = {
+    "queued": "It has not started: it leaves the queue now, and nothing is trained or kept.",
+    "running": "It stops after its current step and saves a checkpoint",
+    "yielding": "It stops after its current step and saves a checkpoint",
+    "preempted": "It waits in the queue to resume from step 20; it ends now, and its checkpoints stay",
 }
 
 
 @pytest.mark.parametrize("size", list(SIZES))
-def test_cancel_and_resume_are_shown_only_when_they_would_work_at_every_state(
+def test_every_state_offers_exactly_the_actions_that_work_and_cancel_asks_in_its_words(
         size: str, alice: Any, jobs_in_every_state: dict[str, Any], daphne: Daphne, browser_page: Any) -> None:
+    from webapp.jobs.models import TrainingJob
+
     page = browser_page
     page.set_viewport_size(SIZES[size])
     sign_in(page, alice, daphne.url)
     problems = watch_for_problems(page, daphne.url)
     seen: dict[str, Any] = {}
-    for name, job in jobs_in_every_state.items():
-        expected = EXPECTED[name]
-        page.goto(f"{daphne.url}/jobs/{job.pk}/")
-        seen[f"{name} job page"] = (controls(page), expected)
-        page.goto(f"{daphne.url}/monitor/jobs/{job.pk}/")
-        wait_for_js(page, "() => document.body.dataset.history === 'drawn'", timeout=30_000)
-        on_dashboard = {**expected, "cancel": expected["cancel"] and expected["cancel"].replace("Cancel", "Cancel job", 1)
-                        if expected["cancel"] == "Cancel" else expected["cancel"]}
-        seen[f"{name} dashboard"] = (controls(page), on_dashboard)
-        if name == "resumable":
-            page.screenshot(path=str(ARTIFACTS / f"{size}-dashboard-resumable.png"))
+    for name, expected in EXPECTED.items():
+        job = jobs_in_every_state[name]
+        for where, path in (("job page", f"/jobs/{job.pk}/"), ("dashboard", f"/monitor/jobs/{job.pk}/")):
+            page.goto(f"{daphne.url}{path}")
+            if where == "dashboard":
+                wait_for_js(page, "() => document.body.dataset.history === 'drawn'", timeout=30_000)
+                want = {**expected, "cancel": "Cancel job" if expected["cancel"] == "Cancel" else expected["cancel"]}
+            else:
+                want = expected
+            seen[f"{name} {where}"] = (controls(page), want)
+            said = words(page)
+            continued = f"Continued as #{jobs_in_every_state['continuation'].pk}" if name == "resumed" else None
+            seen[f"{name} {where}: continued"] = (said["continued"], continued)
+            # A waiting job says where it waits and for what (the running jobs hold the cpu queue's worker),
+            # and never blames a missing worker when one is only busy.
+            waits = said["waits"] is not None and "place" in said["waits"] and "a busy worker" in said["waits"]
+            seen[f"{name} {where}: waits"] = (waits, name in ("queued", "preempted"))
+            seen[f"{name} {where}: no worker"] = (said["no_worker"], None)
+            if name in QUESTIONS:
+                question = cancel_question(page) or ""
+                seen[f"{name} {where}: asks"] = (QUESTIONS[name] in question and f"#{job.pk}" in question, True)
+        if name in ("preempted", "resumed"):
+            page.screenshot(path=str(ARTIFACTS / f"{size}-dashboard-{name}.png"))
     assert {k: v for k, (v, want) in seen.items() if v != want} == {}, seen
+    # Every question was answered no: nothing was cancelled.
+    left = off_loop(lambda: {j.status for j in TrainingJob.objects.filter(
+        name__in=["job queued", "job running", "job preempted"])})
+    assert left == {"queued", "running", "preempted"}
     assert problems == []
 
 

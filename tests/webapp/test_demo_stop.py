@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def start_demo_in_background(tmp_path: Path, args: tuple[str, ...] = ("--model", "tiny", "--steps", "2")
                              ) -> tuple[subprocess.Popen[str], int]:
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}  # the demo's own SQLite under --dir
+    # The demo's own SQLite under --dir, and its own team plugin folder (the test session's would hide it).
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "AGENTFLY_PLUGIN_DIRS")}
     # A Redis database of its own: on the test session's (13) the session's Celery worker, which serves the same
     # queues, would take the demo's job and run it against the test database instead.
     env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", REDIS_URL="redis://127.0.0.1:6379/14")

@@ -19,7 +19,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from webapp.inputs import PG_BIGINT_MAX, query_int
-from webapp.jobs.models import Kind, TrainingJob
+from webapp.jobs.models import CANCELLABLE, PHASE_LABELS, Kind, TrainingJob
 from webapp.monitor.events import events_after, requested_types
 from webapp.monitor.models import EventType, JobEvent, JobNote
 from webapp.monitor.runs import config_diff, hyperparameter_rows, seed_groups
@@ -59,9 +59,14 @@ def dashboard(request: HttpRequest, pk: int) -> HttpResponse:
     # A live job that may yet fail or be cancelled gets the form hidden; the page shows it when the job ends so
     # with a checkpoint, without a reload.
     offer_resume = can_resume or (member and job.is_active and job.kind != Kind.SFT)
-    return render(request, "monitor/dashboard.html", {"job": job, "monitor_config": {**_job_context(job),
-                                                                                     "user": request.user.get_username()},
-                                                      "can_resume": can_resume, "offer_resume": offer_resume})
+    # The words of each state and of Cancel's question, from the model: the script shows the job's state live.
+    texts = {"phase_labels": PHASE_LABELS,
+             "cancel_questions": {phase: job.cancel_question_in(phase) for phase in CANCELLABLE}}
+    offer_resume = offer_resume and job.phase != "resumed"
+    return render(request, "monitor/dashboard.html", {
+        "job": job, "monitor_config": {**_job_context(job), **texts, "user": request.user.get_username()},
+        "can_resume": can_resume and job.phase != "resumed", "offer_resume": offer_resume,
+        "reward_errors": job.reward_errors()})
 
 
 def parse_job_ids(values: list[str]) -> list[int]:

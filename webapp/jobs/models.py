@@ -9,12 +9,14 @@ win: exactly one update matches, the other sees 0 rows and backs off.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
+from django.db.models.functions import Coalesce
 from django.urls import reverse
 from django.utils import timezone
 
@@ -85,6 +87,9 @@ class TrainingJob(models.Model):
                                      related_name="resumed_by")
     worker = models.CharField(max_length=200, blank=True, help_text="hostname:pid of the worker running it.")
     cancel_requested = models.BooleanField(default=False)
+    yield_requested = models.BooleanField(default=False, help_text="Running, and stopping at its next step to "
+                                          "yield its worker to another team's job (fair share): the page says "
+                                          "'yielding' until it is preempted.")
     step = models.PositiveIntegerField(default=0)
     final_metrics = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
@@ -184,10 +189,80 @@ class TrainingJob(models.Model):
         end = self.finished_at or timezone.now()
         return (end - self.started_at).total_seconds()
 
+    # ------------------------------------------------------------------ the state a person sees, and its actions
     @property
-    def waiting_for_worker(self) -> bool:
-        """Queued for long enough that a missing worker is the likely reason (shown as a hint)."""
-        return self.status == Status.QUEUED and (timezone.now() - self.created_at).total_seconds() > 30
+    def phase(self) -> str:
+        """The job's state as the pages say it (one of ``PHASES``): its status, refined by what is pending (a
+        cancel, a yield) and by what came after it (a failed or cancelled job that was resumed)."""
+        if self.status == Status.RUNNING:
+            return "cancelling" if self.cancel_requested else "yielding" if self.yield_requested else "running"
+        if self.status in (Status.FAILED, Status.CANCELLED) and self.continued_by is not None:
+            return "resumed"
+        return str(self.status)
+
+    @property
+    def phase_label(self) -> str:
+        return PHASE_LABELS[self.phase]
+
+    @functools.cached_property
+    def continued_by(self) -> TrainingJob | None:
+        """The job that resumed this one from one of its checkpoints (the first, if several did)."""
+        return TrainingJob.objects.filter(resumed_from__job=self).order_by("created_at", "id").first()
+
+    @property
+    def can_cancel(self) -> bool:
+        """Cancel works: the job waits (it ends now) or runs with no cancel pending (it stops at a step)."""
+        return self.phase in CANCELLABLE
+
+    @property
+    def cancel_question(self) -> str:
+        """What the Cancel button asks, true to what a cancel does in the job's state."""
+        return self.cancel_question_in(self.phase)
+
+    def cancel_question_in(self, phase: str) -> str:
+        """What the Cancel button asks in ``phase`` (the dashboard changes its question as the job moves)."""
+        n = f"Cancel job #{self.pk}?"
+        if phase == "queued":
+            return f"{n} It has not started: it leaves the queue now, and nothing is trained or kept."
+        if phase == "preempted":
+            ckpt = self.last_checkpoint
+            at = f" from step {ckpt.step}" if ckpt is not None else ""
+            return (f"{n} It waits in the queue to resume{at}; it ends now, and its checkpoints stay: you can "
+                    "still resume it later.")
+        return (f"{n} It stops after its current step and saves a checkpoint; you can resume it from its last "
+                "checkpoint.")
+
+    def queue_wait(self) -> QueueWait | None:
+        """Why a waiting job waits: its place in its queue and what it waits for (a busy worker, its team's
+        quota, fair share, or, after a while with nothing running on its queue, a missing worker)."""
+        if self.status not in WAITING or self.cancel_requested:
+            return None
+        key = Coalesce("queued_at", "created_at")
+        mine = self.queued_at or self.created_at
+        waiting = (TrainingJob.objects.filter(status__in=WAITING, queue=self.queue, cancel_requested=False)
+                   .annotate(since=key))
+        ahead = waiting.filter(models.Q(since__lt=mine) | models.Q(since=mine, pk__lt=self.pk)).count()
+        running = list(TrainingJob.objects.filter(status=Status.RUNNING, queue=self.queue)
+                       .select_related("team").order_by("run_started_at")[:5])
+        quota = quotas_of(self.team_id).concurrent_jobs
+        team_running = TrainingJob.objects.filter(team_id=self.team_id, status=Status.RUNNING).count()
+        waited = (timezone.now() - mine).total_seconds()
+        reasons: list[str] = []
+        if team_running >= quota:
+            reasons.append(f"its team's quota: {team_running} of the team's jobs run, at most {quota} at once")
+        others = [j for j in running if j.team_id != self.team_id]
+        if running:
+            names = ", ".join(f"#{j.pk}" for j in running)
+            reasons.append(f"a busy worker: {len(running)} job{'s' if len(running) > 1 else ''} ({names}) "
+                           f"{'run' if len(running) > 1 else 'runs'} on the {self.queue} queue")
+        slice_s = float(settings.AGENTFLY_TIME_SLICE)
+        if others and slice_s > 0:
+            reasons.append(f"fair share: another team's job yields its worker after {slice_s:.0f} s of training "
+                           "when a job of another team waits")
+        if ahead:
+            reasons.append(f"{ahead} job{'s' if ahead > 1 else ''} queued before it")
+        return QueueWait(place=ahead + 1, waiting=waiting.count(), reasons=reasons,
+                         no_worker=not running and waited > 30)
 
     @property
     def progress(self) -> int:
@@ -197,9 +272,52 @@ class TrainingJob(models.Model):
     def last_checkpoint(self) -> Checkpoint | None:
         return self.checkpoints.order_by("-step").first()
 
+    def reward_errors(self) -> RewardErrors | None:
+        """The rewards that raised, for the banner of the job page and dashboard: the first error and its
+        traceback (the trainer logs it once, as a warning), and the share of the newest step's rollouts whose
+        reward raised. None when no reward raised."""
+        first = (self.events.filter(type="log", data__level="warning", data__has_key="traceback")
+                 .order_by("seq").first())
+        if first is None:
+            return None
+        latest = (self.events.filter(type="metrics", data__has_key="reward_errors/fraction")
+                  .order_by("-seq").values_list("step", "data").first())
+        share, step = (None, None) if latest is None else (latest[1].get("reward_errors/fraction"), latest[0])
+        return RewardErrors(message=str(first.data.get("message", "")), traceback=str(first.data["traceback"]),
+                            first_step=first.step, share=share if isinstance(share, (int, float)) else None,
+                            step=step)
+
     def summary(self) -> dict[str, Any]:
         return {"id": self.pk, "status": self.status, "step": self.step, "total_steps": self.total_steps,
-                "cancel_requested": self.cancel_requested}
+                "cancel_requested": self.cancel_requested, "phase": self.phase}
+
+
+# What the pages call each state (``TrainingJob.phase``), and the states a Cancel works in.
+PHASE_LABELS = {**{str(v): str(label) for v, label in Status.choices}, "preempted": "Preempted, queued",
+                "yielding": "Yielding", "cancelling": "Cancelling", "resumed": "Resumed"}
+PHASES = tuple(PHASE_LABELS)
+CANCELLABLE = ("queued", "running", "yielding", "preempted")
+
+
+@dataclass(frozen=True)
+class RewardErrors:
+    message: str  # the trainer's warning: the share of the first step whose rewards raised, and the error
+    traceback: str
+    first_step: int | None
+    share: float | None  # of the newest step's rollouts whose reward raised (0-1)
+    step: int | None  # that step
+
+    @property
+    def percent(self) -> str:
+        return "" if self.share is None else f"{self.share:.0%}"
+
+
+@dataclass(frozen=True)
+class QueueWait:
+    place: int  # 1: next to be taken
+    waiting: int  # jobs waiting on the queue, this one included
+    reasons: list[str]
+    no_worker: bool  # nothing runs on its queue and it has waited a while: likely no worker listens
 
 
 class Checkpoint(models.Model):

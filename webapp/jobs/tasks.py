@@ -68,6 +68,7 @@ class Heartbeat:
                     if self.over_time is None:
                         self.over_time = worker.over_time(self.job_id)
                     if not self.yielding.is_set() and worker.must_yield(self.job_id, self.first_step_at):
+                        worker.mark_yielding(self.job_id)  # first, so the pages never say running while it yields
                         self.yielding.set()
                 except Exception:  # a database blip must not end the job; the next beat retries
                     log.warning("heartbeat of job %d failed", self.job_id, exc_info=True)
@@ -215,11 +216,10 @@ def run_job(job_id: int) -> str:
                 if heartbeat.over_time:
                     status, error = Status.FAILED, heartbeat.over_time
                 elif heartbeat.yielding.is_set():
-                    if worker.preempt_job(job_id, outcome.last_step, enqueue_again):
-                        status = Status.PREEMPTED
-                    else:
-                        status, error = Status.FAILED, ("the job stopped to yield its worker to another team's "
-                                                        "job but has no checkpoint to resume from; launch it again")
+                    status = worker.preempt_job(job_id, outcome.last_step, enqueue_again) or Status.FAILED
+                    if status == Status.FAILED:
+                        error = ("the job stopped to yield its worker to another team's job but has no checkpoint "
+                                 "to resume from; launch it again")
         except SoftTimeLimitExceeded:
             error = f"the job ran past its time limit of {settings.JOB_SOFT_TIME_LIMIT} s; resume it from its checkpoint"
         except Exception as exc:

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
@@ -12,7 +14,7 @@ from webapp.accounts.throttling import throttle
 from webapp.jobs import actions, files
 from webapp.jobs.forms import PRESETS, LaunchForm, initial_from_job, preset_initial
 from webapp.jobs.models import Status, TrainingJob
-from webapp.monitor.models import JobEvent
+from webapp.monitor.models import JobEvent, JobNote
 
 
 def visible_jobs(request: HttpRequest):  # type: ignore[no-untyped-def]
@@ -29,7 +31,18 @@ PRESET_LINKS = [(key, preset["title"]) for key, preset in PRESETS.items()]
 
 def job_filters(request: HttpRequest) -> dict[str, str]:
     """The list's filters from the query (``?status=running&task=key_chain&algorithm=grpo&sort=-eval/accuracy``)."""
-    return {k: request.GET.get(k, "")[:60] for k in ("status", "task", "algorithm", "tag", "sort")}
+    return {k: request.GET.get(k, "")[:60] for k in ("q", "status", "task", "algorithm", "tag", "sort")}
+
+
+def with_tag(jobs: Any, tag: str) -> Any:
+    """The jobs tagged ``tag`` (tags are stored lower-case). PostgreSQL asks its JSON containment index;
+    SQLite (the demo's database) has no JSON containment lookup, so the team's tagged notes are read and
+    matched here: a team's notes are few."""
+    tag = " ".join(tag.split()).lower()
+    if connection.features.supports_json_field_contains:
+        return jobs.filter(note__tags__contains=[tag])
+    tagged = JobNote.objects.filter(job__in=jobs.values("pk")).exclude(tags=[]).values_list("job_id", "tags")
+    return jobs.filter(pk__in=[job_id for job_id, tags in tagged if isinstance(tags, list) and tag in tags])
 
 
 @login_required
@@ -42,8 +55,10 @@ def job_list(request: HttpRequest) -> HttpResponse:
         jobs_qs = jobs_qs.filter(config__data__task=f["task"])
     if f["algorithm"]:
         jobs_qs = jobs_qs.filter(config__algorithm__name=f["algorithm"])
+    if f["q"].strip():
+        jobs_qs = jobs_qs.filter(name__icontains=f["q"].strip())
     if f["tag"]:
-        jobs_qs = jobs_qs.filter(note__tags__contains=[f["tag"].strip().lower()])
+        jobs_qs = with_tag(jobs_qs, f["tag"])
     jobs = list(jobs_qs[:200])
     key = f["sort"].lstrip("-")
     if key in SORTS or key in FINAL_SORTS:
@@ -124,7 +139,8 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     # start, and the user is of its team (``actions.do_resume_job``'s rules).
     context = {"job": job, "logs": list(reversed(logs)), "checkpoints": checkpoints,
                "can_resume": job.can_resume and job.team.has_member(request.user),
-               "tool_versions": job.tool_versions.select_related("entry"), "gateway": gateway_endpoint(job)}
+               "tool_versions": job.tool_versions.select_related("entry"), "gateway": gateway_endpoint(job),
+               "reward_errors": job.reward_errors()}
     if request.headers.get("HX-Request"):
         return render(request, "jobs/_job_live.html", context)
     return render(request, "jobs/job_detail.html", context | files.output_context(job) | files.checkpoints_context(job, request.user))

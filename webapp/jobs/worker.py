@@ -53,7 +53,7 @@ def claim_job(job_id: int) -> bool:
         # A preempted job is claimed like a queued one; it keeps the start of its first run.
         claimed = TrainingJob.objects.filter(pk=job_id, status__in=WAITING, cancel_requested=False).update(
             status=Status.RUNNING, started_at=Coalesce("started_at", Value(now)), run_started_at=now,
-            heartbeat_at=now, worker=worker_name()
+            heartbeat_at=now, worker=worker_name(), yield_requested=False
         )
         if claimed:
             status_event(job_id, Status.RUNNING, message=f"claimed by worker {worker_name()}")
@@ -103,19 +103,34 @@ def must_yield(job_id: int, first_step_at: datetime | None, now: datetime | None
                                        queued_at__lt=waited).exclude(team_id=job.team_id).exists())
 
 
-def preempt_job(job_id: int, step: int, enqueue: Callable[[TrainingJob], None]) -> bool:
-    """Put a job that yielded back in its queue to resume from its last checkpoint; False (nothing changed)
-    when it is no longer running, a cancel is pending (it ends cancelled instead) or it has no checkpoint."""
+def mark_yielding(job_id: int) -> None:
+    """The running job stops at its next step to yield its worker: the pages say so until it is preempted."""
+    if not TrainingJob.objects.filter(pk=job_id, status=Status.RUNNING).update(yield_requested=True):
+        return
+    step = TrainingJob.objects.filter(pk=job_id).values_list("step", flat=True).first() or 0
+    append_events(job_id, [events.log_event(step, "yielding: the job stops at its next step and goes back to its "
+                                               "queue, so that another team's waiting job can have the worker "
+                                               "(fair share); it resumes from that checkpoint")])
+
+
+def preempt_job(job_id: int, step: int, enqueue: Callable[[TrainingJob], None]) -> Status | None:
+    """Put a job that yielded back in its queue to resume from its last checkpoint, and say what the run
+    ends as: ``PREEMPTED``; ``CANCELLED`` when a cancel is pending (a cancel that landed after the trainer's
+    last look at its flag stopped the same run as the yield: the user asked for it, so it ends cancelled, with
+    its checkpoints); ``FAILED`` when it has no checkpoint to resume from; None when it is no longer running.
+    Nothing changes but for ``PREEMPTED``."""
     now = timezone.now()
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().filter(pk=job_id, status=Status.RUNNING).first()
-        if job is None or job.cancel_requested:
-            return False
+        if job is None:
+            return None
+        if job.cancel_requested:
+            return Status.CANCELLED
         checkpoint = job.last_checkpoint
         if checkpoint is None:
-            return False
+            return Status.FAILED
         TrainingJob.objects.filter(pk=job_id).update(
-            status=Status.PREEMPTED, resume_from=checkpoint.path, queued_at=now,
+            status=Status.PREEMPTED, resume_from=checkpoint.path, queued_at=now, yield_requested=False,
             run_seconds=seconds_used(job, now), run_started_at=None, worker="", step=Greatest("step", step),
         )
         status_event(job_id, Status.PREEMPTED, message=(
@@ -124,7 +139,7 @@ def preempt_job(job_id: int, step: int, enqueue: Callable[[TrainingJob], None]) 
             f"{checkpoint.path}"))
         job.refresh_from_db()
         transaction.on_commit(lambda: enqueue(job))
-    return True
+    return Status.PREEMPTED
 
 
 def beat(job_id: int) -> bool:
@@ -170,7 +185,7 @@ def finish_job(job_id: int, status: str, *, error: str = "", final_metrics: dict
             status = Status.CANCELLED
         TrainingJob.objects.filter(pk=job_id).update(
             status=status, error=error, final_metrics=final_metrics or {}, finished_at=timezone.now(),
-            step=Greatest("step", step),
+            step=Greatest("step", step), yield_requested=False,
         )
         status_event(job_id, status, error, level="error" if error else None)
     return status

@@ -38,4 +38,6 @@ def do_register_entry(*, user: object, team: Team, kind: str, import_path: str) 
 
 
 def queue_inspection(entry_id: int) -> None:
-    inspect_entry.apply_async(args=[entry_id], queue="cpu")
+    # On the try queue, beside "try it" (both run a team's code in a child, under the same rule): a training
+    # job never holds the worker that answers a registration.
+    inspect_entry.apply_async(args=[entry_id], queue="try")

@@ -113,22 +113,59 @@ def try_in_child(import_path: str, source: Source, arguments: Any, team_slug: st
         return {"observation": "", "error": str(exc), "latency": 0.0}
     if not reply.get("ok"):
         return {"observation": "", "error": reply.get("error") or "the call failed", "latency": 0.0}
-    return {"observation": reply["observation"], "error": reply["error"], "latency": reply["latency"]}
+    return {"observation": reply["observation"], "error": reply["error"], "latency": reply["latency"],
+            "sample": reply.get("sample")}
 
 
 # ------------------------------------------------------------------------------------ the child's side
-async def invoke(tool: Any, arguments: Any) -> Any:
-    """Call the tool the way a rollout would. A tool that declares a sandbox resource gets it from a resource
-    engine built for this one call, so it runs inside the same sandbox it would get during training."""
+class MissingSampleField(KeyError):
+    """A tool read a field of the task sample that a "try it" call's sample does not have."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class TrySample(dict[str, Any]):
+    """The task sample a "try it" call runs on. A tool that reads a field it lacks is told which field, and
+    that it comes from the task a rollout runs on, instead of a bare ``KeyError``."""
+
+    def __missing__(self, key: str) -> Any:
+        have = ", ".join(repr(k) for k in sorted(self)) or "no fields"
+        raise MissingSampleField(
+            f"this tool reads the task sample's {key!r} field, which a rollout's task sample gives it; the sample "
+            f"of this call has {have}: try it on a task whose samples carry {key!r}, or launch a job with one")
+
+
+def example_sample(import_path: str) -> tuple[str, dict[str, Any]] | None:
+    """``(task name, sample)``: the first training sample of the first built-in task solved with a tool of this
+    module (the key chain's for ``lookup``), so a built-in tool is tried with the fields it needs; None for a
+    tool no built-in task uses (or whose task cannot make a sample here)."""
+    from agentfly.tasks import tasks
+
+    module = import_path.split(":", 1)[0]
+    for task in tasks():
+        if any(path.split(":", 1)[0] == module for path in task.tools):
+            try:
+                return task.name, task.samples("train", 1, 0)[0]
+            except Exception:  # a task whose samples need what this host lacks (ScienceWorld's Java)
+                return None
+    return None
+
+
+async def invoke(tool: Any, arguments: Any, sample: dict[str, Any] | None = None) -> Any:
+    """Call the tool the way a rollout would, on ``sample`` (the task sample a rollout would give it). A tool
+    that declares a sandbox resource gets it from a resource engine built for this one call, so it runs inside
+    the same sandbox it would get during training."""
     from agentfly.context import RolloutContext
 
+    sample = TrySample(sample or {})
     if not tool.resource:
-        return await tool.invoke(arguments, RolloutContext(sample={}, rollout_id="try", group_id="try"))
+        return await tool.invoke(arguments, RolloutContext(sample=sample, rollout_id="try", group_id="try"))
     from agentfly.resources import ResourceEngine
     from webapp.registry.sandboxes import specs_for
 
     engine = ResourceEngine(specs_for([tool.resource]))
-    ctx = RolloutContext(sample={}, rollout_id="try", group_id="try", resources=engine)
+    ctx = RolloutContext(sample=sample, rollout_id="try", group_id="try", resources=engine)
     try:
         return await tool.invoke(arguments, ctx)
     finally:
@@ -155,10 +192,12 @@ def _handlers() -> dict[str, Any]:
     def do_try(req: dict[str, Any]) -> dict[str, Any]:
         try:
             tool = introspect.load("tool", req["import_path"], source_of(req), req["plugin_dirs"])
-            result = asyncio.run(invoke(tool, req["arguments"]))
+            example = example_sample(req["import_path"])
+            result = asyncio.run(invoke(tool, req["arguments"], example[1] if example else None))
         except (IntrospectionError, UnknownSandbox) as exc:
             return {"ok": False, "error": str(exc)}
-        return {"ok": True, "observation": result.observation, "error": result.error, "latency": result.latency}
+        return {"ok": True, "observation": result.observation, "error": result.error, "latency": result.latency,
+                "sample": None if example is None else {"task": example[0], "fields": example[1]}}
 
     return {"describe": do_describe, "try": do_try}
 
@@ -174,6 +213,7 @@ def main() -> None:
     import agentfly.context
     import agentfly.resources
     import agentfly.rewards
+    import agentfly.tasks  # the built-in tasks' samples, for the tools they use ("try it")
     import agentfly.tools  # noqa: F401
 
     handlers = _handlers()

@@ -5,6 +5,7 @@ calculator whose sandbox is killed from outside in about one rollout of ten (inf
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import threading
@@ -96,3 +97,20 @@ async def chaos_calculator(expression: str, context: Any) -> str:
 def judge_down(final_answer: str | None) -> float:
     """A reward whose judging service stopped answering: every rollout it scores is an infrastructure failure."""
     raise InfrastructureFailure("the judge at 127.0.0.1:9 stopped answering", "server_down")
+
+
+@reward
+def lookup_reward(final_answer: str | None, answer: str) -> float:
+    """A reward with a bug: it reads a field no sample has, so it raises KeyError on every call."""
+    return float(final_answer == {"k1": answer}["start"])
+
+
+_flaky_calls = itertools.count()
+
+
+@reward
+def flaky_reward(final_answer: str | None, answer: str) -> float:
+    """A reward that raises on every other call (a parser that fails on half the answers)."""
+    if next(_flaky_calls) % 2:
+        raise ValueError(f"cannot parse {final_answer!r}")
+    return float((final_answer or "").strip() == str(answer).strip())

@@ -124,7 +124,7 @@ def test_an_async_run_on_vllm_samples_on_the_producer_loads_each_new_version_the
     # vLLM's own kernels.
     assert steps[1]["logprob_mismatch"] < 0.05
     evals = [e["step"] for e in events if e["type"] == "metrics" and "eval/accuracy" in e["data"]]
-    assert evals == [1, 2, 3]
+    assert evals == [0, 1, 2, 3]  # step 0: the starting weights
     resources = [e["data"]["engine"] for e in events if e["type"] == "resources"]
     assert all("steps" in r for r in resources)  # the producer's engine is vLLM: its own stats
 

@@ -58,13 +58,14 @@ def test_the_periodic_eval_logs_pass_at_1_turns_and_tool_errors_and_pass_at_k_on
         return [dict(e["data"], step=e["step"]) for e in events if e["type"] == "metrics" and "eval/accuracy" in e["data"]]
 
     plain = evals()
-    assert [m["step"] for m in plain] == [1, 2]  # every step, the last one being the final evaluation
+    # Step 0 is the starting weights' (the curve's first point), then every step, the last being the final one.
+    assert [m["step"] for m in plain] == [0, 1, 2]
     for m in plain:
         assert m["eval/pass_at_1"] == m["eval/accuracy"] and m["eval/mean_turns"] >= 1
         assert 0.0 <= m["eval/tool_error_rate"] <= 1.0
         assert not any(k.startswith("eval/sampled/") for k in m)  # pass@k costs rollouts: off by default
     sampled = evals("eval.pass_k=[1, 2]", "eval.samples=3", "eval.temperature=0.9")
-    assert [m["step"] for m in sampled] == [1, 2]
+    assert [m["step"] for m in sampled] == [0, 1, 2]
     for m in sampled:
         assert 0.0 <= m["eval/sampled/pass_at_1"] <= m["eval/sampled/pass_at_2"] <= 1.0
         assert (m["eval/sampled/n"], m["eval/sampled/temperature"]) == (3, 0.9)

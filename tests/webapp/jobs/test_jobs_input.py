@@ -334,6 +334,28 @@ def test_a_job_nobody_takes_says_which_queue_needs_a_worker(alice_client: Any, t
     assert 'id="job-waiting"' in page and "celery -A webapp worker -Q gpu" in page
 
 
+def test_a_queued_job_behind_a_busy_worker_says_its_place_and_why_and_blames_no_missing_worker(
+        alice_client: Any, team_a: Any, team_b: Any, alice: Any, settings: Any) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    settings.AGENTFLY_TIME_SLICE = 600
+    long_ago = timezone.now() - timedelta(minutes=5)
+    TrainingJob.objects.create(team=team_b, name="busy", config={}, queue="gpu", status=Status.RUNNING)
+    first = TrainingJob.objects.create(team=team_a, created_by=alice, name="first", config={}, queue="gpu",
+                                       queued_at=long_ago)
+    second = TrainingJob.objects.create(team=team_a, created_by=alice, name="second", config={}, queue="gpu",
+                                        queued_at=long_ago + timedelta(seconds=1))
+    page = alice_client.get(reverse("jobs:detail", args=[second.pk])).content.decode()
+    assert 'id="job-waiting"' not in page and "celery -A webapp worker" not in page
+    assert "place 2 of 2 on the <code>gpu</code> queue" in page
+    assert "a busy worker: 1 job (#" in page and "fair share: another team" in page
+    assert "1 job queued before it" in page
+    first.refresh_from_db()
+    assert first.queue_wait().place == 1  # type: ignore[union-attr]
+
+
 # ------------------------------------------------------------------------------------------ the trainer's rules
 def test_the_launch_form_offers_exactly_the_trainers_algorithms(alice: Any) -> None:
     from trainer.config import ALGORITHMS

@@ -107,6 +107,23 @@ def test_a_job_whose_start_up_outlasts_the_slice_yields_only_after_training_a_fu
     assert not worker.must_yield(running.pk, first_step_at=now - timedelta(seconds=61), now=now)
 
 
+def test_a_cancel_that_lands_while_a_job_yields_ends_it_cancelled_with_its_checkpoint(team_a: Any) -> None:
+    # The yield and the cancel stop the same run: the trainer stopped for the yield (its last look at the
+    # cancel flag came before the click), saved its checkpoint, and the worker then puts it back in its queue.
+    # The cancel is what the user asked for: the run ends cancelled, resumable from that checkpoint, never
+    # "failed, no checkpoint to resume from".
+    job = TrainingJob.objects.create(team=team_a, name="long", config={"steps": 100}, status=Status.RUNNING,
+                                     run_started_at=timezone.now(), step=68, cancel_requested=True)
+    job.checkpoints.create(step=68, path="/runs/team-a/job/checkpoint-68")
+    enqueued: list[TrainingJob] = []
+    ends_as = worker.preempt_job(job.pk, 68, enqueued.append)
+    assert ends_as == Status.CANCELLED and not enqueued
+    assert worker.finish_job(job.pk, ends_as) == Status.CANCELLED
+    job.refresh_from_db()
+    assert (job.status, job.error) == (Status.CANCELLED, "") and job.can_resume
+    assert job.last_checkpoint is not None and job.last_checkpoint.step == 68
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(600)
@@ -133,7 +150,7 @@ def test_on_one_worker_slot_another_teams_short_job_starts_within_a_slice_and_th
         preempted = TrainingJob.objects.get(pk=long["id"])
         assert preempted.status == Status.PREEMPTED and preempted.step < 1000
         page = alice_client.get(reverse("jobs:detail", args=[long["id"]])).content.decode()
-        assert "preempted, queued" in page
+        assert "Preempted, queued" in page
         # Within one slice of the long job's start, plus its step in flight and the short job's start-up.
         waited = (started.started_at - started.queued_at).total_seconds()
         assert waited < slice_s + 30, waited

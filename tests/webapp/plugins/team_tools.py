@@ -36,3 +36,20 @@ async def same_answer_in_a_sandbox(final_answer: str | None, answer: str, contex
     box = await context.resource("python")
     printed = await box.run(f"print({(final_answer or '').strip()!r} == {str(answer).strip()!r})")
     return 1.0 if printed.strip() == "True" else 0.0
+
+
+@reward
+def lookup_answer(final_answer: str | None, answer: str) -> float:
+    """A reward with a bug: it reads a key its table does not have, so it raises KeyError on every call."""
+    table = {"k1": answer}
+    return float(final_answer == table["start"])
+
+
+@tool
+def city_weather(day: str, context: Any) -> str:
+    """The weather of the task sample's city on a day.
+
+    Args:
+        day: The day, e.g. monday.
+    """
+    return f"sunny in {context.sample['city']} on {day}"

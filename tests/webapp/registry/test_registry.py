@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -99,6 +100,32 @@ def test_try_it_calls_the_tool_on_a_worker_and_shows_the_observation(alice_clien
     assert response.context["result"]["observation"] == "40"
     bad = alice_client.post(reverse("registry:try", args=[calculator.pk]), {"arguments": '{"expression": 5}'})
     assert bad.context["result"]["error"]  # the tool's own argument validation, as a rollout would see it
+
+
+def test_try_it_runs_a_builtin_tool_on_a_sample_of_its_task_with_the_fields_it_reads(
+        alice_client: Any, builtins: dict[str, Any]) -> None:
+    # lookup reads its chain from the task sample ("start", "links", "answer"): on an empty sample it answered
+    # KeyError: 'start'. It is tried on the key chain's first sample, which the answer shows.
+    lookup = builtins["lookup"]
+    result = alice_client.post(reverse("registry:try", args=[lookup.pk]), {"arguments": '{"key": "k1"}'}).context["result"]
+    assert result["sample"]["task"] == "key_chain" and "start" in result["sample"]["fields"], result
+    start = result["sample"]["fields"]["start"]
+    assert "KeyError" not in (result["error"] or "") and "look up the key you were last given" in result["error"]
+    followed = alice_client.post(reverse("registry:try", args=[lookup.pk]),
+                                 {"arguments": json.dumps({"key": start})})
+    assert followed.context["result"]["observation"].startswith(("next: k", "final: "))
+    assert "Run on the first sample of the <code>key_chain</code> task" in followed.content.decode()
+
+
+def test_try_it_names_the_sample_field_a_team_tool_reads_that_no_sample_gives(
+        alice_client: Any, team_a: Any, worker: Any, transactional_db: None) -> None:
+    register(alice_client, team_a, "team_tools:city_weather")
+    entry = wait_for(lambda: settled(Entry.objects.get(import_path="team_tools:city_weather").pk), 30, "inspection")
+    assert entry.status == EntryStatus.READY, entry.error
+    result = alice_client.post(reverse("registry:try", args=[entry.pk]), {"arguments": '{"day": "monday"}'}
+                               ).context["result"]
+    assert "this tool reads the task sample's 'city' field" in result["error"], result
+    assert result["sample"] is None
 
 
 @pytest.mark.parametrize(("arguments", "message"), [

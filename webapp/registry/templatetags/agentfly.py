@@ -1,7 +1,10 @@
 import json
+import re
 from typing import Any
 
 from django import template
+from django.utils.html import escape
+from django.utils.safestring import mark_safe
 
 register = template.Library()
 
@@ -32,3 +35,12 @@ def sorted_items(value: dict[str, Any]) -> list[tuple[str, Any]]:
 def get_item(value: Any, key: str) -> Any:
     """``mapping|get_item:"eval/accuracy"``: a key a template cannot spell with dots (None when absent)."""
     return value.get(key) if isinstance(value, dict) else None
+
+
+@register.filter
+def breakable(value: Any) -> str:
+    """A long dotted or slashed name (``agentfly.tools.builtin.calculator:calculator``, a checkpoint path)
+    escaped, with a line-break opportunity after each ``.``, ``:``, ``/`` and ``_``: a narrow column wraps it
+    between its parts, never one letter per line."""
+    text = str(escape("" if value is None else value))
+    return mark_safe(re.sub(r"([.:/_])", r"\1<wbr>", text))  # escaped above; the <wbr> are ours
