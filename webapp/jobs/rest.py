@@ -93,6 +93,11 @@ class LaunchSerializer(LaunchSettings):  # type: ignore[misc,valid-type]
     model_path = serializers.CharField(required=False, allow_blank=True)
     task = serializers.ChoiceField(choices=TASKS, default="arithmetic")
     task_path = serializers.CharField(required=False, allow_blank=True)
+    task_source = serializers.CharField(
+        required=False, allow_blank=True,
+        help_text="task=source: reasoning_gym:<dataset>, textworld:<theme> or agentfly_teams.<team>.<module>:<name>.")
+    task_options = serializers.DictField(
+        default=dict, help_text="task=source: the source's options, e.g. {\"max_terms\": 4} or {\"rooms\": [2, 4]}.")
     eval_path = serializers.CharField(required=False, allow_blank=True,
                                       help_text="JSONL of held-out samples; required for a JSONL task.")
     tools = serializers.ListField(child=serializers.IntegerField(), default=list, help_text="Registry entry ids.")
@@ -146,6 +151,9 @@ def launch_form(request: Request) -> LaunchForm:
     if not isinstance(merged.get("resources"), dict):
         raise serializers.ValidationError({"resources": ['Give an object like {"python": {"max": 4}}.']})
     merged["resources"] = json.dumps(merged["resources"])
+    if not isinstance(merged.get("task_options"), dict):
+        raise serializers.ValidationError({"task_options": ['Give an object like {"max_terms": 4}.']})
+    merged["task_options"] = json.dumps(merged["task_options"]) if merged["task_options"] else ""
     if not isinstance(merged.get("engine_servers"), list):
         raise serializers.ValidationError({"engine_servers": ["Give a list of server URLs."]})
     merged["engine_servers"] = ", ".join(str(u) for u in merged["engine_servers"])
