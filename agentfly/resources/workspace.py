@@ -475,7 +475,8 @@ class Workspace:
         view.pop(os.path.abspath(tree))
         argv = bwrap_argv(view, MOUNT_POINT, iso.network)
         # Before the final "--": the repository, and a /tmp of the command's own (git, pytest and pip write there).
-        argv[-1:-1] = ["--bind", str(tree), MOUNT_POINT, "--size", str(self.tmp_bytes), "--tmpfs", "/tmp"]
+        argv[-1:-1] = ["--bind", str(tree), MOUNT_POINT,
+                       "--perms", "1777", "--size", str(self.tmp_bytes), "--tmpfs", "/tmp"]
         argv += [sys.executable, "-I", str(SHELL), mode, *args]
         if self.overlay:
             assert self._work is not None

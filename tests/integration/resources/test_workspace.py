@@ -67,7 +67,8 @@ def _mounts_of(folder: Path) -> list[str]:
 async def test_git_pytest_and_posix_programs_work_in_a_workspace_under_the_default_isolation() -> None:
     async with Workspace() as ws:
         await ws.prepare(PROJECT)
-        log = await ws.sh("git log --oneline && git status --porcelain && echo quiet > /dev/null && echo ok")
+        log = await ws.sh("git log --oneline && git status --porcelain && echo quiet > /dev/null && echo t > /tmp/t && "
+                          "cat /tmp/t >/dev/null && echo ok")
         assert log.ok and "the task as given" in log.text and log.text.endswith("ok\n"), log
         tests = await ws.run_tests()
         assert tests.exit_code == 1 and "1 failed, 1 passed" in tests.text, tests.text
