@@ -8,7 +8,7 @@ a ``question`` (or ``prompt``/``messages``).
 """
 
 # The built-in tasks register themselves when imported.
-from agentfly.tasks import arithmetic, key_chain, scienceworld, wiki_qa
+from agentfly.tasks import arithmetic, code_repair, key_chain, scienceworld, wiki_qa
 from agentfly.tasks.base import (
     FlawError,
     Flaws,
@@ -22,5 +22,5 @@ from agentfly.tasks.base import (
 )
 from agentfly.tasks.io import load_jsonl, save_jsonl
 
-__all__ = ["FlawError", "Flaws", "Task", "UnknownTask", "arithmetic", "find_task", "get_task", "key_chain",
+__all__ = ["FlawError", "Flaws", "Task", "UnknownTask", "arithmetic", "code_repair", "find_task", "get_task", "key_chain",
            "load_jsonl", "register", "save_jsonl", "scienceworld", "task_names", "tasks", "wiki_qa"]
