@@ -27,8 +27,8 @@ from typing import Any, ClassVar
 
 from agentfly.tasks.base import FlawError, Flaws, Messages, Sample, Task, register
 
-QUESTION = ("The unit tests of the project in /workspace fail: one line of its code has a bug. Run the tests, read "
-            "the code, fix the bug (do not change the tests), run the tests again, then answer 'done'.")
+QUESTION = ("The unit tests of the project {package} in /workspace fail: one line of its code has a bug. Run the "
+            "tests, read the code, fix the bug (do not change the tests), run the tests again, then answer 'done'.")
 SPLIT_SHARES = (("test", 2), ("sft", 2), ("train", 6))  # tenths of the functions each split owns (by hash)
 WORDS = ("alpha", "bravo", "cargo", "delta", "ember", "flint", "grove", "harbor", "iris", "jolt", "kite", "lumen",
          "maple", "nova", "orbit", "pixel", "quill", "raven", "sable", "tidal", "umber", "vapor", "willow", "zephyr")
@@ -263,7 +263,7 @@ def make_project(rng: random.Random, split: str, index: int) -> Sample | None:
             body.append(f"\ndef test_{function}_{k}():\n    assert {call} == {expected!r}\n")
         test_files[f"tests/test_{name}.py"] = "\n".join(body)
     files.update(test_files)
-    return {"id": f"{split}-{index}", "project": package, "question": QUESTION, "files": files,
+    return {"id": f"{split}-{index}", "project": package, "question": QUESTION.format(package=package), "files": files,
             "test_files": test_files, "n_tests": len(tests), "baseline": sum(passed) / len(tests),
             "bug": {"file": f"{package}/{module}.py", "kind": mutator.done}, "fixed": {f"{package}/{module}.py": fixed}}
 
