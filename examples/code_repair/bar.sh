@@ -8,7 +8,7 @@
 #   SKIP_SFT=1 bash examples/code_repair/bar.sh       # reuse the warm start already in runs/code_repair/sft
 #   DEMOS=8 STEPS=1 EVAL_N=2 bash examples/code_repair/bar.sh   # a smoke run: does every stage start?
 # Each line of the results names the run, its held-out reward (test pass share) and accuracy (all tests pass),
-# its tool use per episode (edits and test runs, from the reward's metrics) and its seconds.
+# its tool calls and turns per episode and its seconds.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 AGENTFLY=${AGENTFLY:-.venv/bin/agentfly}
@@ -29,7 +29,7 @@ mkdir -p "$OUT"
 : > "$RESULTS"
 
 record() {  # record NAME JSON_LINE_FROM_EVAL SECONDS
-    python3 -c 'import json,sys; r=json.loads(sys.argv[2]); print(json.dumps({"run": sys.argv[1], "pass_share": r.get("eval/reward"), "accuracy": r.get("eval/accuracy"), "edits": r.get("eval/reward/edits"), "test_runs": r.get("eval/reward/test_runs"), "tool_calls": r.get("eval/tool_calls/mean"), "n": r.get("n"), "seconds": float(sys.argv[3])}))' \
+    python3 -c 'import json,sys; r=json.loads(sys.argv[2]); print(json.dumps({"run": sys.argv[1], "pass_share": r.get("eval/reward/mean"), "accuracy": r.get("eval/accuracy"), "tool_calls": r.get("eval/tool_calls/mean"), "turns": r.get("eval/turns/mean"), "n": r.get("n"), "seconds": float(sys.argv[3])}))' \
         "$1" "$2" "$3" | tee -a "$RESULTS"
 }
 
