@@ -7,6 +7,7 @@
 #   SEEDS="0 1 2" bash examples/code_repair/bar.sh
 #   SKIP_SFT=1 bash examples/code_repair/bar.sh       # reuse the warm start already in runs/code_repair/sft
 #   DEMOS=8 STEPS=1 EVAL_N=2 bash examples/code_repair/bar.sh   # a smoke run: does every stage start?
+#   TRAIN_ARGS="--set rollout.group_size=2" bash examples/code_repair/bar.sh   # more overrides for GRPO
 # Each line of the results names the run, its held-out reward (test pass share) and accuracy (all tests pass),
 # its tool calls and turns per episode and its seconds.
 set -euo pipefail
@@ -23,6 +24,7 @@ TRAIN_SET=(--set max_minutes="$MINUTES" --set model.path="$OUT/sft")
 EVAL_SET=()
 if [ -n "${DEMOS:-}" ]; then SFT_SET+=(--set sft.num_demos="$DEMOS" --set data.eval_size="${EVAL_N:-50}"); fi
 if [ -n "${STEPS:-}" ]; then TRAIN_SET+=(--set steps="$STEPS" --set eval.every=0); fi
+if [ -n "${TRAIN_ARGS:-}" ]; then read -r -a more <<< "$TRAIN_ARGS"; TRAIN_SET+=("${more[@]}"); fi
 if [ -n "${EVAL_N:-}" ]; then EVAL_SET+=(--n "$EVAL_N"); TRAIN_SET+=(--set data.eval_size="$EVAL_N"); fi
 RESULTS=$OUT/bar.jsonl
 mkdir -p "$OUT"

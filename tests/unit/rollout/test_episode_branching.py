@@ -90,3 +90,24 @@ async def test_a_branched_episode_continues_two_ways_that_diverge_in_conversatio
         await episode.finish()
         await resources.settle()
         assert resources.stats()["workspace"]["in_use"] == 0
+
+
+async def test_branching_an_episode_that_holds_a_resource_which_cannot_fork_is_refused(tiny_tokenizer: Any) -> None:
+    from agentfly.tools.builtin.python_code import PYTHON_SANDBOX, python_code
+
+    def script(prompt: str) -> str:
+        return call("python_code", code="x = 1") if "<tool_response>" not in prompt else "done"
+
+    async with af.ResourceEngine([PYTHON_SANDBOX.replace(pool=af.Pool(min=0, max=1))]) as resources:
+        agent = af.Agent(model=ReplayEngine(tiny_tokenizer, script), tools=[python_code], resources=resources)
+        episode = agent.runner.episode({"question": "q"}, Sampling(seed=1))
+        await episode.advance(1)
+        try:
+            await episode.branch(2)
+        except TypeError as exc:
+            assert "python cannot be forked" in str(exc)
+        else:
+            raise AssertionError("a branch was made over an interpreter that cannot be copied")
+        assert (await episode.finish()).finish_reason == "answer"
+        await resources.settle()
+        assert resources.stats()["python"]["in_use"] == 0
