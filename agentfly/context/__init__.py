@@ -4,6 +4,10 @@ the resources it holds.
 Tools and rewards receive it by declaring a ``context`` parameter. ``await context.resource(name)``
 acquires the named resource from the job's ``ResourceEngine`` on first use and returns the same instance on
 every later turn of this rollout; ``aclose()`` (run by the rollout loop in ``finally``) releases them all.
+
+A rollout may also *own* an instance that no pool lent it: a fork of a group's prepared workspace, or of its
+parent's instance when a rollout is branched (``adopt``). It is used like a leased one and closed, not
+released, when the rollout ends; ``fork_held(n)`` forks everything the rollout holds for ``n`` branches.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class RolloutContext:
     _leases: dict[str, Lease] = field(default_factory=dict, repr=False)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict, repr=False)
     _unhealthy: set[str] = field(default_factory=set, repr=False)
+    _owned: dict[str, Any] = field(default_factory=dict, repr=False)  # adopted instances (forks), closed at the end
     # The assistant turn whose tool calls are running (set by the rollout loop), and the rewards credited to
     # turns so far as (turn, value, reason).
     turn: int = 0
@@ -92,6 +97,8 @@ class RolloutContext:
         return _Held(self, name, timeout)
 
     async def _acquire(self, name: str, timeout: float | None) -> Any:
+        if name in self._owned:
+            return self._owned[name]
         if name in self._leases:
             return self._leases[name].instance
         if self.resources is None:
@@ -107,7 +114,34 @@ class RolloutContext:
         return self._leases[name].instance
 
     def holds(self, name: str) -> bool:
-        return name in self._leases
+        return name in self._leases or name in self._owned
+
+    def adopt(self, name: str, instance: Any) -> None:
+        """Hold ``instance`` as this rollout's ``name`` (a fork); it is closed when the rollout ends."""
+        if self.holds(name):
+            raise RuntimeError(f"this rollout already holds a {name!r}; adopt an instance before its first use")
+        self._owned[name] = instance
+
+    async def fork_held(self, n: int) -> list[dict[str, Any]]:
+        """``n`` sets of copies of every instance this rollout holds, for ``n`` branches of it. Refused (before
+        anything is forked) when one cannot fork: a branch would silently start from a fresh instance."""
+        held = {**{name: lease.instance for name, lease in self._leases.items()}, **self._owned}
+        stuck = [name for name, instance in held.items() if not callable(getattr(instance, "fork", None))]
+        if stuck:
+            raise TypeError(f"cannot branch this rollout: its {', '.join(sorted(stuck))} cannot be forked (only "
+                            "resources with fork(n), such as the workspace, can); branch before its first use")
+        copies: list[dict[str, Any]] = [{} for _ in range(n)]
+        made: list[Any] = []
+        try:
+            for name, instance in held.items():
+                for branch, copy in zip(copies, await instance.fork(n), strict=True):
+                    branch[name] = copy
+                    made.append(copy)
+        except BaseException:
+            for copy in made:
+                await copy.close()
+            raise
+        return copies
 
     def mark_unhealthy(self, name: str) -> None:
         """Ask for the instance to be destroyed, not reset, when the rollout releases it."""
@@ -116,7 +150,13 @@ class RolloutContext:
     async def aclose(self) -> None:
         """Release every resource this rollout holds, even if some releases fail."""
         leases, self._leases = self._leases, {}
+        owned, self._owned = self._owned, {}
         errors = []
+        for name, instance in owned.items():
+            try:
+                await instance.close()
+            except Exception as exc:
+                errors.append(f"{name}: {exc}")
         for name, lease in leases.items():
             try:
                 assert self.resources is not None

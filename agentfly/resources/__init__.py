@@ -22,6 +22,7 @@ from agentfly.resources.spec import (
     ResourceTimeout,
     UnknownResource,
 )
+from agentfly.resources.workspace import Shell, Workspace
 
 __all__ = [
     "FAILURE_KINDS",
@@ -43,7 +44,9 @@ __all__ = [
     "RewardModel",
     "Scratchpad",
     "SharedRateLimiter",
+    "Shell",
     "UnknownResource",
+    "Workspace",
     "judge_spec",
     "reward_model_spec",
     "sandbox_root",

@@ -22,9 +22,9 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentfly.resources.backends.local import kill_all_workers, sweep_sandboxes
 from agentfly.resources.pool import GlobalPool, Lease, RolloutPool
@@ -126,6 +126,32 @@ class ResourceEngine:
         self._bind_loop()
         pool = self._pool(name)
         return await pool.acquire(owner, pool.spec.acquire_timeout if timeout is None else timeout)
+
+    def group_forks(self, name: str) -> bool:
+        """Whether the rollouts of one group share one prepared instance of ``name``, each holding a fork of it
+        (the spec's ``options["group_forks"]``, else its factory's ``group_forks``: the workspace's is True).
+        Not on Ray: an actor's files are on its node, where the rollout's forks could not reach them."""
+        spec = self.specs.get(name)
+        if spec is None or spec.backend == "ray" or spec.scope != "rollout":
+            return False
+        return bool(spec.options.get("group_forks", getattr(spec.factory, "group_forks", False)))
+
+    async def fork_group(self, name: str, n: int, *, sample: Mapping[str, Any] | None = None,
+                         owner: str | None = None) -> tuple[Lease, list[Any]]:
+        """Prepare one instance of ``name`` for ``sample`` (its ``prepare_sample``) and fork it ``n`` times: a
+        GRPO group's setup runs once, not once per rollout. Returns the lease of the prepared instance (release
+        it when the group is done) and the forks (each closed by the rollout that holds it). The forks are not
+        counted in the pool: they hold files, and no process between their calls."""
+        lease = await self.acquire(name, owner=owner)
+        try:
+            instance = lease.instance
+            prepare = getattr(instance, "prepare_sample", None)
+            if sample is not None and callable(prepare):
+                await prepare(sample)
+            return lease, list(await instance.fork(n))
+        except BaseException:
+            await self.release(lease, healthy=False)
+            raise
 
     async def release(self, lease: Lease, *, healthy: bool = True) -> None:
         """Give ``lease`` back. Never blocks on the reset (it runs in the background); releasing twice is a no-op."""

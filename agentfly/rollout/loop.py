@@ -19,12 +19,13 @@ resources (``finally``), including cancellation.
 from __future__ import annotations
 
 import asyncio
+import copy
 import enum
 import hashlib
 import json
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,45 +107,32 @@ class RolloutRunner:
         self.max_length = self.token_limit
 
     # ------------------------------------------------------------------ one rollout
-    async def run_one(
+    def episode(
         self, sample: Mapping[str, Any], sampling: Sampling, *, index: int = 0, group_id: str | None = None,
         rollout_id: str | None = None, info: Mapping[str, Any] | None = None,
-    ) -> Trajectory:
+        held: Callable[[], Awaitable[Mapping[str, Any]]] | None = None,
+    ) -> Episode:
+        """One rollout, to be driven step by step (``Episode.advance``, ``branch``, ``finish``).
+
+        ``held``: called once when the episode begins, it returns instances the rollout holds as its own
+        (``RolloutContext.adopt``): a group's forks of one prepared workspace. Its failure is the rollout's.
+        """
         rollout_id = rollout_id or uuid.uuid4().hex[:12]
         group_id = group_id or rollout_id
         traj = Trajectory(sample=dict(sample), rollout_id=rollout_id, group_id=group_id,
                           temperature=sampling.temperature, model=self.model_name)
         ctx = RolloutContext(sample=dict(sample), rollout_id=rollout_id, group_id=group_id,
                              resources=self.resources, info=dict(info or {}))
-        r = _Rollout(traj, ctx, [], index)
-        started = time.perf_counter()
-        try:
-            r.messages = initial_messages(sample, self.system_prompt)
-            traj.extend_prompt(self.renderer.prompt_ids(r.messages))
-            traj.prompt_length = len(traj.token_ids)
-            step = State.GENERATE
-            if traj.prompt_length >= self.token_limit:
-                traj.finish_reason = "length"
-                step = State.DONE
-            while step is not State.DONE:
-                step = await (self._generate(r, sampling) if step is State.GENERATE else self._tools(r))
-            traj.timings["rollout"] = time.perf_counter() - started
-            traj.turn_rewards += [TurnReward(turn, value, reason) for turn, value, reason in ctx.turn_rewards]
-            await self._score(traj, ctx)
-        except asyncio.CancelledError:
-            raise
-        except InfrastructureFailure as exc:  # not the agent's doing: typed, so the trainer can leave it out
-            traj.finish_reason = "error"
-            traj.error = f"{type(exc).__name__}: {exc}"
-            traj.failure, traj.failure_reason = exc.kind, str(exc)
-        except Exception as exc:  # a broken rollout is reported, never a crashed batch
-            traj.finish_reason = "error"
-            traj.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            traj.messages = r.messages
-            # Shielded so a cancelled rollout still returns its resources to the pools.
-            await asyncio.shield(ctx.aclose())
-        return traj
+        return Episode(self, _Rollout(traj, ctx, [], index), sampling, held)
+
+    async def run_one(
+        self, sample: Mapping[str, Any], sampling: Sampling, *, index: int = 0, group_id: str | None = None,
+        rollout_id: str | None = None, info: Mapping[str, Any] | None = None,
+        held: Callable[[], Awaitable[Mapping[str, Any]]] | None = None,
+    ) -> Trajectory:
+        episode = self.episode(sample, sampling, index=index, group_id=group_id, rollout_id=rollout_id, info=info,
+                               held=held)
+        return await episode.finish()
 
     # ------------------------------------------------------------------ state handlers
     async def _generate(self, r: _Rollout, sampling: Sampling) -> State:
@@ -256,12 +244,14 @@ class RolloutRunner:
             for sample in samples:
                 self.reward.check_sample(sample)
         limit = asyncio.Semaphore(max_concurrency or len(samples) * group_size or 1)
+        groups = _GroupForks(self.resources, self.tools.values(), group_size)
 
         async def one(i: int, sample: Mapping[str, Any], k: int) -> Trajectory:
             async with limit:
                 group = str(sample.get("id", i))
+                held = groups.held(i, sample, k, owner=group) if groups.names else None
                 return await self.run_one(sample, sampling, index=first_index + i * group_size + k, group_id=group,
-                                          rollout_id=f"{group}/{k}")
+                                          rollout_id=f"{group}/{k}", held=held)
 
         tasks = [asyncio.ensure_future(one(i, s, k)) for i, s in enumerate(samples) for k in range(group_size)]
         try:
@@ -269,3 +259,194 @@ class RolloutRunner:
         finally:
             for t in tasks:
                 t.cancel()
+            await asyncio.shield(groups.aclose())
+
+
+class Episode:
+    """One rollout as a handle an algorithm can drive: ``advance`` it a turn at a time, ``branch`` it into
+    copies that continue from the same point (its conversation, and a fork of every resource it holds), and
+    ``finish`` it (run to the end, score, release). ``RolloutRunner.run_one`` is ``episode(...).finish()``.
+
+        ep = runner.episode(sample, sampling)
+        await ep.advance(2)                       # two assistant turns and their tool calls
+        kids = await ep.branch(4)                 # e.g. a Monte-Carlo estimate of the state's value
+        values = [t.reward for t in await asyncio.gather(*(k.finish() for k in kids))]
+        await ep.finish()
+
+    A branch continues with a sampler seed of its own, so branches at temperature > 0 diverge. Only resources
+    that fork (``fork(n)``: the workspace) can be held when branching; ``branch`` refuses the others.
+    """
+
+    def __init__(self, runner: RolloutRunner, r: _Rollout, sampling: Sampling,
+                 held: Callable[[], Awaitable[Mapping[str, Any]]] | None = None) -> None:
+        self.runner, self.r, self.sampling, self._held = runner, r, sampling, held
+        self.step: State | None = None  # None until it begins
+        self.scored = False
+        self.closed = False
+        self._started = time.perf_counter()
+        self._branches = 0  # branches made so far: each gets seeds no earlier branch had
+
+    @property
+    def trajectory(self) -> Trajectory:
+        return self.r.traj
+
+    @property
+    def context(self) -> RolloutContext:
+        return self.r.ctx
+
+    @property
+    def done(self) -> bool:
+        return self.step is State.DONE
+
+    async def _guarded(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run ``work``; an error ends the episode as the rollout loop always ended one (typed when it is the
+        infrastructure's)."""
+        traj = self.r.traj
+        try:
+            await work()
+        except asyncio.CancelledError:
+            raise
+        except InfrastructureFailure as exc:  # not the agent's doing: typed, so the trainer can leave it out
+            traj.finish_reason = "error"
+            traj.error = f"{type(exc).__name__}: {exc}"
+            traj.failure, traj.failure_reason = exc.kind, str(exc)
+            self.step, self.scored = State.DONE, True
+        except Exception as exc:  # a broken rollout is reported, never a crashed batch
+            traj.finish_reason = "error"
+            traj.error = f"{type(exc).__name__}: {exc}"
+            self.step, self.scored = State.DONE, True
+
+    async def _begin(self) -> None:
+        r, runner = self.r, self.runner
+        if self._held is not None:
+            for name, instance in (await self._held()).items():
+                r.ctx.adopt(name, instance)
+        r.messages = initial_messages(r.traj.sample, runner.system_prompt)
+        r.traj.extend_prompt(runner.renderer.prompt_ids(r.messages))
+        r.traj.prompt_length = len(r.traj.token_ids)
+        self.step = State.GENERATE
+        if r.traj.prompt_length >= runner.token_limit:
+            r.traj.finish_reason = "length"
+            self.step = State.DONE
+
+    async def advance(self, turns: int = 1) -> bool:
+        """Run up to ``turns`` more assistant turns (each with its tool calls); returns whether it is done."""
+        if self.closed:
+            raise RuntimeError("this episode was finished or closed; branch it before finishing to go on from it")
+
+        async def work() -> None:
+            if self.step is None:
+                await self._begin()
+            target = self.r.turn + turns
+            while self.step is not State.DONE and (self.step is State.TOOLS or self.r.turn < target):
+                if self.step is State.GENERATE:
+                    self.step = await self.runner._generate(self.r, self.sampling)
+                else:
+                    self.step = await self.runner._tools(self.r)
+
+        await self._guarded(work)
+        return self.done
+
+    async def branch(self, n: int) -> list[Episode]:
+        """``n`` copies of this episode at its current point, each holding forks of its resources and
+        continuing with sampler seeds of its own; this episode stays as it is (finish or close it too)."""
+        if self.step is None:
+            await self.advance(0)
+        r = self.r
+        forks = await r.ctx.fork_held(n)
+        kids = []
+        for held in forks:
+            rollout_id = f"{r.traj.rollout_id}/b{self._branches}"
+            traj = copy.deepcopy(r.traj)
+            traj.rollout_id = rollout_id
+            ctx = RolloutContext(sample=dict(r.ctx.sample), rollout_id=rollout_id, group_id=r.ctx.group_id,
+                                 resources=r.ctx.resources, info=dict(r.ctx.info), turn=r.ctx.turn,
+                                 turn_rewards=list(r.ctx.turn_rewards))
+            for name, instance in held.items():
+                ctx.adopt(name, instance)
+            # A seed stream of its own per branch (turn_seed mixes in the index).
+            self._branches += 1
+            state = _Rollout(traj, ctx, copy.deepcopy(r.messages), r.index * 1_000_003 + self._branches, r.turn,
+                             r.last, r.parsed, r.state)
+            kid = Episode(self.runner, state, self.sampling)
+            kid.step, kid.scored, kid._started = self.step, self.scored, self._started
+            kids.append(kid)
+        return kids
+
+    async def finish(self) -> Trajectory:
+        """Run to the end, score the trajectory and release what the rollout holds (also when it fails)."""
+        r, traj = self.r, self.r.traj
+        try:
+            await self.advance(self.runner.max_turns + 1)
+            if not self.scored:
+                traj.timings["rollout"] = time.perf_counter() - self._started
+                traj.turn_rewards += [TurnReward(turn, value, reason) for turn, value, reason in r.ctx.turn_rewards]
+                self.scored = True
+                await self._guarded(lambda: self.runner._score(traj, r.ctx))
+        finally:
+            traj.messages = r.messages
+            await self.aclose()
+        return traj
+
+    async def aclose(self) -> None:
+        """Release (or close, for forks) every resource the episode holds; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        # Shielded so a cancelled rollout still returns its resources to the pools.
+        await asyncio.shield(self.r.ctx.aclose())
+
+    async def __aenter__(self) -> Episode:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class _GroupForks:
+    """The resources whose instances a group shares by forking (``ResourceEngine.group_forks``): per sample,
+    one instance is prepared for it and forked once per rollout; released when ``run`` ends."""
+
+    def __init__(self, resources: ResourceProvider | None, tools: Iterable[Tool], group_size: int) -> None:
+        wants = getattr(resources, "group_forks", None)
+        used = sorted({t.resource for t in tools if t.resource is not None})
+        self.names = [name for name in used if callable(wants) and wants(name)] if group_size > 1 else []
+        self.resources = resources
+        self.group_size = group_size
+        self.groups: dict[int, asyncio.Task[dict[str, list[Any]]]] = {}
+        self.leases: list[Any] = []
+        self.handed: set[tuple[int, int]] = set()
+
+    def held(self, i: int, sample: Mapping[str, Any], k: int,
+             owner: str) -> Callable[[], Awaitable[Mapping[str, Any]]]:
+        async def take() -> Mapping[str, Any]:
+            if i not in self.groups:
+                self.groups[i] = asyncio.ensure_future(self._prepare(sample, owner))
+            copies = await asyncio.shield(self.groups[i])
+            self.handed.add((i, k))
+            return {name: forks[k] for name, forks in copies.items()}
+
+        return take
+
+    async def _prepare(self, sample: Mapping[str, Any], owner: str) -> dict[str, list[Any]]:
+        copies: dict[str, list[Any]] = {}
+        for name in self.names:
+            lease, forks = await self.resources.fork_group(name, self.group_size, sample=sample,  # type: ignore[union-attr]
+                                                           owner=owner)
+            self.leases.append(lease)
+            copies[name] = forks
+        return copies
+
+    async def aclose(self) -> None:
+        """Close the forks no rollout took (it was cancelled first) and release the prepared instances."""
+        for i, task in self.groups.items():
+            if not task.done() or task.cancelled() or task.exception() is not None:
+                task.cancel()
+                continue
+            for forks in task.result().values():
+                for k, fork in enumerate(forks):
+                    if (i, k) not in self.handed:
+                        await fork.close()
+        for lease in self.leases:
+            assert self.resources is not None
+            await self.resources.release(lease)

@@ -88,6 +88,9 @@ class Trajectory:
     # and out of the loss, and counts it (``rollout/infra_failed``).
     failure: str | None = None
     failure_reason: str | None = None
+    # Text a reward attached for people to read, by name (the code-repair reward's ``diff`` of the agent's
+    # edits and its ``tests`` report); the rollout viewer shows each under its name.
+    artifacts: dict[str, str] = field(default_factory=dict)
 
     # ---------------------------------------------------------------- building (the mask is born here)
     def extend_prompt(self, ids: list[int]) -> None:

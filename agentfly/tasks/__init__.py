@@ -9,7 +9,7 @@ a ``question`` (or ``prompt``/``messages``). ``find_task`` also builds tasks fro
 """
 
 # The built-in tasks register themselves when imported.
-from agentfly.tasks import arithmetic, key_chain, scienceworld, wiki_qa
+from agentfly.tasks import arithmetic, code_repair, key_chain, scienceworld, wiki_qa
 from agentfly.tasks.base import (
     FlawError,
     Flaws,
@@ -31,5 +31,5 @@ from agentfly.tasks.sources import (
 )
 
 __all__ = ["SOURCE_TITLES", "FlawError", "Flaws", "Task", "TaskOptionError", "UnknownTask", "arithmetic",
-           "find_task", "get_task", "is_task_name", "key_chain", "load_jsonl", "register", "registered",
-           "save_jsonl", "scienceworld", "source_of", "task_names", "tasks", "wiki_qa"]
+           "code_repair", "find_task", "get_task", "is_task_name", "key_chain", "load_jsonl", "register",
+           "registered", "save_jsonl", "scienceworld", "source_of", "task_names", "tasks", "wiki_qa"]

@@ -352,8 +352,11 @@
     callTable.append(tbody);
     const answer = el("div", { class: "final-answer" }, el("strong", { text: "Final answer: " }),
       el("code", { text: t.final_answer ?? "—" }), el("span", { class: "muted", text: `  reward ${fmt(t.reward, 3)}` }));
-    const parts = [head, failure, conversation, calls.length ? callTable : el("p", { class: "muted", text: "No tool calls." }), answer]
-      .filter((p) => p !== null);
+    // What the reward attached for people to read (a coding agent's diff and its test report), by name.
+    const artifacts = Object.entries(t.artifacts || {}).map(([name, text]) => el("details", { class: `artifact artifact-${name}`, open: "" },
+      el("summary", { text: name }), el("pre", { text: text || "(empty)" })));
+    const parts = [head, failure, conversation, calls.length ? callTable : el("p", { class: "muted", text: "No tool calls." }), answer,
+      ...artifacts].filter((p) => p !== null);
     if (side) target.replaceChildren(...parts);
     else view.replaceChildren(...parts, el("h3", { text: "Tokens" }), tokenView(t));
   }

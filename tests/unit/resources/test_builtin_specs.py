@@ -16,9 +16,9 @@ def test_the_python_sandbox_spec_is_the_one_next_to_the_python_tool() -> None:
 
 
 def test_an_unknown_resource_names_the_built_ins() -> None:
-    with pytest.raises(UnknownResource, match="built-in resources: kv, python, scienceworld, wiki"):
+    with pytest.raises(UnknownResource, match="built-in resources: kv, python, scienceworld, wiki, workspace"):
         builtin_spec("gpu_farm")
-    assert sorted(BUILTIN_SPECS) == ["kv", "python", "scienceworld", "wiki"]
+    assert sorted(BUILTIN_SPECS) == ["kv", "python", "scienceworld", "wiki", "workspace"]
 
 
 def test_each_built_in_is_the_spec_its_module_declares_and_a_taken_name_is_refused() -> None:
@@ -26,8 +26,10 @@ def test_each_built_in_is_the_spec_its_module_declares_and_a_taken_name_is_refus
     from agentfly.resources.builtin import register_builtin
     from agentfly.retrieval.index import WIKI_MINI
     from agentfly.tools.builtin.lookup import KEY_CHAIN
+    from agentfly.tools.builtin.workspace import WORKSPACE
 
-    declared = {"kv": KEY_CHAIN, "python": PYTHON_SANDBOX, "wiki": WIKI_MINI, "scienceworld": SCIENCEWORLD}
+    declared = {"kv": KEY_CHAIN, "python": PYTHON_SANDBOX, "wiki": WIKI_MINI, "scienceworld": SCIENCEWORLD,
+                "workspace": WORKSPACE}
     assert all(BUILTIN_SPECS[name] is spec for name, spec in declared.items())
     assert register_builtin(PYTHON_SANDBOX) is PYTHON_SANDBOX  # a module imported twice registers once
     with pytest.raises(ValueError, match="'python' is already registered"):
