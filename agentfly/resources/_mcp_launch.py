@@ -85,8 +85,8 @@ def main() -> None:
         reply({"ok": False, "ready": False, "error": f"isolation failed: {type(exc).__name__}: {exc}"})
         return
     if python:
-        # A Python server runs in this interpreter: an exec would lose the read capability a private uid
-        # keeps when the installation is not readable by other users (see _worker.drop_privileges).
+        # A Python server runs in this interpreter (already hardened, holding no capability): one interpreter
+        # start instead of two.
         reply({"ok": True, "ready": True, "pid": os.getpid(), "isolation": report})
         run_python(argv[1:])
         return

@@ -5,6 +5,8 @@ training process imports the team's own code (its reward, its tools), so it gets
 starts it (``python -m webapp.jobs.child``; every rank under ``torchrun`` runs inside it too) under
 ``bwrap`` with:
 
+- **its team's uid and no capability** (a root worker: ``team_uid``, ``drop_to``; otherwise the worker's own
+  uid in a user namespace, ``--cap-drop ALL``): empty effective, permitted and bounding sets;
 - **an empty environment** but for the few variables listed here (``job_env``): no secret, no database or
   broker URL;
 - **a root of its own, deny by default** (``sandbox_argv``): the system's ``/usr`` and a few files of
@@ -45,6 +47,7 @@ from typing import Any
 
 from django.conf import settings
 
+from agentfly.resources.backends.local import SANDBOX_MARK
 from webapp.jobs import paths
 from webapp.jobs.body import CheckpointWatcher, Node, Outcome, TrackingError, die_with
 from webapp.registry.plugins import team_package
@@ -76,6 +79,18 @@ class Sandbox:
     readable: list[Path] = field(default_factory=list)
     network: str = "none"  # "none" (own loopback) or "host"
     env: dict[str, str] = field(default_factory=dict)
+    uid: int | None = None  # the team's own uid (``team_uid``) when the worker is root; None: the worker's
+
+
+# A root worker runs each team's jobs as a uid of the team's own (this base + the team's id), above every uid a
+# local sandbox takes (100000 + a pid): no capability, no file of root's as its owner.
+TEAM_UID_BASE = 10_000_000
+
+
+def team_uid(team: Any) -> int | None:
+    """The uid ``team``'s jobs run as when the worker is root (None otherwise: they run as the worker's user,
+    in a user namespace of their own)."""
+    return TEAM_UID_BASE + int(team.pk) if os.geteuid() == 0 else None
 
 
 def enabled() -> bool:
@@ -176,7 +191,9 @@ def _system_mounts() -> list[str]:
 
 def _python_mounts() -> list[Path]:
     """The interpreter, its standard library and the virtual environment's packages."""
-    found = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), Path(sys.executable).resolve().parent}
+    # The venv also at the path it is named by, when that is a link (sys.executable is below it, and PATH).
+    found = {Path(sys.prefix).resolve(), Path(sys.prefix).absolute(), Path(sys.base_prefix).resolve(),
+             Path(sys.executable).resolve().parent}
     for p in sys.path:
         if p and ("site-packages" in p or "dist-packages" in p):
             found.add(Path(p).resolve())
@@ -193,6 +210,48 @@ def _gpu_mounts() -> list[str]:
     return argv
 
 
+def _with_parent_folders(mounts: Sequence[str]) -> list[str]:
+    """``mounts`` (bwrap mount operations, in order) with ``--perms 0755 --dir F`` before each bind for every
+    folder above its mount point that no earlier bind holds: bubblewrap makes missing ones 0700, which the
+    team's uid could not traverse (a Python installation below /root, a runs folder below a 0700 temp folder).
+    A folder is made again after a tmpfs is mounted above it (the tmpfs hides it)."""
+    two = {"--ro-bind", "--bind", "--dev-bind", "--symlink", "--ro-bind-data"}
+    one = {"--proc", "--dev", "--tmpfs", "--perms"}
+    out: list[str] = []
+    bound: list[str] = []
+    made: set[str] = set()
+    i = 0
+    while i < len(mounts):
+        op = mounts[i]
+        width = 3 if op in two else 2 if op in one else 1
+        if op in two and op != "--symlink":
+            point = mounts[i + 2]
+            for parent in reversed(Path(point).parents):
+                folder = str(parent)
+                inside = any(folder == b or folder.startswith(b.rstrip("/") + "/") for b in bound)
+                if folder != "/" and folder not in made and not inside:
+                    out += ["--perms", "0755", "--dir", folder]
+                    made.add(folder)
+            bound.append(point)
+        elif op == "--tmpfs":
+            made = {f for f in made if not f.startswith(mounts[i + 1].rstrip("/") + "/")}
+        out += mounts[i:i + width]
+        i += width
+    return out
+
+
+def drop_to(uid: int) -> list[str]:
+    """The command prefix, run by bubblewrap inside the sandbox, that becomes ``uid`` (gid too, no other
+    group) with empty bounding, inheritable and ambient sets and no_new_privs, then execs the job: from
+    there on it holds no capability at all."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise SandboxUnavailable("setpriv (util-linux) is not installed on this worker; a root worker needs it to "
+                                 "run each job as its team's uid without capabilities (apt-get install util-linux)")
+    return [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--bounding-set=-all",
+            "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs", "--"]
+
+
 def sandbox_argv(sandbox: Sandbox) -> list[str]:
     """The ``bwrap`` command line that runs a process as ``sandbox`` says (the command follows it)."""
     bwrap = shutil.which("bwrap")
@@ -200,31 +259,48 @@ def sandbox_argv(sandbox: Sandbox) -> list[str]:
         raise SandboxUnavailable("bubblewrap (bwrap) is not installed on this worker; install it (apt-get install "
                                  "bubblewrap), or set AGENTFLY_JOB_SANDBOX=off to run jobs unisolated (not for "
                                  "several teams: docs/security.md)")
-    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
-    argv += _system_mounts()
+    argv = [bwrap, "--die-with-parent", "--new-session", "--clearenv"]
+    if os.geteuid() == 0:
+        # A root worker: bubblewrap makes the root (resolving each source as root, once), and the job runs as
+        # its team's uid with no capability (``drop_to``). No user namespace: one mapped onto the host's root
+        # would make the job the owner of every root file it sees (/proc/sys included).
+        if sandbox.uid is None:
+            raise SandboxUnavailable("a root worker runs a job only as its team's uid (Sandbox.uid, team_uid)")
+        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    else:
+        # The worker's own uid, in a user namespace of its own, every capability dropped (bounding set too).
+        argv += ["--unshare-all", "--cap-drop", "ALL"]
+    mounts = _system_mounts()
     if sandbox.network == "host":
         argv.append("--share-net")
     else:
+        argv.append("--unshare-net")
         # Its own loopback only: the ranks' rendezvous (torchrun) looks up the host name, which must resolve
         # there without DNS.
         name = f"job-{sandbox.job_id}"
         hosts = sandbox.output_dir / ".sandbox-hosts"
         hosts.write_text(f"127.0.0.1 localhost {name}\n::1 localhost ip6-localhost ip6-loopback\n")
-        argv += ["--hostname", name, "--ro-bind", str(hosts), "/etc/hosts"]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
-    argv += _gpu_mounts()
+        argv += ["--hostname", name]
+        mounts += ["--ro-bind", str(hosts), "/etc/hosts"]
+    mounts += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777",
+               "--tmpfs", "/dev/shm"]
+    mounts += _gpu_mounts()
     for path in _python_mounts():
-        argv += _bind("--ro-bind", path)
+        mounts += _bind("--ro-bind", path)
     for name in CODE:
-        argv += _bind("--ro-bind", ROOT / name)
+        mounts += _bind("--ro-bind", ROOT / name)
     for path in sandbox.readable:
-        argv += _bind("--ro-bind", path)
+        mounts += _bind("--ro-bind", path)
     for path in sandbox.writable:
-        argv += _bind("--bind", path)
+        mounts += _bind("--bind", path)
+    argv += _with_parent_folders(mounts)
     for name, value in sorted(job_env(sandbox).items()):
         argv += ["--setenv", name, value]
-    argv += ["--chdir", str(sandbox.output_dir)]
-    return [*argv, "--"]
+    # Marked as one of our sandbox roots: a sandbox a job's tool starts (python_code) stays in this root and
+    # confines itself further (limits, Landlock, a network namespace) instead of nesting bubblewrap, which
+    # cannot mount a /proc of its own below this one.
+    argv += ["--dir", SANDBOX_MARK, "--chdir", str(sandbox.output_dir), "--"]
+    return argv + drop_to(sandbox.uid) if sandbox.uid is not None and os.geteuid() == 0 else argv
 
 
 def sandbox_for(job: Any, output_dir: Path, config: dict[str, Any], env: dict[str, str] | None = None) -> Sandbox:
@@ -232,13 +308,19 @@ def sandbox_for(job: Any, output_dir: Path, config: dict[str, Any], env: dict[st
     config reads read-only; ``env`` besides (its team's Redis URL for its APIs)."""
     team_runs = paths.team_dir(job.team)
     team_runs.mkdir(parents=True, exist_ok=True)
+    uid = team_uid(job.team)
+    if uid is not None:
+        # The team's uid owns its runs folder and the job's folder (not what is inside: the worker's own files
+        # stay the worker's), so the job writes there without any capability. No symlink is followed.
+        for folder in (team_runs, output_dir):
+            os.chown(folder, uid, uid, follow_symlinks=False)
     readable = [*plugin_mounts(job.team.slug), *config_reads(config, job.team, job.resume_from)]
     for name in ("HF_HOME", "HF_HUB_CACHE", "TRANSFORMERS_CACHE"):
         if os.environ.get(name) and Path(os.environ[name]).is_dir():
             readable.append(Path(os.environ[name]).resolve())  # downloaded models, shared read-only
     return Sandbox(job_id=job.pk, team_slug=job.team.slug, output_dir=output_dir.resolve(),
                    writable=[team_runs.resolve()], readable=readable, network=network_for(config, job.nodes),
-                   env={**ray_env(config), **(env or {})})
+                   env={**ray_env(config), **(env or {})}, uid=uid)
 
 
 # A job whose pools run on the operator's Ray cluster joins it: with the cluster's token, when it has one.

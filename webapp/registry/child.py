@@ -177,8 +177,6 @@ def main() -> None:
     import agentfly.tools  # noqa: F401
 
     handlers = _handlers()
-    # A tool's own sandbox (python_code's) is started from here, with its stderr on /dev/null.
-    config["write_paths"] = [*config.get("write_paths", []), os.devnull]
     try:
         receive_identity(channel, config)
         report = harden(config)

@@ -14,10 +14,16 @@ Hardening (``harden``), applied by the worker to itself before it reads its firs
 because each step needs the privileges the next one drops:
 1. resource limits (CPU seconds, address space, open files, file size, processes);
 2. a new network namespace (``unshare(CLONE_NEWNET)``): only a down loopback, so no connection leaves;
-3. when running as root, a private uid (100000 + pid) so the process limit counts this sandbox only and
-   the parent can find and kill every process the sandbox spawned, even those that left its group;
-4. Landlock: reads only below the Python installation, the system libraries and the working directory,
-   writes only in the working directory.
+3. no capability: the bounding and ambient sets are emptied while CAP_SETPCAP is still held, then, when
+   running as root, a private uid (100000 + pid) empties the permitted and effective sets (so the process
+   limit counts this sandbox only, and the parent can find and kill every process the sandbox spawned, even
+   those that left its group); ``drop_capabilities`` checks that nothing is left and sets no_new_privs. The
+   runtime stays readable without CAP_DAC_READ_SEARCH because bubblewrap binds it at its own path below
+   folders it makes traversable (a Python under a 0700 /root is fine); the parent refuses a path that other
+   users cannot read (``local.refuse_unreadable``);
+4. Landlock: reads only below the Python installation, the system libraries, the working directory and the
+   sandbox's own /proc, writes only in the working directory and the POSIX devices (/dev/null, /dev/zero,
+   /dev/full, /dev/random, /dev/urandom).
 Each step reports whether it took effect; the parent shows that in the pool stats.
 """
 
@@ -32,6 +38,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import sys
 import threading
 import traceback
@@ -41,6 +48,9 @@ from typing import Any
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
+PR_CAPBSET_READ, PR_CAPBSET_DROP = 23, 24
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+CAP_SETPCAP = 8
 SYS_LANDLOCK_CREATE_RULESET = 444  # the same number on every architecture (new syscall table)
 SYS_LANDLOCK_ADD_RULE = 445
 SYS_LANDLOCK_RESTRICT_SELF = 446
@@ -51,6 +61,9 @@ FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1
 FS_ALL_V1 = (1 << 13) - 1
 FS_REFER, FS_TRUNCATE, FS_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
 READ_ONLY = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
+# Devices any program may open for reading and writing (bubblewrap's --dev makes these and no others of the host).
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+PROC = ("/proc",)  # readable: /proc/self/status, /proc/cpuinfo (the sandbox's own process namespace under bwrap)
 # This file's name in tracebacks; "<string>" when the docker backend runs it with ``python -c``.
 _SELF = globals().get("__file__", "<string>")
 
@@ -137,19 +150,28 @@ class _CapData(ctypes.Structure):
     _fields_ = (("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32))
 
 
-def _others_can_reach(path: str) -> bool:
-    """Can a uid other than the owner traverse every directory down to ``path``?"""
+def others_can_read(path: str, ancestors: bool = True) -> bool:
+    """Can a uid other than the owner read ``path`` (a folder: list and traverse it), and, with ``ancestors``,
+    traverse every folder above it? Without ``ancestors`` only ``path`` itself counts: in a bubblewrap root the
+    folders above a bound path are bubblewrap's own (0755), whatever the host's are (/root is 0700)."""
     current = os.path.realpath(path)
-    while True:
+    try:
+        mode = os.stat(current).st_mode
+    except OSError:
+        return False
+    if not mode & 0o004 or (stat.S_ISDIR(mode) and not mode & 0o001):
+        return False
+    while ancestors:
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
         try:
             if not os.stat(current).st_mode & 0o001:
                 return False
         except OSError:
             return False
-        parent = os.path.dirname(current)
-        if parent == current:
-            return True
-        current = parent
+    return True
 
 
 def _uid_mapped(uid: int) -> bool:
@@ -162,12 +184,66 @@ def _uid_mapped(uid: int) -> bool:
     return any(inside <= uid < inside + count for inside, _outside, count in ranges)
 
 
-def drop_privileges(workdir: str, uid: int | None = None, read_paths: Sequence[str] = ()) -> str:
-    """As root, become a uid of our own so RLIMIT_NPROC counts only this sandbox's processes.
+def _capabilities() -> tuple[int, int, int]:
+    """This process's (effective, permitted, bounding) capability sets as bit masks."""
+    header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    data = (_CapData * 2)()
+    if _libc().capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), f"capget failed: {_errno_text()}")
+    effective = data[0].effective | data[1].effective << 32
+    permitted = data[0].permitted | data[1].permitted << 32
+    bounding = 0
+    for cap in range(64):
+        if _libc().prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1:
+            bounding |= 1 << cap
+    return effective, permitted, bounding
 
-    When the interpreter, or a path the sandbox is given to read (a server's script), lives where other users
-    cannot reach it (e.g. under /root, or a 0700 temporary folder), the new uid keeps one capability,
-    CAP_DAC_READ_SEARCH, to go on reading them; Landlock still confines what it may read.
+
+def drop_bounding_set() -> None:
+    """Empty the bounding set and the ambient set, while we still hold CAP_SETPCAP (before the uid changes):
+    afterwards no exec, not even of a setuid or file-capability binary, can give a capability back. A process
+    without CAP_SETPCAP (not root) cannot empty it; ``no_new_privs`` (``drop_capabilities``) then keeps an exec
+    from gaining anything."""
+    libc = _libc()
+    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    if not _capabilities()[0] & 1 << CAP_SETPCAP:
+        return
+    for cap in range(64):
+        if libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) != 1:
+            continue  # not held, or past the kernel's last capability
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), f"cannot drop capability {cap} from the bounding set: {_errno_text()}")
+
+
+def drop_capabilities() -> str:
+    """Leave the effective, permitted and inheritable sets empty (the bounding set went first, see
+    ``drop_bounding_set``), and check that all three sets we can see are empty. Raises when one is not:
+    untrusted code never runs with a capability."""
+    libc = _libc()
+    header = _CapHeader(0x20080522, 0)
+    data = (_CapData * 2)(_CapData(0, 0, 0), _CapData(0, 0, 0))
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), f"capset failed: {_errno_text()}")
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl(NO_NEW_PRIVS) failed: {_errno_text()}")
+    effective, permitted, bounding = _capabilities()
+    if effective or permitted:
+        raise OSError(f"capabilities left after dropping them: effective {effective:#x}, permitted {permitted:#x}")
+    if bounding:
+        return "none (effective and permitted sets empty; bounding set kept by a non-root parent, no_new_privs)"
+    return "none (effective, permitted and bounding sets empty)"
+
+
+def drop_privileges(workdir: str, uid: int | None = None, read_paths: Sequence[str] = (),
+                    confined: bool = True) -> str:
+    """As root, become a uid of our own, with no capability, so RLIMIT_NPROC counts only this sandbox's
+    processes and no permission check is bypassed.
+
+    The runtime stays readable without CAP_DAC_READ_SEARCH: in a bubblewrap root (``confined``) every path of
+    ``read_paths`` is bound at its own place below folders bubblewrap makes traversable, so only the paths
+    themselves must be readable by others, which the parent checked (``local.unreadable_paths``). Unconfined
+    (trusted code, ``filesystem="host"``), a runtime that other users cannot reach keeps this process's uid,
+    still without any capability.
     """
     if os.geteuid() != 0:
         return f"uid {os.getuid()} (not root: the process limit is shared with that user's processes)"
@@ -177,22 +253,15 @@ def drop_privileges(workdir: str, uid: int | None = None, read_paths: Sequence[s
         # no uid to move to, and chown/setuid to one fails with EINVAL.
         return (f"uid {os.getuid()} of a user namespace that maps no uid of its own "
                 "(the process limit is shared with the enclosing sandbox's processes)")
-    keep_read = not all(_others_can_reach(p) for p in (os.path.join(sys.base_prefix, "lib"), sys.prefix, *read_paths))
-    libc = _libc()
-    if keep_read:
-        libc.prctl(8, 1, 0, 0, 0)  # PR_SET_KEEPCAPS: keep the permitted set across setuid
+    runtime = (os.path.join(sys.base_prefix, "lib"), sys.prefix, *read_paths)
+    if not confined and not all(others_can_read(p) for p in runtime if os.path.exists(p)):
+        return (f"uid {os.getuid()} (the Python installation or a read path is not readable by other users, "
+                "so this unconfined sandbox keeps its uid, without capabilities)")
     os.chown(workdir, uid, uid)
     os.setgroups([])
     os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
-    if not keep_read:
-        return f"uid {uid}"
-    cap = 1 << 2  # CAP_DAC_READ_SEARCH
-    header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
-    data = (_CapData * 2)(_CapData(cap, cap, 0), _CapData(0, 0, 0))
-    if libc.capset(ctypes.byref(header), data) != 0:
-        return f"uid {uid} (capset failed: {_errno_text()}; imports outside the standard library may fail)"
-    return f"uid {uid} (+CAP_DAC_READ_SEARCH: the Python installation or a readable path is not reachable by other users)"
+    os.setresuid(uid, uid, uid)  # without PR_SET_KEEPCAPS this empties the permitted and effective sets
+    return f"uid {uid}"
 
 
 def landlock(read_paths: list[str], write_paths: list[str], list_paths: list[str] | None = None) -> str:
@@ -252,12 +321,20 @@ def harden(config: dict[str, Any]) -> dict[str, Any]:
         report["network"] = "namespace (bubblewrap)" if bwrap else isolate_network()
     else:
         report["network"] = "allowed"
+    # Capabilities go in every case (root or not, private uid or not): the bounding set first, while
+    # CAP_SETPCAP is still held, then the uid change or capset empties the rest.
+    drop_bounding_set()
     if config.get("own_uid"):
-        report["user"] = drop_privileges(workdir, config.get("uid"), list(config.get("read_paths") or []))
+        report["user"] = drop_privileges(workdir, config.get("uid"), list(config.get("read_paths") or []),
+                                         confined=bwrap)
         # The kernel clears the parent-death signal when the credentials change: ask for it again.
         die_with_parent(config.get("parent_pid"))
+    report["capabilities"] = drop_capabilities()
     if config.get("filesystem") == "restricted":
-        report["filesystem"] = landlock(list(config.get("read_paths") or []), [workdir, *config.get("write_paths", [])],
+        # The POSIX devices every program expects (a write to /dev/null, a read of /dev/urandom), and the
+        # sandbox's own /proc (its own process namespace under bubblewrap), on top of what the view lists.
+        report["filesystem"] = landlock([*(config.get("read_paths") or []), *PROC],
+                                        [workdir, *config.get("write_paths", []), *DEVICES],
                                         list(config.get("list_paths") or []))
         if bwrap:
             report["filesystem"] += " in a bubblewrap root (local.sandbox_view)"

@@ -23,6 +23,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import site
@@ -35,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agentfly.resources.backends._worker import others_can_read
 from agentfly.resources.spec import ResourceError
 
 WORKER = Path(__file__).resolve().with_name("_worker.py")
@@ -123,12 +125,9 @@ def runtime_read_paths() -> list[str]:
     paths.update(config[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in config)
     paths.update(site.getsitepackages())
     paths.update(["/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib", "/usr/share/zoneinfo", "/bin", "/usr/bin",
-                  "/etc/ld.so.cache", "/etc/localtime", "/dev/null", "/dev/urandom", "/dev/zero"])
+                  "/usr/share/git-core", "/etc/ld.so.cache", "/etc/localtime"])
     roots = project_roots()
     return sorted(p for p in paths if os.path.exists(p) and not _overlaps(p, roots))
-
-
-DEVICES = ("/dev/null", "/dev/urandom", "/dev/zero")  # bubblewrap's --dev gives these (and no others of the host)
 
 
 def sandbox_view(isolation: Isolation, workdir: str, program: Sequence[str] = ()) -> dict[str, str]:
@@ -138,7 +137,7 @@ def sandbox_view(isolation: Isolation, workdir: str, program: Sequence[str] = ()
     socket (PostgreSQL's, Redis's, Docker's, D-Bus, systemd) exists there to connect to, and its own network
     namespace leaves it no abstract socket and no TCP. Landlock then allows the same paths again, inside.
     ``program``: the files of the program it runs (the worker script), read-only."""
-    view = {path: "ro" for path in runtime_read_paths() if path not in DEVICES}
+    view = {path: "ro" for path in runtime_read_paths()}
     view.update({os.path.abspath(path): "ro" for path in (*isolation.read_paths, *program)})
     view[os.path.abspath(workdir)] = "rw"
     return view
@@ -146,6 +145,22 @@ def sandbox_view(isolation: Isolation, workdir: str, program: Sequence[str] = ()
 
 class SandboxUnavailable(ResourceError):
     """The sandbox cannot be confined as asked (no bubblewrap, or no namespaces); the message names the fix."""
+
+
+def refuse_unreadable(view: dict[str, str]) -> None:
+    """Raise ``SandboxUnavailable`` naming each read-only path of ``view`` that other users cannot read.
+
+    A sandbox started by root runs as a private uid with no capability at all, so it reads only what any
+    user may read. The folders above a bound path do not matter (bubblewrap makes them, traversable, in the
+    sandbox's root: a Python installation under a 0700 /root is fine); the path itself does.
+    """
+    unreadable = [p for p, mode in view.items() if mode == "ro" and os.path.exists(p)
+                  and not others_can_read(p, ancestors=False)]
+    if unreadable:
+        raise SandboxUnavailable(
+            f"a sandbox runs as a uid of its own without capabilities, and cannot read {', '.join(unreadable)}: "
+            "make each readable by other users (chmod -R o+rX PATH; for a virtual environment, create it with "
+            "umask 022), or give the sandbox a copy that is")
 
 
 NO_BWRAP = ("a local sandbox needs bubblewrap (`bwrap`) to hide the host's sockets and files from untrusted code, "
@@ -406,6 +421,8 @@ class LocalWorker:
                 read_paths=[p for p, mode in view.items() if mode == "ro"],
             )
             if iso.filesystem == "restricted" and not inside_sandbox():
+                if iso.own_uid and os.geteuid() == 0:
+                    refuse_unreadable(view)
                 argv = [*bwrap_argv(view, self.workdir, iso.network), *argv]
                 # Landlock may list the folders bubblewrap made to hold ``read_paths`` (a plugin folder with only
                 # the entries this sandbox may see, for the import system): in its root they hold nothing else.
@@ -466,7 +483,9 @@ class LocalWorker:
             self.worker_pid = host_pid(self.pid, int(hello.get("pid", 0)))
         self.report = hello.get("isolation", {})
         user = str(self.report.get("user", ""))
-        if user.startswith("uid ") and user.split()[1].isdigit() and int(user.split()[1]) >= 100000:
+        # Only a uid the sandbox moved to is its own ("uid N" alone); "uid N (not root ...)" is the one it was
+        # started with (a job's team uid, inside a job's sandbox), whose other processes are not ours to kill.
+        if re.fullmatch(r"uid \d+", user) and int(user.split()[1]) >= 100000:
             self.uid = int(user.split()[1])
             self._record_pid()
 

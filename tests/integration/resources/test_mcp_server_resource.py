@@ -355,17 +355,17 @@ async def test_an_idle_session_whose_server_died_fails_its_health_check() -> Non
         await session.close()
 
 
-async def test_a_stdio_server_whose_script_is_in_a_folder_only_its_owner_may_enter_starts(tmp_path: Path) -> None:
-    # e.g. a project under /root, or pytest's 0700 temporary folders: the sandbox's private uid keeps the
-    # right to read the paths it is given (and Landlock still allows only those).
+async def test_a_stdio_server_given_a_folder_only_its_owner_may_read_is_refused_with_the_fix_named(
+        tmp_path: Path) -> None:
+    # The sandbox's private uid holds no capability (no CAP_DAC_READ_SEARCH): it reads only what any user may,
+    # so a 0700 folder is refused before the server starts, naming the folder and the chmod that fixes it.
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     script = private / "kv_store.py"
     script.write_text((Path(af.__file__).parent / "resources/mcp_servers/kv_store.py").read_text())
-    os.chmod(tmp_path, 0o700)
-    spec = af.mcp.server("kv-private", command=[sys.executable, str(script)])
-    tools = await af.mcp.atools_from(spec)
-    assert {"put", "get"} <= {t.name for t in tools}
+    spec = af.mcp.server("kv-private", command=[sys.executable, str(script)], read_paths=[str(private)])
+    with pytest.raises(InfrastructureFailure, match=rf"cannot read {private}: .*chmod -R o\+rX"):
+        await af.mcp.atools_from(spec)
 
 
 async def test_a_server_that_cannot_start_is_refused_with_what_it_printed(tmp_path: Path) -> None:

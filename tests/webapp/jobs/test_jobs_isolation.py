@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,10 @@ def spy(final_answer: str | None) -> float:
         except OSError:
             pass
     found["proc_environ"] = leaked
+    with open("/proc/self/status") as status:
+        found["capabilities"] = {{line.split(":")[0]: line.split()[1] for line in status
+                                  if line.startswith(("CapEff", "CapPrm", "CapBnd"))}}
+    found["uid"] = os.getuid()
     try:
         found["other_config"] = (OTHER / "config.yaml").read_text()
     except OSError:
@@ -103,7 +108,7 @@ def register_reward(api: Any, import_path: str) -> Entry:
     return entry
 
 
-def test_a_teams_reward_reaches_no_secret_no_other_team_and_no_database_and_the_job_still_trains(
+def test_a_teams_reward_reaches_no_secret_no_capability_no_other_team_and_no_database_and_the_job_still_trains(
         alice_api: Any, builtins: dict[str, Any], runs_dir: Path, team_b: Any) -> None:
     other = runs_dir / "team-b" / "job-999999"  # another team's job, as its run left it
     other.mkdir(parents=True, exist_ok=True)
@@ -125,6 +130,9 @@ def test_a_teams_reward_reaches_no_secret_no_other_team_and_no_database_and_the_
     # (a) no secret in its environment, nor in any process's environment it can see
     assert {k: v for k, v in found.items() if k.isupper() and v} == {}
     assert found["proc_environ"] == []
+    # (a') no capability at all (effective, permitted, bounding), and not root's uid
+    assert found["capabilities"] == {"CapEff": "0" * 16, "CapPrm": "0" * 16, "CapBnd": "0" * 16}
+    assert found["uid"] != 0
     # (b) another team's job config is not there to read; (c) nor its folder to write
     assert found["other_config"] is None
     assert found["wrote_other"] is False and not (other / "pwned.txt").exists()
@@ -159,7 +167,9 @@ def test_a_python_sandbox_starts_and_runs_code_inside_a_jobs_sandbox(runs_dir: P
 
     output = runs_dir / "team-a" / "job-sandbox-in-job"
     output.mkdir(parents=True, exist_ok=True)
-    sandbox = isolation.Sandbox(job_id=0, team_slug="team-a", output_dir=output, writable=[output])
+    uid = isolation.TEAM_UID_BASE + 1  # a team's uid, as a root worker runs its jobs
+    os.chown(output, uid, uid)
+    sandbox = isolation.Sandbox(job_id=0, team_slug="team-a", output_dir=output, writable=[output], uid=uid)
     done = subprocess.run([*isolation.sandbox_argv(sandbox), sys.executable, "-P", "-c", SANDBOX_IN_JOB],
                           env=isolation.process_env(sandbox), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

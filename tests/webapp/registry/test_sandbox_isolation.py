@@ -112,3 +112,27 @@ def test_a_child_of_a_builtin_entry_sees_no_team_folder(team_a: Any, team_b: Any
         assert str(PLUGINS / "team_tools.py") in paths
         assert not [p for p in paths if Path(p).is_relative_to(PLUGINS / "team-a")]
         assert str(PLUGINS / "team-a") in child_read_paths([str(PLUGINS)], "team-a")
+
+
+def capability_sets(status: str) -> dict[str, str]:
+    return {line.split(":")[0]: line.split()[1] for line in status.splitlines()
+            if line.startswith(("CapEff", "CapPrm", "CapBnd"))}
+
+
+NO_CAPS = {"CapEff": "0" * 16, "CapPrm": "0" * 16, "CapBnd": "0" * 16}
+
+
+def test_a_try_it_child_and_the_python_code_sandbox_it_starts_hold_no_capability(
+        alice_api: Any, alice_client: Any, builtins: dict[str, Any], team_a: Any, worker: Worker,
+        transactional_db: None) -> None:
+    # The worker runs as root, and the Python installation is below /root (0700): the child still holds no
+    # CAP_DAC_READ_SEARCH, nor any other capability, effective, permitted or in its bounding set.
+    assert os.geteuid() == 0
+    entry = registered(alice_api, "hostile_tools:read")
+    observation = try_it(alice_api, entry, {"path": "/proc/self/status"}).json()["observation"]
+    assert observation.startswith("read: "), observation
+    assert capability_sets(observation) == NO_CAPS
+    code = "print(open('/proc/self/status').read())"
+    response = alice_client.post(reverse("registry:try", args=[builtins["python_code"].pk]),
+                                 {"arguments": json.dumps({"code": code})})
+    assert capability_sets(response.context["result"]["observation"]) == NO_CAPS
