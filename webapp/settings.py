@@ -316,6 +316,9 @@ AGENTFLY_MCP_COMMANDS = json.loads(env_str("AGENTFLY_MCP_COMMANDS", "[]"))
 AGENTFLY_MCP_URLS = env_list("AGENTFLY_MCP_URLS", [])
 AGENTFLY_MCP_LOCAL_HOSTS = env_list("AGENTFLY_MCP_LOCAL_HOSTS", [])
 AGENTFLY_MCP_NETWORK = env_list("AGENTFLY_MCP_NETWORK", [])
+# Paths every stdio server may read (read-only) besides the Python installation and its team's plugin folder
+# (a shared repository for an allowlisted mcp-server-git): a server's argv never makes a path readable.
+AGENTFLY_MCP_READ_PATHS = env_list("AGENTFLY_MCP_READ_PATHS", [])
 
 # ------------------------------------------------------------------ REST API
 REST_FRAMEWORK = {

@@ -6,8 +6,9 @@ the server is started or reached (a row may outlive a setting's change).
   command the operator allowlisted, argv for argv, in ``AGENTFLY_MCP_COMMANDS``. Nothing else: shells and
   interpreters given code on the command line (``bash -c``, ``python -c``), package runners that download
   what they run (``npx``, ``uvx``, ``pipx``), and paths out of the folder are refused, each with the setting
-  that would allow it. The server then runs in the sandbox (no secrets, rlimits, Landlock) with no network
-  unless ``AGENTFLY_MCP_NETWORK`` names it (``team-slug/server-name``).
+  that would allow it. The server then runs in the sandbox (no secrets, rlimits, no capability, Landlock) with
+  no network unless ``AGENTFLY_MCP_NETWORK`` names it (``team-slug/server-name``), and reads only the Python
+  installation, its team's plugin folder and ``AGENTFLY_MCP_READ_PATHS`` (``stdio_read_paths``).
 - **HTTP**: the URL must start with an entry of ``AGENTFLY_MCP_URLS``; a host that resolves to a loopback,
   link-local or unspecified address must also be in ``AGENTFLY_MCP_LOCAL_HOSTS`` (so an allowlisted name
   cannot be pointed at the worker's own services). The SDK's client follows a redirect only on the same
@@ -73,6 +74,14 @@ def stdio_argv(team_slug: str, command: list[str]) -> list[str]:
     return [sys.executable, str(target), *command[1:]]
 
 
+def stdio_read_paths(team_slug: str) -> list[str]:
+    """What a team's stdio server may read besides the Python installation: its team's plugin folder and the
+    operator's ``AGENTFLY_MCP_READ_PATHS``. Never a path its argv names: an argument is a string for the
+    server, not a mount (``agentfly.resources.mcp``)."""
+    folders = team_folders(team_slug.replace("-", "_"), _plugin_dirs())
+    return [*(str(f.resolve()) for f in folders), *(str(Path(p).resolve()) for p in settings.AGENTFLY_MCP_READ_PATHS)]
+
+
 def check_url(url: str) -> str:
     """``url`` if an HTTP server there may be reached; NotAllowed names the setting otherwise."""
     try:
@@ -112,6 +121,6 @@ def allowed_launch(server: MCPServer) -> dict[str, Any]:
     ``network`` for stdio, ``url`` for HTTP (``agentfly.mcp.server``'s and ``mcp.<name>``'s keys)."""
     slug = server.team.slug
     if server.transport == Transport.STDIO:
-        return {"command": stdio_argv(slug, list(server.command)),
+        return {"command": stdio_argv(slug, list(server.command)), "read_paths": stdio_read_paths(slug),
                 "network": "host" if network_allowed(slug, server.name) else "none"}
     return {"url": check_url(server.url)}
