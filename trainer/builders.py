@@ -220,7 +220,7 @@ def mcp_specs(config: Config) -> dict[str, Any]:
     from agentfly.mcp import server
 
     return {name: server(name, command=m.command, url=m.url, address=m.address, scope=m.scope,
-                         reset_tool=m.reset_tool, seed_tool=m.seed_tool, network=m.network,
+                         reset_tool=m.reset_tool, seed_tool=m.seed_tool, network=m.network, read_paths=m.read_paths,
                          call_timeout=m.call_timeout, start_timeout=m.start_timeout)
             for name, m in config.mcp.items()}
 

@@ -425,6 +425,8 @@ class MCPServerConfig:
     seed_tool: str | None = _f(None, "A tool called at a rollout's first call with the task sample's fields that "
                                      "its input schema names (loads the rollout's own data into its session).")
     network: Literal["none", "host"] = _f("none", "A stdio server's network: none, or the host's.")
+    read_paths: list[str] = _f([], "Files and folders a stdio server may read (its script, its data), "
+                                   "read-only; nothing its command names is readable otherwise.")
     call_timeout: float = _f(30.0, "Seconds a tool call may take before the server counts as down (an "
                                    "infrastructure failure, not the agent's).", gt=0)
     start_timeout: float = _f(60.0, "Seconds to start the server and open a session.", gt=0)

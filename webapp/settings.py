@@ -327,6 +327,13 @@ DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "agentfly@localhost")
 # Fair share: a running job that has trained this long (from its run's first step) yields at its next step (with a checkpoint) when another
 # team's job waits for a worker on its queue, and is queued again to resume from there. 0 never preempts.
 AGENTFLY_TIME_SLICE = env_float("AGENTFLY_TIME_SLICE", 1800.0)
+# Seconds a job has to stop by itself (at its next step, with a checkpoint) after a cancel or the end of its time
+# slice; then its processes get SIGTERM, and SIGKILL 10 s later (webapp/jobs/isolation.py run_process).
+AGENTFLY_JOB_STOP_GRACE = env_float("AGENTFLY_JOB_STOP_GRACE", 60.0)
+# Each job runs in a cgroup of its own with these limits (rlimits with the same numbers where the host gives no
+# cgroup): a JSON object from team slug, or "*" for every team, to {"memory_bytes", "cpus", "processes"}.
+AGENTFLY_JOB_LIMITS = json.loads(env_str("AGENTFLY_JOB_LIMITS", json.dumps(
+    {"*": {"memory_bytes": 16 << 30, "cpus": None, "processes": 512}})))
 
 # MCP servers teams may register (webapp/mcpservers/rules.py): exact stdio argv the operator allows (a JSON
 # list of lists), HTTP URL prefixes, hosts allowed to resolve to loopback/link-local, and the stdio servers
@@ -342,6 +349,9 @@ AGENTFLY_MCP_NETWORK = env_list("AGENTFLY_MCP_NETWORK", [])
 AGENTFLY_MCP_INSPECT_POOL = env_int("AGENTFLY_MCP_INSPECT_POOL", 2)
 AGENTFLY_MCP_INSPECT_TEAM_CONCURRENCY = env_int("AGENTFLY_MCP_INSPECT_TEAM_CONCURRENCY", 1)
 AGENTFLY_MCP_INSPECT_TIMEOUT = env_float("AGENTFLY_MCP_INSPECT_TIMEOUT", 60.0)
+# Paths every stdio server may read (read-only) besides the Python installation and its team's plugin folder
+# (a shared repository for an allowlisted mcp-server-git): a server's argv never makes a path readable.
+AGENTFLY_MCP_READ_PATHS = env_list("AGENTFLY_MCP_READ_PATHS", [])
 
 # ------------------------------------------------------------------ REST API
 REST_FRAMEWORK = {

@@ -7,9 +7,10 @@
 
 What an instance is, by transport and scope:
 
-- **stdio**: a server process started by the local backend (``LocalWorker``) under the sandbox's isolation (no
-  secrets in its environment, rlimits, no network unless ``network="host"``, Landlock: it reads the Python
-  installation, the system libraries and ``read_paths``, writes only its working directory), and the SDK's
+- **stdio**: a server process started by the local backend (``LocalWorker``) under the sandbox's isolation: no
+  secrets in its environment, rlimits, no network unless ``network="host"``, no capability, and a bubblewrap
+  root holding only the Python installation, the system libraries, AgentFly's own servers and ``read_paths``
+  (its argv never adds a path), writable only in its working directory; and the SDK's
   ``ClientSession`` over its pipes. ``reset`` between rollouts restarts the process, or, when the server offers
   one, calls its ``reset_tool``; a server that dies mid-rollout is an ``InfrastructureFailure`` and the pool
   starts a new one.
@@ -50,6 +51,7 @@ if TYPE_CHECKING:  # the SDK is imported where it is used, so that importing age
     from mcp.types import CallToolResult, Tool
 
 LAUNCHER = Path(__file__).resolve().with_name("_mcp_launch.py")
+BUNDLED = Path(__file__).resolve().with_name("mcp_servers")  # AgentFly's own servers (kv_store.py)
 MAX_OBSERVATION = 16_000  # characters of a tool result the model reads; the rest is cut with a note
 
 
@@ -85,7 +87,8 @@ def mcp_server(
 
     Args:
         name: the resource's name; tools from ``tools_from`` ask for it.
-        command: a stdio server's argv (run in the sandbox; the folders of its file arguments are readable).
+        command: a stdio server's argv, run in the sandbox. Its entries are strings only: a file it names is
+            readable there only when it is in ``read_paths`` (or one of AgentFly's own servers).
         url: a streamable-HTTP server's endpoint, e.g. ``http://127.0.0.1:8765/mcp`` (parsed by
             ``agentfly.resources.urls``: no userinfo, no dot segments).
         address: the IP address to connect to for ``url``'s host instead of looking it up, e.g. the one a
@@ -102,7 +105,8 @@ def mcp_server(
             rollout's first call, with the sample's fields that the tool's input schema names (a key-chain store
             seeded with the sample's chain). Hidden from the model.
         network: "none" (the stdio server has no network) or "host".
-        read_paths: more folders a stdio server may read.
+        read_paths: the files and folders a stdio server may read besides the Python installation (its script,
+            its data), read-only; each must be readable by other users (the server holds no capability).
         env: environment variables for a stdio server (nothing of the parent's environment is passed).
         limits: rlimits of a stdio server (default: the sandbox's, with 2 GiB of address space).
         health_interval: seconds between health probes (an MCP ping) of idle sessions; 0 turns them off.
@@ -140,15 +144,6 @@ def mcp_server(
     return ResourceSpec(name=name, factory=MCPSession, kind="mcp", backend="local" if command else "inprocess",
                         pool=pool or Pool(0, 8), scope=scope, acquire_timeout=acquire_timeout,
                         health_interval=health_interval, options=options)
-
-
-def _file_folders(argv: Sequence[str]) -> list[str]:
-    """The folders of the argv entries that are files (the server's script), so the sandbox may read them."""
-    folders = []
-    for arg in argv[1:]:
-        if os.path.isfile(arg):
-            folders.append(os.path.dirname(os.path.realpath(arg)))
-    return folders
 
 
 @asynccontextmanager
@@ -241,7 +236,9 @@ class MCPSession:
         self.start_timeout = float(options.get("start_timeout", 60.0))
         self.reset_tool: str | None = options.get("reset_tool")
         self.network = str(options.get("network", "none"))
-        self.read_paths = [*options.get("read_paths", []), *_file_folders(self.command or [])]
+        # Only what the caller named: an argv entry is a string for the server, never a mount (an argv naming
+        # /etc/shadow or another team's plugin gets the server nothing it could not read before).
+        self.read_paths = list(options.get("read_paths", []))
         self.env: dict[str, str] = dict(options.get("env") or {})
         self.limits: Limits = options.get("limits") or Limits(memory_bytes=2 << 30)
         self.session: ClientSession | None = None
@@ -299,9 +296,11 @@ class MCPSession:
                     worker = LocalWorker(
                         [sys.executable, "-I", str(LAUNCHER), "--", *self.command],
                         limits=self.limits,
-                        # The launcher and the sandbox worker it hardens itself with, read-only, besides the server.
+                        # The launcher, the sandbox worker it hardens itself with and AgentFly's own servers,
+                        # read-only, besides the paths the caller gave.
                         isolation=Isolation(network=self.network,
-                                            read_paths=(str(LAUNCHER), str(WORKER), *self.read_paths)),
+                                            read_paths=(str(LAUNCHER), str(WORKER), str(BUNDLED),
+                                                        *self.read_paths)),
                         env=self.env, ready_timeout=self.start_timeout,
                     )
                     self.worker = worker

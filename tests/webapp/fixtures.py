@@ -36,6 +36,7 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/13")
 os.environ.setdefault("AGENTFLY_REDIS_PREFIX", f"agentfly-test-{uuid.uuid4().hex[:8]}:")
 os.environ.setdefault("JOB_HEARTBEAT_SECONDS", "0.5")
 os.environ.setdefault("JOB_HEARTBEAT_TIMEOUT", "6")
+os.environ.setdefault("AGENTFLY_JOB_STOP_GRACE", "30")  # a job that does not yield is stopped 30 s after asked
 os.environ.setdefault("AGENTFLY_TRY_TIMEOUT", "60")
 # A hanging tool's child is killed after this many seconds (the tests wait for it).
 os.environ.setdefault("AGENTFLY_CHILD_TIMEOUT", "5")

@@ -1,8 +1,11 @@
 """The training process of a job: what runs inside the team's sandbox (``webapp.jobs.isolation``).
 
-    python -P -m webapp.jobs.child run  JOB.json --messages FD    # the job: body.run, events to FD
-    python -P -m webapp.jobs.child node JOB.json --messages FD    # node > 0 of a multi-node job
-    python -P -m webapp.jobs.child rank TRAIN.yaml ...            # one torchrun rank (trainer.cli train)
+    python -P -m webapp.jobs.child run  --spec-fd SPEC --messages FD    # the job: body.run, events to FD
+    python -P -m webapp.jobs.child node --spec-fd SPEC --messages FD    # node > 0 of a multi-node job
+    python -P -m webapp.jobs.child rank TRAIN.yaml ...                  # one torchrun rank (trainer.cli train)
+
+``SPEC`` is a descriptor the worker opened (an in-memory file: the config, the job's folder and how to run
+it), never a file in the job's folder, where a job could have put a link for the worker to follow.
 
 It holds no secret and reaches no database: it imports the team's code, trains with ``webapp.jobs.body``
 (which imports neither Django nor its settings), and writes one JSON line per message to the pipe ``FD``:
@@ -59,11 +62,10 @@ def add_plugins() -> None:
     add_plugin_dirs([d for d in dirs if Path(d).is_dir()])
 
 
-def run(spec_path: Path, messages: Messages) -> int:
+def run(spec: dict[str, Any], messages: Messages) -> int:
     from webapp.jobs import body
 
-    spec = json.loads(spec_path.read_text())
-    output_dir = spec_path.parent
+    output_dir = Path(spec["output_dir"])
     stop = output_dir / "STOP"
     node = body.Node(*spec["node"]) if spec.get("node") else None
     try:
@@ -83,14 +85,14 @@ def run(spec_path: Path, messages: Messages) -> int:
     return 0
 
 
-def run_node(spec_path: Path) -> int:
+def run_node(spec: dict[str, Any]) -> int:
     from webapp.jobs import body
 
-    spec = json.loads(spec_path.read_text())
+    output_dir = Path(spec["output_dir"])
     node = body.Node(*spec["node"])
-    ended = spec_path.parent / f"ENDED-node-{node.rank}"
+    ended = output_dir / f"ENDED-node-{node.rank}"
     return body.run_node(spec["config"], ranks=spec["ranks"], resume_from=spec["resume_from"],
-                         output_dir=spec_path.parent, node=node, job_ended=ended.exists)
+                         output_dir=output_dir, node=node, job_ended=ended.exists)
 
 
 def main(argv: list[str]) -> int:
@@ -100,14 +102,14 @@ def main(argv: list[str]) -> int:
         from trainer.cli import main as trainer_main
 
         return trainer_main(rest)
-    spec_path = Path(rest[0])
+    with os.fdopen(int(rest[rest.index("--spec-fd") + 1]), "rb") as spec_file:
+        spec = json.loads(spec_file.read())
     fd = int(rest[rest.index("--messages") + 1])
     with os.fdopen(fd, "wb", buffering=0) as out:
-        spec = json.loads(spec_path.read_text())
         if mode == "run":
-            return run(spec_path, Messages(out, int(spec["job"])))
+            return run(spec, Messages(out, int(spec["job"])))
         if mode == "node":
-            return run_node(spec_path)
+            return run_node(spec)
     raise SystemExit(f"unknown mode {mode!r}; use run, node or rank")
 
 

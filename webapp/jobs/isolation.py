@@ -25,21 +25,31 @@ The child writes one JSON line per message to a pipe the worker reads (``Pump``)
 progress and checkpoints, and its outcome. The worker checks each one (the job id it was started for, a
 known event type, a checkpoint inside the job's own folder) before it stores or announces anything. Cancel
 and yielding are a ``STOP`` file the worker writes into the job's folder; the trainer checks it between steps
-and ends with a checkpoint. The sandbox dies with the worker (``--die-with-parent``).
+and ends with a checkpoint; a job that has not ended ``AGENTFLY_JOB_STOP_GRACE`` seconds later is stopped
+(SIGTERM, then SIGKILL). The sandbox dies with the worker (``--die-with-parent``).
+
+The job is hostile to the worker, too. The worker follows no path the job can write (``JobFolder``: the
+folder and the worker's files in it by descriptor, ``O_NOFOLLOW``; the spec and ``/etc/hosts`` from in-memory
+files); it fixes the job's mount plan once, from opened and checked descriptors (``config_mounts``,
+``--ro-bind-fd``); and the job runs in a cgroup of its own with its team's limits (``job_limits``,
+``agentfly.resources.backends.cgroups``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,9 +57,11 @@ from typing import Any
 
 from django.conf import settings
 
+from agentfly.resources.backends.cgroups import Cgroup, ResourceLimits, rlimits
 from agentfly.resources.backends.local import SANDBOX_MARK
 from webapp.jobs import paths
 from webapp.jobs.body import CheckpointWatcher, Node, Outcome, TrackingError, die_with
+from webapp.jobs.worker import clean_text
 from webapp.registry.plugins import team_package
 
 log = logging.getLogger(__name__)
@@ -77,9 +89,11 @@ class Sandbox:
     output_dir: Path
     writable: list[Path] = field(default_factory=list)
     readable: list[Path] = field(default_factory=list)
+    readable_fds: list[tuple[int, str]] = field(default_factory=list)  # ``config_mounts``: bound by descriptor
     network: str = "none"  # "none" (own loopback) or "host"
     env: dict[str, str] = field(default_factory=dict)
     uid: int | None = None  # the team's own uid (``team_uid``) when the worker is root; None: the worker's
+    fds: list[int] = field(default_factory=list)  # descriptors bwrap reads (``--ro-bind-data``): pass, then close
 
 
 # A root worker runs each team's jobs as a uid of the team's own (this base + the team's id), above every uid a
@@ -136,15 +150,36 @@ def plugin_mounts(team_slug: str) -> list[Path]:
     return found
 
 
-def config_reads(config: dict[str, Any], team: Any, resume_from: str = "") -> list[Path]:
-    """The paths the job's config (and the checkpoint it resumes from) reads outside its team's runs folder (a
-    shared model or data set), each already allowed for the team by ``paths.check_config``."""
+def config_mounts(config: dict[str, Any], team: Any, resume_from: str = "") -> list[tuple[int, str]]:
+    """The mount plan of the paths the job's config (and the checkpoint it resumes from) reads outside its
+    team's runs folder (a shared model or data set): ``(descriptor, where it appears)`` for each.
+
+    Each path is resolved once, by opening it (``O_PATH``), and checked by what that descriptor points at
+    (``/proc/self/fd/N``, with ``paths.refusal``: the team's folder or ``AGENTFLY_ALLOWED_PATHS``); bubblewrap
+    then binds the descriptor (``--ro-bind-fd``), never the name again. A link the job flips in its own folder
+    after the check changes nothing the sandbox sees; one flipped before it is refused (``PathRefused``).
+    The caller owns the descriptors (``Sandbox.fds``)."""
     runs = Path(settings.AGENTFLY_RUNS_DIR).resolve()
-    found = []
-    for _, raw in paths.config_paths(config, resume_from):
-        path = Path(raw).resolve()
-        if path.exists() and not path.is_relative_to(runs):
-            found.append(path)
+    found: list[tuple[int, str]] = []
+    try:
+        for name, raw in paths.config_paths(config, resume_from):
+            try:
+                fd = os.open(raw, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # not there (yet): nothing to mount; the trainer says what is missing
+            found.append((fd, ""))
+            real = os.readlink(f"/proc/self/fd/{fd}")
+            reason = paths.refusal(real, team)
+            if reason:
+                raise paths.PathRefused(f"{name}: {reason} (it is {real!r} now)", name)
+            if Path(real).is_relative_to(runs):
+                os.close(found.pop()[0])  # the team's own runs: mounted read-write already
+                continue
+            found[-1] = (fd, real)
+    except BaseException:
+        for fd, _ in found:
+            os.close(fd)
+        raise
     return found
 
 
@@ -215,7 +250,7 @@ def _with_parent_folders(mounts: Sequence[str]) -> list[str]:
     folder above its mount point that no earlier bind holds: bubblewrap makes missing ones 0700, which the
     team's uid could not traverse (a Python installation below /root, a runs folder below a 0700 temp folder).
     A folder is made again after a tmpfs is mounted above it (the tmpfs hides it)."""
-    two = {"--ro-bind", "--bind", "--dev-bind", "--symlink", "--ro-bind-data"}
+    two = {"--ro-bind", "--bind", "--dev-bind", "--symlink", "--ro-bind-data", "--ro-bind-fd"}
     one = {"--proc", "--dev", "--tmpfs", "--perms"}
     out: list[str] = []
     bound: list[str] = []
@@ -277,11 +312,15 @@ def sandbox_argv(sandbox: Sandbox) -> list[str]:
         argv.append("--unshare-net")
         # Its own loopback only: the ranks' rendezvous (torchrun) looks up the host name, which must resolve
         # there without DNS.
+        # The file comes from an in-memory file the worker made (``--ro-bind-data``), never from a path in the
+        # job's folder, where a job could have put a link for the worker to write through.
         name = f"job-{sandbox.job_id}"
-        hosts = sandbox.output_dir / ".sandbox-hosts"
-        hosts.write_text(f"127.0.0.1 localhost {name}\n::1 localhost ip6-localhost ip6-loopback\n")
+        hosts = os.memfd_create("hosts", os.MFD_CLOEXEC)
+        os.write(hosts, f"127.0.0.1 localhost {name}\n::1 localhost ip6-localhost ip6-loopback\n".encode())
+        os.lseek(hosts, 0, os.SEEK_SET)
+        sandbox.fds.append(hosts)
         argv += ["--hostname", name]
-        mounts += ["--ro-bind", str(hosts), "/etc/hosts"]
+        mounts += ["--ro-bind-data", str(hosts), "/etc/hosts"]
     mounts += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777",
                "--tmpfs", "/dev/shm"]
     mounts += _gpu_mounts()
@@ -291,6 +330,8 @@ def sandbox_argv(sandbox: Sandbox) -> list[str]:
         mounts += _bind("--ro-bind", ROOT / name)
     for path in sandbox.readable:
         mounts += _bind("--ro-bind", path)
+    for fd, where in sandbox.readable_fds:
+        mounts += ["--ro-bind-fd", str(fd), where]
     for path in sandbox.writable:
         mounts += _bind("--bind", path)
     argv += _with_parent_folders(mounts)
@@ -303,6 +344,18 @@ def sandbox_argv(sandbox: Sandbox) -> list[str]:
     return argv + drop_to(sandbox.uid) if sandbox.uid is not None and os.geteuid() == 0 else argv
 
 
+def hand_over(team_runs: Path, uid: int) -> None:
+    """Give the team's runs folder to its uid, so its jobs write there without any capability. When the folder
+    belonged to another uid (a team made again under the same slug, runs from before jobs ran as their team),
+    everything in it is handed over too, without following a link (``lchown``)."""
+    if os.lstat(team_runs).st_uid == uid:
+        return
+    for top, folders, files in os.walk(team_runs, followlinks=False):
+        for name in [*folders, *files]:
+            os.chown(os.path.join(top, name), uid, uid, follow_symlinks=False)
+    os.chown(team_runs, uid, uid, follow_symlinks=False)
+
+
 def sandbox_for(job: Any, output_dir: Path, config: dict[str, Any], env: dict[str, str] | None = None) -> Sandbox:
     """The sandbox of ``job``: its team's runs folder read-write, the code, shared plugins and the paths its
     config reads read-only; ``env`` besides (its team's Redis URL for its APIs)."""
@@ -310,16 +363,18 @@ def sandbox_for(job: Any, output_dir: Path, config: dict[str, Any], env: dict[st
     team_runs.mkdir(parents=True, exist_ok=True)
     uid = team_uid(job.team)
     if uid is not None:
-        # The team's uid owns its runs folder and the job's folder (not what is inside: the worker's own files
-        # stay the worker's), so the job writes there without any capability. No symlink is followed.
-        for folder in (team_runs, output_dir):
-            os.chown(folder, uid, uid, follow_symlinks=False)
-    readable = [*plugin_mounts(job.team.slug), *config_reads(config, job.team, job.resume_from)]
+        hand_over(team_runs, uid)
+        os.chown(output_dir, uid, uid, follow_symlinks=False)
+    readable = plugin_mounts(job.team.slug)
+    planned = config_mounts(config, job.team, job.resume_from)
+    if config.get("mcp"):  # what its stdio servers may read (``mcpservers.rules.stdio_read_paths``)
+        readable += [Path(p).resolve() for p in settings.AGENTFLY_MCP_READ_PATHS if Path(p).exists()]
     for name in ("HF_HOME", "HF_HUB_CACHE", "TRANSFORMERS_CACHE"):
         if os.environ.get(name) and Path(os.environ[name]).is_dir():
             readable.append(Path(os.environ[name]).resolve())  # downloaded models, shared read-only
     return Sandbox(job_id=job.pk, team_slug=job.team.slug, output_dir=output_dir.resolve(),
-                   writable=[team_runs.resolve()], readable=readable, network=network_for(config, job.nodes),
+                   writable=[team_runs.resolve()], readable=readable, readable_fds=planned,
+                   fds=[fd for fd, _ in planned], network=network_for(config, job.nodes),
                    env={**ray_env(config), **(env or {})}, uid=uid)
 
 
@@ -405,6 +460,7 @@ class Pump:
         self.on_checkpoint, self.on_step = on_checkpoint, on_step
         self.outcome: Outcome | None = None
         self.failure: ChildFailed | None = None
+        self.last_step = 0  # the last step the child reported done
         self._pending = b""
 
     def feed(self, chunk: bytes) -> None:
@@ -438,6 +494,7 @@ class Pump:
         elif kind == "progress":
             step = message.get("step")
             if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+                self.last_step = max(self.last_step, step)
                 self.reporter._report(f"the progress of step {step}", self.on_step, step)
             else:
                 self.check.refuse(f"progress step {step!r}")
@@ -453,8 +510,8 @@ class Pump:
             except (KeyError, TypeError, ValueError):
                 self.check.refuse("an outcome without cancelled, final_metrics and last_step")
         elif kind == "error":
-            self.failure = ChildFailed(str(message.get("error", "the training process failed"))[:2000],
-                                       str(message.get("traceback", ""))[-20000:])
+            self.failure = ChildFailed(clean_text(str(message.get("error", "the training process failed")), 2000),
+                                       clean_text(str(message.get("traceback", "")), 20000))
         else:
             self.check.refuse(f"a message of unknown kind {kind!r}")
 
@@ -463,44 +520,204 @@ class Pump:
         return self.reporter.error
 
 
-def run_process(argv: list[str], env: dict[str, str], output_dir: Path, pump: Pump,
-                should_stop: Callable[[], bool], stop_name: str = "STOP", poll: float = 0.5) -> int:
+# ------------------------------------------------------------------------------- the job's folder, by descriptor
+class UnsafeFolder(RuntimeError):
+    """The job's folder, or a name the worker writes in it, is a link or not what the worker made."""
+
+
+class JobFolder:
+    """The job's folder as the worker holds it: a directory descriptor opened once, one name at a time below
+    ``AGENTFLY_RUNS_DIR`` without following a link, and the worker's own files in it (``process.log`` and the
+    stop file) opened through that descriptor with ``O_NOFOLLOW``. The job owns the folder and may put a link
+    or a FIFO under any name, before this run or for a later job's id: the worker never follows one, and
+    replaces what is not a plain file of its own by a new one (``O_EXCL``)."""
+
+    def __init__(self, path: Path) -> None:
+        runs = Path(settings.AGENTFLY_RUNS_DIR)
+        try:
+            parts = Path(os.path.abspath(path)).relative_to(os.path.abspath(runs)).parts
+        except ValueError:
+            raise UnsafeFolder(f"{path} is not inside AGENTFLY_RUNS_DIR ({runs})") from None
+        self.path = path
+        fd = os.open(runs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the operator's folder: trusted
+        try:
+            for name in parts:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                try:
+                    inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                except OSError as exc:
+                    raise UnsafeFolder(f"{path}: {name!r} is a link or not a folder ({exc.strerror}); the worker "
+                                       "follows no link a job can write: remove it and run the job again") from None
+                os.close(fd)
+                fd = inner
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def _move_aside(self, name: str) -> None:
+        """Rename whatever ``name`` is (a link, a folder, a FIFO, a file of the job's) out of the way; the
+        rename never follows a link."""
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(name, f".{name}.replaced-{uuid.uuid4().hex[:8]}", src_dir_fd=self.fd, dst_dir_fd=self.fd)
+
+    def open_log(self, name: str = "process.log") -> int:
+        """``name`` for appending and reading, a plain file the worker owns, with one link: the one the
+        previous run left, else a new one. Never a link, a FIFO or a hard link to a file elsewhere."""
+        flags = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        for _ in range(5):
+            try:
+                fd = os.open(name, flags | os.O_CREAT, 0o644, dir_fd=self.fd)
+            except OSError:  # a link (ELOOP), a FIFO without a reader (ENXIO), a folder (EISDIR)
+                self._move_aside(name)
+                continue
+            info = os.fstat(fd)
+            if stat.S_ISREG(info.st_mode) and info.st_nlink == 1 and info.st_uid == os.geteuid():
+                os.set_blocking(fd, True)
+                return fd
+            os.close(fd)
+            self._move_aside(name)
+        raise UnsafeFolder(f"{self.path / name} keeps being replaced; the job is stopped")
+
+    def remove(self, name: str) -> None:
+        """Remove ``name`` (the stop file of an earlier run), whatever it is, without following it."""
+        try:
+            os.unlink(name, dir_fd=self.fd)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            self._move_aside(name)
+
+    def create(self, name: str) -> None:
+        """Make ``name`` (the stop file): a new empty file, or nothing when something is there already."""
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                             dir_fd=self.fd))
+
+
+def tail(fd: int, limit: int = 1500) -> str:
+    """The last ``limit`` characters of the file behind ``fd``, read through it, cleaned (``clean_text``)."""
+    size = os.fstat(fd).st_size
+    start = max(0, size - limit * 4)
+    return clean_text(os.pread(fd, size - start, start).decode(errors="replace"), limit)
+
+
+def spec_fd(spec: dict[str, Any]) -> int:
+    """The job's spec (config, folder, how to run it) in an in-memory file, for the child to read by descriptor."""
+    fd = os.memfd_create("job-spec", os.MFD_CLOEXEC)
+    os.write(fd, json.dumps(spec).encode())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+@dataclass
+class Stopped:
+    """How ``run_process`` ended a child that did not yield: after the stop file and the grace period."""
+
+    after: float  # seconds from the stop request to the kill
+    signal: str
+
+
+def job_limits(team_slug: str) -> ResourceLimits:
+    """The memory, CPU and process limits of a job of team ``team_slug``: ``AGENTFLY_JOB_LIMITS[team_slug]``,
+    else its ``"*"`` entry (``webapp/settings.py``)."""
+    table = settings.AGENTFLY_JOB_LIMITS
+    entry = {**table.get("*", {}), **table.get(team_slug, {})}
+    return ResourceLimits(memory_bytes=entry.get("memory_bytes"), cpus=entry.get("cpus"),
+                          processes=entry.get("processes"))
+
+
+def run_process(argv: list[str], env: dict[str, str], folder: JobFolder, pump: Pump,
+                should_stop: Callable[[], bool], stop_name: str = "STOP", poll: float = 0.5,
+                log: int | None = None, pass_fds: Sequence[int] = (), group: Cgroup | None = None,
+                limits: ResourceLimits | None = None) -> tuple[int, Stopped | None]:
     """Run the child until it exits, feeding ``pump`` from its message pipe; write the stop file once
-    ``should_stop()`` (or a report that cannot be stored) says so. Returns its exit status."""
-    stop_file = output_dir / stop_name
-    stop_file.unlink(missing_ok=True)
+    ``should_stop()`` (or a report that cannot be stored) says so. A child that has not ended
+    ``AGENTFLY_JOB_STOP_GRACE`` seconds later gets SIGTERM, and SIGKILL 10 s after that (a reward that
+    blocks never sees the stop file). The child starts in ``group`` (its cgroup), or, where the host gave
+    none, under rlimits of ``limits``. Returns its exit status and, when it was stopped so, how."""
+    folder.remove(stop_name)
     read_fd, write_fd = os.pipe()
-    err_log = output_dir / "process.log"
+    own_log = log is None
+    log_fd = folder.open_log() if log is None else log
+    die = die_with(os.getpid())
+
+    def prepare() -> None:  # in the child, before exec: its limits hold for everything it starts
+        die()
+        if group is not None:
+            group.join()
+        elif limits is not None:
+            rlimits(limits)
+
     try:
-        with err_log.open("ab") as errors:
-            proc = subprocess.Popen([*argv, "--messages", str(write_fd)], env=env, stdin=subprocess.DEVNULL,
-                                    stdout=errors, stderr=errors, pass_fds=(write_fd,),
-                                    start_new_session=True, preexec_fn=die_with(os.getpid()), cwd=output_dir)
+        proc = subprocess.Popen([*argv, "--messages", str(write_fd)], env=env, stdin=subprocess.DEVNULL,
+                                stdout=log_fd, stderr=log_fd, pass_fds=(write_fd, *pass_fds),
+                                start_new_session=True, preexec_fn=prepare,
+                                cwd=f"/proc/self/fd/{folder.fd}")  # the folder we hold, not its name
     finally:
         os.close(write_fd)
-    stopping = False
+        if own_log:
+            os.close(log_fd)
+    asked: float | None = None
+    stopped: Stopped | None = None
+    grace = float(settings.AGENTFLY_JOB_STOP_GRACE)
     try:
         with os.fdopen(read_fd, "rb", buffering=0) as messages:
             while True:
-                if not stopping and (should_stop() or pump.error is not None):
-                    stopping = True
-                    stop_file.touch()
-                ready, _, _ = select.select([messages], [], [], poll)
+                if asked is None and (should_stop() or pump.error is not None):
+                    asked = time.monotonic()
+                    folder.create(stop_name)
+                if asked is not None and proc.poll() is None:
+                    waited = time.monotonic() - asked
+                    if stopped is None and waited > grace:
+                        stopped = Stopped(waited, "SIGTERM")
+                        terminate(proc, signal.SIGTERM)
+                    elif stopped is not None and stopped.signal == "SIGTERM" and waited > grace + 10:
+                        stopped = Stopped(waited, "SIGKILL")
+                        terminate(proc, signal.SIGKILL)
+                ended = proc.poll() is not None
+                ready, _, _ = select.select([messages], [], [], 0 if ended else poll)
                 if ready:
                     chunk = messages.read(1 << 20)
                     if not chunk:  # every writer (the child and its ranks) has closed the pipe
                         break
                     pump.feed(chunk)
+                elif ended:
+                    # The child is gone and nothing is left to read: a process it left behind may hold the
+                    # pipe open forever; its cgroup's removal ends it.
+                    break
         proc.wait()
     except BaseException:
-        os.killpg(proc.pid, signal.SIGTERM)
+        terminate(proc, signal.SIGTERM)
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            terminate(proc, signal.SIGKILL)
             proc.wait()
         raise
-    return int(proc.returncode)
+    return int(proc.returncode), stopped
+
+
+def terminate(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Send ``sig`` to the child's whole tree: its process group and every descendant (bubblewrap's child
+    runs in a session of its own). SIGKILL of bubblewrap also ends its PID namespace, and with it the job."""
+    from agentfly.resources.backends.local import descendants
+
+    victims = descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def _spec(job: Any, config: dict[str, Any], output_dir: Path, node: Node | None) -> dict[str, Any]:
+    return {"job": job.pk, "kind": job.kind, "config": config, "ranks": job.ranks, "resume_from": job.resume_from,
+            "output_dir": str(output_dir), "node": None if node is None else [node.rank, node.count, node.endpoint]}
 
 
 def run_job(job: Any, config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Any],
@@ -509,43 +726,94 @@ def run_job(job: Any, config: dict[str, Any], *, output_dir: Path, sinks: Sequen
     """Run ``job`` (its ``config``) in its team's sandbox and return its outcome; the worker's side of
     ``webapp.jobs.body.run``, which runs inside. Raises ``ChildFailed`` with the trainer's own error,
     ``TrackingError`` when progress or checkpoints could not be stored. ``env``: variables the training
-    process gets besides its own (``webapp.jobs.apis.credential``)."""
-    sandbox = sandbox_for(job, output_dir, config, env) if enabled() else None
-    spec = output_dir / "job.json"  # read by the child: the config and how to run it, nothing secret
-    spec.write_text(json.dumps({"job": job.pk, "kind": job.kind, "config": config, "ranks": job.ranks,
-                                "resume_from": job.resume_from,
-                                "node": None if node is None else [node.rank, node.count, node.endpoint]}))
-    pump = Pump(Checked(job.pk, output_dir), sinks, on_checkpoint, on_step)
-    started = time.monotonic()
-    code = run_process(command(sandbox, ["run", str(spec)]), process_env(sandbox, env), output_dir,
-                       pump, should_stop)
-    if pump.error is not None:
-        raise TrackingError(pump.error)
-    if pump.failure is not None:
-        raise pump.failure
-    if pump.outcome is None or code != 0:
-        tail = (output_dir / "process.log").read_text(errors="replace")[-1500:]
-        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
-        raise ChildFailed(f"the training process {how} after {time.monotonic() - started:.0f} s without a result; "
-                          f"the last checkpoint is kept, resume the job to continue. Its output ends: {tail}")
-    return pump.outcome
+    process gets besides its own (``webapp.jobs.apis.credential``). A job stopped because it did not yield
+    after a stop request ends as cancelled at its last reported step (its last checkpoint is kept)."""
+    folder = JobFolder(output_dir)
+    fds: list[int] = []
+    sandbox: Sandbox | None = None
+    try:
+        sandbox = sandbox_for(job, output_dir, config, env) if enabled() else None
+        fds.append(spec_fd(_spec(job, config, output_dir, node)))
+        argv = command(sandbox, ["run", "--spec-fd", str(fds[0])])
+        fds += sandbox.fds if sandbox is not None else []
+        pump = Pump(Checked(job.pk, output_dir), sinks, on_checkpoint, on_step)
+        started = time.monotonic()
+        log_fd = folder.open_log()
+        fds.append(log_fd)
+        limits = job_limits(job.team.slug)
+        group = Cgroup.create(f"job-{job.pk}-{uuid.uuid4().hex[:8]}", limits)
+        try:
+            code, stopped = run_process(argv, process_env(sandbox, env), folder, pump, should_stop, log=log_fd,
+                                        pass_fds=[fd for fd in fds if fd != log_fd], group=group, limits=limits)
+            killed_for_memory = group is not None and group.oom_kills() > 0
+        finally:
+            if group is not None:
+                group.remove()  # and every process the job left behind with it
+        if pump.error is not None:
+            raise TrackingError(pump.error)
+        if killed_for_memory and pump.outcome is None:
+            raise ChildFailed(f"the training process used more than its memory limit ({limits.memory_bytes} bytes, "
+                              "AGENTFLY_JOB_LIMITS) and was killed; the last checkpoint is kept. Its output ends: "
+                              f"{tail(log_fd)}")
+        if stopped is not None:
+            for sink in sinks:
+                with contextlib.suppress(Exception):
+                    sink.emit(stop_event(pump.last_step, stopped))
+            return Outcome(cancelled=True, final_metrics={}, last_step=pump.last_step)
+        if pump.failure is not None:
+            raise pump.failure
+        if pump.outcome is None or code != 0:
+            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+            raise ChildFailed(f"the training process {how} after {time.monotonic() - started:.0f} s without a "
+                              f"result; the last checkpoint is kept, resume the job to continue. Its output ends: "
+                              f"{tail(log_fd)}")
+        return pump.outcome
+    finally:
+        for fd in {*fds, *(sandbox.fds if sandbox is not None else [])}:
+            os.close(fd)
+        folder.close()
+
+
+def stop_event(step: int, stopped: Stopped) -> Any:
+    """The log line a job stopped from outside shows."""
+    from trainer.events import log_event
+
+    return log_event(step, f"the training process did not stop within {settings.AGENTFLY_JOB_STOP_GRACE:g} s "
+                           f"of being asked to (cancel, or its time slice ended) and was ended with {stopped.signal} "
+                           f"{stopped.after:.0f} s after the request; its last checkpoint is kept", "warning")
 
 
 def run_node(job: Any, config: dict[str, Any], *, output_dir: Path, node: Node, job_ended: Callable[[], bool],
              env: dict[str, str] | None = None) -> int:
     """Node ``node.rank`` (> 0) of a multi-node job in its team's sandbox (``body.run_node`` inside); stops
     it when ``job_ended()``. Returns its exit status."""
-    sandbox = sandbox_for(job, output_dir, config, env) if enabled() else None
-    spec = output_dir / f"job-node-{node.rank}.json"
-    spec.write_text(json.dumps({"job": job.pk, "kind": job.kind, "config": config, "ranks": job.ranks,
-                                "resume_from": job.resume_from, "node": [node.rank, node.count, node.endpoint]}))
-    pump = Pump(Checked(job.pk, output_dir), [], lambda *_: None, lambda _: None)
-    return run_process(command(sandbox, ["node", str(spec)]), process_env(sandbox, env), output_dir,
-                       pump, job_ended, stop_name=f"ENDED-node-{node.rank}", poll=2.0)
+    folder = JobFolder(output_dir)
+    fds: list[int] = []
+    sandbox: Sandbox | None = None
+    try:
+        sandbox = sandbox_for(job, output_dir, config, env) if enabled() else None
+        fds.append(spec_fd(_spec(job, config, output_dir, node)))
+        argv = command(sandbox, ["node", "--spec-fd", str(fds[0])])
+        fds += sandbox.fds if sandbox is not None else []
+        pump = Pump(Checked(job.pk, output_dir), [], lambda *_: None, lambda _: None)
+        limits = job_limits(job.team.slug)
+        group = Cgroup.create(f"job-{job.pk}-node-{node.rank}-{uuid.uuid4().hex[:8]}", limits)
+        try:
+            code, _ = run_process(argv, process_env(sandbox, env), folder, pump, job_ended,
+                                  stop_name=f"ENDED-node-{node.rank}", poll=2.0, pass_fds=fds, group=group,
+                                  limits=limits)
+        finally:
+            if group is not None:
+                group.remove()
+        return code
+    finally:
+        for fd in {*fds, *(sandbox.fds if sandbox is not None else [])}:
+            os.close(fd)
+        folder.close()
 
 
 def format_failure(exc: BaseException) -> tuple[str, str]:
     """The error line and traceback a failed job shows: the training process's own, when it was its error."""
     if isinstance(exc, ChildFailed):
-        return str(exc), exc.traceback or traceback.format_exc()
-    return f"{type(exc).__name__}: {exc}", traceback.format_exc()
+        return clean_text(str(exc), 4000), clean_text(exc.traceback or traceback.format_exc(), 20000)
+    return clean_text(f"{type(exc).__name__}: {exc}", 4000), clean_text(traceback.format_exc(), 20000)

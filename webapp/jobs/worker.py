@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DataError, transaction
 from django.db.models import Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
@@ -177,6 +178,28 @@ def finish_job(job_id: int, status: str, *, error: str = "", final_metrics: dict
     """
     if status not in (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED):
         raise ValueError(f"Unknown final status: {status!r}")
+    error = clean_text(error, 20000)
+    try:
+        return _finish(job_id, status, error, final_metrics, step)
+    except (DataError, ValueError) as exc:
+        # What the job reported cannot be stored (a NUL byte in its metrics, which PostgreSQL refuses): end
+        # it without them rather than leave it "running".
+        log.warning("job %d: its final metrics could not be stored (%s); ending it without them", job_id, exc)
+        note = clean_text(f"its final metrics could not be stored: {exc}", 500)
+        return _finish(job_id, status, f"{error}; {note}" if error else note, {}, step)
+
+
+def clean_text(text: str, limit: int) -> str:
+    """``text`` as a job's error may quote it (its output, its own message): NUL and other control characters
+    removed (PostgreSQL refuses NUL, a terminal obeys escapes), newlines and tabs kept, at most the last
+    ``limit`` characters."""
+    return CONTROL.sub("", text)[-limit:]
+
+
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _finish(job_id: int, status: str, error: str, final_metrics: dict[str, Any] | None, step: int) -> str | None:
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().filter(pk=job_id, status=Status.RUNNING).first()
         if job is None:

@@ -6,8 +6,9 @@ the server is started or reached (a row may outlive a setting's change).
   command the operator allowlisted, argv for argv, in ``AGENTFLY_MCP_COMMANDS``. Nothing else: shells and
   interpreters given code on the command line (``bash -c``, ``python -c``), package runners that download
   what they run (``npx``, ``uvx``, ``pipx``), and paths out of the folder are refused, each with the setting
-  that would allow it. The server then runs in the sandbox (no secrets, rlimits, Landlock) with no network
-  unless ``AGENTFLY_MCP_NETWORK`` names it (``team-slug/server-name``).
+  that would allow it. The server then runs in the sandbox (no secrets, rlimits, no capability, Landlock) with
+  no network unless ``AGENTFLY_MCP_NETWORK`` names it (``team-slug/server-name``), and reads only the Python
+  installation, its team's plugin folder and ``AGENTFLY_MCP_READ_PATHS`` (``stdio_read_paths``).
 - **HTTP**: the URL is parsed (``agentfly.resources.urls``: userinfo, backslashes and dot segments refused,
   IP literals in any form normalised) and must be on the origin of an entry of ``AGENTFLY_MCP_URLS`` (scheme,
   host and port equal) under its path on a segment boundary; a host that resolves to a loopback, private,
@@ -75,6 +76,14 @@ def stdio_argv(team_slug: str, command: list[str]) -> list[str]:
     return [sys.executable, str(target), *command[1:]]
 
 
+def stdio_read_paths(team_slug: str) -> list[str]:
+    """What a team's stdio server may read besides the Python installation: its team's plugin folder and the
+    operator's ``AGENTFLY_MCP_READ_PATHS``. Never a path its argv names: an argument is a string for the
+    server, not a mount (``agentfly.resources.mcp``)."""
+    folders = team_folders(team_slug.replace("-", "_"), _plugin_dirs())
+    return [*(str(f.resolve()) for f in folders), *(str(Path(p).resolve()) for p in settings.AGENTFLY_MCP_READ_PATHS)]
+
+
 def check_url(url: str) -> tuple[str, str]:
     """``url`` and the address to connect to for it, if an HTTP server there may be reached; NotAllowed names
     what is wrong and the setting that would allow it otherwise."""
@@ -108,7 +117,7 @@ def allowed_launch(server: MCPServer) -> dict[str, Any]:
     and ``mcp.<name>``'s keys)."""
     slug = server.team.slug
     if server.transport == Transport.STDIO:
-        return {"command": stdio_argv(slug, list(server.command)),
+        return {"command": stdio_argv(slug, list(server.command)), "read_paths": stdio_read_paths(slug),
                 "network": "host" if network_allowed(slug, server.name) else "none"}
     url, address = check_url(server.url)
     return {"url": url, "address": address}

@@ -371,8 +371,66 @@ async def test_a_stdio_server_given_a_folder_only_its_owner_may_read_is_refused_
 async def test_a_server_that_cannot_start_is_refused_with_what_it_printed(tmp_path: Path) -> None:
     script = tmp_path / "broken_server.py"
     script.write_text("import sys\nsys.exit('the server needs KV_BACKEND set')\n")
-    spec = af.mcp.server("broken", command=[sys.executable, str(script)], start_timeout=20)
+    spec = af.mcp.server("broken", command=[sys.executable, str(script)], read_paths=[str(script)], start_timeout=20)
     with pytest.raises(InfrastructureFailure) as refused:
         await af.mcp.atools_from(spec)
     assert refused.value.kind == "server_down"
     assert "MCP server 'broken'" in str(refused.value) and "the server needs KV_BACKEND set" in str(refused.value)
+
+
+# A server that reads and connects to whatever its argv names, as a hostile registration would.
+PROBE = """
+import socket, sys
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("probe")
+
+
+@server.tool()
+def probe() -> str:
+    seen = []
+    for path in sys.argv[1:]:
+        try:
+            with open(path, "rb") as f:
+                seen.append(f"{path}: read {len(f.read())} bytes")
+        except OSError as exc:
+            seen.append(f"{path}: {type(exc).__name__}")
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect("/var/run/postgresql/.s.PGSQL.5432")
+        seen.append("postgres: connected")
+    except OSError as exc:
+        seen.append(f"postgres: {type(exc).__name__}")
+    return "\\n".join(seen)
+
+
+server.run("stdio")
+"""
+
+
+async def test_a_stdio_servers_argv_never_becomes_a_mount_so_naming_host_files_reads_nothing(
+        tmp_path: Path) -> None:
+    # The attack: argv naming /etc/shadow, a file in PostgreSQL's socket folder and another team's plugin.
+    # Before, the folder of every argv entry that is a file was mounted into the sandbox.
+    other_team = tmp_path / "plugins" / "team_b"
+    other_team.mkdir(parents=True)
+    (other_team / "secret_tool.py").write_text("TOKEN = 'team b'\n")
+    mine = tmp_path / "plugins" / "team_a"
+    mine.mkdir()
+    (mine / "probe_server.py").write_text(PROBE)
+    for folder in (tmp_path, tmp_path / "plugins", other_team, mine):
+        folder.chmod(0o755)
+    socket_folder = Path("/var/run/postgresql")
+    pid_files = sorted(str(p) for p in socket_folder.glob("*.pid"))
+    assert pid_files and Path("/etc/shadow").exists(), "this host runs PostgreSQL with a pid file by its socket"
+    targets = ["/etc/shadow", pid_files[0], str(other_team / "secret_tool.py")]
+    spec = af.mcp.server("probe", command=[sys.executable, str(mine / "probe_server.py"), *targets],
+                         read_paths=[str(mine)])
+    session = MCPSession(spec)
+    await session.start()
+    try:
+        seen = (await session.call("probe", {})).splitlines()
+    finally:
+        await session.close()
+    # (A file argument is named by its real path, so that a relative one works from the server's folder.)
+    assert seen == [*(f"{os.path.realpath(t)}: FileNotFoundError" for t in targets), "postgres: FileNotFoundError"]

@@ -126,7 +126,7 @@ def test_a_job_in_its_sandbox_spends_its_teams_budget_through_its_teams_redis_us
         argv = [*isolation.sandbox_argv(sandbox), sys.executable, "-P", str(CLIENT), str(spec),
                 f"http://127.0.0.1:{api_server.server_address[1]}/a", "3"]
         done = subprocess.run(argv, env=isolation.process_env(sandbox), input="go\n", capture_output=True, text=True,
-                              timeout=90)
+                              timeout=90, pass_fds=sandbox.fds)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["ready", "3"]
     assert len(api_server.by_path["/a"]) == 3

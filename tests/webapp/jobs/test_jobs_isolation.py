@@ -171,7 +171,8 @@ def test_a_python_sandbox_starts_and_runs_code_inside_a_jobs_sandbox(runs_dir: P
     os.chown(output, uid, uid)
     sandbox = isolation.Sandbox(job_id=0, team_slug="team-a", output_dir=output, writable=[output], uid=uid)
     done = subprocess.run([*isolation.sandbox_argv(sandbox), sys.executable, "-P", "-c", SANDBOX_IN_JOB],
-                          env=isolation.process_env(sandbox), capture_output=True, text=True, timeout=120)
+                          env=isolation.process_env(sandbox), capture_output=True, text=True, timeout=120,
+                          pass_fds=sandbox.fds)
     assert done.returncode == 0, done.stderr[-2000:]
     user, answer = done.stdout.splitlines()[-2:]
     assert answer == "42"

@@ -101,6 +101,7 @@ def test_the_worker_runs_the_argv_the_rule_allows_and_refuses_a_server_not_regis
     with plugin_file("team-a/kv_server.py", STORE.read_text()) as script:
         ran = for_job(stored, team_a)["mcp"]["kv"]
         assert ran["command"] == [sys.executable, str(script.resolve())]  # the registered script, not the row's
+        assert ran["read_paths"] == [str(script.resolve().parent)]  # its team's folder, never its argv's paths
         assert (ran["tools"], ran["reset_tool"], ran["seed_tool"], ran["network"]) == (["lookup"], "reset", "seed",
                                                                                     "none")
     with pytest.raises(NotAllowed, match="plugin folder"):
