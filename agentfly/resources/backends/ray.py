@@ -28,9 +28,11 @@ A coordinator with no live owner for ``orphan_timeout`` seconds stops its instan
 outlives its job even when the Celery worker that ran it was killed; a job resumed before then finds its
 coordinator and gets its whole budget back (the dead owners' leases are reclaimed first).
 
-A call to an instance whose actor died raises ``InfrastructureFailure``: ``node_lost`` when its node is
-gone, ``instance_crashed`` otherwise; the proxy is then marked dead, so its release destroys it and the pool
-creates the next instance on a live node.
+A call to an instance whose actor died raises ``InfrastructureFailure`` of the kind Ray's typed record says
+(``failure_kind``: the error's type, the GCS's death cause of the actor, the node table; never the message):
+``node_lost`` when its node died or was preempted, ``killed`` when Ray's memory monitor killed it,
+``instance_crashed`` when its process died on a live node; the proxy is then marked dead, so its release
+destroys it and the pool creates the next instance on a live node.
 """
 
 from __future__ import annotations
@@ -309,6 +311,7 @@ class _Slot:
     node: str = "pending"
     host: str = ""
     methods: dict[str, str] = field(default_factory=dict)
+    pid: int = 0
     idle_since: float = field(default_factory=time.monotonic)
     holders: int = 0
 
@@ -343,6 +346,10 @@ class _JobPool:
         self.shared_lock = asyncio.Lock()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.closed = False
+        # Instances other jobs of the team wait for (TeamBudget.announce): that many idle instances of this job
+        # go back to the team, now or as they come back from their leases, instead of waiting here unused.
+        self.team_demand = 0
+        self.yielded = 0
 
     # -- bookkeeping ------------------------------------------------------------------------------------
     @property
@@ -401,8 +408,9 @@ class _JobPool:
                     with contextlib.suppress(Exception):
                         ray.kill(actor)
                 # Placed on a node that died before it started: Ray places the next try on a live one.
-                if (isinstance(exc, ray.exceptions.RayActorError) and attempt < 2 and "node" in str(exc).lower()
-                        and (deadline is None or time.monotonic() < deadline)):
+                if (isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.NodeDiedError) and attempt < 2
+                        and (deadline is None or time.monotonic() < deadline)
+                        and await asyncio.to_thread(failure_kind, exc, "") == "node_lost"):
                     self._note_failed(_Slot(None, 0), f"a node died while starting an instance: {exc}")
                     continue
                 if team is not None:
@@ -421,7 +429,7 @@ class _JobPool:
                         f"{exc}", "unhealthy") from None
                 raise
         self.created += 1
-        slot = _Slot(actor, next(_slot_ids), info["node_id"], info["host"], info["methods"])
+        slot = _Slot(actor, next(_slot_ids), info["node_id"], info["host"], info["methods"], pid=info["pid"])
         self.slots[slot.id] = slot
         return slot
 
@@ -461,7 +469,7 @@ class _JobPool:
         if slot.id not in known:
             # A handle costs its receiver a registration with Ray's reference counting: each process gets it
             # once per instance and keeps it, so a warm acquire is one small round trip.
-            reply.update(actor=slot.actor, node=slot.node, host=slot.host, methods=slot.methods)
+            reply.update(actor=slot.actor, node=slot.node, host=slot.host, methods=slot.methods, pid=slot.pid)
         return reply
 
     async def _shared(self) -> _Slot:
@@ -539,6 +547,29 @@ class _JobPool:
             self._spawn(self._destroy(slot))
         else:
             self.idle.append(slot)
+            self._yield_idle()
+
+    def set_team_demand(self, wanted: int) -> None:
+        """Another job of the team waits for ``wanted`` instances of this pool's budget key."""
+        self.team_demand = max(0, wanted)
+        self._yield_idle()
+
+    def _yield_idle(self) -> None:
+        """Give idle instances back to the team while another job of it waits and none of ours does: a
+        team's budget is shared between its jobs the way a pool is shared between rollouts."""
+        while self.team_demand > 0 and self.idle and not self.waiters and not self.closed:
+            slot = self.idle.pop()  # the most recently used: the oldest idle ones are the likeliest reused
+            self.team_demand -= 1
+            self.yielded += 1
+            self.resetting += 1  # counted until it is gone, like any instance on its way out
+            self._spawn(self._retire(slot))
+
+    async def _retire(self, slot: _Slot) -> None:
+        try:
+            await self._destroy(slot)  # its permit goes back to the team, which hands it to the waiting job
+        finally:
+            self.resetting -= 1
+        self._wake_creator()
 
     def _wake_creator(self) -> None:
         while self.waiters and self.size < self.max:
@@ -679,7 +710,7 @@ class _JobPool:
             "resetting": self.resetting, "creating": self.creating, "created": self.created,
             "destroyed": self.destroyed, "failed": self.failed, "reclaimed": self.reclaimed,
             "timeouts": self.timeouts, "cluster_acquires": self.acquires, "last_error": self.last_error,
-            "max": self.max, "nodes": nodes,
+            "max": self.max, "nodes": nodes, "yielded_to_team": self.yielded,
         }
 
 
@@ -747,6 +778,12 @@ class JobCoordinator:
     async def stats(self) -> dict[str, Any]:
         return {name: pool.stats() for name, pool in self.pools.items()}
 
+    async def team_demand(self, key: str, wanted: int) -> None:
+        """The team's other jobs wait for ``wanted`` instances of budget ``key`` (see TeamBudget.announce)."""
+        for pool in self.pools.values():
+            if not pool.shared and pool._budget_key() == key:
+                pool.set_team_demand(wanted)
+
     async def ping(self) -> bool:
         return True
 
@@ -800,7 +837,10 @@ class JobCoordinator:
 class TeamBudget:
     """A team's cluster-wide instances per resource type, shared by its jobs (a named, detached async actor).
 
-    Permits are taken FIFO per key; a job's permits come back when its coordinator dies, whatever killed it."""
+    Permits are taken FIFO per key; a job's permits come back when its coordinator dies, whatever killed it. A
+    permit follows the instance it pays for, so a job's idle instances would keep the team's budget from a job
+    that waits: while one waits, every other job of the team is told how many it waits for
+    (``JobCoordinator.team_demand``) and gives that many idle instances back (destroyed: the permit returns)."""
 
     def __init__(self, team: str) -> None:
         self.team = team
@@ -809,6 +849,7 @@ class TeamBudget:
         self.waiters: dict[str, deque[tuple[str, asyncio.Future[bool]]]] = {}
         self.jobs: dict[str, Any] = {}
         self.watching = False
+        self.announced: dict[tuple[str, str], int] = {}  # (job, key) -> the demand that job was last told
 
     async def set_budget(self, budget: dict[str, int]) -> None:
         self.budget = dict(budget)
@@ -823,6 +864,8 @@ class TeamBudget:
 
     async def leave(self, job: str) -> None:
         self.jobs.pop(job, None)
+        for pair in [p for p in self.announced if p[0] == job]:
+            del self.announced[pair]
         for key, by_job in self.used.items():
             if by_job.pop(job, 0):
                 self._wake(key)
@@ -841,6 +884,7 @@ class TeamBudget:
             return True
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         queue.append((job, fut))
+        self.announce(key)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError:
@@ -851,6 +895,20 @@ class TeamBudget:
         finally:
             with contextlib.suppress(ValueError):
                 queue.remove((job, fut))
+            self.announce(key)
+
+    def announce(self, key: str) -> None:
+        """Tell each job holding permits of ``key`` how many instances the team's *other* jobs wait for."""
+        waiting: dict[str, int] = {}
+        for job, fut in self.waiters.get(key, ()):
+            if not fut.done():
+                waiting[job] = waiting.get(job, 0) + 1
+        total = sum(waiting.values())
+        for job, coordinator in list(self.jobs.items()):
+            wanted = total - waiting.get(job, 0) if self.used.get(key, {}).get(job, 0) else 0
+            if self.announced.get((job, key), 0) != wanted:
+                self.announced[(job, key)] = wanted
+                coordinator.team_demand.remote(key, wanted)
 
     def _take(self, job: str, key: str) -> None:
         by_job = self.used.setdefault(key, {})
@@ -873,6 +931,7 @@ class TeamBudget:
             if not fut.done():
                 self._take(job, key)
                 fut.set_result(True)
+        self.announce(key)
 
     async def usage(self) -> dict[str, dict[str, Any]]:
         keys = set(self.budget) | set(self.used)
@@ -932,12 +991,12 @@ class RayInstance:
     block for one round trip. A call to a dead actor raises ``InfrastructureFailure`` (``node_lost`` or
     ``instance_crashed``) and marks the instance dead, so that its release destroys it."""
 
-    _own = frozenset({"_actor", "_name", "_methods", "_call_timeout", "_node_grace", "node", "host", "dead"})
+    _own = frozenset({"_actor", "_name", "_methods", "_call_timeout", "_node_grace", "node", "host", "pid", "dead"})
 
     def __init__(self, actor: Any, name: str, node: str, host: str, methods: dict[str, str],
-                 call_timeout: float, node_grace: float = 20.0) -> None:
+                 call_timeout: float, node_grace: float = 20.0, pid: int = 0) -> None:
         self._actor, self._name, self._methods = actor, name, methods
-        self.node, self.host, self.dead = node, host, False
+        self.node, self.host, self.pid, self.dead = node, host, pid, False
         self._call_timeout, self._node_grace = call_timeout, node_grace
 
     def __setattr__(self, attr: str, value: Any) -> None:
@@ -993,24 +1052,17 @@ class RayInstance:
         return value
 
     def _failure(self, exc: BaseException) -> InfrastructureFailure:
+        """The typed failure of a call that met ``exc`` (blocking: it may wait for the GCS, see failure_kind)."""
         import ray
 
         self.dead = True
         if isinstance(exc, ray.exceptions.GetTimeoutError):
             return InfrastructureFailure(f"{self._name} instance on {self.host} did not answer in time",
                                          "instance_crashed")
-        text = str(exc).lower()
-        lost = "node" in text and "died" in text
-        if not lost and isinstance(exc, ray.exceptions.ActorUnavailableError):
-            # The connection to the actor broke and its node may be on the way out: the GCS declares a node
-            # dead only after its health check misses, so wait that long before calling it a crash.
-            deadline = time.monotonic() + self._node_grace
-            while node_alive(self.node) and time.monotonic() < deadline:
-                time.sleep(0.25)
-        lost = lost or not node_alive(self.node)
-        kind = "node_lost" if lost else "instance_crashed"
+        kind = failure_kind(exc, self.node, self._node_grace)
         where = f"node {self.node[:12]} ({self.host})"
-        what = "its node was lost" if kind == "node_lost" else "its actor died"
+        what = {"node_lost": "its node was lost", "killed": "it was killed for memory",
+                "unhealthy": "it could not start"}.get(kind, "its actor died")
         return InfrastructureFailure(f"the {self._name} instance on {where} is gone: {what} "
                                      f"({type(exc).__name__})", kind)
 
@@ -1025,6 +1077,7 @@ class RayInstance:
 
 
 def node_alive(node_id: str) -> bool:
+    """Whether the GCS counts ``node_id`` among the live nodes (True when it cannot be asked: no proof of loss)."""
     import ray
 
     try:
@@ -1032,6 +1085,72 @@ def node_alive(node_id: str) -> bool:
         return any(n.get("NodeID") == node_id and n.get("Alive") for n in nodes)
     except Exception:
         return True
+
+
+def _death_cause(actor_id: str | None) -> Any:
+    """The GCS's record of why an actor died (``ActorDeathCause``), or None while it is not dead (or unknown).
+
+    Ray's exception carries only the actor id and ``preempted``; the cause (the worker died, its node died, the
+    OOM killer) is kept by the GCS. Read from the GCS itself, not the state API, which needs the dashboard."""
+    if not actor_id:
+        return None
+    try:
+        from ray._private.state import actors
+
+        info = actors(actor_id)
+    except Exception:
+        return None
+    return info.get("DeathCause") if info and info.get("State") == "DEAD" else None
+
+
+def _kind_of_cause(cause: Any) -> str | None:
+    """The failure kind of an ``ActorDeathCause``; None when it says nothing (an empty record)."""
+    from ray.core.generated.common_pb2 import ActorDiedErrorContext, NodeDeathInfo
+
+    which = cause.WhichOneof("context")
+    if which == "oom_context":
+        return "killed"  # the node's memory monitor killed it: a limit of the host, not the agent's doing
+    if which in ("creation_task_failure_context", "runtime_env_failed_context", "actor_unschedulable_context"):
+        return "unhealthy"  # it never started
+    if which != "actor_died_error_context":
+        return None
+    context = cause.actor_died_error_context
+    lost = (context.reason == ActorDiedErrorContext.NODE_DIED
+            or context.node_death_info.reason in (NodeDeathInfo.UNEXPECTED_TERMINATION,
+                                                  NodeDeathInfo.AUTOSCALER_DRAIN_PREEMPTED))
+    return "node_lost" if lost else "instance_crashed"
+
+
+def failure_kind(exc: BaseException, node: str, grace: float = 0.0) -> str:
+    """The failure kind of a Ray error met calling an instance on ``node``, from the error's type, the GCS's
+    record of the actor's death and the node table (``node`` "" when unknown); never from the message (Ray's
+    message for an actor SIGKILLed on a live node speaks of "node deaths").
+
+    ``ActorUnavailableError`` (the connection to the actor broke) is not yet a verdict: the GCS declares a
+    node dead only after its health check misses, so this waits up to ``grace`` seconds for the GCS to record
+    the actor's death or the node's. Blocking: call it off the event loop."""
+    import ray
+
+    errors = ray.exceptions
+    if isinstance(exc, errors.NodeDiedError):
+        return "node_lost"
+    if isinstance(exc, errors.OutOfMemoryError):
+        return "killed"
+    if isinstance(exc, errors.GetTimeoutError | TimeoutError):
+        return "instance_crashed"  # it did not answer in time: the instance is the suspect, not its node
+    if not isinstance(exc, errors.RayActorError):
+        return "node_lost" if node and not node_alive(node) else "instance_crashed"
+    if exc.preempted:
+        return "node_lost"
+    deadline = time.monotonic() + (grace if isinstance(exc, errors.ActorUnavailableError) else 0.0)
+    while True:
+        cause = _death_cause(exc.actor_id)
+        kind = None if cause is None else _kind_of_cause(cause)
+        if kind == "node_lost" or (node and not node_alive(node)):
+            return "node_lost"
+        if kind is not None or time.monotonic() >= deadline:
+            return kind or "instance_crashed"
+        time.sleep(0.25)
 
 
 class RayPool:
@@ -1048,7 +1167,8 @@ class RayPool:
         self.instances: set[Instance] = set()  # this process's leased instances
         self.leases: dict[int, str] = {}  # Instance.id -> lease id at the coordinator
         self.slots: dict[int, int] = {}  # Instance.id -> the coordinator's slot id
-        self.handles: dict[int, tuple[Any, str, str, dict[str, str]]] = {}  # slot id -> actor, node, host, methods
+        # slot id -> actor, node, host, methods, pid
+        self.handles: dict[int, tuple[Any, str, str, dict[str, str], int]] = {}
         self.latency = Latencies()
         self.acquires = self.timeouts = self.failed = 0
         self.coordinator: Any = None
@@ -1113,10 +1233,11 @@ class RayPool:
             if len(self.handles) > 2 * self.spec.pool.max + 16:  # instances destroyed since: sent again if needed
                 held = set(self.slots.values())
                 self.handles = {k: v for k, v in self.handles.items() if k in held}
-            self.handles[reply["slot"]] = (reply["actor"], reply["node"], reply["host"], reply["methods"])
-        actor, node, host, methods = self.handles[reply["slot"]]
+            self.handles[reply["slot"]] = (reply["actor"], reply["node"], reply["host"], reply["methods"],
+                                           reply["pid"])
+        actor, node, host, methods, pid = self.handles[reply["slot"]]
         proxy = RayInstance(actor, self.spec.name, node, host, methods, self.settings.call_timeout,
-                            self.settings.node_grace)
+                            self.settings.node_grace, pid)
         slot = Instance(proxy)
         slot.uses = 1
         self.instances.add(slot)

@@ -143,6 +143,47 @@ async def test_a_team_budget_is_shared_by_two_jobs_and_a_job_over_it_waits_inste
     assert job_gone("team-a") and job_gone("team-b")
 
 
+async def test_a_team_budget_filled_by_an_idle_job_goes_to_the_job_of_the_team_that_waits(cluster: Cluster) -> None:
+    team = dict(team="beta", team_budget={"sandbox": 3})
+    a = ResourceEngine([pad(max=3)], ray=settings("share-a", **team))
+    b = ResourceEngine([pad(max=3)], ray=settings("share-b", **team))
+    async with a, b:
+        held = [await a.acquire("box") for _ in range(3)]
+        for lease in held:
+            await a.release(lease)  # job a goes on running, holding no lease: its 3 instances sit idle
+        await wait_for(lambda: a.stats()["box"]["idle"] == 3, 20, "job a's instances are back and idle")
+        # Job b waits on the team for one; job a gives an idle one back, not when it ends (it never does here).
+        lease = await asyncio.wait_for(b.acquire("box"), 30)
+        stats = a.stats()["box"]
+        assert (stats["yielded_to_team"], stats["idle"]) == (1, 2)
+        assert b.stats()["box"]["team_budget"]["jobs"] == {"share-a": 2, "share-b": 1}
+        await b.release(lease)
+        # Job a uses the budget it kept: its two idle instances, no third while b's instance holds a permit.
+        again = [await a.acquire("box") for _ in range(2)]
+        assert a.stats()["box"]["created"] == 3
+        for lease in again:
+            await a.release(lease)
+    assert job_gone("share-a") and job_gone("share-b")
+
+
+async def test_an_instance_sigkilled_on_a_live_node_ends_its_rollout_with_instance_crashed_not_node_lost(
+        cluster: Cluster) -> None:
+    engine = ResourceEngine([pad(max=2)], ray=settings("sigkill"))
+    async with engine:
+        lease = await engine.acquire("box")
+        os.kill(lease.instance.pid, signal.SIGKILL)  # every node of the test cluster runs on this machine
+        with pytest.raises(InfrastructureFailure) as failure:
+            await asyncio.to_thread(lease.instance.read, "k")
+        assert failure.value.kind == "instance_crashed", failure.value
+        assert lease.instance.node in {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        await engine.release(lease)
+        # The pool replaces it on a live node.
+        fresh = await engine.acquire("box")
+        assert fresh.instance.pid != lease.instance.pid
+        await engine.release(fresh)
+    assert job_gone("sigkill")
+
+
 @pytest.mark.slow
 async def test_two_gloo_ranks_and_the_producer_share_one_pool_never_above_max_across_the_cluster(
         cluster: Cluster, tmp_path: Path) -> None:
