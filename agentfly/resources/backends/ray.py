@@ -53,7 +53,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict
 
-from agentfly.resources.pool import Instance, Latencies, Lease
+from agentfly.resources.pool import Instance, Latencies, Lease, PoolCore
 from agentfly.resources.spec import (
     InfrastructureFailure,
     ResourceClosed,
@@ -323,20 +323,19 @@ class _Held:
     label: str | None
 
 
-class _JobPool:
-    """One resource's pool inside the coordinator: the same invariants as ``RolloutPool`` (a slot is reserved
-    before an instance is created, FIFO hand-over, a released instance is reset before reuse), for the job's
-    processes together. ``scope="global"``: one instance, shared by every lease."""
+class _JobPool(PoolCore[_Slot]):
+    """One resource's pool inside the coordinator, for the job's processes together: ``PoolCore``'s invariants
+    with an instance placed as a Ray actor by Ray's scheduler and paid for, when the job has a team, by a
+    permit from the team's budget. ``scope="global"``: one instance, shared by every lease."""
 
     def __init__(self, coordinator: JobCoordinator, spec: ResourceSpec, settings: RaySettings) -> None:
         self.coordinator, self.spec, self.settings = coordinator, spec, settings
+        self._init_core()
         self.shared = spec.scope == "global"
         self.max = 1 if self.shared else spec.pool.max
         self.slots: dict[int, _Slot] = {}
-        self.idle: deque[_Slot] = deque()
         self.leases: dict[str, _Held] = {}
-        self.waiters: deque[asyncio.Future[_Slot | None]] = deque()
-        self.creating = self.resetting = self.budget_waiting = 0
+        self.budget_waiting = 0
         self.created = self.destroyed = self.failed = self.reclaimed = self.timeouts = self.acquires = 0
         self.failed_on: dict[str, int] = {}
         self.reclaimed_on: dict[str, int] = {}
@@ -344,34 +343,21 @@ class _JobPool:
         self.last_probe = time.monotonic()
         self.shared_slot: _Slot | None = None
         self.shared_lock = asyncio.Lock()
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
         self.closed = False
         # Instances other jobs of the team wait for (TeamBudget.announce): that many idle instances of this job
         # go back to the team, now or as they come back from their leases, instead of waiting here unused.
         self.team_demand = 0
         self.yielded = 0
 
-    # -- bookkeeping ------------------------------------------------------------------------------------
-    @property
-    def in_use(self) -> int:
-        return len({id(h.slot) for h in self.leases.values()}) if self.shared else len(self.leases)
-
-    @property
-    def size(self) -> int:
-        return len(self.slots) + self.creating
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
     def _budget_key(self) -> str:
         budget = self.settings.team_budget
         return self.spec.name if self.spec.name in budget or self.spec.kind not in budget else str(self.spec.kind)
 
-    # -- create / destroy -------------------------------------------------------------------------------
-    async def _create(self, deadline: float | None) -> _Slot:
-        """Start one instance in a slot already counted in ``creating`` (the caller frees it on failure)."""
+    # -- the hooks: an actor on the cluster, paid for by the team's budget ------------------------------
+    async def _make(self, deadline: float | None) -> _Slot:
+        """Take a team permit (waiting for one until ``deadline``), then start an actor that hosts one
+        instance; the permit goes back if the actor does not start."""
         import ray
 
         team = self.coordinator.team
@@ -411,7 +397,7 @@ class _JobPool:
                 if (isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.NodeDiedError) and attempt < 2
                         and (deadline is None or time.monotonic() < deadline)
                         and await asyncio.to_thread(failure_kind, exc, "") == "node_lost"):
-                    self._note_failed(_Slot(None, 0), f"a node died while starting an instance: {exc}")
+                    self._note_failed(None, f"a node died while starting an instance: {exc}")
                     continue
                 if team is not None:
                     team.release.remote(self.coordinator.job, key)
@@ -433,7 +419,7 @@ class _JobPool:
         self.slots[slot.id] = slot
         return slot
 
-    async def _destroy(self, slot: _Slot) -> None:
+    async def _unmake(self, slot: _Slot) -> None:
         import ray
 
         if self.slots.pop(slot.id, None) is None:
@@ -446,15 +432,65 @@ class _JobPool:
         if self.coordinator.team is not None:
             self.coordinator.team.release.remote(self.coordinator.job, self._budget_key())
 
-    # -- acquire / release ------------------------------------------------------------------------------
+    async def _probe(self, slot: _Slot) -> bool:
+        try:
+            return bool(await asyncio.wait_for(slot.actor.health.remote(), 10))
+        except Exception:
+            return False
+
+    async def _clean(self, slot: _Slot) -> None:
+        status, value = await asyncio.wait_for(slot.actor.reset.remote(), 60)
+        if status != "ok":
+            raise value
+
+    def _wants_probe(self, slot: _Slot) -> bool:
+        # An instance that sat idle a while may have lost its node; a fresh one (reset a moment ago) is trusted.
+        return self.spec.health_check and time.monotonic() - slot.idle_since > 1.0
+
+    def _note_failed(self, slot: _Slot | None, why: str) -> None:
+        self.failed += 1
+        node = "pending" if slot is None else slot.node
+        self.failed_on[node] = self.failed_on.get(node, 0) + 1
+        self.last_error = why if slot is None or why.startswith("reset") else (
+            f"instance {slot.id} on node {slot.node[:12]} {why}")
+
+    def _timeout_message(self, timeout: float | None) -> str:
+        return (f"no {self.spec.name!r} instance became free within {timeout:g} s: the job's pool is at its "
+                f"max of {self.max} across the cluster ({self.in_use} in use, {len(self.waiters)} waiting). "
+                "Raise the pool's max, raise acquire_timeout, or run fewer rollouts at once.")
+
+    def _refill_deadline(self) -> float | None:
+        return None if self.spec.acquire_timeout is None else time.monotonic() + self.spec.acquire_timeout
+
+    def _give(self, slot: _Slot) -> None:
+        slot.idle_since = time.monotonic()
+        super()._give(slot)
+        self._yield_idle()
+
+    # -- the team's share ----------------------------------------------------------------------------
+    def set_team_demand(self, wanted: int) -> None:
+        """Another job of the team waits for ``wanted`` instances of this pool's budget key."""
+        self.team_demand = max(0, wanted)
+        self._yield_idle()
+
+    def _yield_idle(self) -> None:
+        """Give idle instances back to the team while another job of it waits and none of ours does: a
+        team's budget is shared between its jobs the way a pool is shared between rollouts."""
+        while self.team_demand > 0 and self.idle and not self.waiters and not self.closed:
+            slot = self.idle.pop()
+            self.team_demand -= 1
+            self.yielded += 1
+            self.resetting += 1  # counted until it is gone, like any instance on its way out
+            self._spawn(self._retire(slot))  # its permit goes back to the team, which hands it to the waiter
+
+    # -- leases ----------------------------------------------------------------------------------------
     async def acquire(self, owner: str, label: str | None, timeout: float | None,
                       known: frozenset[int] = frozenset()) -> dict[str, Any]:
         if self.closed:
             return {"error": "closed", "message": f"the job's pool of {self.spec.name!r} is closed"}
         start = time.monotonic()
-        deadline = None if timeout is None else start + timeout
         try:
-            slot = await (self._shared() if self.shared else self._obtain(deadline, timeout))
+            slot = await (self._shared() if self.shared else self._obtain(timeout))
         except ResourceTimeout as exc:
             return {"error": "acquire_timeout", "message": str(exc)}
         except InfrastructureFailure as exc:
@@ -477,107 +513,10 @@ class _JobPool:
             if self.shared_slot is None or self.shared_slot.id not in self.slots:
                 self.creating += 1
                 try:
-                    self.shared_slot = await self._create(None)
+                    self.shared_slot = await self._make(None)
                 finally:
                     self.creating -= 1
             return self.shared_slot
-
-    async def _obtain(self, deadline: float | None, timeout: float | None) -> _Slot:
-        slot: _Slot | None
-        if not self.waiters and self.idle:
-            slot = self.idle.popleft()
-        elif not self.waiters and self.size < self.max:
-            self.creating += 1
-            slot = None
-        else:
-            slot = await self._wait(deadline, timeout)
-        if slot is None:
-            try:
-                return await self._create(deadline)
-            finally:
-                self.creating -= 1
-                self._wake_creator()
-        # Probe an instance that sat idle a while (its node may have gone); a fresh one is trusted.
-        if self.spec.health_check and time.monotonic() - slot.idle_since > 1.0 and not await self._alive(slot):
-            self._note_failed(slot, f"instance {slot.id} failed its health check")
-            await self._destroy(slot)
-            self.creating += 1
-            try:
-                return await self._create(deadline)
-            finally:
-                self.creating -= 1
-                self._wake_creator()
-        return slot
-
-    async def _wait(self, deadline: float | None, timeout: float | None) -> _Slot | None:
-        fut: asyncio.Future[_Slot | None] = asyncio.get_running_loop().create_future()
-        self.waiters.append(fut)
-        try:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            return await asyncio.wait_for(asyncio.shield(fut), remaining)
-        except BaseException as exc:
-            if fut in self.waiters:
-                self.waiters.remove(fut)
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                handed = fut.result()
-                if handed is None:
-                    self.creating -= 1
-                    self._wake_creator()
-                else:
-                    self._give(handed)
-            else:
-                fut.cancel()
-            if isinstance(exc, TimeoutError):
-                self.timeouts += 1
-                raise ResourceTimeout(
-                    f"no {self.spec.name!r} instance became free within {timeout:g} s: the job's pool is at its "
-                    f"max of {self.max} across the cluster ({self.in_use} in use, {len(self.waiters)} waiting). "
-                    "Raise the pool's max, raise acquire_timeout, or run fewer rollouts at once."
-                ) from None
-            raise
-
-    def _give(self, slot: _Slot) -> None:
-        slot.idle_since = time.monotonic()
-        while self.waiters:
-            fut = self.waiters.popleft()
-            if not fut.done():
-                fut.set_result(slot)
-                return
-        if self.closed:
-            self._spawn(self._destroy(slot))
-        else:
-            self.idle.append(slot)
-            self._yield_idle()
-
-    def set_team_demand(self, wanted: int) -> None:
-        """Another job of the team waits for ``wanted`` instances of this pool's budget key."""
-        self.team_demand = max(0, wanted)
-        self._yield_idle()
-
-    def _yield_idle(self) -> None:
-        """Give idle instances back to the team while another job of it waits and none of ours does: a
-        team's budget is shared between its jobs the way a pool is shared between rollouts."""
-        while self.team_demand > 0 and self.idle and not self.waiters and not self.closed:
-            slot = self.idle.pop()  # the most recently used: the oldest idle ones are the likeliest reused
-            self.team_demand -= 1
-            self.yielded += 1
-            self.resetting += 1  # counted until it is gone, like any instance on its way out
-            self._spawn(self._retire(slot))
-
-    async def _retire(self, slot: _Slot) -> None:
-        try:
-            await self._destroy(slot)  # its permit goes back to the team, which hands it to the waiting job
-        finally:
-            self.resetting -= 1
-        self._wake_creator()
-
-    def _wake_creator(self) -> None:
-        while self.waiters and self.size < self.max:
-            fut = self.waiters.popleft()
-            if not fut.done():
-                self.creating += 1
-                fut.set_result(None)
-                return
 
     def release(self, lease_id: str, healthy: bool, reclaimed: bool = False) -> None:
         held = self.leases.pop(lease_id, None)
@@ -592,102 +531,33 @@ class _JobPool:
             if (not healthy or reclaimed) and self.shared_slot is slot:
                 self.shared_slot = None  # new acquirers get a fresh one; this goes with its last holder
             if slot.holders == 0 and self.shared_slot is not slot:
-                self._spawn(self._destroy(slot))
+                self._spawn(self._unmake(slot))
             return
-        self.resetting += 1
         # A dead owner may have left its instance mid-call: never reuse it.
-        self._spawn(self._recycle(slot, healthy and not reclaimed))
-
-    async def _recycle(self, slot: _Slot, healthy: bool) -> None:
-        ok = healthy and not self.closed
-        if ok and self.spec.reset:
-            try:
-                status, value = await asyncio.wait_for(slot.actor.reset.remote(), 60)
-                if status != "ok":
-                    ok = False
-                    self._note_failed(slot, f"reset failed: {type(value).__name__}: {value}")
-            except Exception as exc:
-                ok = False
-                self._note_failed(slot, f"reset failed: {type(exc).__name__}: {exc}")
-        if ok:
-            self.resetting -= 1
-            self._give(slot)
-            return
-        try:
-            await self._destroy(slot)
-        finally:
-            self.resetting -= 1
-        self._wake_creator()
-        if not self.closed and self.size < self.spec.pool.min:
-            self._spawn(self.fill_to_min())
-
-    def _note_failed(self, slot: _Slot, why: str) -> None:
-        self.failed += 1
-        self.failed_on[slot.node] = self.failed_on.get(slot.node, 0) + 1
-        self.last_error = why
-
-    async def _alive(self, slot: _Slot) -> bool:
-        try:
-            return bool(await asyncio.wait_for(slot.actor.health.remote(), 10))
-        except Exception:
-            return False
+        self._put_back(slot, healthy and not reclaimed)
 
     async def fill_to_min(self) -> None:
         if self.shared:
             if self.spec.pool.min > 0:
                 await self._shared()
             return
-        need = self.spec.pool.min - self.size
-        if need <= 0 or self.closed:
-            return
-        self.creating += need
-
-        async def one() -> None:
-            try:
-                slot = await self._create(None if self.spec.acquire_timeout is None
-                                          else time.monotonic() + self.spec.acquire_timeout)
-            finally:
-                self.creating -= 1
-            self._give(slot)
-
-        results = await asyncio.gather(*(one() for _ in range(need)), return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException):
-                log.warning("could not pre-warm %s: %s", self.spec.name, r)
+        for error in await self._fill_to_min(self._refill_deadline()):
+            log.warning("could not pre-warm %s: %s", self.spec.name, error)
 
     async def check(self) -> None:
         """Probe idle instances every ``health_interval`` (the dead ones, e.g. on a lost node, are replaced) and
         refill to ``min``."""
         now = time.monotonic()
-        probe = self.spec.health_check and self.spec.health_interval > 0 and (
-            now - self.last_probe >= self.spec.health_interval)
-        if probe:
+        if self.spec.health_check and self.spec.health_interval > 0 and (
+                now - self.last_probe >= self.spec.health_interval):
             self.last_probe = now
-        for slot in list(self.idle) if probe else []:
-            if slot in self.idle and not await self._alive(slot) and slot in self.idle:
-                self.idle.remove(slot)
-                self._note_failed(slot, f"instance {slot.id} on node {slot.node[:12]} stopped answering")
-                self.resetting += 1
-                try:
-                    await self._destroy(slot)
-                finally:
-                    self.resetting -= 1
-                self._wake_creator()
+            await self._probe_idle()
         if self.size < self.spec.pool.min:
             await self.fill_to_min()
 
     async def close(self) -> None:
-        self.closed = True
-        while self.waiters:
-            fut = self.waiters.popleft()
-            if not fut.done():
-                fut.set_exception(ResourceClosed(f"the job's pool of {self.spec.name!r} closed"))
-        for task in list(self.tasks):
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        self.idle.clear()
+        await self._close_core(f"the job's pool of {self.spec.name!r} closed", list(self.slots.values()))
         self.leases.clear()
-        await asyncio.gather(*(self._destroy(s) for s in list(self.slots.values())), return_exceptions=True)
 
     def stats(self) -> dict[str, Any]:
         nodes: dict[str, dict[str, int]] = {}
@@ -704,10 +574,11 @@ class _JobPool:
             node(n)["failed"] += count
         for n, count in self.reclaimed_on.items():
             node(n)["reclaimed"] += count
+        core = self.core_stats()
+        if self.shared:
+            core.update(size=len(self.slots) + self.creating, in_use=len(leased), idle=0)
         return {
-            "size": self.size, "in_use": self.in_use, "idle": len(self.idle),
-            "waiting": sum(1 for f in self.waiters if not f.done()), "budget_waiting": self.budget_waiting,
-            "resetting": self.resetting, "creating": self.creating, "created": self.created,
+            **core, "budget_waiting": self.budget_waiting, "created": self.created,
             "destroyed": self.destroyed, "failed": self.failed, "reclaimed": self.reclaimed,
             "timeouts": self.timeouts, "cluster_acquires": self.acquires, "last_error": self.last_error,
             "max": self.max, "nodes": nodes, "yielded_to_team": self.yielded,
