@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agentfly.engines.base import Engine, FinishReason, Generation, Sampling
-from agentfly.resources.spec import InfrastructureFailure, ResourceTimeout
+from agentfly.failures import InfrastructureFailure, ResourceTimeout
 
 if TYPE_CHECKING:
     import torch

@@ -32,3 +32,13 @@ def sorted_items(value: dict[str, Any]) -> list[tuple[str, Any]]:
 def get_item(value: Any, key: str) -> Any:
     """``mapping|get_item:"eval/accuracy"``: a key a template cannot spell with dots (None when absent)."""
     return value.get(key) if isinstance(value, dict) else None
+
+
+@register.simple_tag
+def builtin_entry(kind: str, name: str) -> int | str:
+    """The id of the built-in registry entry ``kind``/``name`` (so an example such as the API token page's
+    launch command runs as pasted), or ``ID`` where there is none."""
+    from webapp.registry.models import Entry
+
+    pk = Entry.objects.filter(team__isnull=True, kind=kind, name=name).values_list("pk", flat=True).first()
+    return "ID" if pk is None else int(pk)
