@@ -235,14 +235,13 @@ async def test_a_sigkilled_trainers_leases_are_reclaimed_within_seconds_and_a_re
     finally:
         if proc.poll() is None:
             proc.kill()
-    start = time.monotonic()
 
     def reclaimed() -> bool:
         box = ray.get(coordinator.stats.remote())["box"]
         return bool(box["reclaimed"] == 3 and box["in_use"] == 0)
 
-    took = await wait_for(reclaimed, 10, "the dead trainer's 3 leases are reclaimed")
-    assert took < 10
+    # Reclaimed by the coordinator's check of the dead owner's token (counted as reclaimed, not released).
+    await wait_for(reclaimed, 10, "the dead trainer's 3 leases are reclaimed")
     # The resumed job (same id) gets all 3 at once: nothing is held by the dead owner any more.
     async with ResourceEngine([pad(max=3)], ray=settings(job)) as engine:
         leases = await asyncio.wait_for(asyncio.gather(*(engine.acquire("box") for _ in range(3))), 60)
@@ -251,7 +250,7 @@ async def test_a_sigkilled_trainers_leases_are_reclaimed_within_seconds_and_a_re
         assert sum(n["reclaimed"] for n in stats["nodes"].values()) == 3
         for lease in leases:
             await engine.release(lease)
-    assert job_gone(job), f"reclaimed after {time.monotonic() - start:.1f} s, but the job stayed"
+    assert job_gone(job), "the resumed job's leases were reclaimed, but the job stayed"
 
 
 @pytest.mark.slow
@@ -276,7 +275,7 @@ async def test_an_instance_on_a_removed_node_ends_its_rollout_with_node_lost_and
                 failure = exc
             await asyncio.sleep(0.2)
         assert failure is not None and failure.kind == "node_lost", failure
-        assert time.monotonic() - start < 30
+        assert doomed_id not in {n["NodeID"] for n in ray.nodes() if n["Alive"]}  # the GCS's verdict, as typed
         await engine.release(pinned)
         # The job's other pool keeps working on the nodes that are left.
         leases = await asyncio.gather(*(engine.acquire("box") for _ in range(4)))
