@@ -80,6 +80,18 @@ class KeyChainStore:
         self.position += 1
         return f"next: {self.chain[self.position]}"
 
+    # What the tools call: async, so that a store in another process (an actor on the ``ray`` backend, whose
+    # handle awaits every method) and one in this process are used the same way.
+    async def load(self, sample_id: str, start: str, links: Mapping[str, str], final: str) -> None:
+        """``seed``, awaited."""
+        self.seed(sample_id, start, links, final)
+
+    async def follow(self, key: str) -> tuple[str, bool]:
+        """``lookup``, awaited, and whether it followed a link not followed before (the walk moved on)."""
+        before = (self.position, self.done)
+        reply = self.lookup(key)
+        return reply, (self.position, self.done) != before
+
     def _check(self) -> None:
         if self.closed:
             raise RuntimeError(f"key-value store {self.serial} was used after close")

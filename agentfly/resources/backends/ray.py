@@ -9,7 +9,8 @@ Three kinds of actors, all in the namespace ``agentfly``:
   store, any factory) built and started *inside* the actor, on whichever node Ray's scheduler picks for the
   spec's custom resources (``{"sandbox": 1}``) and strategy (spread or pack). A sandbox's actor hosts the
   local backend's worker process, so rlimits, the network namespace and Landlock apply on that node.
-  Rollouts reach it through ``RayInstance``, a proxy with the resource's own methods.
+  Rollouts reach it through ``RayInstance``, a handle whose methods are the resource's, each an explicit
+  async round trip.
 - **the job's pool coordinator** (``JobCoordinator``, named ``job:<job id>``, detached): holds every
   instance of the job, idle or leased, and hands them out first come first served. Every rank, the async
   producer and the evaluations of a job connect to it by name, so the job never holds more than ``max``
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import inspect
 import itertools
@@ -231,12 +233,15 @@ class _ActorInfo(TypedDict):
     host: str
     pid: int
     methods: dict[str, str]  # public method name -> "async" or "sync"
+    attrs: dict[str, Any]  # the resource's plain values (see ResourceActor)
 
 
 class ResourceActor:
-    """Hosts one resource instance on a node. Every reply is an envelope, ``("ok", value)`` or
-    ``("raise", exception)``, so that the agent's own errors (a bad key, a refused request) reach the tool with
-    their type, and only the actor's death is an infrastructure failure."""
+    """Hosts one resource instance on a node. Every reply is an envelope, ``("ok", value, attrs)`` or
+    ``("raise", exception, attrs)``, so that the agent's own errors (a bad key, a refused request) reach the tool
+    with their type, and only the actor's death is an infrastructure failure. ``attrs`` are the resource's plain
+    values (numbers, strings, flags and tuples of them) after the call: the handle shows them without a round
+    trip of its own."""
 
     def __init__(self, spec: ResourceSpec) -> None:
         inner = (spec.options.get("ray") or {}).get("inner_backend") or "local"
@@ -255,28 +260,34 @@ class ResourceActor:
                 methods[name] = "async" if inspect.iscoroutinefunction(attr) else "sync"
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
-                "methods": methods}
+                "methods": methods, "attrs": self.attrs()}
 
-    async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any]:
+    def attrs(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for name in dir(self.resource):
+            if name.startswith("_"):
+                continue
+            try:
+                value = getattr(self.resource, name)
+            except Exception:
+                continue
+            if _plain(value):
+                values[name] = value
+        return values
+
+    async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
         try:
             value = getattr(self.resource, name)
             if callable(value):
                 value = value(*args, **kwargs)
                 if inspect.isawaitable(value):
                     value = await value
-            return ("ok", value)
+            return ("ok", value, self.attrs())
         except Exception as exc:
-            return ("raise", _portable(exc))
+            return ("raise", _portable(exc), self.attrs())
 
-    async def reset(self) -> tuple[str, Any]:
+    async def reset(self) -> tuple[str, Any, dict[str, Any]]:
         return await self.call("reset", (), {})
-
-    async def set(self, name: str, value: Any) -> tuple[str, Any]:
-        try:
-            setattr(self.resource, name, value)
-            return ("ok", None)
-        except Exception as exc:
-            return ("raise", _portable(exc))
 
     async def health(self) -> bool:
         try:
@@ -286,6 +297,13 @@ class ResourceActor:
 
     async def close(self) -> None:
         await self.resource.close()
+
+
+def _plain(value: Any) -> bool:
+    """A value a handle may show as it was after the last call: small, immutable, picklable."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return not isinstance(value, str) or len(value) <= 4096
+    return isinstance(value, tuple) and len(value) <= 16 and all(_plain(v) for v in value)
 
 
 def _portable(exc: BaseException) -> BaseException:
@@ -312,6 +330,7 @@ class _Slot:
     host: str = ""
     methods: dict[str, str] = field(default_factory=dict)
     pid: int = 0
+    attrs: dict[str, Any] = field(default_factory=dict)  # as of its start or its last reset
     idle_since: float = field(default_factory=time.monotonic)
     holders: int = 0
 
@@ -415,7 +434,8 @@ class _JobPool(PoolCore[_Slot]):
                         f"{exc}", "unhealthy") from None
                 raise
         self.created += 1
-        slot = _Slot(actor, next(_slot_ids), info["node_id"], info["host"], info["methods"], pid=info["pid"])
+        slot = _Slot(actor, next(_slot_ids), info["node_id"], info["host"], info["methods"], pid=info["pid"],
+                     attrs=info["attrs"])
         self.slots[slot.id] = slot
         return slot
 
@@ -439,7 +459,7 @@ class _JobPool(PoolCore[_Slot]):
             return False
 
     async def _clean(self, slot: _Slot) -> None:
-        status, value = await asyncio.wait_for(slot.actor.reset.remote(), 60)
+        status, value, slot.attrs = await asyncio.wait_for(slot.actor.reset.remote(), 60)
         if status != "ok":
             raise value
 
@@ -501,7 +521,8 @@ class _JobPool(PoolCore[_Slot]):
         slot.holders += 1
         self.leases[lease_id] = _Held(slot, owner, label)
         self.acquires += 1
-        reply = {"lease": lease_id, "slot": slot.id, "waited": time.monotonic() - start}
+        # The instance's plain values as its reset left them: what the rollout's handle shows before its first call.
+        reply = {"lease": lease_id, "slot": slot.id, "waited": time.monotonic() - start, "attrs": slot.attrs}
         if slot.id not in known:
             # A handle costs its receiver a registration with Ray's reference counting: each process gets it
             # once per instance and keeps it, so a warm acquire is one small round trip.
@@ -856,50 +877,51 @@ def _process_token() -> Any:
 
 
 class RayInstance:
-    """A rollout's handle on an instance actor: the resource's own methods, called on the node that runs it.
+    """A rollout's handle on an instance actor: the resource's methods, called on the node that runs it.
 
-    Async methods of the resource are async here; sync ones (a ``kv`` store's ``lookup``) and attributes
-    block for one round trip. A call to a dead actor raises ``InfrastructureFailure`` (``node_lost`` or
-    ``instance_crashed``) and marks the instance dead, so that its release destroys it."""
+    Every method of the resource, async or sync, is an async method here (``await box.run(code)``, ``await
+    store.follow(key)``): each is an explicit round trip that never blocks the event loop. ``call(name, ...)``
+    reaches a method whose name the handle uses itself. The resource's plain values (numbers, strings, flags:
+    ``env.score``, ``store.done``) read as they were after the handle's last call, or after the instance's
+    reset for a fresh lease, with no round trip; they change only through calls, which this lease alone
+    makes. A call to a dead actor raises ``InfrastructureFailure`` (``failure_kind``) and marks the instance
+    dead, so that its release destroys it."""
 
-    _own = frozenset({"_actor", "_name", "_methods", "_call_timeout", "_node_grace", "node", "host", "pid", "dead"})
+    _own = frozenset({"_actor", "_name", "_methods", "_attrs", "_call_timeout", "_node_grace", "node", "host",
+                      "pid", "dead"})
 
     def __init__(self, actor: Any, name: str, node: str, host: str, methods: dict[str, str],
-                 call_timeout: float, node_grace: float = 20.0, pid: int = 0) -> None:
+                 call_timeout: float, node_grace: float = 20.0, pid: int = 0,
+                 attrs: dict[str, Any] | None = None) -> None:
         self._actor, self._name, self._methods = actor, name, methods
+        self._attrs: dict[str, Any] = dict(attrs or {})
         self.node, self.host, self.pid, self.dead = node, host, pid, False
         self._call_timeout, self._node_grace = call_timeout, node_grace
+        for method in methods:
+            if method not in self._own and not hasattr(type(self), method):
+                object.__setattr__(self, method, functools.partial(self.call, method))
+
+    def __getattr__(self, attr: str) -> Any:
+        """Only for names not found on the handle: the resource's plain values as of the last reply."""
+        values = self.__dict__.get("_attrs", {})
+        if attr in values:
+            return values[attr]
+        raise AttributeError(f"{self.__dict__.get('_name', 'the')} instance on Ray has no method or plain value "
+                             f"{attr!r} (its methods are awaited; values other than numbers, strings and flags "
+                             "are reached through a method of the resource)")
 
     def __setattr__(self, attr: str, value: Any) -> None:
-        """The proxy's own fields here; any other attribute is set on the resource in its actor."""
         if attr in self._own:
             object.__setattr__(self, attr, value)
             return
-        import ray
+        raise AttributeError(f"cannot set {attr!r} on a {self._name} instance on Ray: it lives in another process; "
+                             "change it through a method of the resource")
 
+    async def call(self, attr: str, *args: Any, **kwargs: Any) -> Any:
+        """``await handle.call("name", ...)``: the resource's method ``name`` on its node."""
         try:
-            status, error = ray.get(self._actor.set.remote(attr, value), timeout=self._call_timeout)
-        except Exception as exc:
-            raise self._failure(exc) from None
-        if status == "raise":
-            raise error
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("_"):
-            raise AttributeError(attr)
-        kind = self._methods.get(attr)
-        if kind == "async":
-            async def call(*args: Any, **kwargs: Any) -> Any:
-                return await self._call(attr, args, kwargs)
-
-            return call
-        if kind == "sync":
-            return lambda *args, **kwargs: self._call_sync(attr, args, kwargs)
-        return self._call_sync(attr, (), {})
-
-    async def _call(self, attr: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        try:
-            status, value = await asyncio.wait_for(self._actor.call.remote(attr, args, kwargs), self._call_timeout)
+            status, value, attrs = await asyncio.wait_for(self._actor.call.remote(attr, args, kwargs),
+                                                          self._call_timeout)
         except TimeoutError:
             self.dead = True
             raise InfrastructureFailure(f"{self._name} instance on {self.host} did not answer {attr}() within "
@@ -907,17 +929,7 @@ class RayInstance:
         except Exception as exc:
             failure = await asyncio.to_thread(self._failure, exc)  # may wait for the GCS: not on the loop
             raise failure from None
-        if status == "raise":
-            raise value
-        return value
-
-    def _call_sync(self, attr: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        import ray
-
-        try:
-            status, value = ray.get(self._actor.call.remote(attr, args, kwargs), timeout=self._call_timeout)
-        except Exception as exc:
-            raise self._failure(exc) from None
+        self._attrs = attrs
         if status == "raise":
             raise value
         return value
@@ -1108,7 +1120,7 @@ class RayPool:
                                            reply["pid"])
         actor, node, host, methods, pid = self.handles[reply["slot"]]
         proxy = RayInstance(actor, self.spec.name, node, host, methods, self.settings.call_timeout,
-                            self.settings.node_grace, pid)
+                            self.settings.node_grace, pid, reply["attrs"])
         slot = Instance(proxy)
         slot.uses = 1
         self.instances.add(slot)

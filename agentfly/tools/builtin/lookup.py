@@ -37,14 +37,15 @@ async def lookup(key: str, context: Any) -> str:
         key: A key, e.g. k42.
     """
     store = await _seeded_store(context)
-    return store.lookup(key)
+    reply, _ = await store.follow(key)
+    return reply
 
 
 async def _seeded_store(context: Any) -> KeyChainStore:
     store: KeyChainStore = await context.resource(RESOURCE)
     if not store.seeded:  # the rollout's first lookup: load its task sample's chain
         sample = context.sample
-        store.seed(str(sample.get("id", context.rollout_id)), sample["start"], sample["links"], sample["answer"])
+        await store.load(str(sample.get("id", context.rollout_id)), sample["start"], sample["links"], sample["answer"])
     return store
 
 
@@ -59,8 +60,7 @@ async def lookup_rewarded(key: str, context: Any) -> str:
         key: A key, e.g. k42.
     """
     store = await _seeded_store(context)
-    before = (store.position, store.done)
-    reply = store.lookup(key)  # a wrong key raises: an observation, and no reward
-    if (store.position, store.done) != before:  # a new link followed (each one credited once)
+    reply, moved = await store.follow(key)  # a wrong key raises: an observation, and no reward
+    if moved:  # a new link followed (each one credited once)
         context.reward_turn(HOP_REWARD, f"followed {key}")
     return reply

@@ -173,7 +173,7 @@ async def test_an_instance_sigkilled_on_a_live_node_ends_its_rollout_with_instan
         lease = await engine.acquire("box")
         os.kill(lease.instance.pid, signal.SIGKILL)  # every node of the test cluster runs on this machine
         with pytest.raises(InfrastructureFailure) as failure:
-            await asyncio.to_thread(lease.instance.read, "k")
+            await lease.instance.read("k")
         assert failure.value.kind == "instance_crashed", failure.value
         assert lease.instance.node in {n["NodeID"] for n in ray.nodes() if n["Alive"]}
         await engine.release(lease)
@@ -264,13 +264,13 @@ async def test_an_instance_on_a_removed_node_ends_its_rollout_with_node_lost_and
         engine.add(pad(name="pinned", max=1, resources={"doomed": 1}))
         pinned = await engine.acquire("pinned")
         doomed_id = pinned.instance.node
-        pinned.instance.write("k", "v")
+        await pinned.instance.write("k", "v")
         cluster.remove_node(doomed, allow_graceful=False)
         start = time.monotonic()
         failure = None
         while failure is None and time.monotonic() - start < 60:  # the rollout's next calls
             try:
-                assert await asyncio.to_thread(pinned.instance.read, "k") == "v"
+                assert await pinned.instance.read("k") == "v"
             except InfrastructureFailure as exc:
                 failure = exc
             await asyncio.sleep(0.2)
@@ -333,19 +333,19 @@ async def test_a_thousand_chaotic_rollouts_across_three_nodes_survive_losing_one
         """One chaotic tool call."""
         pad = await context.resource("pad")
         actors[id(pad._actor)] = pad._actor
-        owner = await asyncio.to_thread(pad.read, "owner")
+        owner = await pad.read("owner")
         if owner not in (None, context.rollout_id):
             violations.append(f"{context.rollout_id} got a pad still holding {owner}'s notes")
-        await asyncio.to_thread(pad.write, "owner", context.rollout_id)
+        await pad.write("owner", context.rollout_id)
         if action == "raise":
             raise RuntimeError("the tool failed")
         if action == "sleep":
             await asyncio.sleep(5)  # past the tool timeout: cancelled inside Tool.invoke
         if action == "break":
-            await asyncio.to_thread(setattr, pad, "broken", True)  # its reset fails: the pool destroys it
+            await pad.mark_broken()  # its reset fails: the pool destroys it
         if action == "shared":
             index = await context.resource("index")
-            await asyncio.to_thread(index.write, context.rollout_id, "seen")
+            await index.write(context.rollout_id, "seen")
         return "ok"
 
     specs = [
