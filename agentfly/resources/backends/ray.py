@@ -988,8 +988,11 @@ def _death_cause(actor_id: str | None) -> Any:
 
 def _kind_of_cause(cause: Any) -> str | None:
     """The failure kind of an ``ActorDeathCause``; None when it says nothing (an empty record)."""
-    from ray.core.generated.common_pb2 import ActorDiedErrorContext, NodeDeathInfo
+    from ray.core.generated import common_pb2
 
+    # Generated protobuf classes: their names are made at import, so mypy sees none of them.
+    protos: Any = common_pb2
+    ActorDiedErrorContext, NodeDeathInfo = protos.ActorDiedErrorContext, protos.NodeDeathInfo
     which = cause.WhichOneof("context")
     if which == "oom_context":
         return "killed"  # the node's memory monitor killed it: a limit of the host, not the agent's doing
