@@ -7,10 +7,11 @@ mask and logprob invariants of the in-process engines hold unchanged. Servers mu
 
 The fleet:
 
-- **Replicas.** Each server is a ``Replica``: a ``model_service`` resource (the ``Resource`` protocol: start
-  waits for ``/health``, health probes it) shared by every rollout (``global`` scope), with at most
-  ``max_concurrency`` requests in flight on it. A request goes to the live replica with the fewest requests
-  in flight; when every replica is full it waits (``acquire_timeout``, then ``ResourceTimeout``).
+- **Replicas.** Each server is a ``Replica``: its address, its load and whether it is in service, shared by
+  every rollout of the process (the engine itself, not a pooled resource), with at most ``max_concurrency``
+  requests in flight on it. A request goes to the live replica with the fewest requests in flight; when every
+  replica is full it waits until one has room (woken when a request ends, a replica rejoins or is taken out;
+  ``acquire_timeout``, then ``ResourceTimeout``).
 - **Failover.** A replica that refuses a connection, times out (``request_timeout``) or answers 5xx is taken
   out and the request goes to another one; the same seed samples the same tokens there. With none left the
   request raises ``InfrastructureFailure(kind="server_down")``: the rollout ends as an infrastructure failure,
@@ -55,7 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agentfly.engines.base import Engine, FinishReason, Generation, Sampling
-from agentfly.resources.spec import InfrastructureFailure, ResourceTimeout
+from agentfly.failures import InfrastructureFailure, ResourceTimeout
 
 if TYPE_CHECKING:
     import torch
@@ -73,8 +74,6 @@ class Replica:
 
     url: str
     max_concurrency: int = 32
-    start_timeout: float = 300.0
-    kind = "model_service"
     in_flight: int = 0
     live: bool = True
     syncing: int = 0  # holds on it (a rank-wide hold, its own reload): no new request while any is on
@@ -86,34 +85,6 @@ class Replica:
 
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
-
-    # The Resource protocol: a server is started and stopped by whoever runs it (start_servers or the
-    # operator); as a resource it is waited for, probed and forgotten.
-    async def start(self) -> None:
-        deadline = time.monotonic() + self.start_timeout
-        while not await self.health():
-            if time.monotonic() > deadline:
-                raise InfrastructureFailure(f"server {self.url} did not answer /health within "
-                                            f"{self.start_timeout:g} s", "server_down")
-            await asyncio.sleep(0.5)
-
-    async def reset(self) -> None:
-        return None
-
-    async def health(self) -> bool:
-        import httpx
-
-        try:
-            async with httpx.AsyncClient(timeout=5.0) as client:
-                return (await client.get(f"{self.url}/health")).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    async def close(self) -> None:
-        return None
-
-    def kill(self) -> None:
-        return None
 
 
 class SyncPeers(Protocol):
@@ -163,6 +134,11 @@ class ServerProcess:
         with contextlib.suppress(OSError):
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         return ""
+
+
+def _wake(room: asyncio.Future[None]) -> None:
+    if not room.done():
+        room.set_result(None)
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -331,7 +307,7 @@ class RemoteEngine(Engine):
                 parse_url(url, what="server")
             except URLRefused as exc:
                 raise ValueError(f"{exc} (a base URL such as http://gpu1:8000)") from None
-        self.replicas = [Replica(u, max_concurrency, start_timeout) for u in urls]
+        self.replicas = [Replica(u, max_concurrency) for u in urls]
         self.model_dir = path
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.stop_token_ids = _stop_ids(path, self.tokenizer)
@@ -347,6 +323,11 @@ class RemoteEngine(Engine):
         self.version = 0  # the weights version every live replica holds
         self.last_weights_path: str | None = None
         self._lock = threading.Lock()  # replica counters: rollouts of several loops/threads share the fleet
+        # Signalled (under the lock) whenever room may have come free: a request ended, a replica rejoined or
+        # was taken out, a sync ended. Threads that drain the fleet wait on it; a request of any event loop
+        # that finds every replica full parks a future of its own loop in _room_waiters.
+        self._changed = threading.Condition(self._lock)
+        self._room_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
         self._closed = False
         self.counters: dict[str, float] = {
@@ -394,11 +375,12 @@ class RemoteEngine(Engine):
         deadline = time.monotonic() + self.acquire_timeout
         waited = False
         while True:
-            replica = self._pick()
+            replica, room = self._pick()
             if replica is None:
                 if not any(r.live for r in self.replicas):
                     raise InfrastructureFailure(self._down_reason(), "server_down")
-                if time.monotonic() > deadline:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     raise ResourceTimeout(
                         f"every live replica had {self.replicas[0].max_concurrency} requests in flight for "
                         f"{self.acquire_timeout:g} s; raise max_concurrency or add replicas")
@@ -406,7 +388,9 @@ class RemoteEngine(Engine):
                     waited = True
                     with self._lock:
                         self.counters["waits_for_room"] += 1
-                await asyncio.sleep(0.01)
+                assert room is not None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(room, remaining)
                 continue
             version = replica.version
             started = time.perf_counter()
@@ -426,6 +410,7 @@ class RemoteEngine(Engine):
                 with self._lock:
                     replica.in_flight -= 1
                     self.counters["busy_seconds"] += time.perf_counter() - started
+                    self._room_freed()
             gen = self._to_generation(choice, len(prompt))
             gen.extra["weights_version"] = version
             gen.extra["server"] = replica.url
@@ -452,13 +437,18 @@ class RemoteEngine(Engine):
             body["stop"] = list(sampling.stop)
         return body
 
-    def _pick(self) -> Replica | None:
-        """The live, not syncing replica with the lowest load that has room; its in-flight count is taken."""
+    def _pick(self) -> tuple[Replica | None, asyncio.Future[None] | None]:
+        """The live, not syncing replica with the lowest load that has room (its in-flight count taken), or
+        None and a future of this event loop that is set when room may have come free. One lock for both, so
+        room freed between the look and the wait is never missed."""
         with self._lock:
             ready = [r for r in self.replicas
                      if r.live and not r.syncing and r.version == self.version and r.in_flight < r.max_concurrency]
             if not ready:
-                return None
+                loop = asyncio.get_running_loop()
+                room: asyncio.Future[None] = loop.create_future()
+                self._room_waiters.append((loop, room))
+                return None, room
             replica = min(ready, key=lambda r: (r.in_flight / r.max_concurrency, r.requests))
             replica.in_flight += 1
             replica.requests += 1
@@ -466,7 +456,15 @@ class RemoteEngine(Engine):
             self.counters["requests"] += 1
             self.counters["max_in_flight"] = max(self.counters["max_in_flight"],
                                                  sum(r.in_flight for r in self.replicas))
-            return replica
+            return replica, None
+
+    def _room_freed(self) -> None:
+        """Wake every waiter (called with the lock held): the requests parked on any loop, and the drains."""
+        waiters, self._room_waiters = self._room_waiters, []
+        for loop, room in waiters:
+            with contextlib.suppress(RuntimeError):  # a loop that has closed has no waiter left to wake
+                loop.call_soon_threadsafe(_wake, room)
+        self._changed.notify_all()
 
     def _client(self) -> Any:
         import httpx
@@ -521,6 +519,7 @@ class RemoteEngine(Engine):
             if replica.live:
                 replica.live = False
             self.counters["failovers"] += 1
+            self._room_freed()  # a waiter may now have no live replica left: it must hear it to fail
 
     def _down_reason(self) -> str:
         errors = "; ".join(f"{r.url}: {r.last_error}" for r in self.replicas)
@@ -567,6 +566,7 @@ class RemoteEngine(Engine):
                     replica.live = up
                     if up:
                         replica.version = version
+                self._room_freed()
         if error is not None:
             raise InfrastructureFailure(error, "server_down")
 
@@ -577,14 +577,14 @@ class RemoteEngine(Engine):
             for replica in self.replicas:
                 replica.syncing += 1
         try:
-            deadline = time.monotonic() + self.request_timeout
-            while any(r.in_flight for r in self.replicas) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            with self._changed:
+                self._changed.wait_for(lambda: not any(r.in_flight for r in self.replicas), self.request_timeout)
             yield
         finally:
             with self._lock:
                 for replica in self.replicas:
                     replica.syncing -= 1
+                self._room_freed()
 
     def _push_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         weights = self._checkpoint_tensors(state_dict)
@@ -602,6 +602,7 @@ class RemoteEngine(Engine):
                                         f"{self._down_reason()}", "server_down")
         with self._lock:
             self.version = version
+            self._room_freed()
         previous, self.last_weights_path = self.last_weights_path, str(folder)
         if previous is not None:
             shutil.rmtree(previous, ignore_errors=True)
@@ -626,9 +627,8 @@ class RemoteEngine(Engine):
         with self._lock:
             replica.syncing += 1
         try:
-            drain_deadline = time.monotonic() + self.request_timeout
-            while replica.in_flight and time.monotonic() < drain_deadline:
-                time.sleep(0.01)
+            with self._changed:
+                self._changed.wait_for(lambda: not replica.in_flight, self.request_timeout)
             timeout = httpx.Timeout(self.request_timeout, connect=5.0)
             for path, payload in (("/collective_rpc", {"method": "agentfly_reload",
                                                        "kwargs": {"weights_path": folder}}),
@@ -645,9 +645,11 @@ class RemoteEngine(Engine):
         finally:
             with self._lock:
                 replica.syncing -= 1
+                self._room_freed()
         with self._lock:
             replica.version = version
             replica.live = True
+            self._room_freed()
         return True
 
     # ------------------------------------------------------------------ stats and teardown

@@ -80,9 +80,7 @@ class ScienceWorld:
         reason = java_available()
         if reason:
             raise ResourceError(f"ScienceWorld cannot start: {reason}")
-        import agentfly
-
-        root = str(Path(agentfly.__file__).resolve().parents[1])
+        root = str(Path(__file__).resolve().parents[2])  # the folder that holds the agentfly package
         self.worker = LocalWorker(
             [sys.executable, "-m", "agentfly.envs._sciworld_worker"],
             env={"PYTHONPATH": root, "AGENTFLY_SCIWORLD_STEP_LIMIT": str(self.step_limit),

@@ -1,7 +1,7 @@
 """The built-in resource specs, by the name a tool declares (``@tool(resource="python")``), and the one
 way to resize a spec's pool.
 
-Each spec is declared next to what uses it (``PYTHON_SANDBOX`` by ``python_code``, ``KEY_CHAIN`` by ``lookup``,
+Each spec is declared next to what uses it (``PYTHON_SANDBOX`` by ``python_code``, ``KEY_CHAIN`` with its store,
 ``WIKI_MINI`` by the retrieval index, ``SCIENCEWORLD`` by the environment) and registers itself there:
 ``PYTHON_SANDBOX = register_builtin(ResourceSpec(...))``. Declaring builds nothing (building one can load an
 index or start a JVM; that happens when a pool starts an instance). ``import agentfly`` imports the declaring

@@ -9,6 +9,11 @@ Invariants (the chaos test checks them after a thousand rollouts with random fai
   by a cancellation, which is what makes "release runs on cancellation" hold.
 - A waiter that is cancelled or times out after an instance was already handed to it gives the instance
   back, so nothing is lost in that race.
+
+``PoolCore`` holds them once. A backend supplies where an instance lives and who pays for it (its hooks):
+``RolloutPool`` keeps the resource object in this process and ``max`` is its only permit; the Ray backend's
+job pool (``backends/ray.py``) keeps an actor on the cluster and takes a permit from the team's budget for
+each. ``GlobalPool`` (one shared instance) has none of these invariants to keep.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from agentfly.resources.spec import (
     InfrastructureFailure,
@@ -36,6 +41,7 @@ from agentfly.resources.spec import (
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
 LATENCY_WINDOW = 10_000
+S = TypeVar("S")  # a backend's record of one instance (``Instance`` here, an actor's slot on Ray)
 
 
 @dataclass(eq=False)
@@ -81,7 +87,19 @@ class Latencies:
         return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-class BasePool:
+class _Background:
+    """Background tasks (resets, refills, the health monitor) that ``aclose`` cancels and waits for."""
+
+    tasks: set[asyncio.Task[None]]
+
+    def _spawn(self, coro: Coroutine[object, object, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+
+class BasePool(_Background):
     """What both scopes share: creation, destruction, counters, stats, background tasks."""
 
     def __init__(self, spec: ResourceSpec) -> None:
@@ -95,12 +113,6 @@ class BasePool:
         self.last_error: str | None = None
         # Made on first use, on the pool's own event loop.
         self._starting: asyncio.Semaphore | contextlib.nullcontext[None] | None = None
-
-    def _spawn(self, coro: Coroutine[object, object, None]) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return task
 
     async def _create(self) -> Instance:
         """Build and start one instance; on failure clean up what started and raise ResourceError."""
@@ -188,19 +200,61 @@ class BasePool:
         return stats
 
 
-class RolloutPool(BasePool):
-    """``scope="rollout"``: each lease holds an instance of its own; at most ``max`` exist."""
+class PoolCore(_Background, Generic[S]):
+    """The invariants of a bounded pool (the module docstring), once, for every backend.
 
-    def __init__(self, spec: ResourceSpec) -> None:
-        super().__init__(spec)
-        self.idle: deque[Instance] = deque()
-        self.waiters: deque[asyncio.Future[Instance | None]] = deque()
+    A backend supplies where an instance lives and who pays for it, as five hooks on its slot type ``S``:
+    ``_make`` (reserve whatever permit it needs, then build and start one; the in-process pool builds the
+    resource here, the Ray pool takes a team permit and starts an actor), ``_unmake`` (stop it and give its
+    permit back), ``_probe`` (is it alive), ``_clean`` (reset it for the next lease; raise if it cannot be)
+    and ``_note_failed``. Whatever the backend, the pool's own permits are the ``max`` slots counted here.
+    Subclasses set ``spec``, ``closed``, ``tasks`` and the counters ``failed``, ``timeouts``, ``last_error``.
+    """
+
+    spec: ResourceSpec
+    closed: bool
+    failed: int
+    timeouts: int
+    last_error: str | None
+
+    def _init_core(self) -> None:
+        self.idle: deque[S] = deque()
+        self.waiters: deque[asyncio.Future[S | None]] = deque()
         self._in_use = 0
-        self.peak_in_use = 0  # the most held at once since the previous stats() (see stats)
+        self.peak_in_use = 0  # the most held at once since the previous stats() (see RolloutPool.stats)
         self.creating = 0
         self.resetting = 0
-        self.started = False
 
+    # -- what a backend supplies ---------------------------------------------------------------------
+    async def _make(self, deadline: float | None) -> S:
+        """Build and start one instance in a slot already counted in ``creating``; raise ``ResourceError``."""
+        raise NotImplementedError
+
+    async def _unmake(self, slot: S) -> None:
+        """Stop an instance and free what it held (never raises but for cancellation)."""
+        raise NotImplementedError
+
+    async def _probe(self, slot: S) -> bool:
+        raise NotImplementedError
+
+    async def _clean(self, slot: S) -> None:
+        """Reset an instance for its next lease; raise when it cannot be trusted any more."""
+        raise NotImplementedError
+
+    def _wants_probe(self, slot: S) -> bool:
+        """Whether an idle instance is probed before it is handed out."""
+        return self.spec.health_check
+
+    def _note_failed(self, slot: S | None, why: str) -> None:
+        self.failed += 1
+        self.last_error = why
+
+    def _timeout_message(self, timeout: float | None) -> str:
+        return (f"no {self.spec.name!r} instance became free within {timeout:g} s: the pool is at its max "
+                f"of {self.spec.pool.max} ({self.in_use} in use, {len(self.waiters)} waiting). Raise "
+                "Pool(max=...), raise acquire_timeout, or run fewer rollouts at once.")
+
+    # -- the invariants ------------------------------------------------------------------------------
     @property
     def in_use(self) -> int:
         return self._in_use
@@ -214,25 +268,151 @@ class RolloutPool(BasePool):
     def size(self) -> int:
         return len(self.idle) + self.in_use + self.resetting + self.creating
 
-    async def start(self) -> None:
-        """Create ``min`` instances concurrently (pre-warm) and start the health monitor."""
-        if self.started:
-            return
-        self.started = True
-        await self._fill_to_min()
-        if self.spec.health_check and self.spec.health_interval > 0:
-            self._spawn(self._monitor())
+    async def _obtain(self, timeout: float | None) -> S:
+        """An instance for one lease (counted in ``in_use``): idle, new, or handed over by a release."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        slot: S | None
+        if not self.waiters and self.idle:
+            slot = self.idle.popleft()
+            self.in_use += 1
+        elif not self.waiters and self.size < self.spec.pool.max:
+            self.creating += 1
+            slot = None
+        else:
+            slot = await self._wait(deadline, timeout)  # returns with in_use (or creating) already counted
+        if slot is None:  # we hold a reserved slot: create the instance ourselves
+            return await self._create_reserved(deadline)
+        if not self._wants_probe(slot):
+            return slot
+        try:
+            healthy = await self._probe(slot)
+        except BaseException:  # cancelled mid-probe: do not trust the instance, do not lose the slot
+            self.in_use -= 1
+            self.resetting += 1
+            self._spawn(self._recycle(slot, healthy=False))
+            raise
+        if healthy:
+            return slot
+        # A dead idle instance: destroy it and create a new one in the same reserved slot.
+        self.in_use -= 1
+        self.creating += 1
+        self._note_failed(slot, "failed its health check")
+        try:
+            await self._unmake(slot)
+        except BaseException:
+            self.creating -= 1
+            self._wake_creator()
+            raise
+        return await self._create_reserved(deadline)
 
-    async def _fill_to_min(self) -> None:
+    async def _create_reserved(self, deadline: float | None) -> S:
+        """Create an instance in a slot already counted in ``creating``; free the slot if that fails."""
+        try:
+            slot = await self._make(deadline)
+        except BaseException:
+            self.creating -= 1
+            self._wake_creator()
+            raise
+        self.creating -= 1
+        self.in_use += 1
+        return slot
+
+    async def _wait(self, deadline: float | None, timeout: float | None) -> S | None:
+        fut: asyncio.Future[S | None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(fut)
+        try:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return await asyncio.wait_for(asyncio.shield(fut), remaining)
+        except BaseException as exc:  # timed out, cancelled, or the pool closed
+            if fut in self.waiters:
+                self.waiters.remove(fut)
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                # Handed an instance (or a slot) in the same moment we gave up: pass it on.
+                self._return_handoff(fut.result())
+            else:
+                fut.cancel()
+            if isinstance(exc, TimeoutError):
+                self.timeouts += 1
+                raise ResourceTimeout(self._timeout_message(timeout)) from None
+            raise
+
+    def _return_handoff(self, slot: S | None) -> None:
+        """A waiter left (timeout/cancel) after being handed ``slot``: pass it on instead of losing it."""
+        if slot is None:
+            self.creating -= 1
+            self._wake_creator()
+        else:
+            self.in_use -= 1
+            self._give(slot)
+
+    def _give(self, slot: S) -> None:
+        """Hand a clean instance to the oldest waiter, or park it idle."""
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                self.in_use += 1
+                fut.set_result(slot)
+                return
+        if self.closed:
+            self._spawn(self._unmake(slot))
+        else:
+            self.idle.append(slot)
+
+    def _wake_creator(self) -> None:
+        """A slot came free (an instance was destroyed): let the oldest waiter create a new one."""
+        while self.waiters and self.size < self.spec.pool.max:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                self.creating += 1
+                fut.set_result(None)
+                return
+
+    def _put_back(self, slot: S, healthy: bool) -> None:
+        """A lease ended: synchronous bookkeeping, then the reset (or destruction) in the background, so a
+        cancellation cannot interrupt it half-way."""
+        self.in_use -= 1
+        self.resetting += 1
+        self._spawn(self._recycle(slot, healthy))
+
+    async def _recycle(self, slot: S, healthy: bool) -> None:
+        ok = healthy and not self.closed
+        if ok and self.spec.reset:
+            try:
+                await self._clean(slot)
+            except asyncio.CancelledError:
+                ok = False
+            except Exception as exc:
+                ok = False
+                self._note_failed(slot, f"reset failed: {type(exc).__name__}: {exc}")
+        if ok:
+            self.resetting -= 1
+            self._give(slot)
+            return
+        # Still counted (as resetting) until its processes are gone, so a replacement cannot start before
+        # the old one has stopped: live instances never exceed max, not even for a moment.
+        await self._retire(slot)
+        if not self.closed and self.size < self.spec.pool.min:
+            self._spawn(self._refill())
+
+    async def _retire(self, slot: S) -> None:
+        """Destroy an instance no lease holds (counted in ``resetting`` by the caller) and free its slot."""
+        try:
+            await self._unmake(slot)
+        finally:
+            self.resetting -= 1
+        self._wake_creator()
+
+    async def _fill_to_min(self, deadline: float | None = None) -> list[BaseException]:
+        """Create instances concurrently up to ``min`` (pre-warm); the errors of those that failed."""
         need = self.spec.pool.min - self.size
         if need <= 0 or self.closed:
-            return
+            return []
         self.creating += need
 
         async def one() -> None:
             try:
-                slot = await self._create()
-            except Exception:
+                slot = await self._make(deadline)
+            except BaseException:
                 self.creating -= 1
                 self._wake_creator()
                 raise
@@ -240,9 +420,72 @@ class RolloutPool(BasePool):
             self._give(slot)
 
         results = await asyncio.gather(*(one() for _ in range(need)), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
+        return [r for r in results if isinstance(r, BaseException)]
+
+    def _refill_deadline(self) -> float | None:
+        return None
+
+    async def _refill(self) -> None:
+        for error in await self._fill_to_min(self._refill_deadline()):
+            log.warning("could not refill pool %s to min: %s", self.spec.name, error)
+
+    async def _probe_idle(self) -> None:
+        """Probe every idle instance once; destroy the dead ones (their slots go to waiters)."""
+        for slot in list(self.idle):
+            if slot not in self.idle or await self._probe(slot):
+                continue
+            if slot in self.idle:  # still idle after the probe: nobody took it meanwhile
+                self.idle.remove(slot)
+                self._note_failed(slot, "failed its health check")
+                self.resetting += 1  # counted until it is gone (see _recycle)
+                await self._retire(slot)
+
+    async def _close_core(self, why: str, live: list[S]) -> None:
+        """Stop handing out, fail every waiter, and destroy every instance in ``live`` (also those in use)."""
+        self.closed = True
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_exception(ResourceClosed(why))
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.idle.clear()
+        await asyncio.gather(*(self._unmake(slot) for slot in live), return_exceptions=True)
+
+    def core_stats(self) -> dict[str, object]:
+        """``peak_in_use`` is the most instances held at once since the previous call: the trainer asks once per
+        step, between steps, when ``in_use`` is back to 0, so the step's real use is the peak."""
+        peak, self.peak_in_use = self.peak_in_use, self.in_use
+        return {
+            "size": self.size,
+            "in_use": self.in_use,
+            "peak_in_use": peak,
+            "idle": len(self.idle),
+            "waiting": sum(1 for f in self.waiters if not f.done()),
+            "resetting": self.resetting,
+            "creating": self.creating,
+        }
+
+
+class RolloutPool(BasePool, PoolCore[Instance]):
+    """``scope="rollout"``: each lease holds an instance of its own, in this process; at most ``max`` exist."""
+
+    def __init__(self, spec: ResourceSpec) -> None:
+        BasePool.__init__(self, spec)
+        self._init_core()
+        self.started = False
+
+    async def start(self) -> None:
+        """Create ``min`` instances concurrently (pre-warm) and start the health monitor."""
+        if self.started:
+            return
+        self.started = True
+        errors = await self._fill_to_min()
         if errors and not self.closed:
             raise errors[0] if isinstance(errors[0], ResourceError) else ResourceError(str(errors[0]))
+        if self.spec.health_check and self.spec.health_interval > 0:
+            self._spawn(self._monitor())
 
     async def acquire(self, owner: str | None, timeout: float | None) -> Lease:
         if self.closed:
@@ -256,194 +499,44 @@ class RolloutPool(BasePool):
         self.latency.add(time.monotonic() - start)
         return Lease(self.spec.name, owner, slot)
 
-    async def _obtain(self, timeout: float | None) -> Instance:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        slot: Instance | None
-        if not self.waiters and self.idle:
-            slot = self.idle.popleft()
-            self.in_use += 1
-        elif not self.waiters and self.size < self.spec.pool.max:
-            self.creating += 1
-            slot = None
-        else:
-            slot = await self._wait(deadline, timeout)  # returns with in_use (or creating) already counted
-        if slot is None:  # we hold a reserved slot: create the instance ourselves
-            return await self._create_reserved()
-        try:
-            healthy = await self._healthy(slot)
-        except BaseException:  # cancelled mid-probe: do not trust the instance, do not lose the slot
-            self.in_use -= 1
-            self.resetting += 1
-            self._spawn(self._recycle(slot, healthy=False))
-            raise
-        if healthy:
-            return slot
-        # A dead idle instance: destroy it and create a new one in the same reserved slot.
-        self.in_use -= 1
-        self.creating += 1
+    # The in-process placement: the resource object itself, started here; the pool's max is its only permit.
+    async def _make(self, deadline: float | None) -> Instance:
+        return await self._create()
+
+    async def _unmake(self, slot: Instance) -> None:
+        await self._destroy(slot)
+
+    async def _probe(self, slot: Instance) -> bool:
+        return await self._healthy(slot)
+
+    async def _clean(self, slot: Instance) -> None:
+        await slot.resource.reset()
+
+    def _note_failed(self, slot: Instance | None, why: str) -> None:
         self.failed += 1
-        self.last_error = f"instance {slot.id} failed its health check"
-        try:
-            await self._destroy(slot)
-        except BaseException:
-            self.creating -= 1
-            self._wake_creator()
-            raise
-        return await self._create_reserved()
-
-    async def _create_reserved(self) -> Instance:
-        """Create an instance in a slot already counted in ``creating``; free the slot if that fails."""
-        try:
-            slot = await self._create()
-        except BaseException:
-            self.creating -= 1
-            self._wake_creator()
-            raise
-        self.creating -= 1
-        self.in_use += 1
-        return slot
-
-    async def _wait(self, deadline: float | None, timeout: float | None) -> Instance | None:
-        fut: asyncio.Future[Instance | None] = asyncio.get_running_loop().create_future()
-        self.waiters.append(fut)
-        try:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            return await asyncio.wait_for(asyncio.shield(fut), remaining)
-        except BaseException as exc:  # timed out, cancelled, or the engine closed
-            if fut in self.waiters:
-                self.waiters.remove(fut)
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                # Handed an instance (or a slot) in the same moment we gave up: pass it on.
-                self._return_handoff(fut.result())
-            else:
-                fut.cancel()
-            if isinstance(exc, TimeoutError):
-                self.timeouts += 1
-                raise ResourceTimeout(
-                    f"no {self.spec.name!r} instance became free within {timeout:g} s: the pool is at its max "
-                    f"of {self.spec.pool.max} ({self.in_use} in use, {len(self.waiters)} waiting). Raise "
-                    "Pool(max=...), raise acquire_timeout, or run fewer rollouts at once."
-                ) from None
-            raise
-
-    def _return_handoff(self, slot: Instance | None) -> None:
-        """A waiter left (timeout/cancel) after being handed ``slot``: pass it on instead of losing it."""
-        if slot is None:
-            self.creating -= 1
-            self._wake_creator()
-        else:
-            self.in_use -= 1
-            self._give(slot)
-
-    def _give(self, slot: Instance) -> None:
-        """Hand a clean instance to the oldest waiter, or park it idle."""
-        while self.waiters:
-            fut = self.waiters.popleft()
-            if not fut.done():
-                self.in_use += 1
-                fut.set_result(slot)
-                return
-        if self.closed:
-            self._spawn(self._destroy(slot))
-        else:
-            self.idle.append(slot)
-
-    def _wake_creator(self) -> None:
-        """A slot came free (an instance was destroyed): let the oldest waiter create a new one."""
-        while self.waiters and self.size < self.spec.pool.max:
-            fut = self.waiters.popleft()
-            if not fut.done():
-                self.creating += 1
-                fut.set_result(None)
-                return
+        self.last_error = why if slot is None or why.startswith("reset") else f"instance {slot.id} {why}"
 
     def release(self, lease: Lease, healthy: bool) -> None:
         """Give the instance back: reset it in the background, or destroy it when unhealthy."""
         if lease.released:
             return
         lease.released = True
-        self.in_use -= 1
-        self.resetting += 1
-        self._spawn(self._recycle(lease.slot, healthy))
-
-    async def _recycle(self, slot: Instance, healthy: bool) -> None:
-        ok = healthy and not self.closed
-        if ok and self.spec.reset:
-            try:
-                await slot.resource.reset()
-            except asyncio.CancelledError:
-                ok = False
-            except Exception as exc:
-                ok = False
-                self.failed += 1
-                self.last_error = f"reset failed: {type(exc).__name__}: {exc}"
-        if ok:
-            self.resetting -= 1
-            self._give(slot)
-            return
-        # Still counted (as resetting) until its processes are gone, so a replacement cannot start before
-        # the old one has stopped: live instances never exceed max, not even for a moment.
-        try:
-            await self._destroy(slot)
-        finally:
-            self.resetting -= 1
-        self._wake_creator()
-        if not self.closed and self.size < self.spec.pool.min:
-            self._spawn(self._refill())
-
-    async def _refill(self) -> None:
-        try:
-            await self._fill_to_min()
-        except ResourceError as exc:
-            log.warning("could not refill pool %s to min: %s", self.spec.name, exc)
+        self._put_back(lease.slot, healthy)
 
     async def _monitor(self) -> None:
         """Probe idle instances now and then; replace the dead ones."""
         while not self.closed:
             await asyncio.sleep(self.spec.health_interval)
-            for slot in list(self.idle):
-                if slot not in self.idle or await self._healthy(slot):
-                    continue
-                if slot in self.idle:  # still idle after the probe: nobody took it meanwhile
-                    self.idle.remove(slot)
-                    self.failed += 1
-                    self.last_error = f"instance {slot.id} failed its health check"
-                    self.resetting += 1  # counted until it is gone (see _recycle)
-                    try:
-                        await self._destroy(slot)
-                    finally:
-                        self.resetting -= 1
-                    self._wake_creator()
+            await self._probe_idle()
             if self.size < self.spec.pool.min:
                 await self._refill()
 
     async def aclose(self) -> None:
         """Stop handing out, fail every waiter, and close every instance (also those in use)."""
-        self.closed = True
-        while self.waiters:
-            fut = self.waiters.popleft()
-            if not fut.done():
-                fut.set_exception(ResourceClosed(f"resource engine closed while waiting for {self.spec.name!r}"))
-        for task in list(self.tasks):
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        self.idle.clear()
-        await asyncio.gather(*(self._destroy(slot) for slot in list(self.instances)), return_exceptions=True)
+        await self._close_core(f"resource engine closed while waiting for {self.spec.name!r}", list(self.instances))
 
     def stats(self) -> dict[str, object]:
-        """``peak_in_use`` is the most instances held at once since the previous call: the trainer asks once per
-        step, between steps, when ``in_use`` is back to 0, so the step's real use is the peak."""
-        peak, self.peak_in_use = self.peak_in_use, self.in_use
-        return {
-            **self.base_stats(),
-            "size": self.size,
-            "in_use": self.in_use,
-            "peak_in_use": peak,
-            "idle": len(self.idle),
-            "waiting": sum(1 for f in self.waiters if not f.done()),
-            "resetting": self.resetting,
-            "creating": self.creating,
-        }
+        return {**self.base_stats(), **self.core_stats()}
 
 
 class GlobalPool(BasePool):

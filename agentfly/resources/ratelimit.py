@@ -14,6 +14,22 @@ keeps to the provider's limits however many rollouts run at once:
 
 Tokens refill continuously at ``rate`` per second up to ``burst`` (a token bucket); ``concurrency`` bounds the
 requests in flight. Waiters are served in arrival order.
+
+Why not a rate-limit library (``limits`` 5.x, ``pyrate-limiter`` 4.x, ``aiolimiter``), checked against what the
+shared budget must keep:
+
+- one atomic step takes a token, a connection slot (a lease in a sorted set that expires if its holder dies)
+  and a unit of the daily quota, or none of them; the libraries limit a rate (fixed, moving or sliding
+  windows, a leaky bucket) and have no concurrency slots or quota in the same step, so two of their calls
+  plus ours would let two processes both spend the last token of one and the last slot of the other;
+- a team's jobs reach Redis as a user limited to ``REDIS_COMMANDS`` on the team's keys, with no ``EVAL`` or
+  ``SCRIPT LOAD`` (a Lua loop would stall the server for every team): the web app loads our two scripts
+  (``SCRIPTS``) with its own connection, while the libraries' Redis storages load theirs on first use;
+- the clock is Redis's own (``TIME``), so hosts whose clocks disagree still share one bucket;
+- the in-process ``RateLimiter`` is a token bucket with a burst, FIFO waiters and a concurrency bound in a
+  few dozen lines, which ``aiolimiter`` (a leaky bucket without a concurrency bound) would not make shorter.
+The measured behaviour (tests/integration/resources/test_shared_rate_limit.py: four processes never exceed
+the rate in aggregate, measured at the server) is this code's.
 """
 
 from __future__ import annotations
@@ -53,6 +69,10 @@ class RateLimiter:
         self.inflight: asyncio.Semaphore | None = None
         self.requests = 0
         self.waited = 0.0
+        # The bucket's ledger: tokens added by refills at ``rate`` (never above ``burst``) and the requests that
+        # found it empty and slept for one. ``requests <= burst + refilled`` always: what pacing means.
+        self.refilled = 0.0
+        self.token_waits = 0
         self.closed = False
 
     async def start(self) -> None:
@@ -61,7 +81,9 @@ class RateLimiter:
 
     def _refill(self) -> None:
         now = time.monotonic()
+        before = self.tokens
         self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
+        self.refilled += self.tokens - before
         self.updated = now
 
     async def acquire_token(self) -> None:
@@ -72,6 +94,7 @@ class RateLimiter:
         async with self.lock:  # one waiter at a time takes the next token: first come, first served
             self._refill()
             if self.tokens < 1:
+                self.token_waits += 1
                 await asyncio.sleep((1 - self.tokens) / self.rate)
                 self._refill()
             self.tokens -= 1
@@ -302,8 +325,9 @@ class SharedRateLimiter:
                 retry_after = _retry_after(response.headers.get("Retry-After"))
             if attempt == self.max_retries:
                 break
-            delay = retry_after if retry_after is not None else self.backoff * 2 ** attempt
-            await asyncio.sleep(min(delay, self.max_wait))
+            delay = min(retry_after if retry_after is not None else self.backoff * 2 ** attempt, self.max_wait)
+            await self._count(retry_wait_seconds=delay)  # what the server asked for, as it was honoured
+            await asyncio.sleep(delay)
         await self._refresh()
         raise InfrastructureFailure(f"API {self.key!r}: {method} {url} failed {self.max_retries + 1} times "
                                     f"(last: {last})", "server_down")
@@ -318,7 +342,7 @@ class SharedRateLimiter:
         keys = self._keys()
         raw = await self.redis.hgetall(keys["stats"])
         out: dict[str, object] = dict.fromkeys(("calls", "waits", "wait_seconds", "http_429", "failures",
-                                             "breaker_opened"), 0.0)
+                                             "breaker_opened", "retry_wait_seconds"), 0.0)
         out.update({k.decode(): float(v) for k, v in raw.items()})
         out["quota_used"] = int(await self.redis.get(keys["quota"]) or 0)
         out["daily_quota"] = self.daily_quota

@@ -43,6 +43,11 @@ class Scratchpad:
             raise ValueError(f"scratchpad is full ({self.max_items} notes); overwrite or clear a key")
         self.notes[key] = value
 
+    def mark_broken(self) -> None:
+        """Found corrupted: its next reset fails and its health check says so (a method, so that a pad in
+        another process, on the ``ray`` backend, is broken the same way)."""
+        self.broken = True
+
     def read(self, key: str) -> str | None:
         self._check()
         return self.notes.get(key)

@@ -35,13 +35,9 @@ def _tokenizer_for(trajectory: Trajectory, tokenizer: PreTrainedTokenizerBase | 
 
 
 def mask_segments(trajectory: Trajectory, tokenizer: PreTrainedTokenizerBase | None = None) -> list[dict[str, Any]]:
-    """``[{"start", "end", "mask", "text"}, ...]``: consecutive tokens with the same mask, decoded."""
-    tok = _tokenizer_for(trajectory, tokenizer)
-    return [
-        {"start": s, "end": e, "mask": m,
-         "text": tok.decode(trajectory.token_ids[s:e], skip_special_tokens=False)}
-        for s, e, m in trajectory.mask_spans()
-    ]
+    """``[{"start", "end", "mask", "text"}, ...]``: consecutive tokens with the same mask, decoded; without a
+    tokenizer, the one of the model the trajectory names."""
+    return trajectory.segments(_tokenizer_for(trajectory, tokenizer))
 
 
 def visualize_mask(trajectory: Trajectory, tokenizer: PreTrainedTokenizerBase | None = None, *, file: TextIO | None = None,

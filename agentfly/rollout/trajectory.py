@@ -164,11 +164,17 @@ class Trajectory:
         d["tool_errors"] = self.tool_errors
         d["parse_errors"] = self.parse_errors
         if tokenizer is not None:
-            from agentfly.rollout.mask import mask_segments
-
             d["text"] = tokenizer.decode(self.token_ids, skip_special_tokens=False)
-            d["segments"] = mask_segments(self, tokenizer)
+            d["segments"] = self.segments(tokenizer)
         return d
+
+    def segments(self, tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
+        """``[{"start", "end", "mask", "text"}, ...]``: consecutive tokens with the same mask, decoded (what
+        ``mask_segments`` and the dashboard's rollout viewer show)."""
+        return [
+            {"start": s, "end": e, "mask": m, "text": tokenizer.decode(self.token_ids[s:e], skip_special_tokens=False)}
+            for s, e, m in self.mask_spans()
+        ]
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trajectory:

@@ -256,10 +256,6 @@ def api_token(request: HttpRequest) -> HttpResponse:
         messages.success(request, "A new token was created; the old one no longer works.")
         return redirect("accounts:token")
     token, _ = Token.objects.get_or_create(user=request.user)
-    from webapp.registry.models import Entry
-
-    # The example's ids are real ones (the built-in calculator and math_equal), so it runs as pasted.
-    builtin = Entry.objects.filter(team__isnull=True)
-    example = {"tool": builtin.filter(kind="tool", name="calculator").values_list("pk", flat=True).first(),
-               "reward": builtin.filter(kind="reward", name="math_equal").values_list("pk", flat=True).first()}
-    return render(request, "accounts/token.html", {"token": token, "example": example})
+    # The page's launch example names real registry entries through the registry's own template tag
+    # (builtin_entry): the registry depends on accounts, never the reverse.
+    return render(request, "accounts/token.html", {"token": token})

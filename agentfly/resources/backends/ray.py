@@ -9,7 +9,8 @@ Three kinds of actors, all in the namespace ``agentfly``:
   store, any factory) built and started *inside* the actor, on whichever node Ray's scheduler picks for the
   spec's custom resources (``{"sandbox": 1}``) and strategy (spread or pack). A sandbox's actor hosts the
   local backend's worker process, so rlimits, the network namespace and Landlock apply on that node.
-  Rollouts reach it through ``RayInstance``, a proxy with the resource's own methods.
+  Rollouts reach it through ``RayInstance``, a handle whose methods are the resource's, each an explicit
+  async round trip.
 - **the job's pool coordinator** (``JobCoordinator``, named ``job:<job id>``, detached): holds every
   instance of the job, idle or leased, and hands them out first come first served. Every rank, the async
   producer and the evaluations of a job connect to it by name, so the job never holds more than ``max``
@@ -28,15 +29,18 @@ A coordinator with no live owner for ``orphan_timeout`` seconds stops its instan
 outlives its job even when the Celery worker that ran it was killed; a job resumed before then finds its
 coordinator and gets its whole budget back (the dead owners' leases are reclaimed first).
 
-A call to an instance whose actor died raises ``InfrastructureFailure``: ``node_lost`` when its node is
-gone, ``instance_crashed`` otherwise; the proxy is then marked dead, so its release destroys it and the pool
-creates the next instance on a live node.
+A call to an instance whose actor died raises ``InfrastructureFailure`` of the kind Ray's typed record says
+(``failure_kind``: the error's type, the GCS's death cause of the actor, the node table; never the message):
+``node_lost`` when its node died or was preempted, ``killed`` when Ray's memory monitor killed it,
+``instance_crashed`` when its process died on a live node; the proxy is then marked dead, so its release
+destroys it and the pool creates the next instance on a live node.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import inspect
 import itertools
@@ -51,7 +55,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict
 
-from agentfly.resources.pool import Instance, Latencies, Lease
+from agentfly.resources.pool import Instance, Latencies, Lease, PoolCore
 from agentfly.resources.spec import (
     InfrastructureFailure,
     ResourceClosed,
@@ -229,12 +233,15 @@ class _ActorInfo(TypedDict):
     host: str
     pid: int
     methods: dict[str, str]  # public method name -> "async" or "sync"
+    attrs: dict[str, Any]  # the resource's plain values (see ResourceActor)
 
 
 class ResourceActor:
-    """Hosts one resource instance on a node. Every reply is an envelope, ``("ok", value)`` or
-    ``("raise", exception)``, so that the agent's own errors (a bad key, a refused request) reach the tool with
-    their type, and only the actor's death is an infrastructure failure."""
+    """Hosts one resource instance on a node. Every reply is an envelope, ``("ok", value, attrs)`` or
+    ``("raise", exception, attrs)``, so that the agent's own errors (a bad key, a refused request) reach the tool
+    with their type, and only the actor's death is an infrastructure failure. ``attrs`` are the resource's plain
+    values (numbers, strings, flags and tuples of them) after the call: the handle shows them without a round
+    trip of its own."""
 
     def __init__(self, spec: ResourceSpec) -> None:
         inner = (spec.options.get("ray") or {}).get("inner_backend") or "local"
@@ -253,28 +260,34 @@ class ResourceActor:
                 methods[name] = "async" if inspect.iscoroutinefunction(attr) else "sync"
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
-                "methods": methods}
+                "methods": methods, "attrs": self.attrs()}
 
-    async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any]:
+    def attrs(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for name in dir(self.resource):
+            if name.startswith("_"):
+                continue
+            try:
+                value = getattr(self.resource, name)
+            except Exception:
+                continue
+            if _plain(value):
+                values[name] = value
+        return values
+
+    async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
         try:
             value = getattr(self.resource, name)
             if callable(value):
                 value = value(*args, **kwargs)
                 if inspect.isawaitable(value):
                     value = await value
-            return ("ok", value)
+            return ("ok", value, self.attrs())
         except Exception as exc:
-            return ("raise", _portable(exc))
+            return ("raise", _portable(exc), self.attrs())
 
-    async def reset(self) -> tuple[str, Any]:
+    async def reset(self) -> tuple[str, Any, dict[str, Any]]:
         return await self.call("reset", (), {})
-
-    async def set(self, name: str, value: Any) -> tuple[str, Any]:
-        try:
-            setattr(self.resource, name, value)
-            return ("ok", None)
-        except Exception as exc:
-            return ("raise", _portable(exc))
 
     async def health(self) -> bool:
         try:
@@ -284,6 +297,13 @@ class ResourceActor:
 
     async def close(self) -> None:
         await self.resource.close()
+
+
+def _plain(value: Any) -> bool:
+    """A value a handle may show as it was after the last call: small, immutable, picklable."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return not isinstance(value, str) or len(value) <= 4096
+    return isinstance(value, tuple) and len(value) <= 16 and all(_plain(v) for v in value)
 
 
 def _portable(exc: BaseException) -> BaseException:
@@ -309,6 +329,8 @@ class _Slot:
     node: str = "pending"
     host: str = ""
     methods: dict[str, str] = field(default_factory=dict)
+    pid: int = 0
+    attrs: dict[str, Any] = field(default_factory=dict)  # as of its start or its last reset
     idle_since: float = field(default_factory=time.monotonic)
     holders: int = 0
 
@@ -320,20 +342,19 @@ class _Held:
     label: str | None
 
 
-class _JobPool:
-    """One resource's pool inside the coordinator: the same invariants as ``RolloutPool`` (a slot is reserved
-    before an instance is created, FIFO hand-over, a released instance is reset before reuse), for the job's
-    processes together. ``scope="global"``: one instance, shared by every lease."""
+class _JobPool(PoolCore[_Slot]):
+    """One resource's pool inside the coordinator, for the job's processes together: ``PoolCore``'s invariants
+    with an instance placed as a Ray actor by Ray's scheduler and paid for, when the job has a team, by a
+    permit from the team's budget. ``scope="global"``: one instance, shared by every lease."""
 
     def __init__(self, coordinator: JobCoordinator, spec: ResourceSpec, settings: RaySettings) -> None:
         self.coordinator, self.spec, self.settings = coordinator, spec, settings
+        self._init_core()
         self.shared = spec.scope == "global"
         self.max = 1 if self.shared else spec.pool.max
         self.slots: dict[int, _Slot] = {}
-        self.idle: deque[_Slot] = deque()
         self.leases: dict[str, _Held] = {}
-        self.waiters: deque[asyncio.Future[_Slot | None]] = deque()
-        self.creating = self.resetting = self.budget_waiting = 0
+        self.budget_waiting = 0
         self.created = self.destroyed = self.failed = self.reclaimed = self.timeouts = self.acquires = 0
         self.failed_on: dict[str, int] = {}
         self.reclaimed_on: dict[str, int] = {}
@@ -341,30 +362,21 @@ class _JobPool:
         self.last_probe = time.monotonic()
         self.shared_slot: _Slot | None = None
         self.shared_lock = asyncio.Lock()
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
         self.closed = False
-
-    # -- bookkeeping ------------------------------------------------------------------------------------
-    @property
-    def in_use(self) -> int:
-        return len({id(h.slot) for h in self.leases.values()}) if self.shared else len(self.leases)
-
-    @property
-    def size(self) -> int:
-        return len(self.slots) + self.creating
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        # Instances other jobs of the team wait for (TeamBudget.announce): that many idle instances of this job
+        # go back to the team, now or as they come back from their leases, instead of waiting here unused.
+        self.team_demand = 0
+        self.yielded = 0
 
     def _budget_key(self) -> str:
         budget = self.settings.team_budget
         return self.spec.name if self.spec.name in budget or self.spec.kind not in budget else str(self.spec.kind)
 
-    # -- create / destroy -------------------------------------------------------------------------------
-    async def _create(self, deadline: float | None) -> _Slot:
-        """Start one instance in a slot already counted in ``creating`` (the caller frees it on failure)."""
+    # -- the hooks: an actor on the cluster, paid for by the team's budget ------------------------------
+    async def _make(self, deadline: float | None) -> _Slot:
+        """Take a team permit (waiting for one until ``deadline``), then start an actor that hosts one
+        instance; the permit goes back if the actor does not start."""
         import ray
 
         team = self.coordinator.team
@@ -401,9 +413,10 @@ class _JobPool:
                     with contextlib.suppress(Exception):
                         ray.kill(actor)
                 # Placed on a node that died before it started: Ray places the next try on a live one.
-                if (isinstance(exc, ray.exceptions.RayActorError) and attempt < 2 and "node" in str(exc).lower()
-                        and (deadline is None or time.monotonic() < deadline)):
-                    self._note_failed(_Slot(None, 0), f"a node died while starting an instance: {exc}")
+                if (isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.NodeDiedError) and attempt < 2
+                        and (deadline is None or time.monotonic() < deadline)
+                        and await asyncio.to_thread(failure_kind, exc, "") == "node_lost"):
+                    self._note_failed(None, f"a node died while starting an instance: {exc}")
                     continue
                 if team is not None:
                     team.release.remote(self.coordinator.job, key)
@@ -421,11 +434,12 @@ class _JobPool:
                         f"{exc}", "unhealthy") from None
                 raise
         self.created += 1
-        slot = _Slot(actor, next(_slot_ids), info["node_id"], info["host"], info["methods"])
+        slot = _Slot(actor, next(_slot_ids), info["node_id"], info["host"], info["methods"], pid=info["pid"],
+                     attrs=info["attrs"])
         self.slots[slot.id] = slot
         return slot
 
-    async def _destroy(self, slot: _Slot) -> None:
+    async def _unmake(self, slot: _Slot) -> None:
         import ray
 
         if self.slots.pop(slot.id, None) is None:
@@ -438,15 +452,65 @@ class _JobPool:
         if self.coordinator.team is not None:
             self.coordinator.team.release.remote(self.coordinator.job, self._budget_key())
 
-    # -- acquire / release ------------------------------------------------------------------------------
+    async def _probe(self, slot: _Slot) -> bool:
+        try:
+            return bool(await asyncio.wait_for(slot.actor.health.remote(), 10))
+        except Exception:
+            return False
+
+    async def _clean(self, slot: _Slot) -> None:
+        status, value, slot.attrs = await asyncio.wait_for(slot.actor.reset.remote(), 60)
+        if status != "ok":
+            raise value
+
+    def _wants_probe(self, slot: _Slot) -> bool:
+        # An instance that sat idle a while may have lost its node; a fresh one (reset a moment ago) is trusted.
+        return self.spec.health_check and time.monotonic() - slot.idle_since > 1.0
+
+    def _note_failed(self, slot: _Slot | None, why: str) -> None:
+        self.failed += 1
+        node = "pending" if slot is None else slot.node
+        self.failed_on[node] = self.failed_on.get(node, 0) + 1
+        self.last_error = why if slot is None or why.startswith("reset") else (
+            f"instance {slot.id} on node {slot.node[:12]} {why}")
+
+    def _timeout_message(self, timeout: float | None) -> str:
+        return (f"no {self.spec.name!r} instance became free within {timeout:g} s: the job's pool is at its "
+                f"max of {self.max} across the cluster ({self.in_use} in use, {len(self.waiters)} waiting). "
+                "Raise the pool's max, raise acquire_timeout, or run fewer rollouts at once.")
+
+    def _refill_deadline(self) -> float | None:
+        return None if self.spec.acquire_timeout is None else time.monotonic() + self.spec.acquire_timeout
+
+    def _give(self, slot: _Slot) -> None:
+        slot.idle_since = time.monotonic()
+        super()._give(slot)
+        self._yield_idle()
+
+    # -- the team's share ----------------------------------------------------------------------------
+    def set_team_demand(self, wanted: int) -> None:
+        """Another job of the team waits for ``wanted`` instances of this pool's budget key."""
+        self.team_demand = max(0, wanted)
+        self._yield_idle()
+
+    def _yield_idle(self) -> None:
+        """Give idle instances back to the team while another job of it waits and none of ours does: a
+        team's budget is shared between its jobs the way a pool is shared between rollouts."""
+        while self.team_demand > 0 and self.idle and not self.waiters and not self.closed:
+            slot = self.idle.pop()
+            self.team_demand -= 1
+            self.yielded += 1
+            self.resetting += 1  # counted until it is gone, like any instance on its way out
+            self._spawn(self._retire(slot))  # its permit goes back to the team, which hands it to the waiter
+
+    # -- leases ----------------------------------------------------------------------------------------
     async def acquire(self, owner: str, label: str | None, timeout: float | None,
                       known: frozenset[int] = frozenset()) -> dict[str, Any]:
         if self.closed:
             return {"error": "closed", "message": f"the job's pool of {self.spec.name!r} is closed"}
         start = time.monotonic()
-        deadline = None if timeout is None else start + timeout
         try:
-            slot = await (self._shared() if self.shared else self._obtain(deadline, timeout))
+            slot = await (self._shared() if self.shared else self._obtain(timeout))
         except ResourceTimeout as exc:
             return {"error": "acquire_timeout", "message": str(exc)}
         except InfrastructureFailure as exc:
@@ -457,11 +521,12 @@ class _JobPool:
         slot.holders += 1
         self.leases[lease_id] = _Held(slot, owner, label)
         self.acquires += 1
-        reply = {"lease": lease_id, "slot": slot.id, "waited": time.monotonic() - start}
+        # The instance's plain values as its reset left them: what the rollout's handle shows before its first call.
+        reply = {"lease": lease_id, "slot": slot.id, "waited": time.monotonic() - start, "attrs": slot.attrs}
         if slot.id not in known:
             # A handle costs its receiver a registration with Ray's reference counting: each process gets it
             # once per instance and keeps it, so a warm acquire is one small round trip.
-            reply.update(actor=slot.actor, node=slot.node, host=slot.host, methods=slot.methods)
+            reply.update(actor=slot.actor, node=slot.node, host=slot.host, methods=slot.methods, pid=slot.pid)
         return reply
 
     async def _shared(self) -> _Slot:
@@ -469,84 +534,10 @@ class _JobPool:
             if self.shared_slot is None or self.shared_slot.id not in self.slots:
                 self.creating += 1
                 try:
-                    self.shared_slot = await self._create(None)
+                    self.shared_slot = await self._make(None)
                 finally:
                     self.creating -= 1
             return self.shared_slot
-
-    async def _obtain(self, deadline: float | None, timeout: float | None) -> _Slot:
-        slot: _Slot | None
-        if not self.waiters and self.idle:
-            slot = self.idle.popleft()
-        elif not self.waiters and self.size < self.max:
-            self.creating += 1
-            slot = None
-        else:
-            slot = await self._wait(deadline, timeout)
-        if slot is None:
-            try:
-                return await self._create(deadline)
-            finally:
-                self.creating -= 1
-                self._wake_creator()
-        # Probe an instance that sat idle a while (its node may have gone); a fresh one is trusted.
-        if self.spec.health_check and time.monotonic() - slot.idle_since > 1.0 and not await self._alive(slot):
-            self._note_failed(slot, f"instance {slot.id} failed its health check")
-            await self._destroy(slot)
-            self.creating += 1
-            try:
-                return await self._create(deadline)
-            finally:
-                self.creating -= 1
-                self._wake_creator()
-        return slot
-
-    async def _wait(self, deadline: float | None, timeout: float | None) -> _Slot | None:
-        fut: asyncio.Future[_Slot | None] = asyncio.get_running_loop().create_future()
-        self.waiters.append(fut)
-        try:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            return await asyncio.wait_for(asyncio.shield(fut), remaining)
-        except BaseException as exc:
-            if fut in self.waiters:
-                self.waiters.remove(fut)
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                handed = fut.result()
-                if handed is None:
-                    self.creating -= 1
-                    self._wake_creator()
-                else:
-                    self._give(handed)
-            else:
-                fut.cancel()
-            if isinstance(exc, TimeoutError):
-                self.timeouts += 1
-                raise ResourceTimeout(
-                    f"no {self.spec.name!r} instance became free within {timeout:g} s: the job's pool is at its "
-                    f"max of {self.max} across the cluster ({self.in_use} in use, {len(self.waiters)} waiting). "
-                    "Raise the pool's max, raise acquire_timeout, or run fewer rollouts at once."
-                ) from None
-            raise
-
-    def _give(self, slot: _Slot) -> None:
-        slot.idle_since = time.monotonic()
-        while self.waiters:
-            fut = self.waiters.popleft()
-            if not fut.done():
-                fut.set_result(slot)
-                return
-        if self.closed:
-            self._spawn(self._destroy(slot))
-        else:
-            self.idle.append(slot)
-
-    def _wake_creator(self) -> None:
-        while self.waiters and self.size < self.max:
-            fut = self.waiters.popleft()
-            if not fut.done():
-                self.creating += 1
-                fut.set_result(None)
-                return
 
     def release(self, lease_id: str, healthy: bool, reclaimed: bool = False) -> None:
         held = self.leases.pop(lease_id, None)
@@ -561,102 +552,33 @@ class _JobPool:
             if (not healthy or reclaimed) and self.shared_slot is slot:
                 self.shared_slot = None  # new acquirers get a fresh one; this goes with its last holder
             if slot.holders == 0 and self.shared_slot is not slot:
-                self._spawn(self._destroy(slot))
+                self._spawn(self._unmake(slot))
             return
-        self.resetting += 1
         # A dead owner may have left its instance mid-call: never reuse it.
-        self._spawn(self._recycle(slot, healthy and not reclaimed))
-
-    async def _recycle(self, slot: _Slot, healthy: bool) -> None:
-        ok = healthy and not self.closed
-        if ok and self.spec.reset:
-            try:
-                status, value = await asyncio.wait_for(slot.actor.reset.remote(), 60)
-                if status != "ok":
-                    ok = False
-                    self._note_failed(slot, f"reset failed: {type(value).__name__}: {value}")
-            except Exception as exc:
-                ok = False
-                self._note_failed(slot, f"reset failed: {type(exc).__name__}: {exc}")
-        if ok:
-            self.resetting -= 1
-            self._give(slot)
-            return
-        try:
-            await self._destroy(slot)
-        finally:
-            self.resetting -= 1
-        self._wake_creator()
-        if not self.closed and self.size < self.spec.pool.min:
-            self._spawn(self.fill_to_min())
-
-    def _note_failed(self, slot: _Slot, why: str) -> None:
-        self.failed += 1
-        self.failed_on[slot.node] = self.failed_on.get(slot.node, 0) + 1
-        self.last_error = why
-
-    async def _alive(self, slot: _Slot) -> bool:
-        try:
-            return bool(await asyncio.wait_for(slot.actor.health.remote(), 10))
-        except Exception:
-            return False
+        self._put_back(slot, healthy and not reclaimed)
 
     async def fill_to_min(self) -> None:
         if self.shared:
             if self.spec.pool.min > 0:
                 await self._shared()
             return
-        need = self.spec.pool.min - self.size
-        if need <= 0 or self.closed:
-            return
-        self.creating += need
-
-        async def one() -> None:
-            try:
-                slot = await self._create(None if self.spec.acquire_timeout is None
-                                          else time.monotonic() + self.spec.acquire_timeout)
-            finally:
-                self.creating -= 1
-            self._give(slot)
-
-        results = await asyncio.gather(*(one() for _ in range(need)), return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException):
-                log.warning("could not pre-warm %s: %s", self.spec.name, r)
+        for error in await self._fill_to_min(self._refill_deadline()):
+            log.warning("could not pre-warm %s: %s", self.spec.name, error)
 
     async def check(self) -> None:
         """Probe idle instances every ``health_interval`` (the dead ones, e.g. on a lost node, are replaced) and
         refill to ``min``."""
         now = time.monotonic()
-        probe = self.spec.health_check and self.spec.health_interval > 0 and (
-            now - self.last_probe >= self.spec.health_interval)
-        if probe:
+        if self.spec.health_check and self.spec.health_interval > 0 and (
+                now - self.last_probe >= self.spec.health_interval):
             self.last_probe = now
-        for slot in list(self.idle) if probe else []:
-            if slot in self.idle and not await self._alive(slot) and slot in self.idle:
-                self.idle.remove(slot)
-                self._note_failed(slot, f"instance {slot.id} on node {slot.node[:12]} stopped answering")
-                self.resetting += 1
-                try:
-                    await self._destroy(slot)
-                finally:
-                    self.resetting -= 1
-                self._wake_creator()
+            await self._probe_idle()
         if self.size < self.spec.pool.min:
             await self.fill_to_min()
 
     async def close(self) -> None:
-        self.closed = True
-        while self.waiters:
-            fut = self.waiters.popleft()
-            if not fut.done():
-                fut.set_exception(ResourceClosed(f"the job's pool of {self.spec.name!r} closed"))
-        for task in list(self.tasks):
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        self.idle.clear()
+        await self._close_core(f"the job's pool of {self.spec.name!r} closed", list(self.slots.values()))
         self.leases.clear()
-        await asyncio.gather(*(self._destroy(s) for s in list(self.slots.values())), return_exceptions=True)
 
     def stats(self) -> dict[str, Any]:
         nodes: dict[str, dict[str, int]] = {}
@@ -673,13 +595,14 @@ class _JobPool:
             node(n)["failed"] += count
         for n, count in self.reclaimed_on.items():
             node(n)["reclaimed"] += count
+        core = self.core_stats()
+        if self.shared:
+            core.update(size=len(self.slots) + self.creating, in_use=len(leased), idle=0)
         return {
-            "size": self.size, "in_use": self.in_use, "idle": len(self.idle),
-            "waiting": sum(1 for f in self.waiters if not f.done()), "budget_waiting": self.budget_waiting,
-            "resetting": self.resetting, "creating": self.creating, "created": self.created,
+            **core, "budget_waiting": self.budget_waiting, "created": self.created,
             "destroyed": self.destroyed, "failed": self.failed, "reclaimed": self.reclaimed,
             "timeouts": self.timeouts, "cluster_acquires": self.acquires, "last_error": self.last_error,
-            "max": self.max, "nodes": nodes,
+            "max": self.max, "nodes": nodes, "yielded_to_team": self.yielded,
         }
 
 
@@ -747,6 +670,12 @@ class JobCoordinator:
     async def stats(self) -> dict[str, Any]:
         return {name: pool.stats() for name, pool in self.pools.items()}
 
+    async def team_demand(self, key: str, wanted: int) -> None:
+        """The team's other jobs wait for ``wanted`` instances of budget ``key`` (see TeamBudget.announce)."""
+        for pool in self.pools.values():
+            if not pool.shared and pool._budget_key() == key:
+                pool.set_team_demand(wanted)
+
     async def ping(self) -> bool:
         return True
 
@@ -800,7 +729,10 @@ class JobCoordinator:
 class TeamBudget:
     """A team's cluster-wide instances per resource type, shared by its jobs (a named, detached async actor).
 
-    Permits are taken FIFO per key; a job's permits come back when its coordinator dies, whatever killed it."""
+    Permits are taken FIFO per key; a job's permits come back when its coordinator dies, whatever killed it. A
+    permit follows the instance it pays for, so a job's idle instances would keep the team's budget from a job
+    that waits: while one waits, every other job of the team is told how many it waits for
+    (``JobCoordinator.team_demand``) and gives that many idle instances back (destroyed: the permit returns)."""
 
     def __init__(self, team: str) -> None:
         self.team = team
@@ -809,6 +741,7 @@ class TeamBudget:
         self.waiters: dict[str, deque[tuple[str, asyncio.Future[bool]]]] = {}
         self.jobs: dict[str, Any] = {}
         self.watching = False
+        self.announced: dict[tuple[str, str], int] = {}  # (job, key) -> the demand that job was last told
 
     async def set_budget(self, budget: dict[str, int]) -> None:
         self.budget = dict(budget)
@@ -823,6 +756,8 @@ class TeamBudget:
 
     async def leave(self, job: str) -> None:
         self.jobs.pop(job, None)
+        for pair in [p for p in self.announced if p[0] == job]:
+            del self.announced[pair]
         for key, by_job in self.used.items():
             if by_job.pop(job, 0):
                 self._wake(key)
@@ -841,6 +776,7 @@ class TeamBudget:
             return True
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         queue.append((job, fut))
+        self.announce(key)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError:
@@ -851,6 +787,20 @@ class TeamBudget:
         finally:
             with contextlib.suppress(ValueError):
                 queue.remove((job, fut))
+            self.announce(key)
+
+    def announce(self, key: str) -> None:
+        """Tell each job holding permits of ``key`` how many instances the team's *other* jobs wait for."""
+        waiting: dict[str, int] = {}
+        for job, fut in self.waiters.get(key, ()):
+            if not fut.done():
+                waiting[job] = waiting.get(job, 0) + 1
+        total = sum(waiting.values())
+        for job, coordinator in list(self.jobs.items()):
+            wanted = total - waiting.get(job, 0) if self.used.get(key, {}).get(job, 0) else 0
+            if self.announced.get((job, key), 0) != wanted:
+                self.announced[(job, key)] = wanted
+                coordinator.team_demand.remote(key, wanted)
 
     def _take(self, job: str, key: str) -> None:
         by_job = self.used.setdefault(key, {})
@@ -873,6 +823,7 @@ class TeamBudget:
             if not fut.done():
                 self._take(job, key)
                 fut.set_result(True)
+        self.announce(key)
 
     async def usage(self) -> dict[str, dict[str, Any]]:
         keys = set(self.budget) | set(self.used)
@@ -926,50 +877,51 @@ def _process_token() -> Any:
 
 
 class RayInstance:
-    """A rollout's handle on an instance actor: the resource's own methods, called on the node that runs it.
+    """A rollout's handle on an instance actor: the resource's methods, called on the node that runs it.
 
-    Async methods of the resource are async here; sync ones (a ``kv`` store's ``lookup``) and attributes
-    block for one round trip. A call to a dead actor raises ``InfrastructureFailure`` (``node_lost`` or
-    ``instance_crashed``) and marks the instance dead, so that its release destroys it."""
+    Every method of the resource, async or sync, is an async method here (``await box.run(code)``, ``await
+    store.follow(key)``): each is an explicit round trip that never blocks the event loop. ``call(name, ...)``
+    reaches a method whose name the handle uses itself. The resource's plain values (numbers, strings, flags:
+    ``env.score``, ``store.done``) read as they were after the handle's last call, or after the instance's
+    reset for a fresh lease, with no round trip; they change only through calls, which this lease alone
+    makes. A call to a dead actor raises ``InfrastructureFailure`` (``failure_kind``) and marks the instance
+    dead, so that its release destroys it."""
 
-    _own = frozenset({"_actor", "_name", "_methods", "_call_timeout", "_node_grace", "node", "host", "dead"})
+    _own = frozenset({"_actor", "_name", "_methods", "_attrs", "_call_timeout", "_node_grace", "node", "host",
+                      "pid", "dead"})
 
     def __init__(self, actor: Any, name: str, node: str, host: str, methods: dict[str, str],
-                 call_timeout: float, node_grace: float = 20.0) -> None:
+                 call_timeout: float, node_grace: float = 20.0, pid: int = 0,
+                 attrs: dict[str, Any] | None = None) -> None:
         self._actor, self._name, self._methods = actor, name, methods
-        self.node, self.host, self.dead = node, host, False
+        self._attrs: dict[str, Any] = dict(attrs or {})
+        self.node, self.host, self.pid, self.dead = node, host, pid, False
         self._call_timeout, self._node_grace = call_timeout, node_grace
+        for method in methods:
+            if method not in self._own and not hasattr(type(self), method):
+                object.__setattr__(self, method, functools.partial(self.call, method))
+
+    def __getattr__(self, attr: str) -> Any:
+        """Only for names not found on the handle: the resource's plain values as of the last reply."""
+        values = self.__dict__.get("_attrs", {})
+        if attr in values:
+            return values[attr]
+        raise AttributeError(f"{self.__dict__.get('_name', 'the')} instance on Ray has no method or plain value "
+                             f"{attr!r} (its methods are awaited; values other than numbers, strings and flags "
+                             "are reached through a method of the resource)")
 
     def __setattr__(self, attr: str, value: Any) -> None:
-        """The proxy's own fields here; any other attribute is set on the resource in its actor."""
         if attr in self._own:
             object.__setattr__(self, attr, value)
             return
-        import ray
+        raise AttributeError(f"cannot set {attr!r} on a {self._name} instance on Ray: it lives in another process; "
+                             "change it through a method of the resource")
 
+    async def call(self, attr: str, *args: Any, **kwargs: Any) -> Any:
+        """``await handle.call("name", ...)``: the resource's method ``name`` on its node."""
         try:
-            status, error = ray.get(self._actor.set.remote(attr, value), timeout=self._call_timeout)
-        except Exception as exc:
-            raise self._failure(exc) from None
-        if status == "raise":
-            raise error
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("_"):
-            raise AttributeError(attr)
-        kind = self._methods.get(attr)
-        if kind == "async":
-            async def call(*args: Any, **kwargs: Any) -> Any:
-                return await self._call(attr, args, kwargs)
-
-            return call
-        if kind == "sync":
-            return lambda *args, **kwargs: self._call_sync(attr, args, kwargs)
-        return self._call_sync(attr, (), {})
-
-    async def _call(self, attr: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        try:
-            status, value = await asyncio.wait_for(self._actor.call.remote(attr, args, kwargs), self._call_timeout)
+            status, value, attrs = await asyncio.wait_for(self._actor.call.remote(attr, args, kwargs),
+                                                          self._call_timeout)
         except TimeoutError:
             self.dead = True
             raise InfrastructureFailure(f"{self._name} instance on {self.host} did not answer {attr}() within "
@@ -977,40 +929,23 @@ class RayInstance:
         except Exception as exc:
             failure = await asyncio.to_thread(self._failure, exc)  # may wait for the GCS: not on the loop
             raise failure from None
-        if status == "raise":
-            raise value
-        return value
-
-    def _call_sync(self, attr: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        import ray
-
-        try:
-            status, value = ray.get(self._actor.call.remote(attr, args, kwargs), timeout=self._call_timeout)
-        except Exception as exc:
-            raise self._failure(exc) from None
+        self._attrs = attrs
         if status == "raise":
             raise value
         return value
 
     def _failure(self, exc: BaseException) -> InfrastructureFailure:
+        """The typed failure of a call that met ``exc`` (blocking: it may wait for the GCS, see failure_kind)."""
         import ray
 
         self.dead = True
         if isinstance(exc, ray.exceptions.GetTimeoutError):
             return InfrastructureFailure(f"{self._name} instance on {self.host} did not answer in time",
                                          "instance_crashed")
-        text = str(exc).lower()
-        lost = "node" in text and "died" in text
-        if not lost and isinstance(exc, ray.exceptions.ActorUnavailableError):
-            # The connection to the actor broke and its node may be on the way out: the GCS declares a node
-            # dead only after its health check misses, so wait that long before calling it a crash.
-            deadline = time.monotonic() + self._node_grace
-            while node_alive(self.node) and time.monotonic() < deadline:
-                time.sleep(0.25)
-        lost = lost or not node_alive(self.node)
-        kind = "node_lost" if lost else "instance_crashed"
+        kind = failure_kind(exc, self.node, self._node_grace)
         where = f"node {self.node[:12]} ({self.host})"
-        what = "its node was lost" if kind == "node_lost" else "its actor died"
+        what = {"node_lost": "its node was lost", "killed": "it was killed for memory",
+                "unhealthy": "it could not start"}.get(kind, "its actor died")
         return InfrastructureFailure(f"the {self._name} instance on {where} is gone: {what} "
                                      f"({type(exc).__name__})", kind)
 
@@ -1025,6 +960,7 @@ class RayInstance:
 
 
 def node_alive(node_id: str) -> bool:
+    """Whether the GCS counts ``node_id`` among the live nodes (True when it cannot be asked: no proof of loss)."""
     import ray
 
     try:
@@ -1032,6 +968,75 @@ def node_alive(node_id: str) -> bool:
         return any(n.get("NodeID") == node_id and n.get("Alive") for n in nodes)
     except Exception:
         return True
+
+
+def _death_cause(actor_id: str | None) -> Any:
+    """The GCS's record of why an actor died (``ActorDeathCause``), or None while it is not dead (or unknown).
+
+    Ray's exception carries only the actor id and ``preempted``; the cause (the worker died, its node died, the
+    OOM killer) is kept by the GCS. Read from the GCS itself, not the state API, which needs the dashboard."""
+    if not actor_id:
+        return None
+    try:
+        from ray._private.state import actors
+
+        info = actors(actor_id)
+    except Exception:
+        return None
+    return info.get("DeathCause") if info and info.get("State") == "DEAD" else None
+
+
+def _kind_of_cause(cause: Any) -> str | None:
+    """The failure kind of an ``ActorDeathCause``; None when it says nothing (an empty record)."""
+    from ray.core.generated import common_pb2
+
+    # Generated protobuf classes: their names are made at import, so mypy sees none of them.
+    protos: Any = common_pb2
+    ActorDiedErrorContext, NodeDeathInfo = protos.ActorDiedErrorContext, protos.NodeDeathInfo
+    which = cause.WhichOneof("context")
+    if which == "oom_context":
+        return "killed"  # the node's memory monitor killed it: a limit of the host, not the agent's doing
+    if which in ("creation_task_failure_context", "runtime_env_failed_context", "actor_unschedulable_context"):
+        return "unhealthy"  # it never started
+    if which != "actor_died_error_context":
+        return None
+    context = cause.actor_died_error_context
+    lost = (context.reason == ActorDiedErrorContext.NODE_DIED
+            or context.node_death_info.reason in (NodeDeathInfo.UNEXPECTED_TERMINATION,
+                                                  NodeDeathInfo.AUTOSCALER_DRAIN_PREEMPTED))
+    return "node_lost" if lost else "instance_crashed"
+
+
+def failure_kind(exc: BaseException, node: str, grace: float = 0.0) -> str:
+    """The failure kind of a Ray error met calling an instance on ``node``, from the error's type, the GCS's
+    record of the actor's death and the node table (``node`` "" when unknown); never from the message (Ray's
+    message for an actor SIGKILLed on a live node speaks of "node deaths").
+
+    ``ActorUnavailableError`` (the connection to the actor broke) is not yet a verdict: the GCS declares a
+    node dead only after its health check misses, so this waits up to ``grace`` seconds for the GCS to record
+    the actor's death or the node's. Blocking: call it off the event loop."""
+    import ray
+
+    errors = ray.exceptions
+    if isinstance(exc, errors.NodeDiedError):
+        return "node_lost"
+    if isinstance(exc, errors.OutOfMemoryError):
+        return "killed"
+    if isinstance(exc, errors.GetTimeoutError | TimeoutError):
+        return "instance_crashed"  # it did not answer in time: the instance is the suspect, not its node
+    if not isinstance(exc, errors.RayActorError):
+        return "node_lost" if node and not node_alive(node) else "instance_crashed"
+    if exc.preempted:
+        return "node_lost"
+    deadline = time.monotonic() + (grace if isinstance(exc, errors.ActorUnavailableError) else 0.0)
+    while True:
+        cause = _death_cause(exc.actor_id)
+        kind = None if cause is None else _kind_of_cause(cause)
+        if kind == "node_lost" or (node and not node_alive(node)):
+            return "node_lost"
+        if kind is not None or time.monotonic() >= deadline:
+            return kind or "instance_crashed"
+        time.sleep(0.25)
 
 
 class RayPool:
@@ -1048,7 +1053,8 @@ class RayPool:
         self.instances: set[Instance] = set()  # this process's leased instances
         self.leases: dict[int, str] = {}  # Instance.id -> lease id at the coordinator
         self.slots: dict[int, int] = {}  # Instance.id -> the coordinator's slot id
-        self.handles: dict[int, tuple[Any, str, str, dict[str, str]]] = {}  # slot id -> actor, node, host, methods
+        # slot id -> actor, node, host, methods, pid
+        self.handles: dict[int, tuple[Any, str, str, dict[str, str], int]] = {}
         self.latency = Latencies()
         self.acquires = self.timeouts = self.failed = 0
         self.coordinator: Any = None
@@ -1113,10 +1119,11 @@ class RayPool:
             if len(self.handles) > 2 * self.spec.pool.max + 16:  # instances destroyed since: sent again if needed
                 held = set(self.slots.values())
                 self.handles = {k: v for k, v in self.handles.items() if k in held}
-            self.handles[reply["slot"]] = (reply["actor"], reply["node"], reply["host"], reply["methods"])
-        actor, node, host, methods = self.handles[reply["slot"]]
+            self.handles[reply["slot"]] = (reply["actor"], reply["node"], reply["host"], reply["methods"],
+                                           reply["pid"])
+        actor, node, host, methods, pid = self.handles[reply["slot"]]
         proxy = RayInstance(actor, self.spec.name, node, host, methods, self.settings.call_timeout,
-                            self.settings.node_grace)
+                            self.settings.node_grace, pid, reply["attrs"])
         slot = Instance(proxy)
         slot.uses = 1
         self.instances.add(slot)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentfly.resources.key_chain import RESOURCE
 from agentfly.rewards.builtin.math import answers_equal, extract_answer
 from agentfly.rewards.reward import reward
-from agentfly.tools.builtin.lookup import RESOURCE
 
 
 @reward

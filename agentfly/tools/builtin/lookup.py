@@ -1,6 +1,6 @@
 """``lookup``: follow a chain of keys in the rollout's key-value store, one key per call.
 
-The store (``KeyChainStore``) is a ``scope="rollout"`` resource: the first ``lookup`` of a rollout acquires
+The store (``KeyChainStore``, in ``agentfly.resources.key_chain``) is a ``scope="rollout"`` resource: the first ``lookup`` of a rollout acquires
 one from the pool and seeds it with the task sample's chain (``start``, ``links``, ``answer``: see
 ``agentfly.tasks.key_chain``); every later turn of that rollout reuses it, and releasing it at the end of the
 rollout resets it for the next. The store keeps the walk's state across turns: where the walk stands (only
@@ -19,110 +19,12 @@ turn-level estimators (``algorithm.credit``) use on long chains.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Mapping
 from typing import Any
 
-from agentfly.resources.builtin import register_builtin
-from agentfly.resources.spec import Pool, ResourceSpec
+from agentfly.resources.key_chain import KEY_CHAIN, RESOURCE, KeyChainStore
 from agentfly.tools.tool import tool
 
-RESOURCE = "kv"
-
-_serial = itertools.count(1)
-
-
-class KeyChainStore:
-    """One rollout's key-value store: ``key -> next key`` links ending in a final value.
-
-    ``lookup(key)`` answers ``"next: k7"`` or ``"final: 421"`` for the key the walk has reached, and an error
-    for any other key (one not in the store, or one further down the chain that was not reached yet). State
-    kept across the rollout's turns: ``position`` (links followed), ``lookups`` (every call, failed ones too),
-    ``done`` (the final value was read). ``reset`` forgets all of it, the seed included.
-    """
-
-    kind = "other"
-
-    def __init__(self, spec: Any = None) -> None:
-        self.serial = next(_serial)
-        self.started = False
-        self.closed = False
-        self.resets = 0
-        self._clear()
-
-    def _clear(self) -> None:
-        self.seed_id: str | None = None
-        self.chain: list[str] = []  # the keys in walking order
-        self.final: str | None = None
-        self.position = 0
-        self.lookups = 0
-        self.done = False
-
-    @property
-    def seeded(self) -> bool:
-        return self.seed_id is not None
-
-    def seed(self, sample_id: str, start: str, links: Mapping[str, str], final: str) -> None:
-        """Load one task sample's chain: ``start`` -> ``links[start]`` -> ... -> the last key, whose value is
-        ``final``. Raises ValueError on a chain that loops or breaks off."""
-        self._check()
-        chain, key = [start], start
-        while key in links:
-            key = links[key]
-            if key in chain:
-                raise ValueError(f"sample {sample_id!r}: the chain loops back to {key!r}")
-            chain.append(key)
-        if len(chain) != len(links) + 1:
-            raise ValueError(f"sample {sample_id!r}: links {dict(links)} do not form one chain from {start!r}")
-        self.seed_id, self.chain, self.final = sample_id, chain, str(final)
-        self.position, self.lookups, self.done = 0, 0, False
-
-    def lookup(self, key: str) -> str:
-        """The next key or the final value behind ``key``; ValueError (shown to the model) for any other key."""
-        self._check()
-        if not self.seeded:
-            raise RuntimeError(f"key-value store {self.serial} was used before seed()")
-        self.lookups += 1
-        key = key.strip()
-        here = self.chain[min(self.position, len(self.chain) - 1)]
-        if key != here:
-            raise ValueError(f"key {key!r} cannot be looked up here; look up the key you were last given")
-        if self.position == len(self.chain) - 1:
-            self.done = True
-            return f"final: {self.final}"
-        self.position += 1
-        return f"next: {self.chain[self.position]}"
-
-    def _check(self) -> None:
-        if self.closed:
-            raise RuntimeError(f"key-value store {self.serial} was used after close")
-        if not self.started:
-            raise RuntimeError(f"key-value store {self.serial} was used before start")
-
-    async def start(self) -> None:
-        self.started = True
-
-    async def reset(self) -> None:
-        self._check()
-        self._clear()
-        self.resets += 1
-
-    async def health(self) -> bool:
-        return self.started and not self.closed
-
-    async def close(self) -> None:
-        self.closed = True
-        self._clear()
-
-    def kill(self) -> None:
-        self.closed = True
-
-
-# In-process and cheap: one store per concurrent rollout (a training step of 16 x 8 rollouts holds 128).
-KEY_CHAIN = register_builtin(ResourceSpec(
-    name=RESOURCE, factory=KeyChainStore, kind="other", backend="inprocess", pool=Pool(min=0, max=512),
-    scope="rollout", acquire_timeout=60, health_interval=0))
-
+__all__ = ["HOP_REWARD", "KEY_CHAIN", "RESOURCE", "KeyChainStore", "lookup", "lookup_rewarded"]
 
 # Short docstring on purpose: it is in every prompt (the tool's schema), and the tiny model's tokenizer spells
 # words it was not trained on letter by letter. No timeout: a dict lookup cannot hang, and on a loaded machine
@@ -135,14 +37,15 @@ async def lookup(key: str, context: Any) -> str:
         key: A key, e.g. k42.
     """
     store = await _seeded_store(context)
-    return store.lookup(key)
+    reply, _ = await store.follow(key)
+    return reply
 
 
 async def _seeded_store(context: Any) -> KeyChainStore:
     store: KeyChainStore = await context.resource(RESOURCE)
     if not store.seeded:  # the rollout's first lookup: load its task sample's chain
         sample = context.sample
-        store.seed(str(sample.get("id", context.rollout_id)), sample["start"], sample["links"], sample["answer"])
+        await store.load(str(sample.get("id", context.rollout_id)), sample["start"], sample["links"], sample["answer"])
     return store
 
 
@@ -157,8 +60,7 @@ async def lookup_rewarded(key: str, context: Any) -> str:
         key: A key, e.g. k42.
     """
     store = await _seeded_store(context)
-    before = (store.position, store.done)
-    reply = store.lookup(key)  # a wrong key raises: an observation, and no reward
-    if (store.position, store.done) != before:  # a new link followed (each one credited once)
+    reply, moved = await store.follow(key)  # a wrong key raises: an observation, and no reward
+    if moved:  # a new link followed (each one credited once)
         context.reward_turn(HOP_REWARD, f"followed {key}")
     return reply

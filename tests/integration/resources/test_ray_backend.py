@@ -143,6 +143,47 @@ async def test_a_team_budget_is_shared_by_two_jobs_and_a_job_over_it_waits_inste
     assert job_gone("team-a") and job_gone("team-b")
 
 
+async def test_a_team_budget_filled_by_an_idle_job_goes_to_the_job_of_the_team_that_waits(cluster: Cluster) -> None:
+    team = dict(team="beta", team_budget={"sandbox": 3})
+    a = ResourceEngine([pad(max=3)], ray=settings("share-a", **team))
+    b = ResourceEngine([pad(max=3)], ray=settings("share-b", **team))
+    async with a, b:
+        held = [await a.acquire("box") for _ in range(3)]
+        for lease in held:
+            await a.release(lease)  # job a goes on running, holding no lease: its 3 instances sit idle
+        await wait_for(lambda: a.stats()["box"]["idle"] == 3, 20, "job a's instances are back and idle")
+        # Job b waits on the team for one; job a gives an idle one back, not when it ends (it never does here).
+        lease = await asyncio.wait_for(b.acquire("box"), 30)
+        stats = a.stats()["box"]
+        assert (stats["yielded_to_team"], stats["idle"]) == (1, 2)
+        assert b.stats()["box"]["team_budget"]["jobs"] == {"share-a": 2, "share-b": 1}
+        await b.release(lease)
+        # Job a uses the budget it kept: its two idle instances, no third while b's instance holds a permit.
+        again = [await a.acquire("box") for _ in range(2)]
+        assert a.stats()["box"]["created"] == 3
+        for lease in again:
+            await a.release(lease)
+    assert job_gone("share-a") and job_gone("share-b")
+
+
+async def test_an_instance_sigkilled_on_a_live_node_ends_its_rollout_with_instance_crashed_not_node_lost(
+        cluster: Cluster) -> None:
+    engine = ResourceEngine([pad(max=2)], ray=settings("sigkill"))
+    async with engine:
+        lease = await engine.acquire("box")
+        os.kill(lease.instance.pid, signal.SIGKILL)  # every node of the test cluster runs on this machine
+        with pytest.raises(InfrastructureFailure) as failure:
+            await lease.instance.read("k")
+        assert failure.value.kind == "instance_crashed", failure.value
+        assert lease.instance.node in {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        await engine.release(lease)
+        # The pool replaces it on a live node.
+        fresh = await engine.acquire("box")
+        assert fresh.instance.pid != lease.instance.pid
+        await engine.release(fresh)
+    assert job_gone("sigkill")
+
+
 @pytest.mark.slow
 async def test_two_gloo_ranks_and_the_producer_share_one_pool_never_above_max_across_the_cluster(
         cluster: Cluster, tmp_path: Path) -> None:
@@ -194,14 +235,13 @@ async def test_a_sigkilled_trainers_leases_are_reclaimed_within_seconds_and_a_re
     finally:
         if proc.poll() is None:
             proc.kill()
-    start = time.monotonic()
 
     def reclaimed() -> bool:
         box = ray.get(coordinator.stats.remote())["box"]
         return bool(box["reclaimed"] == 3 and box["in_use"] == 0)
 
-    took = await wait_for(reclaimed, 10, "the dead trainer's 3 leases are reclaimed")
-    assert took < 10
+    # Reclaimed by the coordinator's check of the dead owner's token (counted as reclaimed, not released).
+    await wait_for(reclaimed, 10, "the dead trainer's 3 leases are reclaimed")
     # The resumed job (same id) gets all 3 at once: nothing is held by the dead owner any more.
     async with ResourceEngine([pad(max=3)], ray=settings(job)) as engine:
         leases = await asyncio.wait_for(asyncio.gather(*(engine.acquire("box") for _ in range(3))), 60)
@@ -210,7 +250,7 @@ async def test_a_sigkilled_trainers_leases_are_reclaimed_within_seconds_and_a_re
         assert sum(n["reclaimed"] for n in stats["nodes"].values()) == 3
         for lease in leases:
             await engine.release(lease)
-    assert job_gone(job), f"reclaimed after {time.monotonic() - start:.1f} s, but the job stayed"
+    assert job_gone(job), "the resumed job's leases were reclaimed, but the job stayed"
 
 
 @pytest.mark.slow
@@ -224,18 +264,18 @@ async def test_an_instance_on_a_removed_node_ends_its_rollout_with_node_lost_and
         engine.add(pad(name="pinned", max=1, resources={"doomed": 1}))
         pinned = await engine.acquire("pinned")
         doomed_id = pinned.instance.node
-        pinned.instance.write("k", "v")
+        await pinned.instance.write("k", "v")
         cluster.remove_node(doomed, allow_graceful=False)
         start = time.monotonic()
         failure = None
         while failure is None and time.monotonic() - start < 60:  # the rollout's next calls
             try:
-                assert await asyncio.to_thread(pinned.instance.read, "k") == "v"
+                assert await pinned.instance.read("k") == "v"
             except InfrastructureFailure as exc:
                 failure = exc
             await asyncio.sleep(0.2)
         assert failure is not None and failure.kind == "node_lost", failure
-        assert time.monotonic() - start < 30
+        assert doomed_id not in {n["NodeID"] for n in ray.nodes() if n["Alive"]}  # the GCS's verdict, as typed
         await engine.release(pinned)
         # The job's other pool keeps working on the nodes that are left.
         leases = await asyncio.gather(*(engine.acquire("box") for _ in range(4)))
@@ -293,19 +333,19 @@ async def test_a_thousand_chaotic_rollouts_across_three_nodes_survive_losing_one
         """One chaotic tool call."""
         pad = await context.resource("pad")
         actors[id(pad._actor)] = pad._actor
-        owner = await asyncio.to_thread(pad.read, "owner")
+        owner = await pad.read("owner")
         if owner not in (None, context.rollout_id):
             violations.append(f"{context.rollout_id} got a pad still holding {owner}'s notes")
-        await asyncio.to_thread(pad.write, "owner", context.rollout_id)
+        await pad.write("owner", context.rollout_id)
         if action == "raise":
             raise RuntimeError("the tool failed")
         if action == "sleep":
             await asyncio.sleep(5)  # past the tool timeout: cancelled inside Tool.invoke
         if action == "break":
-            await asyncio.to_thread(setattr, pad, "broken", True)  # its reset fails: the pool destroys it
+            await pad.mark_broken()  # its reset fails: the pool destroys it
         if action == "shared":
             index = await context.resource("index")
-            await asyncio.to_thread(index.write, context.rollout_id, "seen")
+            await index.write(context.rollout_id, "seen")
         return "ok"
 
     specs = [

@@ -44,3 +44,13 @@ def breakable(value: Any) -> str:
     between its parts, never one letter per line."""
     text = str(escape("" if value is None else value))
     return mark_safe(re.sub(r"([.:/_])", r"\1<wbr>", text))  # escaped above; the <wbr> are ours
+
+
+@register.simple_tag
+def builtin_entry(kind: str, name: str) -> int | str:
+    """The id of the built-in registry entry ``kind``/``name`` (so an example such as the API token page's
+    launch command runs as pasted), or ``ID`` where there is none."""
+    from webapp.registry.models import Entry
+
+    pk = Entry.objects.filter(team__isnull=True, kind=kind, name=name).values_list("pk", flat=True).first()
+    return "ID" if pk is None else int(pk)
