@@ -872,7 +872,7 @@ class Config:
                 raise ConfigError(f"mcp.{name}: give exactly one of command (a stdio server's argv) or url (a "
                                   "streamable-HTTP endpoint)", key=f"mcp.{name}")
             if server.url is not None:
-                from agentfly.resources.urls import URLRefused, parse
+                from agentfly.urls import URLRefused, parse
 
                 try:
                     parse(server.url, what=f"mcp.{name}.url")
@@ -920,7 +920,7 @@ class Config:
             raise ConfigError("engine=remote needs either engine_servers=[http://host:port, ...] (running servers) "
                               "or engine_replicas=N (the job starts N servers), not both and not neither",
                               key="engine_servers")
-        from agentfly.resources.urls import URLRefused, parse
+        from agentfly.urls import URLRefused, parse
 
         for i, url in enumerate(servers):
             try:

@@ -17,7 +17,7 @@ from channels.security.websocket import WebsocketDenier
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
-from agentfly.resources import urls
+from agentfly import urls
 
 # A channel-layer alias no setting defines: channels then runs a consumer with no channel layer at all, so a
 # refused socket never holds a Redis connection in a blocking receive (and ends as soon as its client goes).

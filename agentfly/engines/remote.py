@@ -297,8 +297,8 @@ class RemoteEngine(Engine):
         from transformers import AutoConfig, AutoTokenizer
 
         from agentfly.engines.vllm import _stop_ids
-        from agentfly.resources.urls import URLRefused
-        from agentfly.resources.urls import parse as parse_url
+        from agentfly.urls import URLRefused
+        from agentfly.urls import parse as parse_url
 
         self.processes = [s for s in servers if isinstance(s, ServerProcess)]
         urls = [s.url if isinstance(s, ServerProcess) else str(s) for s in servers]

@@ -25,9 +25,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from agentfly.resources.backends.local import LocalWorker
+from agentfly.envs.worker_env import WorkerEnvironment
 from agentfly.resources.builtin import register_builtin
-from agentfly.resources.spec import Pool, ResourceError, ResourceSpec
+from agentfly.resources.spec import Pool, ResourceSpec
 
 INDEX_PATH = Path(__file__).with_name("data") / "scienceworld_tasks.json"
 SPLITS = ("train", "dev", "test")
@@ -52,7 +52,7 @@ def java_available() -> str | None:
     return None
 
 
-class ScienceWorld:
+class ScienceWorld(WorkerEnvironment):
     """One ScienceWorld simulator (a JVM in a child process).
 
     Args:
@@ -61,15 +61,15 @@ class ScienceWorld:
             ``java_options`` (default: a 1 GiB heap, serial GC and quick JIT, for many small JVMs).
     """
 
-    kind = "environment"
+    title = "ScienceWorld"
 
     def __init__(self, spec: Any = None, *, simplification: str | None = None, step_limit: int | None = None) -> None:
+        super().__init__()
         options = dict(getattr(spec, "options", None) or {})
         self.simplification = simplification if simplification is not None else options.get("simplification", "easy")
         self.step_limit = int(step_limit or options.get("step_limit", 100))
         # The JVM's default heap is a quarter of the machine's memory; pooled JVMs must not each claim that.
         self.java_options = str(options.get("java_options", "-Xmx1g -XX:+UseSerialGC -XX:TieredStopAtLevel=1"))
-        self.worker: LocalWorker | None = None
         self.loaded: tuple[str, int] | None = None
         self.task_description = ""
         self.score = 0.0  # 0..100 as ScienceWorld reports it
@@ -77,26 +77,10 @@ class ScienceWorld:
         self.moves = 0
 
     async def start(self) -> None:
-        reason = java_available()
-        if reason:
-            raise ResourceError(f"ScienceWorld cannot start: {reason}")
-        root = str(Path(__file__).resolve().parents[2])  # the folder that holds the agentfly package
-        self.worker = LocalWorker(
-            [sys.executable, "-m", "agentfly.envs._sciworld_worker"],
-            env={"PYTHONPATH": root, "AGENTFLY_SCIWORLD_STEP_LIMIT": str(self.step_limit),
-                 "JAVA_TOOL_OPTIONS": self.java_options},
-            harden=False,  # the simulator is trusted code, and the JVM needs memory and localhost
-            ready_timeout=120,
-        )
-        await self.worker.start()
-
-    async def _ask(self, message: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
-        if self.worker is None:
-            raise ResourceError("ScienceWorld used before start(); acquire it from a ResourceEngine")
-        reply = await self.worker.request(message, timeout)
-        if not reply.get("ok"):
-            raise ResourceError(f"ScienceWorld: {reply.get('error')}")
-        return reply
+        # The JVM needs memory and localhost: it runs unhardened, as the trusted simulator it is.
+        await self.start_worker("agentfly.envs._sciworld_worker",
+                                {"AGENTFLY_SCIWORLD_STEP_LIMIT": str(self.step_limit),
+                                 "JAVA_TOOL_OPTIONS": self.java_options}, java_available())
 
     async def load(self, task: str, variation: int = 0) -> str:
         """Start an episode of ``task`` (a name from ``task_names()``) in ``variation``; returns the first view."""
@@ -134,25 +118,6 @@ class ScienceWorld:
         await self._ask({"op": "unload"}, timeout=10)
         self.loaded, self.task_description, self.score, self.done, self.moves = None, "", 0.0, False, 0
 
-    async def health(self) -> bool:
-        if self.worker is None or not self.worker.alive:
-            return False
-        return bool((await self._ask({"op": "ping"}, timeout=10)).get("ok"))
-
-    async def close(self) -> None:
-        if self.worker is not None:
-            await self.worker.close()
-
-    def kill(self) -> None:
-        if self.worker is not None:
-            self.worker.kill()
-
-    def isolation(self) -> dict[str, Any]:
-        return dict(self.worker.report) if self.worker is not None else {}
-
-    @property
-    def pid(self) -> int | None:
-        return self.worker.pid if self.worker is not None else None
 
 
 SCIENCEWORLD = register_builtin(ResourceSpec(

@@ -23,14 +23,13 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from agentfly.resources.backends.local import LocalWorker
+from agentfly.envs.worker_env import WorkerEnvironment
 from agentfly.resources.builtin import register_builtin
-from agentfly.resources.spec import Pool, ResourceError, ResourceSpec
+from agentfly.resources.spec import Pool, ResourceSpec
 
 CHALLENGES = {"cooking": "tw-cooking", "coin": "tw-coin_collector", "treasure": "tw-treasure_hunter",
               "simple": "tw-simple"}
@@ -119,7 +118,7 @@ def observe(state: dict[str, Any], answer: str, intro: str = "") -> str:
     return f"{opening}{answer.strip()}\n(score {state['score']}/{state['max_score']}, moves {state['moves']}.{end})"
 
 
-class TextGame:
+class TextGame(WorkerEnvironment):
     """One TextWorld player (a child process) that compiles and plays the games rollouts load.
 
     Args:
@@ -127,13 +126,13 @@ class TextGame:
             (moves before an episode counts as over; default 50).
     """
 
-    kind = "environment"
+    title = "TextWorld"
 
     def __init__(self, spec: Any = None) -> None:
+        super().__init__()
         options = dict(getattr(spec, "options", None) or {})
         self.cache = str(options.get("cache_dir") or cache_dir())
         self.step_limit = int(options.get("step_limit", 50))
-        self.worker: LocalWorker | None = None
         self.loaded: str | None = None
         self.objective = ""
         self.walkthrough: list[str] = []
@@ -141,24 +140,10 @@ class TextGame:
         self.won = self.lost = self.done = False
 
     async def start(self) -> None:
-        reason = textworld_available()
-        if reason:
-            raise ResourceError(f"TextWorld cannot start: {reason}")
-        import agentfly
-
-        root = str(Path(agentfly.__file__).resolve().parents[1])
-        self.worker = LocalWorker([sys.executable, "-m", "agentfly.envs._textworld_worker"],
-                                  env={"PYTHONPATH": root}, harden=False,  # trusted code: our games, TextWorld's VM
-                                  ready_timeout=120)
-        await self.worker.start()
+        await self.start_worker("agentfly.envs._textworld_worker", {}, textworld_available())
 
     async def _ask(self, message: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
-        if self.worker is None:
-            raise ResourceError("TextWorld used before start(); acquire it from a ResourceEngine")
-        reply = await self.worker.request(message, timeout)
-        if not reply.get("ok"):
-            raise ResourceError(f"TextWorld: {reply.get('error')}")
-        return reply
+        return await super()._ask(message, timeout)  # a first load compiles its game: seconds
 
     def _update(self, reply: dict[str, Any]) -> None:
         self.score, self.max_score, self.moves = int(reply["score"]), int(reply["max_score"]), int(reply["moves"])
@@ -205,25 +190,6 @@ class TextGame:
         self.score = self.max_score = self.moves = 0
         self.won = self.lost = self.done = False
 
-    async def health(self) -> bool:
-        if self.worker is None or not self.worker.alive:
-            return False
-        return bool((await self._ask({"op": "ping"}, timeout=10)).get("ok"))
-
-    async def close(self) -> None:
-        if self.worker is not None:
-            await self.worker.close()
-
-    def kill(self) -> None:
-        if self.worker is not None:
-            self.worker.kill()
-
-    def isolation(self) -> dict[str, Any]:
-        return dict(self.worker.report) if self.worker is not None else {}
-
-    @property
-    def pid(self) -> int | None:
-        return self.worker.pid if self.worker is not None else None
 
 
 TEXTWORLD = register_builtin(ResourceSpec(

@@ -40,7 +40,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentfly.resources import urls
+from agentfly import urls
 from agentfly.resources.backends.local import WORKER, Isolation, Limits, LocalWorker
 from agentfly.resources.spec import InfrastructureFailure, Pool, ResourceError, ResourceSpec
 
@@ -90,7 +90,7 @@ def mcp_server(
         command: a stdio server's argv, run in the sandbox. Its entries are strings only: a file it names is
             readable there only when it is in ``read_paths`` (or one of AgentFly's own servers).
         url: a streamable-HTTP server's endpoint, e.g. ``http://127.0.0.1:8765/mcp`` (parsed by
-            ``agentfly.resources.urls``: no userinfo, no dot segments).
+            ``agentfly.urls``: no userinfo, no dot segments).
         address: the IP address to connect to for ``url``'s host instead of looking it up, e.g. the one a
             check of the host's addresses approved (the web app's worker passes it); the URL, Host header and
             TLS name stay the host's.

@@ -169,6 +169,9 @@ class _Bounded:
         return bytes(self.head) + f"\n... [{self.dropped} bytes of output left out] ...\n".encode() + bytes(self.tail)
 
 
+RESOURCE = "workspace"  # the name its tools (agentfly.tools.builtin.workspace) and the repair reward ask for
+
+
 class Workspace:
     """A repository in a sandbox, for one rollout at a time. Options (also from ``ResourceSpec.options``):
 

@@ -67,6 +67,23 @@ class FlawError(ValueError):
         self.setting = setting
 
 
+class TaskOptionError(ValueError):
+    """An option a task source does not take, or a value it refuses; ``option`` names it ("" when the options
+    as a whole are at fault), and the message says how to fix it."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
+def check_options(options: dict[str, Any], known: dict[str, Any], where: str) -> None:
+    """Refuse an option of ``options`` that is not in ``known`` (option -> its default), naming the known ones."""
+    for option in options:
+        if option not in known:
+            listed = ", ".join(f"{k} (default {v!r})" for k, v in known.items()) or "none"
+            raise TaskOptionError(option, f"{where} has no option {option!r}; its options are {listed}")
+
+
 @dataclass(frozen=True)
 class Task:
     """A task, everything the trainer needs to know about it.

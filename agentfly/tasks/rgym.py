@@ -24,8 +24,17 @@ import random
 import zlib
 from typing import Any
 
-from agentfly.tasks.base import FlawError, Flaws, Messages, Sample, Task, UnknownTask, wrong_answer
-from agentfly.tasks.sources import TaskOptionError, check_options
+from agentfly.tasks.base import (
+    FlawError,
+    Flaws,
+    Messages,
+    Sample,
+    Task,
+    TaskOptionError,
+    UnknownTask,
+    check_options,
+    wrong_answer,
+)
 
 RUN_FIELDS = ("seed", "size")  # the run's, not the user's: data.seed and the split's size
 HABITS = ("no_tool",)

@@ -18,16 +18,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from agentfly.tasks.base import Task, UnknownTask, registered, task_names
-
-
-class TaskOptionError(ValueError):
-    """An option a task source does not take, or a value it refuses; ``option`` names it ("" when the options
-    as a whole are at fault), and the message says how to fix it."""
-
-    def __init__(self, option: str, message: str) -> None:
-        super().__init__(message)
-        self.option = option
+from agentfly.tasks.base import Task, TaskOptionError, UnknownTask, registered, task_names
 
 
 def _reasoning_gym(dataset: str, options: dict[str, Any]) -> Task:
@@ -136,11 +127,3 @@ def _from_module(name: str, options: dict[str, Any]) -> Task:
     if not isinstance(task, Task):
         raise UnknownTask(f"data.task {name!r} returned a {type(task).__name__}, not an agentfly.tasks.Task")
     return task
-
-
-def check_options(options: dict[str, Any], known: dict[str, Any], where: str) -> None:
-    """Refuse an option of ``options`` that is not in ``known`` (option -> its default), naming the known ones."""
-    for option in options:
-        if option not in known:
-            listed = ", ".join(f"{k} (default {v!r})" for k, v in known.items()) or "none"
-            raise TaskOptionError(option, f"{where} has no option {option!r}; its options are {listed}")

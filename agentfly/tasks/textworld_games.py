@@ -22,8 +22,16 @@ import random
 import zlib
 from typing import Any
 
-from agentfly.tasks.base import FlawError, Flaws, Messages, Sample, Task, UnknownTask
-from agentfly.tasks.sources import TaskOptionError, check_options
+from agentfly.tasks.base import (
+    FlawError,
+    Flaws,
+    Messages,
+    Sample,
+    Task,
+    TaskOptionError,
+    UnknownTask,
+    check_options,
+)
 
 PROMPT = ("You are playing a text adventure game. Act with the tw_act tool, one command per call (for example "
           "'look', 'inventory', 'go north', 'open fridge', 'take apple'). Call tw_act with 'look' first to read "

@@ -443,8 +443,10 @@ class LaunchForm(Settings):  # type: ignore[misc,valid-type]
     def clean_nodes(self) -> int:
         return self.cleaned_data.get("nodes") or 1  # left empty: one host
 
-    def clean_task_options(self) -> dict[str, Any]:
-        text = self.cleaned_data.get("task_options", "").strip()
+    def json_object(self, field: str, what: str) -> dict[str, Any]:
+        """The field's text as a JSON object ({} when empty), or a ValidationError saying what is wrong (``what``
+        describes the object expected, with an example)."""
+        text = self.cleaned_data.get(field, "").strip()
         if not text:
             return {}
         try:
@@ -454,21 +456,14 @@ class LaunchForm(Settings):  # type: ignore[misc,valid-type]
         except inputs.JSONInputError as exc:
             raise ValidationError(str(exc)) from None
         if not isinstance(value, dict):
-            raise ValidationError('Write an object of option names, e.g. {"max_terms": 4}.')
+            raise ValidationError(f"Write an object {what}.")
         return value
 
+    def clean_task_options(self) -> dict[str, Any]:
+        return self.json_object("task_options", 'of option names, e.g. {"max_terms": 4}')
+
     def clean_resources(self) -> dict[str, Any]:
-        text = self.cleaned_data.get("resources", "").strip()
-        if not text:
-            return {}
-        try:
-            value = inputs.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValidationError(f"Not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.") from None
-        except inputs.JSONInputError as exc:
-            raise ValidationError(str(exc)) from None
-        if not isinstance(value, dict):
-            raise ValidationError('Write an object of resource names, e.g. {"python": {"max": 4}}.')
+        value = self.json_object("resources", 'of resource names, e.g. {"python": {"max": 4}}')
         for name, pool in value.items():
             if not isinstance(pool, dict):
                 raise ValidationError(f'Resource "{name}": write its pool as an object like {{"min": 0, "max": 4}}.')

@@ -9,7 +9,7 @@ the server is started or reached (a row may outlive a setting's change).
   that would allow it. The server then runs in the sandbox (no secrets, rlimits, no capability, Landlock) with
   no network unless ``AGENTFLY_MCP_NETWORK`` names it (``team-slug/server-name``), and reads only the Python
   installation, its team's plugin folder and ``AGENTFLY_MCP_READ_PATHS`` (``stdio_read_paths``).
-- **HTTP**: the URL is parsed (``agentfly.resources.urls``: userinfo, backslashes and dot segments refused,
+- **HTTP**: the URL is parsed (``agentfly.urls``: userinfo, backslashes and dot segments refused,
   IP literals in any form normalised) and must be on the origin of an entry of ``AGENTFLY_MCP_URLS`` (scheme,
   host and port equal) under its path on a segment boundary; a host that resolves to a loopback, private,
   link-local or other non-public address (an IPv4 address inside an IPv6 one counts as itself) must also be in
@@ -28,7 +28,7 @@ from typing import Any
 
 from django.conf import settings
 
-from agentfly.resources import urls
+from agentfly import urls
 from webapp.mcpservers.models import MCPServer, Transport
 from webapp.registry.plugins import team_folders
 

@@ -15,8 +15,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Any
 
+from agentfly.resources.workspace import RESOURCE
 from agentfly.rewards.reward import reward
-from agentfly.tools.builtin.workspace import RESOURCE
 
 # Files that change how pytest collects or runs the tests: a new one is an edit of the tests.
 CONFIG_FILES = ("conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "sitecustomize.py",

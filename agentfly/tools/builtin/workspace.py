@@ -18,10 +18,8 @@ from typing import Any
 
 from agentfly.resources.builtin import register_builtin
 from agentfly.resources.spec import Pool, ResourceSpec
-from agentfly.resources.workspace import Workspace
+from agentfly.resources.workspace import RESOURCE, Workspace
 from agentfly.tools.tool import tool
-
-RESOURCE = "workspace"
 
 # Prepared workspaces (one per group when groups fork); each holds files only, no process between commands.
 WORKSPACE = register_builtin(ResourceSpec(name=RESOURCE, factory=Workspace, kind="sandbox", pool=Pool(min=0, max=16),

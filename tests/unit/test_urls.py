@@ -1,11 +1,11 @@
 """Endpoint URLs are parsed, never prefix-matched: each bypass of a text comparison is refused or normalised
-(``agentfly.resources.urls``)."""
+(``agentfly.urls``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from agentfly.resources.urls import URLRefused, is_internal, parse
+from agentfly.urls import URLRefused, is_internal, parse
 
 
 @pytest.mark.parametrize(("url", "named"), [
