@@ -190,12 +190,16 @@ async def _pipe_streams(proc: asyncio.subprocess.Process) -> AsyncIterator[
             group.cancel_scope.cancel()
 
 
-def _http_reason(exc: BaseException) -> str:
+def _http_reason(exc: BaseException, redirected: int | None = None) -> str:
     """Why an HTTP server did not open a session, in words that quote nothing it sent: a URL may reach a
     service that is no MCP server (an internal one, by mistake or on purpose), and its answer would otherwise
-    come back in the error. A connection failure and an HTTP status are shown; any other answer is not."""
+    come back in the error. A connection failure, an HTTP status and a redirect (``redirected``: its status;
+    never followed) are shown; any other answer is not."""
     import httpx2
 
+    if redirected is not None:
+        return (f"it answered HTTP {redirected}, a redirect, which is not followed: only the URL that was checked "
+                "is spoken to; give the server's own MCP endpoint")
     if isinstance(exc, httpx2.HTTPStatusError):
         return f"it answered HTTP {exc.response.status_code}"
     if isinstance(exc, httpx2.TransportError | OSError | TimeoutError):
@@ -204,9 +208,10 @@ def _http_reason(exc: BaseException) -> str:
             "is the server's MCP endpoint)")
 
 
-def _http_client(url: str, address: str | None) -> Any:
+def _http_client(url: str, address: str | None, redirects: list[int] | None = None) -> Any:
     """The SDK's HTTP client with its timeouts, taking no proxy from the environment (a proxy would look the
-    host up again) and, given ``address``, connecting to that address for the URL's host."""
+    host up again) and, given ``address``, connecting to that address for the URL's host. The status of each
+    redirect it is answered (and does not follow) goes into ``redirects``, for the error."""
     import httpcore2
     import httpx2
     from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
@@ -218,7 +223,12 @@ def _http_client(url: str, address: str | None) -> Any:
         transport._pool = httpcore2.AsyncConnectionPool(
             ssl_context=httpx2.create_ssl_context(trust_env=False),
             network_backend=urls.pinned_backend(urls.parse(url).host, address))
-    return httpx2.AsyncClient(transport=transport, timeout=timeout, trust_env=False)
+    async def note_redirect(response: Any) -> None:
+        if response.is_redirect and redirects is not None:
+            redirects.append(response.status_code)
+
+    return httpx2.AsyncClient(transport=transport, timeout=timeout, trust_env=False,
+                              event_hooks={"response": [note_redirect]})
 
 
 class MCPSession:
@@ -232,6 +242,7 @@ class MCPSession:
         self.command: list[str] | None = options.get("command")
         self.url: str | None = options.get("url")
         self.address: str | None = options.get("address")
+        self._redirects: list[int] = []  # statuses of the redirects an HTTP server answered (never followed)
         self.call_timeout = float(options.get("call_timeout", 30.0))
         self.start_timeout = float(options.get("start_timeout", 60.0))
         self.reset_tool: str | None = options.get("reset_tool")
@@ -275,7 +286,8 @@ class MCPSession:
             said = f"; it printed: {printed[-1000:]}" if printed else ""
             if code is not None:  # gone before it answered: how it ended (a signal is negative)
                 said += f"; it had exited with {code}"
-            reason = f"{type(exc).__name__}: {exc}" if self.command else _http_reason(exc)
+            reason = f"{type(exc).__name__}: {exc}" if self.command else _http_reason(
+                exc, self._redirects[0] if self._redirects else None)
             raise InfrastructureFailure(f"MCP server {self.name!r} ({where}) did not start: {reason}{said}",
                                         "server_down") from exc
 
@@ -288,7 +300,7 @@ class MCPSession:
                 if self.url is not None:
                     from mcp.client.streamable_http import streamable_http_client
 
-                    client = await stack.enter_async_context(_http_client(self.url, self.address))
+                    client = await stack.enter_async_context(_http_client(self.url, self.address, self._redirects))
                     read, write = (await stack.enter_async_context(
                         streamable_http_client(self.url, http_client=client)))[:2]
                 else:

@@ -154,7 +154,7 @@ def test_celery_takes_one_job_at_a_time_acknowledges_late_and_limits_training_ti
     from webapp.celery import app
     from webapp.jobs.tasks import run_job
 
-    assert {q.name for q in app.conf.task_queues} == {"cpu", "gpu", "try", "inspect"}
+    assert {q.name for q in app.conf.task_queues} == {"cpu", "gpu", "try", "inspect", "alerts"}
     assert app.conf.task_acks_late and app.conf.task_reject_on_worker_lost
     assert app.conf.worker_prefetch_multiplier == 1
     assert app.conf.broker_transport_options["visibility_timeout"] > settings.JOB_TIME_LIMIT

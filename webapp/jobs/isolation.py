@@ -320,7 +320,9 @@ def sandbox_argv(sandbox: Sandbox) -> list[str]:
         os.lseek(hosts, 0, os.SEEK_SET)
         sandbox.fds.append(hosts)
         argv += ["--hostname", name]
-        mounts += ["--ro-bind-data", str(hosts), "/etc/hosts"]
+        # Readable by all: bubblewrap makes the file 0600 (root's) otherwise, and the job, its team's uid, could
+        # not resolve even localhost (a torchrun rendezvous fails).
+        mounts += ["--perms", "0444", "--ro-bind-data", str(hosts), "/etc/hosts"]
     mounts += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777",
                "--tmpfs", "/dev/shm"]
     mounts += _gpu_mounts()

@@ -16,9 +16,9 @@ def test_the_python_sandbox_spec_is_the_one_next_to_the_python_tool() -> None:
 
 
 def test_an_unknown_resource_names_the_built_ins() -> None:
-    with pytest.raises(UnknownResource, match="built-in resources: kv, python, scienceworld, wiki, workspace"):
+    with pytest.raises(UnknownResource, match="built-in resources: kv, python, scienceworld, textworld, wiki, workspace"):
         builtin_spec("gpu_farm")
-    assert sorted(BUILTIN_SPECS) == ["kv", "python", "scienceworld", "wiki", "workspace"]
+    assert sorted(BUILTIN_SPECS) == ["kv", "python", "scienceworld", "textworld", "wiki", "workspace"]
 
 
 def test_each_built_in_is_the_spec_its_module_declares_and_a_taken_name_is_refused() -> None:

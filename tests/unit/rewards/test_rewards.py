@@ -128,8 +128,11 @@ async def test_it_records_sync_and_async_exceptions_with_reward_zero() -> None:
     async def crashes_async(answer: str) -> float:
         raise RuntimeError("async boom")
 
-    assert await score(crashes) == RewardResult(0.0, {}, "reward 'crashes' raised ZeroDivisionError: boom")
-    assert await score(crashes_async) == RewardResult(0.0, {}, "reward 'crashes_async' raised RuntimeError: async boom")
+    for fn, error, kind in ((crashes, "reward 'crashes' raised ZeroDivisionError: boom", "ZeroDivisionError"),
+                            (crashes_async, "reward 'crashes_async' raised RuntimeError: async boom", "RuntimeError")):
+        result = await score(fn)
+        assert (result.reward, result.metrics, result.error) == (0.0, {}, error)
+        assert result.traceback is not None and f"{kind}: " in result.traceback  # where it raised, for the fix
 
 
 async def test_it_records_a_missing_field_at_scoring_time_too() -> None:

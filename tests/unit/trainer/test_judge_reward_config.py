@@ -43,6 +43,7 @@ def test_a_step_with_a_judge_reward_records_each_unparseable_verdict(tiny_model_
         f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "steps=1", "threads=1", "progress=false",
         "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "rollout.max_turns=1",
         "rollout.tools=[]", "data.train_size=8", "data.eval_size=2", "eval.max_new_tokens=4", "log_samples=-1",
+        "rollout.max_reward_error_steps=0",  # the untrained judge's every verdict is unparseable: record, not stop
         "rollout.reward=agentfly.rewards.builtin:rubric_judge",
         "resources.judge.spec=tests.unit.trainer.test_judge_reward_config:JUDGE"])
     events: list[dict[str, Any]] = []

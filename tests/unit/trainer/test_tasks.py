@@ -69,7 +69,7 @@ def test_every_built_in_task_is_known_to_the_config_and_names_tools_and_a_reward
 
 
 def test_an_unknown_task_is_refused_with_the_names_of_the_known_ones() -> None:
-    with pytest.raises(UnknownTask, match="unknown task 'nonesuch'; the known tasks are arithmetic, key_chain"):
+    with pytest.raises(UnknownTask, match="unknown task 'nonesuch'; the known tasks are arithmetic, code_repair, key_chain"):
         get_task("nonesuch")
     with pytest.raises(FileNotFoundError, match="neither a known task") as caught:
         load_samples(load_config(None, ["data.task=nonesuch"]))

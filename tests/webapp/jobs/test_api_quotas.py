@@ -265,6 +265,8 @@ def test_a_job_with_an_api_runs_on_the_hosts_network_holding_only_its_teams_redi
     quota(team_a)
     job = stored_job(team_a, {"search": {"api": {}}})
     config = config_to_run(job)
+    for folder in ("job", "plain"):  # the job folders the worker makes before it plans a sandbox
+        (runs_dir / folder).mkdir(exist_ok=True)
     with apis.credential(job, config) as env:
         sandbox = isolation.sandbox_for(job, runs_dir / "job", config, env)
         seen = isolation.job_env(sandbox)

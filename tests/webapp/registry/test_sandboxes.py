@@ -20,5 +20,5 @@ def test_a_jobs_pool_sizes_resize_the_built_in_spec() -> None:
 
 
 def test_a_resource_the_web_app_cannot_provide_is_refused_with_the_known_ones_named() -> None:
-    with pytest.raises(UnknownSandbox, match="known resources: kv, python, scienceworld, wiki"):
+    with pytest.raises(UnknownSandbox, match="known resources: kv, python, scienceworld, textworld, wiki, workspace"):
         specs_for(["gpu_farm"])
