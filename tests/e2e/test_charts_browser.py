@@ -36,10 +36,11 @@ def make_job(alice: Any, name: str, events: list[dict[str, Any]], status: str = 
 
 
 def training(steps: int) -> list[dict[str, Any]]:
-    """A tool-error rate that is 0 every other step, a tiny policy loss, a parse-error rate always 0."""
+    """A tool-error rate that is 0 every other step, a tiny policy loss, a retry rate always 0 (a metric of its
+    own chart under "More metrics")."""
     return [metrics_event(s, {
         "reward/mean": 0.3 + s / 100, "tool_errors/mean": 0.0 if s % 2 else 0.2, "loss/policy": 3e-9 * (s % 5 - 2),
-        "parse_errors/mean": 0.0, "grad_norm": 2e-7 * s}) for s in range(1, steps + 1)]
+        "retries/mean": 0.0, "grad_norm": 2e-7 * s}) for s in range(1, steps + 1)]
 
 
 def evaluation(step: int, accuracy: float) -> dict[str, Any]:
@@ -109,13 +110,13 @@ def test_log_scale_with_smoothing_keeps_rates_that_touch_zero_and_all_zero_serie
     page.check("#smooth-toggle")
     page.check("#log-toggle")
     wait_for_js(page, "() => document.getElementById('chart-tool_errors').layout.yaxis.type === 'log'", timeout=10_000)
-    wait_for_js(page, "() => document.getElementById('chart-x-parse_errors_mean').layout", timeout=10_000)
+    wait_for_js(page, "() => document.getElementById('chart-x-retries_mean').layout", timeout=10_000)
     drawn = charts(page)
     assert drawn["chart-tool_errors"]["smoothed"] == [False]  # no EMA decaying to 1e-20 on the log axis
     assert drawn["chart-reward"]["smoothed"] == [True]  # a positive series is still smoothed
     lowest = page.evaluate("() => document.getElementById('chart-tool_errors')._fullLayout.yaxis.range[0]")
     assert lowest > -3, f"the log axis reaches 1e{lowest:.0f}"
-    assert drawn["chart-x-parse_errors_mean"]["type"] == "linear"  # all zero: never an empty 10–100 log axis
+    assert drawn["chart-x-retries_mean"]["type"] == "linear"  # all zero: never an empty 10–100 log axis
     assert drawn["chart-loss"]["exp"] == "e" and drawn["chart-x-grad_norm"]["exp"] == "e"
     ticks = page.evaluate("() => [...document.querySelectorAll('#chart-loss .ytick text')].map((t) => t.textContent)")
     assert ticks and not [t for t in ticks if t[-1:] in "munpfµ"], ticks  # no SI prefixes on a loss

@@ -148,7 +148,10 @@ def test_the_charts_are_as_wide_as_their_card_on_a_phone_and_resize_with_the_win
         const w = plot.querySelector('.main-svg').getBoundingClientRect().width;
         return boxes.every((b) => b.offsetTop === boxes[0].offsetTop) && Math.abs(w - plot.clientWidth) < 2; }""",
                 timeout=10_000)
-    # The toolbar shows only while the pointer is over a chart.
+    # The toolbar shows only while the pointer is over a chart (a page drawn for a phone has none: its buttons
+    # would be tap targets under 24 px; a page drawn for the laptop has it).
+    page.reload()
+    wait_for_js(page, "() => document.body.dataset.history === 'drawn'", timeout=30_000)
     opacity = "() => getComputedStyle(document.querySelector('#chart-reward .modebar')).opacity"
     page.mouse.move(5, 5)
     page.wait_for_timeout(300)
