@@ -3,7 +3,8 @@
 #   1. the default suite: everything not marked slow or vllm (kept under 15 minutes on 2 cores);
 #   2. the vLLM tests, in a process of their own, because vLLM changes process-wide state (torch's thread
 #      count, its multiprocessing switch) for every test after it;
-#   3. the slow tests (whole demo and CLI runs, the docs guides, schemathesis, cancel stress, browsers).
+#   3. the slow tests (whole demo and CLI runs, the docs guides, schemathesis, cancel stress, browsers), in two
+#      shards at once (browsers and docs; the rest).
 # Extra arguments go to every pytest run, e.g. `bash scripts/test.sh -x`. `AGENTFLY_TEST_STEPS=default`
 # runs only the first step (a quick check before a commit).
 set -euo pipefail
@@ -29,4 +30,25 @@ run() {  # pytest exits 5 when a selection is empty (e.g. vLLM not installed): t
 run default "${AGENTFLY_DEFAULT_LIMIT:-1200}" -m "not vllm and not slow" "$@"
 [ "${AGENTFLY_TEST_STEPS:-all}" = default ] && exit 0
 run vllm "${AGENTFLY_VLLM_LIMIT:-900}" -m "vllm" "$@"
-run slow "${AGENTFLY_SLOW_LIMIT:-3300}" -m "slow and not vllm" "$@"
+# The slow tests in two shards at once, each a pytest process with its own test database (and, from
+# tests/webapp/fixtures.py, its own Redis prefix, so its Celery queues and channel groups are its own): the browser
+# and docs tests wait on servers and pages much of the time, so the other shard's training runs fill the cores.
+# Each shard's output is shown when both have ended.
+shard() {  # shard NAME LOG ARGS...: one shard of the slow step, its exit status in LOG.rc
+    local name=$1 log=$2 rc=0
+    shift 2
+    DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/agentfly}_$name" \
+        run "slow-$name" "${AGENTFLY_SLOW_LIMIT:-3300}" -m "slow and not vllm" "$@" > "$log" 2>&1 || rc=$?
+    echo "$rc" > "$log.rc"
+}
+logs=$(mktemp -d)
+shard browser "$logs/browser" tests/e2e tests/docs "$@" &
+shard rest "$logs/rest" --ignore=tests/e2e --ignore=tests/docs "$@" &
+wait
+status=0
+for name in rest browser; do
+    cat "$logs/$name"
+    [ "$(cat "$logs/$name.rc")" = 0 ] || status=1
+done
+rm -rf "$logs"
+exit "$status"

@@ -19,6 +19,7 @@ a failed database write is retried with backoff, and if it keeps failing the wat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -352,7 +353,10 @@ def run_ranks(config: dict[str, Any], *, ranks: int = 1, resume_from: str = "", 
 
     world = ranks * (node.count if node else 1)
     stop_file = output_dir / "STOP"
-    stop_file.unlink(missing_ok=True)
+    # Under the web app's worker the STOP file is the worker's (root's, read-only to this job's uid): the
+    # ranks stop on it as it is, and this process neither removes nor touches it (``run_process`` cleared it).
+    with contextlib.suppress(PermissionError):
+        stop_file.unlink(missing_ok=True)
     events = output_dir / "events.jsonl"
     start_at = events.stat().st_size if events.exists() else 0  # a resumed job appends to its run's file
     proc, log_file, result_file = start_torchrun(config, output_dir, node, ranks, resume_from)
@@ -381,7 +385,8 @@ def run_ranks(config: dict[str, Any], *, ranks: int = 1, resume_from: str = "", 
         while proc.poll() is None:
             if not cancelled and (should_stop() or watcher.error is not None):
                 cancelled = True
-                stop_file.touch()
+                with contextlib.suppress(FileExistsError):  # made already when it is the worker's request
+                    stop_file.touch(exist_ok=False)
             follow()
             time.sleep(poll)
         follow()

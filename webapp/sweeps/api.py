@@ -77,9 +77,10 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
             return Sweep.objects.none()
         return Sweep.objects.visible_to(self.request.user).select_related("team").prefetch_related("runs__job")
 
+    # A 400 is the validation shape every operation documents (messages by field, or "detail" for a bad space
+    # or a run the launch rules refuse, naming it): webapp.schema adds it.
     @extend_schema(request=SweepLaunchSerializer, responses={
-        201: SweepSerializer, 403: detail_response("The runs do not fit the team's concurrent-jobs quota."),
-        400: detail_response("A bad space, or a run the launch rules refuse (the message names it).")})
+        201: SweepSerializer, 403: detail_response("The runs do not fit the team's concurrent-jobs quota.")})
     def create(self, request: Request) -> Response:
         """Launch a grid or random sweep as one group of queued jobs, every run or none."""
         ser = SweepLaunchSerializer(data=request.data)
