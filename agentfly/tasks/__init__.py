@@ -14,6 +14,7 @@ from agentfly.tasks.base import (
     FlawError,
     Flaws,
     Task,
+    TaskOptionError,
     UnknownTask,
     register,
     registered,
@@ -23,7 +24,6 @@ from agentfly.tasks.base import (
 from agentfly.tasks.io import load_jsonl, save_jsonl
 from agentfly.tasks.sources import (
     SOURCE_TITLES,
-    TaskOptionError,
     find_task,
     get_task,
     is_task_name,
