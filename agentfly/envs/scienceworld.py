@@ -119,7 +119,6 @@ class ScienceWorld(WorkerEnvironment):
         self.loaded, self.task_description, self.score, self.done, self.moves = None, "", 0.0, False, 0
 
 
-
 SCIENCEWORLD = register_builtin(ResourceSpec(
     name="scienceworld",
     factory=ScienceWorld,

@@ -191,7 +191,6 @@ class TextGame(WorkerEnvironment):
         self.won = self.lost = self.done = False
 
 
-
 TEXTWORLD = register_builtin(ResourceSpec(
     name="textworld",
     factory=TextGame,
