@@ -860,19 +860,24 @@ def _remote(cls: type) -> Any:
 # The client side: what a ResourceEngine in a trainer, rank or producer process holds.
 # ----------------------------------------------------------------------------------------------------------
 
-_token: tuple[int, Any] | None = None
+_token: tuple[tuple[int, str, str], Any] | None = None
 
 
 def _process_token() -> Any:
-    """This process's owner token (one per process; each pool of each engine is an owner holding it)."""
+    """This process's owner token (one per process and Ray session; each pool of each engine is an owner
+    holding it). Keyed on the session too: after ``ray.shutdown()`` and ``ray.init()`` on another cluster, a
+    handle of the old session's token is unknown there, and Ray aborts the whole process when it is sent."""
     global _token
-    if _token is None or _token[0] != os.getpid():
-        import ray
+    import ray
+
+    context = ray.get_runtime_context()
+    key = (os.getpid(), context.gcs_address, context.get_node_id())
+    if _token is None or _token[0] != key:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         # On this process's own node: a token elsewhere could die with another node and look like our death.
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        _token = (os.getpid(), _remote(OwnerToken).options(num_cpus=0, scheduling_strategy=here).remote())
+        here = NodeAffinitySchedulingStrategy(context.get_node_id(), soft=False)
+        _token = (key, _remote(OwnerToken).options(num_cpus=0, scheduling_strategy=here).remote())
     return _token[1]
 
 

@@ -459,3 +459,35 @@ def test_a_training_run_with_resources_backend_ray_rolls_out_on_the_cluster_and_
     assert any(p["nodes"] for p in pools)  # the events carry the nodes
     assert all(p["size"] <= 4 for p in pools)
     assert job_gone("trainer-run")
+
+
+TWO_SESSIONS = """
+import asyncio, sys
+import ray
+from agentfly.resources import Pool, ResourceEngine, ResourceSpec
+from agentfly.resources.backends.ray import RaySettings, on_ray
+from agentfly.resources.scratchpad import Scratchpad
+
+async def one_rollout(job):
+    spec = on_ray(ResourceSpec(name="box", factory=Scratchpad, kind="sandbox", backend="inprocess",
+                               pool=Pool(0, 1), acquire_timeout=60, health_interval=0))
+    async with ResourceEngine([spec], ray=RaySettings(job=job, lease_check_interval=0.5)) as engine:
+        lease = await engine.acquire("box", owner="r0")
+        await engine.release(lease)
+
+for session in (1, 2):
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    asyncio.run(one_rollout(f"session-{session}"))
+    ray.shutdown()
+    print("session", session, "ok", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_process_that_leaves_one_ray_cluster_and_joins_another_runs_its_pools_on_the_second() -> None:
+    # Ray aborts the whole process when a handle of a former session is sent, so the process is a child here.
+    done = subprocess.run([sys.executable, "-c", TWO_SESSIONS], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=Path(__file__).resolve().parents[3])
+    assert done.returncode == 0 and "session 2 ok" in done.stdout, (done.returncode, done.stdout,
+                                                                     done.stderr[-3000:])
