@@ -23,6 +23,7 @@ def watched_job(alice_for_the_server: Any, team_a: Any) -> TrainingJob:
     return job
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.integration
 def test_pages_load_with_no_csp_violation(watched_job: TrainingJob, daphne: Daphne, browser_page: Any) -> None:

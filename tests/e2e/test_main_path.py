@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 ARTIFACTS = ROOT / "test-artifacts"
 
 
+@pytest.mark.slow
 def test_a_user_signs_in_registers_a_tool_launches_a_job_and_sees_it_succeed(
         alice_for_the_server: Any, builtins: dict[str, Any], daphne: Daphne, browser_page: Any) -> None:
     # The database rows come first: sync Playwright runs an event loop in this thread, where Django's ORM

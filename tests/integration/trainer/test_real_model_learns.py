@@ -15,7 +15,7 @@ import pytest
 
 from trainer.events import read_events
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.stress, pytest.mark.integration]
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "smollm2_tools"
 
 

@@ -17,6 +17,7 @@ from trainer.loop import Trainer
 ROOT = Path(__file__).resolve().parents[3]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("algorithm", "credit"), [("grpo", "turn"), ("grpo", "step"), ("ppo", "turn_gae")])
 def test_a_turn_credited_step_gives_each_turns_tokens_one_advantage_and_trains(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algorithm: str, credit: str) -> None:

@@ -110,6 +110,7 @@ def assert_consistent_last_checkpoint(job: TrainingJob, where: str) -> None:
     assert not list(path.parent.glob(".checkpoint-*.partial")), f"{where}: a half-written checkpoint is left"
 
 
+@pytest.mark.stress
 @pytest.mark.timeout(3600)
 def test_cancels_at_50_random_moments_all_end_cancelled_with_a_consistent_last_checkpoint(
         alice_api: Any, builtins: dict[str, Any]) -> None:
@@ -138,6 +139,7 @@ def test_cancels_at_50_random_moments_all_end_cancelled_with_a_consistent_last_c
 LONG = 300
 
 
+@pytest.mark.stress
 @pytest.mark.timeout(1800)
 def test_a_long_job_on_the_demos_sqlite_succeeds_with_progress_and_checkpoints_tracked_all_along(
         alice_api: Any, builtins: dict[str, Any]) -> None:
@@ -166,6 +168,7 @@ def test_a_long_job_on_the_demos_sqlite_succeeds_with_progress_and_checkpoints_t
     assert sorted({e["step"] for e in metrics if "time/rollout" in e["data"]}) == list(range(1, LONG + 1))
 
 
+@pytest.mark.stress
 @pytest.mark.timeout(5400)
 def test_the_lifecycle_holds_on_the_demos_sqlite(tmp_path: Path) -> None:
     """This module's tests again, in a child session whose database and worker use the demo's SQLite settings."""

@@ -102,6 +102,7 @@ def test_a_launched_tiny_model_is_built_inside_the_teams_folder(
 
 
 # ------------------------------------------------------------------------------------------- on the worker
+@pytest.mark.slow
 @pytest.mark.integration
 def test_a_jobs_checkpoints_live_under_its_teams_folder(
         alice_api: Any, builtins: dict[str, Any], runs_dir: Path) -> None:

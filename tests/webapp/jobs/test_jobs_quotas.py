@@ -73,6 +73,7 @@ def test_team_quotas_are_the_operators_a_teams_staff_cannot_see_or_change_them(
 
 
 # ------------------------------------------------------------------------------------ on a real worker
+@pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(600)
 def test_a_job_past_its_teams_time_quota_stops_at_a_step_and_fails_naming_the_quota(

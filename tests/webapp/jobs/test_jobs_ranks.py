@@ -57,6 +57,7 @@ def fresh_device_answers() -> None:
     forget()
 
 
+@pytest.mark.slow
 def test_a_2_rank_cpu_job_trains_on_the_worker_with_rank_0s_events_stored_once(
         alice_api: Any, builtins: dict[str, Any]) -> None:
     job = launch(alice_api, builtins)

@@ -32,6 +32,7 @@ def metrics_of(api: Any, job_id: int) -> list[dict[str, Any]]:
     return api.get(f"/api/jobs/{job_id}/events/?type=metrics&limit=5000").json()["events"]
 
 
+@pytest.mark.slow
 def test_a_launched_job_trains_on_a_worker_and_stores_its_events_in_order(
         alice_api: Any, alice_client: Any, builtins: dict[str, Any]) -> None:
     job = launch(alice_api, builtins)

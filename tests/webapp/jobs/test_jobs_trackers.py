@@ -33,6 +33,7 @@ def test_an_unknown_tracker_through_the_api_is_refused_on_its_field(alice_api: A
     assert not TrainingJob.objects.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_a_job_launched_with_tensorboard_writes_the_dashboards_metrics_to_its_event_file(
         alice_api: Any, builtins: dict[str, Any]) -> None:

@@ -113,6 +113,7 @@ def test_a_fifo_planted_as_the_log_does_not_hang_the_worker(runs: Path) -> None:
     assert quoted == "ran\n" and time.monotonic() - started < 30
 
 
+@pytest.mark.slow
 def test_a_process_that_ignores_the_stop_file_and_sigterm_is_killed_within_the_grace_period(runs: Path) -> None:
     # A reward that blocks forever, deaf to SIGTERM: it never sees the stop file between steps.
     job = runs / "team-a" / "job-1"

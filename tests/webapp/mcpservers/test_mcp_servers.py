@@ -200,6 +200,7 @@ def test_a_teams_inspections_beyond_its_limit_are_refused_while_another_team_sti
     assert MCPServer.objects.filter(team=team_a).count() == 1
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_an_inspection_of_a_server_that_never_starts_fails_within_its_timeout_and_frees_its_place(
         alice: Any, alice_api: Any, team_a: Any, settings: Any) -> None:

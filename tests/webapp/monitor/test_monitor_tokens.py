@@ -86,6 +86,7 @@ def test_events_json_adds_token_texts_to_trainer_samples_from_the_jobs_model(ali
     assert "tokens" not in stored, "the stored row stays as the trainer wrote it"
 
 
+@pytest.mark.slow
 def test_a_job_that_loads_smollm2_from_its_gguf_file_shows_smollm2s_own_template_token_by_token(
         alice: Any, alice_job: Any, smollm2_gguf: Path) -> None:
     from transformers import AutoTokenizer

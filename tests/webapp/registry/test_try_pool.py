@@ -58,6 +58,7 @@ def try_it(user: Any, entry: Any, arguments: dict[str, Any]) -> Any:
     return api_for(user).post(f"/api/registry/{entry.pk}/try/", {"arguments": arguments}, format="json")
 
 
+@pytest.mark.slow
 def test_one_teams_looping_tries_never_time_out_another_teams_try(
         try_worker: Worker, alice: Any, team_a: Team, bob: Any, team_b: Team, settings: Any) -> None:
     settings.AGENTFLY_TRY_POOL = 3
