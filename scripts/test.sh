@@ -16,8 +16,9 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 .venv/bin/ruff check .
 # The layer contracts (Engine, Trajectory, the typed events, the built-in specs) are checked by type:
-# agentfly and trainer both strict ([tool.mypy] in pyproject.toml).
-.venv/bin/python -m mypy agentfly trainer
+# agentfly, trainer and webapp all strict (webapp but for the untyped decorators and base classes of Celery
+# and Channels), the web app through the Django and DRF stubs' plugins ([tool.mypy] in pyproject.toml).
+.venv/bin/python -m mypy agentfly trainer webapp
 
 # Each step has a wall-clock limit (seconds, several times its usual time) so that a hang fails that step
 # with pytest's report of where it was (SIGINT), instead of running into CI's own limit with no report.

@@ -27,7 +27,7 @@ from webapp.origin import ExactOriginValidator  # noqa: E402
 application = ProtocolTypeRouter(
     {
         # Bodies over AGENTFLY_MAX_BODY_BYTES are refused before Django buffers them (webapp.bodylimit).
-        "http": BodyLimitMiddleware(django_asgi_app),
+        "http": BodyLimitMiddleware(django_asgi_app),  # type: ignore[arg-type]  # the stubs' ASGIHandler is no ASGI app
         "websocket": ExactOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -16,14 +16,14 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from kombu import Queue
+from kombu.entity import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
 app = Celery("webapp")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.update(
-    task_queues=(Queue("cpu"), Queue("gpu"), Queue("try"), Queue("inspect"), Queue("alerts")),
+    task_queues=(Queue("cpu"), Queue("gpu"), Queue("try"), Queue("inspect"), Queue("alerts")),  # type: ignore[no-untyped-call]
     task_default_queue="cpu",
     task_acks_late=True,
     task_reject_on_worker_lost=True,

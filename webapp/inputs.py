@@ -14,6 +14,7 @@ parameters) refuse each of them with a message, before anything is decoded, stor
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from itertools import accumulate
 from typing import Any
 
@@ -94,7 +95,7 @@ def loads(text: str) -> Any:
 class SafeJSONParser(JSONParser):
     """DRF's JSON parser with a size cap, a depth cap and a refusal of unstorable text, each a 400."""
 
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict[str, Any] | None = None) -> Any:
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
         cap = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         raw = stream.read(cap + 1 if cap is not None else -1) if stream is not None else b""
@@ -127,14 +128,14 @@ def _check_form_data(data: Any) -> None:
 
 
 class SafeFormParser(FormParser):
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict[str, Any] | None = None) -> Any:
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
         data = super().parse(stream, media_type, parser_context)
         _check_form_data(data)
         return data
 
 
 class SafeMultiPartParser(MultiPartParser):
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict[str, Any] | None = None) -> Any:
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
         data = super().parse(stream, media_type, parser_context)
         _check_form_data(data)
         return data
@@ -177,7 +178,7 @@ class BoundedLimitOffsetPagination(LimitOffsetPagination):
             raise serializers.ValidationError({name: [str(exc)]}) from None
 
     def get_limit(self, request: Any) -> int:
-        return self._param(request, self.limit_query_param, self.default_limit, 1, self.max_limit)
+        return self._param(request, self.limit_query_param, self.default_limit, 1, self.max_limit)  # type: ignore[arg-type]  # 500
 
     def get_offset(self, request: Any) -> int:
         return self._param(request, self.offset_query_param, 0, 0, self.max_offset)

@@ -18,7 +18,7 @@ DETAIL = {"type": "object", "properties": {"detail": {"type": "string"}}, "requi
 VALIDATION = {"type": "object", "additionalProperties": {}, "description": "Messages by field name."}
 
 
-class DetailSerializer(serializers.Serializer):
+class DetailSerializer(serializers.Serializer[Any]):
     detail = serializers.CharField()
 
 

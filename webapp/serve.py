@@ -21,7 +21,7 @@ from daphne.cli import CommandLineInterface
 from webapp.bodylimit import max_body_bytes, refusal
 
 
-class LimitedWebRequest(http_protocol.WebRequest):  # type: ignore[misc]
+class LimitedWebRequest(http_protocol.WebRequest):
     """Daphne's request, refusing a body over the limit before it is stored."""
 
     _received = 0
@@ -75,7 +75,7 @@ class _Discard:
         pass
 
 
-class LimitedHTTPFactory(http_protocol.HTTPFactory):  # type: ignore[misc]
+class LimitedHTTPFactory(http_protocol.HTTPFactory):
     def buildProtocol(self, addr: Any) -> Any:
         protocol = super().buildProtocol(addr)
         protocol.requestFactory = LimitedWebRequest

@@ -11,7 +11,7 @@ Privileges (superuser, staff, permissions) are granted by superusers only.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from axes.admin import AccessAttemptAdmin, AccessLogAdmin
 from axes.models import AccessAttempt, AccessLog
@@ -27,6 +27,9 @@ from rest_framework.authtoken.admin import TokenAdmin
 from rest_framework.authtoken.models import TokenProxy
 
 from webapp.accounts.models import Invitation, Team
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 # How a row of each model reaches the team that owns it (a lookup path ending at a Team).
 TEAM_PATHS: dict[str, str] = {
@@ -79,7 +82,7 @@ class ScopedRelatedFilter(admin.RelatedFieldListFilter):
     """A list page's filter by a related row (a team, a group, a job), offering only rows the staff member's
     teams own: Django's own lists every row of the related table, every team's name among them."""
 
-    def field_choices(self, field: Any, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
+    def field_choices(self, field: Any, request: HttpRequest, model_admin: Any) -> list[tuple[str, StrOrPromise]]:
         related = field.related_model._default_manager.all()
         if related.model._meta.label_lower in TEAM_PATHS:
             related = scoped(related, request.user, choosing=True)
@@ -128,13 +131,14 @@ class TeamScoped:
         if change and not request.user.is_superuser:
             for name, field in form.fields.items():
                 if isinstance(field, ModelMultipleChoiceField):
-                    hidden[name] = list(getattr(form.instance, name).exclude(pk__in=field.queryset.values("pk")))
+                    hidden[name] = list(getattr(form.instance, name).exclude(
+                        pk__in=field.queryset.values("pk")))  # type: ignore[union-attr]  # set by the admin
         super().save_related(request, form, formsets, change)  # type: ignore[misc]
         for name, rows in hidden.items():
             getattr(form.instance, name).add(*rows)
 
 
-class TeamScopedAdmin(TeamScoped, admin.ModelAdmin):
+class TeamScopedAdmin(TeamScoped, admin.ModelAdmin):  # type: ignore[type-arg]  # not subscriptable at runtime
     pass
 
 
@@ -213,7 +217,7 @@ class TeamUserAdmin(TeamScoped, UserAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(Group)
-class TeamGroupAdmin(TeamScoped, GroupAdmin):
+class TeamGroupAdmin(TeamScoped, GroupAdmin):  # type: ignore[misc]  # GroupAdmin narrows the signature
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         fields = tuple(super().get_readonly_fields(request, obj))
         return fields if request.user.is_superuser else (*fields, "permissions")

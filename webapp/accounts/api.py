@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.urls import reverse
@@ -27,6 +27,9 @@ from webapp.accounts.models import (
 )
 from webapp.accounts.throttling import ScopedThrottle
 from webapp.inputs import SafeFormParser, SafeJSONParser, SafeMultiPartParser
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 
 class ObtainTokenView(ObtainAuthToken):
@@ -62,10 +65,12 @@ class ObtainTokenView(ObtainAuthToken):
 obtain_token = ObtainTokenView.as_view()
 
 
-class InvitationSerializer(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
-    used_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+class InvitationSerializer(serializers.ModelSerializer[Invitation]):
+    team: serializers.SlugRelatedField[Team] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    created_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True)
+    used_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True)
     state = serializers.ChoiceField(choices=["pending", "used", "revoked", "expired"], read_only=True)
 
     class Meta:
@@ -84,7 +89,7 @@ NOT_YOUR_TEAM = ("No team of yours has the slug {slug!r}: it does not exist or y
                  "are listed at /accounts/teams/.")
 
 
-class MemberTeamField(serializers.SlugRelatedField):  # type: ignore[type-arg]
+class MemberTeamField(serializers.SlugRelatedField[Team]):
     """A team named by its slug, among the caller's teams only.
 
     Another team's slug and a slug no team has get the same answer, so the API never tells whether a team
@@ -110,11 +115,11 @@ def not_admin(exc: NotTeamAdmin, what: str) -> Response:
     return Response({"detail": f"{what}: {exc}."}, status=status.HTTP_403_FORBIDDEN)
 
 
-class CreateInvitationSerializer(serializers.Serializer):
+class CreateInvitationSerializer(serializers.Serializer[Any]):
     team = MemberTeamField()
 
 
-class InvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+class InvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet[Invitation]):
     """Invitation links into your teams: create one, list them, revoke a pending one."""
 
     serializer_class = InvitationSerializer
@@ -157,11 +162,12 @@ class InvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
             return not_admin(exc, "The invitation was not revoked")
 
 
-class MembershipInvitationSerializer(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+class MembershipInvitationSerializer(serializers.ModelSerializer[MembershipInvitation]):
+    team: serializers.SlugRelatedField[Team] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     invitee = serializers.CharField(source="invitee_name", read_only=True,
                                     help_text="The username the invitation was made for.")
-    invited_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    invited_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True)
     state = serializers.ChoiceField(choices=["pending", "accepted", "declined"], read_only=True)
 
     class Meta:
@@ -173,7 +179,7 @@ class InviteMemberSerializer(CreateInvitationSerializer):
     username = serializers.CharField(max_length=150, help_text="The existing user to invite.")
 
 
-class MembershipInvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+class MembershipInvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet[MembershipInvitation]):
     """Invitations of existing users into teams: a team admin invites, the invitee accepts or declines.
 
     Nobody joins a team without accepting: the list holds the invitations into your teams and those

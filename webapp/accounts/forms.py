@@ -6,7 +6,7 @@ from django.contrib.auth.forms import UserCreationForm
 from django.contrib.auth.models import Group
 
 
-class InvitedSignupForm(UserCreationForm):
+class InvitedSignupForm(UserCreationForm):  # type: ignore[type-arg]  # not subscriptable at runtime
     """Sign-up through an invitation: the user joins the invitation's team, so there is no team to name."""
 
     class Meta(UserCreationForm.Meta):
@@ -21,7 +21,7 @@ class SignupForm(InvitedSignupForm):
     )
 
     def clean_team_name(self) -> str:
-        name = self.cleaned_data.get("team_name", "").strip()
+        name: str = self.cleaned_data.get("team_name", "").strip()
         if name and Group.objects.filter(name=name).exists():
             raise forms.ValidationError(f"A team named {name!r} already exists; ask one of its members to invite you.")
         return name
@@ -31,7 +31,7 @@ class TeamForm(forms.Form):
     name = forms.CharField(max_length=80)
 
     def clean_name(self) -> str:
-        name = self.cleaned_data["name"].strip()
+        name: str = self.cleaned_data["name"].strip()
         if not name:
             raise forms.ValidationError("Give the team a name.")
         if Group.objects.filter(name=name).exists():

@@ -16,7 +16,7 @@ import re
 import secrets
 import sys
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -26,19 +26,28 @@ from django.db import models, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+
+def signed_in(user: object) -> User | None:
+    """``user`` when it is a signed-in user, else None. ``user`` is whatever a caller holds (``request.user``,
+    a websocket scope's user, an anonymous user, None): this is where it becomes a typed one."""
+    return cast("User", user) if getattr(user, "is_authenticated", False) else None
+
 
 class TeamQuerySet(models.QuerySet["Team"]):
     def of(self, user: object) -> TeamQuerySet:
         """The teams ``user`` belongs to (none for anonymous users)."""
-        if not getattr(user, "is_authenticated", False):
+        if (member := signed_in(user)) is None:
             return self.none()
-        return self.filter(group__user=user)
+        return self.filter(group__user=member)
 
     def administered_by(self, user: object) -> TeamQuerySet:
         """The teams ``user`` administers (a subset of ``of(user)``)."""
-        if not getattr(user, "is_authenticated", False):
+        if (member := signed_in(user)) is None:
             return self.none()
-        return self.of(user).filter(admins=user)
+        return self.of(member).filter(admins=member)
 
 
 class Team(models.Model):
@@ -67,20 +76,21 @@ class Team(models.Model):
         return self.group.name
 
     @property
-    def members(self) -> models.QuerySet:
+    def members(self) -> models.QuerySet[User]:
         return self.group.user_set.order_by("username")
 
-    def has_member(self, user: object) -> bool:
-        if not getattr(user, "is_authenticated", False):
+    def has_member(self, user: object) -> TypeGuard[User]:
+        """Whether ``user`` is a signed-in member (after a True answer the type checker knows a ``User``)."""
+        if (member := signed_in(user)) is None:
             return False
-        return self.group.user_set.filter(pk=user.pk).exists()  # type: ignore[attr-defined]
+        return self.group.user_set.filter(pk=member.pk).exists()
 
-    def is_admin(self, user: object) -> bool:
-        if not getattr(user, "is_authenticated", False):
+    def is_admin(self, user: object) -> TypeGuard[User]:
+        if (member := signed_in(user)) is None:
             return False
-        return self.has_member(user) and self.admins.filter(pk=user.pk).exists()  # type: ignore[attr-defined]
+        return self.has_member(member) and self.admins.filter(pk=member.pk).exists()
 
-    def add_member(self, user: object, *, admin: bool = False) -> None:
+    def add_member(self, user: User, *, admin: bool = False) -> None:
         """Make ``user`` a member (an admin too with ``admin``). Only consent paths call this: accepting an
         invitation, signing up through a link, creating a team, and the operator's own tools (``createuser``,
         the demo)."""
@@ -146,7 +156,7 @@ def slug_refusal(slug: str) -> str | None:
     return None
 
 
-def do_create_team(name: str, creator: object | None) -> Team:
+def do_create_team(name: str, creator: User | None) -> Team:
     """Create a team named ``name`` with ``creator`` as its first member; the slug is made unique."""
     name = name.strip()
     if not name:
@@ -160,7 +170,7 @@ def do_create_team(name: str, creator: object | None) -> Team:
         if creator is not None:
             # Quotas count per team as well as per person; without a cap, a new team would be new room. The
             # creator's row lock makes two creations at once count each other.
-            get_user_model().objects.select_for_update().filter(pk=getattr(creator, "pk", None)).first()
+            get_user_model().objects.select_for_update().filter(pk=creator.pk).first()
             made = Team.objects.filter(created_by=creator).count()
             if made >= settings.AGENTFLY_TEAMS_PER_USER:
                 raise TeamLimitReached(
@@ -245,7 +255,8 @@ class NotTeamAdmin(PermissionDenied):
     """The caller is a member of the team but not one of its admins; the message names them."""
 
 
-def _require_admin(team: Team, user: object, what: str) -> None:
+def _require_admin(team: Team, user: object, what: str) -> User:
+    """``user``, once it is one of ``team``'s admins; PermissionDenied or NotTeamAdmin otherwise."""
     # The views already look teams up through Team.objects.of(user); this holds for any other caller too.
     if not team.has_member(user):
         raise PermissionDenied(f"only members of {team.name} can manage its invitations")
@@ -254,18 +265,19 @@ def _require_admin(team: Team, user: object, what: str) -> None:
                            .values_list("username", flat=True)) or "none yet: a superuser names one in the admin"
         raise NotTeamAdmin(f"only the admins of {team.name} can {what} (its admins: {admins}); ask one of them, "
                            "or ask them to make you an admin")
+    return user
 
 
 def do_create_invitation(team: Team, user: object) -> tuple[Invitation, str]:
     """Create an invitation into ``team`` by its admin ``user``; return it and the secret for its link."""
-    _require_admin(team, user, "create invitation links")
+    admin = _require_admin(team, user, "create invitation links")
     if settings.AGENTFLY_SIGNUP == "closed":
         raise InvitationRefused("sign-up is closed on this server (AGENTFLY_SIGNUP=closed): an administrator "
                                 "creates accounts, so an invitation could not be used")
     token = secrets.token_urlsafe(32)
     with transaction.atomic():
         invitation = Invitation.objects.create(
-            team=team, digest=invitation_digest(token), created_by=user,
+            team=team, digest=invitation_digest(token), created_by=admin,
             expires_at=timezone.now() + timedelta(days=settings.AGENTFLY_INVITE_DAYS),
         )
     return invitation, token
@@ -319,15 +331,15 @@ class MembershipInvitationQuerySet(models.QuerySet["MembershipInvitation"]):
 
     def to(self, user: object) -> MembershipInvitationQuerySet:
         """Invitations addressed to ``user``."""
-        if not getattr(user, "is_authenticated", False):
+        if (member := signed_in(user)) is None:
             return self.none()
-        return self.filter(invitee=user)
+        return self.filter(invitee=member)
 
     def of(self, user: object) -> MembershipInvitationQuerySet:
         """Invitations into ``user``'s teams, and those addressed to ``user``."""
-        if not getattr(user, "is_authenticated", False):
+        if (member := signed_in(user)) is None:
             return self.none()
-        return self.filter(models.Q(team__in=Team.objects.of(user)) | models.Q(invitee=user))
+        return self.filter(models.Q(team__in=Team.objects.of(member)) | models.Q(invitee=member))
 
 
 class MembershipInvitation(models.Model):
@@ -375,7 +387,7 @@ def do_invite_member(team: Team, inviter: object, username: str) -> MembershipIn
     team is refused by name (the team's members are no secret to its admin)."""
     from django.contrib.auth import get_user_model
 
-    _require_admin(team, inviter, "invite members")
+    admin = _require_admin(team, inviter, "invite members")
     name = username.strip()
     if not name:
         raise InvitationRefused("give the username of the person to invite")
@@ -385,7 +397,7 @@ def do_invite_member(team: Team, inviter: object, username: str) -> MembershipIn
     with transaction.atomic():
         invitation, _ = MembershipInvitation.objects.select_for_update().get_or_create(
             team=team, invitee=invitee, answered_at__isnull=True, **({} if invitee else {"invitee_name": name}),
-            defaults={"invited_by": inviter, "invitee_name": name})
+            defaults={"invited_by": admin, "invitee_name": name})
     return invitation
 
 
@@ -400,7 +412,7 @@ def do_answer_invitation(invitation: MembershipInvitation, user: object, *, acce
         invitation.answered_at, invitation.accepted = timezone.now(), accept
         invitation.save(update_fields=["answered_at", "accepted"])
         if accept:
-            invitation.team.add_member(user)
+            invitation.team.add_member(cast("User", user))  # the invitee: its pk was checked above
     return invitation
 
 

@@ -38,19 +38,19 @@ class _LiveRates:
     """
 
     @property
-    def THROTTLE_RATES(self) -> dict[str, str]:  # the name DRF reads
-        return api_settings.DEFAULT_THROTTLE_RATES
+    def THROTTLE_RATES(self) -> dict[str, str | None]:  # the name DRF reads
+        return api_settings.DEFAULT_THROTTLE_RATES  # type: ignore[return-value]  # rates are strings like "5/min"
 
 
-class AnonThrottle(_LiveRates, AnonRateThrottle):
+class AnonThrottle(_LiveRates, AnonRateThrottle):  # type: ignore[override]  # a read-only property, on purpose
     pass
 
 
-class UserThrottle(_LiveRates, UserRateThrottle):
+class UserThrottle(_LiveRates, UserRateThrottle):  # type: ignore[override]  # as above
     pass
 
 
-class ScopedThrottle(_LiveRates, ScopedRateThrottle):
+class ScopedThrottle(_LiveRates, ScopedRateThrottle):  # type: ignore[override]  # as above
     """Applies where a view names a ``throttle_scope`` (token, try, launch, signup); a no-op elsewhere."""
 
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
 from django.contrib import messages
@@ -33,6 +33,9 @@ from webapp.accounts.models import (
     find_invitation,
 )
 from webapp.accounts.throttling import throttle
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 SIGNUP_CLOSED = ("Sign-up is closed on this server: an administrator creates accounts (manage.py createsuperuser, "
                  "or the admin site). Ask yours for one.")
@@ -71,7 +74,7 @@ def signup(request: HttpRequest, token: str | None = None) -> HttpResponse:
     return render(request, "registration/signup.html", {"form": form, "invitation": invitation})
 
 
-def locked_out(request: HttpRequest, original_response: Any = None, credentials: dict | None = None) -> HttpResponse:
+def locked_out(request: HttpRequest, original_response: Any = None, credentials: dict[str, Any] | None = None) -> HttpResponse:
     """django-axes' lockout response (``AXES_LOCKOUT_CALLABLE``): say how long to wait, with a Retry-After."""
     cooloff = settings.AXES_COOLOFF_TIME
     username = (credentials or {}).get("username") or request.POST.get("username", "")
@@ -90,7 +93,7 @@ def team_list(request: HttpRequest) -> HttpResponse:
     form = TeamForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            team = do_create_team(form.cleaned_data["name"], request.user)
+            team = do_create_team(form.cleaned_data["name"], cast("User", request.user))  # login_required
         except TeamLimitReached as exc:
             form.add_error("name", sentence(exc))
         else:
@@ -249,13 +252,14 @@ def api_token(request: HttpRequest) -> HttpResponse:
     """Show the user's REST API token; POST replaces it (the old one stops working at once)."""
     from rest_framework.authtoken.models import Token
 
+    user = cast("User", request.user)  # login_required
     if request.method == "POST":
         with transaction.atomic():
-            Token.objects.filter(user=request.user).delete()
-            Token.objects.create(user=request.user)
+            Token.objects.filter(user=user).delete()
+            Token.objects.create(user=user)
         messages.success(request, "A new token was created; the old one no longer works.")
         return redirect("accounts:token")
-    token, _ = Token.objects.get_or_create(user=request.user)
+    token, _ = Token.objects.get_or_create(user=user)
     # The page's launch example names real registry entries through the registry's own template tag
     # (builtin_entry): the registry depends on accounts, never the reverse.
     return render(request, "accounts/token.html", {"token": token})

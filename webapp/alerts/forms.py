@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 
@@ -8,7 +8,7 @@ from webapp.accounts.models import Team
 from webapp.alerts.models import AlertRule
 
 
-class RuleForm(forms.ModelForm):
+class RuleForm(forms.ModelForm):  # type: ignore[type-arg]  # not subscriptable at runtime
     team = forms.ModelChoiceField(queryset=Team.objects.none(), empty_label=None)
     webhook_url = forms.URLField(max_length=500, required=False, assume_scheme="https", label="Webhook URL",
                                  widget=forms.URLInput(attrs={"placeholder": "https://hooks.example.org/agentfly",
@@ -26,4 +26,5 @@ class RuleForm(forms.ModelForm):
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["team"].queryset = Team.objects.of(user).select_related("group")
+        team = cast("forms.ModelChoiceField[Team]", self.fields["team"])
+        team.queryset = Team.objects.of(user).select_related("group")

@@ -48,7 +48,7 @@ def check_webhook_url(url: str) -> tuple[str, str, int, str]:
         raise WebhookRefused("put no user or password in the webhook URL; use a secret path or query instead")
     host = parts.hostname
     try:
-        addresses = sorted({info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
+        addresses = sorted({str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
     except (OSError, UnicodeError) as exc:
         raise WebhookRefused(f"{host!r} does not resolve ({exc})") from None
     internal = [a for a in addresses if _internal(a)]

@@ -9,7 +9,7 @@ that is not there yet. The worker's side (claim, beat, finish, the stale-job swe
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -26,6 +26,9 @@ from webapp.jobs.worker import status_event
 from webapp.monitor.events import append_events
 from webapp.registry.models import Version
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
 log = logging.getLogger(__name__)
 
 
@@ -34,7 +37,7 @@ class QuotaExceeded(PermissionError):
     """A launch past one of its team's quotas; the message names the quota and how to get under it."""
 
 
-def check_quotas(team: Team, config: dict[str, Any], kind: str, user: object) -> None:
+def check_quotas(team: Team, config: dict[str, Any], kind: str, user: User) -> None:
     """Refuse a job past its team's step quota, one more job than its team's concurrent-jobs quota, or one
     more than ``user``'s own over all of their teams (a team of one's own adds no room). The caller holds the
     team's and the user's row locks, so two launches at once cannot both take the last place."""
@@ -78,7 +81,7 @@ def do_launch_job(
         with transaction.atomic():
             # The user's row, then the team's: every launch takes them in this order, so none waits on another
             # in a circle, and a user's launches into two teams at once count each other.
-            get_user_model().objects.select_for_update().filter(pk=getattr(user, "pk", None)).first()
+            get_user_model().objects.select_for_update().filter(pk=user.pk).first()
             Team.objects.select_for_update().filter(pk=team.pk).first()
             check_quotas(team, config, kind, user)
             job = TrainingJob.objects.create(

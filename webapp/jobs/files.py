@@ -12,6 +12,7 @@ from celery.result import AsyncResult
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 from drf_spectacular.types import OpenApiTypes
@@ -47,7 +48,7 @@ def output(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @login_required
-def output_download(request: HttpRequest, pk: int) -> HttpResponse:
+def output_download(request: HttpRequest, pk: int) -> HttpResponseBase:
     """The whole output as a plain-text attachment, streamed (never rendered by the browser as a page)."""
     job = get_object_or_404(TrainingJob.objects.visible_to(request.user).select_related("team"), pk=pk)
     try:
@@ -75,7 +76,7 @@ def team_checkpoint(user: object, pk: int, step: int) -> Checkpoint:
                              job__in=TrainingJob.objects.visible_to(user), job_id=pk, step=step)
 
 
-def archive_response(checkpoint: Checkpoint, *, api: bool = False) -> HttpResponse:
+def archive_response(checkpoint: Checkpoint, *, api: bool = False) -> HttpResponseBase:
     try:
         pieces = exports.stream_archive(checkpoint)
     except exports.NotExportable as exc:
@@ -92,7 +93,7 @@ def queue_export(checkpoint: Checkpoint) -> Any:
 
 
 @login_required
-def checkpoint_archive(request: HttpRequest, pk: int, step: int) -> HttpResponse:
+def checkpoint_archive(request: HttpRequest, pk: int, step: int) -> HttpResponseBase:
     """The checkpoint's model files as a tar, streamed."""
     return archive_response(team_checkpoint(request.user, pk, step))
 
@@ -133,7 +134,7 @@ def checkpoints_context(job: TrainingJob, user: object) -> dict[str, object]:
 @extend_schema(responses={(200, "application/x-tar"): OpenApiTypes.BINARY,
                           404: detail_response("No such checkpoint of a job of your teams, or it is gone.")})
 @api_view(["GET"])
-def api_checkpoint_archive(request: Request, pk: int, step: int) -> HttpResponse:
+def api_checkpoint_archive(request: Request, pk: int, step: int) -> HttpResponseBase:
     """The checkpoint's model files (safetensors, config, tokenizer, chat template) as a tar, streamed."""
     return archive_response(team_checkpoint(request.user, pk, step), api=True)
 

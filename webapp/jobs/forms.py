@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from django import forms
 from django.conf import settings
@@ -173,16 +173,23 @@ def allowed_path(raw: str, team: Team | None = None) -> str:
     return path
 
 
-class EntryChoiceField(forms.ModelChoiceField):
+class EntryChoiceField(forms.ModelChoiceField):  # type: ignore[type-arg]  # not subscriptable at runtime
     def label_from_instance(self, obj: Entry) -> str:
         owner = "built-in" if obj.is_builtin else obj.team.slug  # type: ignore[union-attr]
         return f"{obj.name} ({owner})"
 
 
-class EntryMultipleChoiceField(forms.ModelMultipleChoiceField):
+class EntryMultipleChoiceField(forms.ModelMultipleChoiceField):  # type: ignore[type-arg]  # as above
     def label_from_instance(self, obj: Entry) -> str:
         owner = "built-in" if obj.is_builtin else obj.team.slug  # type: ignore[union-attr]
         return f"{obj.name} ({owner})"
+
+
+class LaunchFields(TypedDict):
+    """A job's own fields beside its trainer config (``LaunchForm.launch_fields``)."""
+
+    ranks: int
+    nodes: int
 
 
 # The settings trainer/config.py declares for the web app (``webapp.jobs.schema``), as form fields.
@@ -290,7 +297,7 @@ class LaunchForm(Settings):  # type: ignore[misc,valid-type]
         self.fields["judge_server"].choices = [("", "---------")] + [(u, u) for u in servers.judge_servers_of_teams(slugs)]
         self.preselect_calculator_recipe(visible)
         for name, rule in SHOW_IF.items():
-            self.fields[name].show_if = json.dumps({k: list(v) for k, v in rule.items()})  # type: ignore[attr-defined]
+            self.fields[name].show_if = json.dumps({k: list(v) for k, v in rule.items()})
 
     @property
     def sections(self) -> dict[str, list[forms.BoundField]]:
@@ -318,7 +325,7 @@ class LaunchForm(Settings):  # type: ignore[misc,valid-type]
             self.fields["reward"].initial = math_equal.pk
 
     def clean_name(self) -> str:
-        name = self.cleaned_data["name"].strip()
+        name: str = self.cleaned_data["name"].strip()
         if not name:
             raise ValidationError("Give the job a name.")
         return name
@@ -487,7 +494,7 @@ class LaunchForm(Settings):  # type: ignore[misc,valid-type]
         return value  # min <= max and max >= 1 are the trainer's rules (Config.validate, see validate_with_trainer)
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data: dict[str, Any] = super().clean()
         schema.fill_blanks(data)
         if data.get("model_source") == "path" and "model_path" not in self.errors:  # refused: never probed
             error = model_dir_error(data.get("model_path", ""), "Give the model directory, or choose the tiny model.")
@@ -544,9 +551,9 @@ class LaunchForm(Settings):  # type: ignore[misc,valid-type]
         try:
             from_dict(Config, partial)
         except ConfigError as exc:
-            field = field_of(exc.key)
-            if field in fields and field not in self.errors:
-                self.add_error(field, str(exc))
+            named = field_of(exc.key)
+            if named in fields and named not in self.errors:
+                self.add_error(named, str(exc))
 
     def check_registrable_code(self, data: dict[str, Any]) -> None:
         """Every tool and the reward must still be code the registry may run, for this job's team (an entry
@@ -664,7 +671,7 @@ class LaunchForm(Settings):  # type: ignore[misc,valid-type]
             return {"judge": {"backend": "hf", "model_dir": model_dir, **rubric}}
         return {}
 
-    def launch_fields(self) -> dict[str, int]:
+    def launch_fields(self) -> LaunchFields:
         """The job's own fields, beside its trainer config: the worker runs ``ranks`` ranks (a torchrun process
         group when more than 1) on each of ``nodes`` hosts (``webapp.jobs.body``)."""
         d = self.cleaned_data

@@ -27,7 +27,7 @@ from webapp.registry.models import Version
 # A job's states are the trainer's run states (``trainer.events.RUN_STATES``): one vocabulary for both, and
 # one of the web app's own: ``preempted``, a job that yielded its worker to another team's job at a
 # checkpoint and waits in the queue to resume from it (fair share, ``webapp.jobs.worker.preempt_job``).
-Status = models.TextChoices("Status", [*((state.upper(), state) for state in RUN_STATES),  # type: ignore[misc]
+Status = models.TextChoices("Status", [*((state.upper(), state) for state in RUN_STATES),  # type: ignore[call-overload]
                                        ("PREEMPTED", ("preempted", "preempted, queued"))])
 
 

@@ -37,7 +37,8 @@ class PathRefused(ValueError):
 
 
 def team_dir(team: Any) -> Path:
-    return Path(settings.AGENTFLY_RUNS_DIR) / team.slug
+    slug: str = team.slug
+    return Path(settings.AGENTFLY_RUNS_DIR) / slug
 
 
 def job_dir(job: Any) -> Path:

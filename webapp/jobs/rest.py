@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -22,20 +22,29 @@ from webapp.monitor.events import events_after, requested_types
 from webapp.monitor.models import EventType
 from webapp.schema import detail_response
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
-class CheckpointSerializer(serializers.ModelSerializer):
+    from webapp.registry.models import Version
+
+
+class CheckpointSerializer(serializers.ModelSerializer[Checkpoint]):
     class Meta:
         model = Checkpoint
         fields = ["id", "step", "path", "metrics", "created_at"]
 
 
-class JobSerializer(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+class JobSerializer(serializers.ModelSerializer[TrainingJob]):
+    team: serializers.SlugRelatedField[Team] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     # null once the user is deleted, for a job made without a reward version, and for a fresh (not resumed) job
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
-    tool_versions = serializers.SlugRelatedField(slug_field="source_hash", many=True, read_only=True)
-    reward_version = serializers.SlugRelatedField(slug_field="source_hash", read_only=True, allow_null=True)
-    resumed_from = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True)
+    created_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True)
+    tool_versions: serializers.SlugRelatedField[Version] = serializers.SlugRelatedField(
+        slug_field="source_hash", many=True, read_only=True)
+    reward_version: serializers.SlugRelatedField[Version] = serializers.SlugRelatedField(
+        slug_field="source_hash", read_only=True, allow_null=True)
+    resumed_from: serializers.PrimaryKeyRelatedField[Checkpoint] = serializers.PrimaryKeyRelatedField(
+        read_only=True, allow_null=True)
     total_steps = serializers.IntegerField(read_only=True, help_text="The step the job trains to (config steps).")
     config = serializers.JSONField(source="launch_config", read_only=True,
                                    help_text="The trainer config, with ranks and nodes (when above 1) and resume_from.")
@@ -47,15 +56,18 @@ class JobSerializer(serializers.ModelSerializer):
                   "error", "last_seq", "created_at", "started_at", "finished_at", "heartbeat_at"]
 
 
-class EventSerializer(serializers.Serializer):
+class EventSerializer(serializers.Serializer[Any]):
     seq = serializers.IntegerField()
     type = serializers.ChoiceField(choices=EventType.values)
     step = serializers.IntegerField(allow_null=True)
     time = serializers.FloatField(allow_null=True)
-    data = serializers.JSONField(help_text="The payload as the trainer emitted it (trainer/events.py).")
+    # The wire name of an event's payload. DRF's metaclass moves a declared field into _declared_fields, so it
+    # does not hide Serializer.data, as the stubs suppose.
+    data = serializers.JSONField(  # type: ignore[assignment]
+        help_text="The payload as the trainer emitted it (trainer/events.py).")
 
 
-class EventPageSerializer(serializers.Serializer):
+class EventPageSerializer(serializers.Serializer[Any]):
     job = serializers.IntegerField()
     last_seq = serializers.IntegerField()
     events = EventSerializer(many=True)
@@ -64,7 +76,7 @@ class EventPageSerializer(serializers.Serializer):
 def bounded(kind: Any, name: str, default: float) -> Any:
     """A number field documented with the launch form's own bounds (the form validates; this is the schema)."""
     field = LaunchForm.base_fields[name]
-    return kind(default=default, min_value=field.min_value, max_value=field.max_value)  # type: ignore[attr-defined]
+    return kind(default=default, min_value=field.min_value, max_value=field.max_value)
 
 
 # The settings trainer/config.py declares for the web app (``webapp.jobs.schema``), as API fields.
@@ -85,7 +97,7 @@ class LaunchSerializer(LaunchSettings):  # type: ignore[misc,valid-type]
         help_text="sft, sft_then_rl: JSONL of written demonstrations (a task sample with its `messages` a line), in "
                   "the team's folder or AGENTFLY_ALLOWED_PATHS; empty generates them for the arithmetic task.")
     sft_habit = serializers.ChoiceField(
-        choices=LaunchForm.base_fields["sft_habit"].choices, default="", required=False,  # type: ignore[attr-defined]
+        choices=LaunchForm.base_fields["sft_habit"].choices, default="", required=False,
         help_text="sft, sft_then_rl with generated demonstrations: a demonstrator's bad habit for RL to undo, shown "
                   "on questions opening with `sft_habit_phrasings` (comma-separated), in `sft_habit_fraction` of them.")
     sft_habit_phrasings = serializers.CharField(required=False, allow_blank=True, default="")
@@ -161,7 +173,7 @@ def launch_form(request: Request) -> LaunchForm:
     return LaunchForm(merged, user=request.user)
 
 
-class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[TrainingJob]):
     serializer_class = JobSerializer
     lookup_value_regex = r"\d+"
 
@@ -247,15 +259,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return Response(CheckpointSerializer(self.get_object().checkpoints.all(), many=True).data)
 
 
-class APIQuotaSerializer(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+class APIQuotaSerializer(serializers.ModelSerializer[APIQuota]):
+    team: serializers.SlugRelatedField[Team] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
 
     class Meta:
         model = APIQuota
         fields = ["id", "team", "api", "rate", "burst", "concurrency", "daily_quota", "updated_at"]
 
 
-class APIQuotaViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+class APIQuotaViewSet(mixins.ListModelMixin, viewsets.GenericViewSet[APIQuota]):
     """The operator's limits on each rate-limited API, for the caller's teams: what a job's
     ``resources.<api>.api`` may ask for at most. Read-only: an operator sets them in the admin."""
 

@@ -160,7 +160,7 @@ def form_field(s: Setting) -> forms.Field:
         field = kind(widget=widget, validators=[s.check], **common)
     else:
         field = forms.CharField(**common)
-    field.show_if = show_if(s)  # type: ignore[attr-defined]  # rendered as data-show-if (templates/_field.html)
+    field.show_if = show_if(s)  # type: ignore[union-attr]  # rendered as data-show-if (templates/_field.html)
     return field
 
 
@@ -173,7 +173,7 @@ def section_names(section: str) -> list[str]:
     return [s.name for s in SETTINGS if s.web.section == section]
 
 
-def serializer_field(s: Setting) -> serializers.Field:
+def serializer_field(s: Setting) -> serializers.Field[Any, Any, Any, Any]:
     """The REST API's field of ``s``, for the OpenAPI schema (the launch form validates): required fields
     default to their initial value, optional ones may be left out (they then mean ``Setting.blank``)."""
     common: dict[str, Any] = {"help_text": s.help}
@@ -194,11 +194,11 @@ def serializer_field(s: Setting) -> serializers.Field:
         open_bounds = [f"{'more' if k == 'gt' else 'less'} than {v}" for k, v in b.items() if k in ("gt", "lt")]
         if open_bounds:
             common["help_text"] = f"{s.help} ({', '.join(open_bounds)})"
-        return kind(min_value=b.get("ge"), max_value=b.get("le"), **common)
+        return kind(min_value=b.get("ge"), max_value=b.get("le"), **common)  # type: ignore[arg-type]  # an int's are ints
     return serializers.CharField(allow_blank=True, **common)
 
 
-def serializer_fields() -> dict[str, serializers.Field]:
+def serializer_fields() -> dict[str, serializers.Field[Any, Any, Any, Any]]:
     return {s.name: serializer_field(s) for s in SETTINGS}
 
 

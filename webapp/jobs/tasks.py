@@ -244,7 +244,7 @@ def enqueue_again(job: TrainingJob) -> None:
     of its own (the current task is still running under the job's); a cancel needs no revoke, since the
     claim refuses a cancelled job."""
     run_job.apply_async(args=[job.pk], queue=job.queue,
-                        task_id=f"{job.celery_task_id}-run-{int(job.queued_at.timestamp() * 1000)}")
+                        task_id=f"{job.celery_task_id}-run-{int(job.queued_at.timestamp() * 1000)}")  # type: ignore[union-attr]  # queued
 
 
 @inspect_command()

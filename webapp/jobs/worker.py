@@ -15,7 +15,7 @@ import socket
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from django.conf import settings
 from django.db import DataError, transaction
@@ -224,7 +224,7 @@ def record_versions_used(job_id: int, found: list[tuple[str, str, Any]]) -> list
     tool_versions: list[Version] = []
     launched = {v.entry_id: v for v in job.tool_versions.all()}
     if job.reward_version_id:
-        launched[job.reward_version.entry_id] = job.reward_version  # type: ignore[union-attr]
+        launched[job.reward_version.entry_id] = job.reward_version  # type: ignore[union-attr,assignment]  # its id is set
     for kind, path, description in found:
         entry = (Entry.objects.filter(kind=kind, import_path=path, team=job.team).first()
                  or Entry.objects.filter(kind=kind, import_path=path, team__isnull=True).first())
@@ -258,6 +258,7 @@ def sweep_stale_jobs(now: datetime | None = None) -> list[int]:
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.JOB_HEARTBEAT_TIMEOUT)
     ended = []
+    level: Literal["info", "warning", "error"] | None
     for job in TrainingJob.objects.filter(status=Status.RUNNING, heartbeat_at__lt=cutoff):
         checkpoint = job.last_checkpoint
         silent = (f"the worker {job.worker or '?'} stopped sending heartbeats (last at "

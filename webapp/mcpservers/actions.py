@@ -100,7 +100,7 @@ def do_try_tool(*, user: object, server: MCPServer, tool: str, arguments: dict[s
     from webapp.mcpservers.tasks import try_mcp_tool
     from webapp.registry.tryslots import acquire_slot, release_slot
 
-    slot = acquire_slot(getattr(user, "pk", None), server.team_id)
+    slot = acquire_slot(getattr(user, "pk", None), server.team_id)  # type: ignore[arg-type]  # a member's pk
     try:
         pending = try_mcp_tool.apply_async(args=[server.pk, tool, arguments], queue="try",
                                            time_limit=settings.AGENTFLY_CHILD_TIMEOUT + 15)

@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from webapp.accounts.api import MemberTeamField
+from webapp.accounts.models import Team
 from webapp.mcpservers import actions
 from webapp.mcpservers.models import MCPServer, MCPServerVersion, Transport
 from webapp.mcpservers.rules import NotAllowed, check_url, stdio_argv
@@ -20,14 +21,14 @@ from webapp.registry.tryslots import TooManyTries
 from webapp.schema import detail_response
 
 
-class MCPServerVersionSerializer(serializers.ModelSerializer):
+class MCPServerVersionSerializer(serializers.ModelSerializer[MCPServerVersion]):
     class Meta:
         model = MCPServerVersion
         fields = ["id", "listing_hash", "tools", "created_at"]
 
 
-class MCPServerSerializer(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+class MCPServerSerializer(serializers.ModelSerializer[MCPServer]):
+    team: serializers.SlugRelatedField[Team] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     current_version = MCPServerVersionSerializer(read_only=True, allow_null=True)
 
     class Meta:
@@ -36,7 +37,7 @@ class MCPServerSerializer(serializers.ModelSerializer):
                   "current_version", "created_at", "inspected_at"]
 
 
-class MCPRegisterSerializer(serializers.Serializer):
+class MCPRegisterSerializer(serializers.Serializer[Any]):
     team = MemberTeamField()
     name = serializers.SlugField(max_length=60)
     transport = serializers.ChoiceField(choices=Transport.choices)
@@ -61,12 +62,12 @@ class MCPRegisterSerializer(serializers.Serializer):
         return attrs
 
 
-class MCPTrySerializer(serializers.Serializer):
+class MCPTrySerializer(serializers.Serializer[Any]):
     tool = serializers.CharField(max_length=64)
     arguments = serializers.DictField(required=False, default=dict)
 
 
-class MCPServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class MCPServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[MCPServer]):
     serializer_class = MCPServerSerializer
     lookup_value_regex = r"\d+"
     queryset = MCPServer.objects.none()
@@ -111,7 +112,7 @@ class MCPServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
             return Response({"detail": why}, status=409)
         ser = MCPTrySerializer(data=request.data)
         ser.is_valid(raise_exception=True)
-        names = [t["name"] for t in server.current_version.tools]
+        names = [t["name"] for t in server.current_version.tools]  # type: ignore[union-attr]  # not_triable: it has one
         if ser.validated_data["tool"] not in names:
             return Response({"tool": [f"This server has no such tool; it has: {', '.join(names)}."]}, status=400)
         try:

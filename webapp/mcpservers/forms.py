@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 
@@ -38,7 +38,8 @@ class RegisterServerForm(forms.Form):
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["team"].queryset = Team.objects.of(user).select_related("group")
+        team = cast("forms.ModelChoiceField[Team]", self.fields["team"])
+        team.queryset = Team.objects.of(user).select_related("group")
 
     def clean_command(self) -> list[str]:
         try:
@@ -48,7 +49,8 @@ class RegisterServerForm(forms.Form):
                 from None
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if data.get("transport") == Transport.STDIO and not data.get("command"):
             self.add_error("command", "A stdio server needs a command: the script's path in your team's plugin "
                                       "folder, e.g. kv_server.py")
@@ -64,7 +66,7 @@ class TryServerForm(forms.Form):
 
     def __init__(self, *args: Any, tools: list[dict[str, Any]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["tool"].choices = [(t["name"], t["name"]) for t in tools]
+        cast(forms.ChoiceField, self.fields["tool"]).choices = [(t["name"], t["name"]) for t in tools]
 
     def clean_arguments(self) -> dict[str, Any]:
         from webapp.registry.tasks import parse_arguments

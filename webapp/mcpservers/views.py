@@ -108,7 +108,7 @@ def try_tool(request: HttpRequest, pk: int) -> HttpResponse:
     """Call one tool of a ready server on a worker and show what the model would read."""
     server = get_object_or_404(visible_servers(request).filter(status=Status.READY, current_version__isnull=False),
                                pk=pk)
-    form = TryServerForm(request.POST, tools=server.current_version.tools)  # type: ignore[union-attr]
+    form = TryServerForm(request.POST, tools=server.current_version.tools)
     result, status = None, 200
     if form.is_valid():
         try:

@@ -71,13 +71,14 @@ def normalise(event: Mapping[str, Any]) -> dict[str, Any]:
         raise EventError(f"an event has no {', '.join(missing)}: make it with a constructor of trainer.events "
                          f"(e.g. {kind}_event)")
     # jsonb refuses NaN, infinities and the NUL character: a sample's text keeps a NUL as U+FFFD.
-    return {"type": kind, "step": step, "time": float(at), "data": jsonable(payload, nul="\ufffd")}
+    return {"type": kind, "step": step, "time": float(at),  # type: ignore[arg-type]  # a number, above
+            "data": jsonable(payload, nul="\ufffd")}
 
 
 def append_events(job_id: int, events: Iterable[Mapping[str, Any]]) -> list[JobEvent]:
     """Store ``events`` for the job under the next sequence numbers and announce them after commit."""
     # The job's model through the events' foreign key: the monitor app never imports the jobs app.
-    TrainingJob = JobEvent.job.field.related_model
+    TrainingJob: Any = JobEvent.job.field.related_model  # its model class, which this app does not import
 
     rows = [normalise(e) for e in events]
     if not rows:

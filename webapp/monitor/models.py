@@ -13,7 +13,7 @@ from django.db import models
 from trainer.events import EVENT_TYPES
 
 # The trainer's event types are the one list (``trainer.events.EVENT_TYPES``); the stored column takes them.
-EventType = models.TextChoices("EventType", [(t.upper(), t) for t in EVENT_TYPES])  # type: ignore[misc]
+EventType = models.TextChoices("EventType", [(t.upper(), t) for t in EVENT_TYPES])  # type: ignore[call-overload]
 
 
 class JobEvent(models.Model):

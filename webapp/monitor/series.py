@@ -44,7 +44,7 @@ def minmax_indices(y: np.ndarray, points: int) -> np.ndarray:
     from tsdownsample import MinMaxDownsampler, NaNMinMaxDownsampler
 
     budget = max(2, points - points % 2)  # MinMax needs an even number of points
-    sampler = NaNMinMaxDownsampler() if np.isnan(y).any() else MinMaxDownsampler()
+    sampler = NaNMinMaxDownsampler() if np.isnan(y).any() else MinMaxDownsampler()  # type: ignore[no-untyped-call]
     return np.asarray(sampler.downsample(y, n_out=budget), dtype=np.int64)
 
 

@@ -89,7 +89,7 @@ def seed_long_job(job: Any, steps: int, *, start_step: int = 1, start_time: floa
     rng = random.Random(seed)
     with transaction.atomic():
         job.refresh_from_db(fields=["last_seq"])
-        seq = job.last_seq
+        seq: int = job.last_seq
         rows: list[tuple[int, int, str, int, float, dict[str, Any]]] = []
         for step in range(start_step, start_step + steps):
             for event in step_events(step, start_time + step, rng):

@@ -4,11 +4,11 @@ from webapp.accounts.admin import TeamScoped, TeamScopedAdmin
 from webapp.registry.models import Entry, Version
 
 
-class VersionInline(TeamScoped, admin.TabularInline):
+class VersionInline(TeamScoped, admin.TabularInline):  # type: ignore[type-arg]  # not subscriptable at runtime
     model = Version
     extra = 0
     fields = ["source_hash", "name", "signature", "created_at"]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # a flat list of names
     can_delete = False
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from webapp.accounts.api import MemberTeamField
+from webapp.accounts.models import Team
 from webapp.registry import actions
 from webapp.registry.models import Entry, Kind, Version, check_import_path
 from webapp.registry.rules import NotRegistrable, check_registrable
@@ -18,15 +19,16 @@ from webapp.registry.trying import NoAnswer, TooManyTries, charged_team, not_tri
 from webapp.schema import detail_response
 
 
-class VersionSerializer(serializers.ModelSerializer):
+class VersionSerializer(serializers.ModelSerializer[Version]):
     class Meta:
         model = Version
         fields = ["id", "source_hash", "name", "signature", "docstring", "schema", "resource", "created_at"]
 
 
-class EntrySerializer(serializers.ModelSerializer):
+class EntrySerializer(serializers.ModelSerializer[Entry]):
     # null for a built-in entry (no team) and for one whose inspection has not succeeded yet (no version)
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    team: serializers.SlugRelatedField[Team] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True, allow_null=True)
     current_version = VersionSerializer(read_only=True, allow_null=True)
 
     class Meta:
@@ -35,7 +37,7 @@ class EntrySerializer(serializers.ModelSerializer):
                   "created_at", "inspected_at"]
 
 
-class RegisterSerializer(serializers.Serializer):
+class RegisterSerializer(serializers.Serializer[Any]):
     kind = serializers.ChoiceField(choices=Kind.choices)
     import_path = serializers.CharField(max_length=300)
     team = MemberTeamField()
@@ -54,11 +56,11 @@ class RegisterSerializer(serializers.Serializer):
         return attrs
 
 
-class TrySerializer(serializers.Serializer):
+class TrySerializer(serializers.Serializer[Any]):
     arguments = serializers.DictField(help_text="The tool's arguments, as the model would send them.")
 
 
-class TryResultSerializer(serializers.Serializer):
+class TryResultSerializer(serializers.Serializer[Any]):
     """What one call of the tool gave: its observation, or the error the model would have been shown."""
 
     observation = serializers.CharField(allow_blank=True, help_text="The tool's output as the model sees it.")
@@ -69,7 +71,7 @@ class TryResultSerializer(serializers.Serializer):
 @extend_schema_view(list=extend_schema(parameters=[
     OpenApiParameter("kind", str, enum=Kind.values, description="Only tools or only rewards."),
 ]))
-class EntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class EntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[Entry]):
     serializer_class = EntrySerializer
     lookup_value_regex = r"\d+"
 
@@ -119,8 +121,9 @@ class EntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         ser = TrySerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         try:
-            return Response(try_on_worker(request.user.pk, entry.pk, ser.validated_data["arguments"],
-                                                  team_id=charged_team(entry, request.user)))
+            return Response(try_on_worker(cast(int, request.user.pk), entry.pk,  # signed in (IsAuthenticated)
+                                          ser.validated_data["arguments"],
+                                          team_id=charged_team(entry, request.user)))
         except TooManyTries as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_429_TOO_MANY_REQUESTS)
         except NoAnswer as exc:

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 
@@ -20,7 +20,8 @@ class RegisterForm(forms.Form):
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["team"].queryset = Team.objects.of(user).select_related("group")
+        team = cast("forms.ModelChoiceField[Team]", self.fields["team"])
+        team.queryset = Team.objects.of(user).select_related("group")
 
     def clean_import_path(self) -> str:
         try:
@@ -29,7 +30,8 @@ class RegisterForm(forms.Form):
             raise forms.ValidationError(str(exc)) from None
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if data.get("import_path") and data.get("kind") and data.get("team"):
             try:
                 check_registrable(data["kind"], data["import_path"], data["team"].slug)

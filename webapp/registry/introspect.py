@@ -183,6 +183,6 @@ def builtin_paths() -> list[tuple[str, str]]:
             if isinstance(obj, cls):
                 # Name it by the module that defines it (what configs write), not the re-exporting package.
                 home = sys.modules.get(obj.fn.__module__)
-                where = obj.fn.__module__ if home is not None and getattr(home, attr, None) is obj else module.__name__
+                where = obj.fn.__module__ if home is not None and getattr(home, attr, None) is obj else module.__name__  # type: ignore[union-attr]  # a built-in's fn
                 found.append((kind, f"{where}:{attr}"))
     return found

@@ -227,7 +227,7 @@ def found_elsewhere(top: str, plugin_dirs: Sequence[Path]) -> str | None:
         if finder is importlib.machinery.PathFinder or isinstance(finder, TeamFinder):
             continue
         try:
-            spec = finder.find_spec(top, None)  # type: ignore[union-attr]
+            spec = finder.find_spec(top, None)
         except Exception:
             continue
         if spec is not None:

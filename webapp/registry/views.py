@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import cast
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
@@ -52,7 +54,8 @@ def entry_detail(request: HttpRequest, pk: int) -> HttpResponse:
 def reinspect(request: HttpRequest, pk: int) -> HttpResponse:
     entry = get_object_or_404(Entry.objects.visible_to(request.user).filter(team__isnull=False), pk=pk)
     try:
-        actions.do_register_entry(user=request.user, team=entry.team, kind=entry.kind, import_path=entry.import_path)
+        actions.do_register_entry(user=request.user, team=entry.team,  # type: ignore[arg-type]  # team__isnull=False
+                                  kind=entry.kind, import_path=entry.import_path)
     except NotRegistrable as exc:  # stored before the rule, or the plugin folder changed since
         worker.record_failure(entry.pk, str(exc))
         messages.error(request, str(exc))
@@ -70,7 +73,8 @@ def try_tool(request: HttpRequest, pk: int) -> HttpResponse:
     status = 200
     if form.is_valid():
         try:
-            result = try_on_worker(request.user.pk, entry.pk, form.cleaned_data["arguments"],
+            result = try_on_worker(cast(int, request.user.pk), entry.pk,  # signed in (login_required)
+                                   form.cleaned_data["arguments"],
                                    team_id=charged_team(entry, request.user))
         except TooManyTries as exc:
             result, status = {"observation": "", "latency": 0.0, "error": str(exc)}, 429

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from webapp.accounts.models import Team
 from webapp.jobs.actions import QuotaExceeded
 from webapp.jobs.models import TrainingJob
 from webapp.schema import detail_response
@@ -16,15 +17,15 @@ from webapp.sweeps import actions
 from webapp.sweeps.models import Goal, Kind, Sweep
 
 
-class SweepRunSerializer(serializers.Serializer):
+class SweepRunSerializer(serializers.Serializer[Any]):
     job = serializers.IntegerField(help_text="The run's job id.")
     status = serializers.CharField()
     params = serializers.DictField(help_text="The values of the swept fields this run got.")
     value = serializers.FloatField(allow_null=True, help_text="Its value of the sweep's metric (final, else latest).")
 
 
-class SweepSerializer(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+class SweepSerializer(serializers.ModelSerializer[Sweep]):
+    team: serializers.SlugRelatedField[Team] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     runs = serializers.SerializerMethodField()
     best = serializers.SerializerMethodField(help_text="The job id of the best run by the metric, or null.")
 
@@ -34,7 +35,7 @@ class SweepSerializer(serializers.ModelSerializer):
                   "runs", "best"]
 
     def _values(self, sweep: Sweep) -> dict[int, float | None]:
-        cache = self.context.setdefault("values", {})
+        cache = cast(dict[str, Any], self.context).setdefault("values", {})  # the serializer's own dict
         if sweep.pk not in cache:
             cache[sweep.pk] = {r.job_id: actions.run_value(r.job, sweep.metric) for r in sweep.runs.all()}
         return cache[sweep.pk]  # type: ignore[no-any-return]
@@ -49,11 +50,13 @@ class SweepSerializer(serializers.ModelSerializer):
         return actions.best_run(self._values(sweep), sweep.goal)
 
 
-class SweepLaunchSerializer(serializers.Serializer):
+class SweepLaunchSerializer(serializers.Serializer[Any]):
     base_job = serializers.IntegerField(help_text="A job of your team whose launch settings every run starts from.")
     name = serializers.CharField(max_length=80)
     kind = serializers.ChoiceField(choices=Kind.choices, default=Kind.GRID)
-    fields = serializers.DictField(
+    # The API's name for the swept fields. DRF's metaclass moves a declared field into _declared_fields, so it
+    # does not hide Serializer.fields, as the stubs suppose.
+    fields = serializers.DictField(  # type: ignore[assignment]
         help_text='The launch fields to sweep and their values: {"learning_rate": [1e-4, 3e-4], "seed": [0, 1]}; '
                   'a random sweep also takes ranges: {"learning_rate": {"min": 1e-5, "max": 1e-3, "log": true}}.')
     count = serializers.IntegerField(min_value=0, max_value=1000, default=0, help_text="random: how many runs.")
@@ -63,7 +66,7 @@ class SweepLaunchSerializer(serializers.Serializer):
     goal = serializers.ChoiceField(choices=Goal.choices, default=Goal.MAX)
 
 
-class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[Sweep]):
     serializer_class = SweepSerializer
     lookup_value_regex = r"\d+"
     queryset = Sweep.objects.none()

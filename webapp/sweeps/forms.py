@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 
@@ -31,8 +31,9 @@ class SweepForm(forms.Form):
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["base_job"].queryset = TrainingJob.objects.visible_to(user).order_by("-pk")
-        self.fields["base_job"].label_from_instance = lambda j: f"#{j.pk} {j.name}"
+        base_job = cast("forms.ModelChoiceField[TrainingJob]", self.fields["base_job"])
+        base_job.queryset = TrainingJob.objects.visible_to(user).order_by("-pk")
+        base_job.label_from_instance = lambda j: f"#{j.pk} {j.name}"  # type: ignore[assignment]  # an instance attribute, as Django documents it
 
     def clean_space(self) -> dict[str, Any]:
         from webapp.inputs import loads

@@ -51,7 +51,8 @@ def launch(request: HttpRequest) -> HttpResponse:
 
 def chosen_metric(request: HttpRequest, sweep: Sweep) -> tuple[str, str]:
     metric = (request.GET.get("metric") or sweep.metric)[:100]
-    goal = request.GET.get("goal") if request.GET.get("goal") in Goal.values else sweep.goal
+    asked = request.GET.get("goal")
+    goal = asked if asked in Goal.values else sweep.goal
     return metric, goal
 
 
