@@ -32,7 +32,7 @@ class InfrastructureFailure(ResourceError):
     sandbox) is an observation the model reads. This is the other kind: the sandbox died, the node was lost,
     the server stopped answering. The rollout layer ends the trajectory with ``failure=kind`` and
     ``failure_reason=str(exc)``; the trainer leaves it out of its group's statistics and out of the loss, and
-    counts it per step (``rollout/infra_failed/<kind>``).
+    counts it per step (``rollout/infra_failure/<kind>``).
     """
 
     def __init__(self, reason: str, kind: str = "instance_crashed") -> None:

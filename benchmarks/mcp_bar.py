@@ -240,7 +240,7 @@ def evaluate(services: demo.Services, env: dict[str, str], name: str, path: Path
         raise SystemExit(f"agentfly eval of {path} exited with code {proc.returncode}; its log ends with:\n{log[-3000:]}")
     result = json.loads(log.strip().splitlines()[-1])
     if "eval/accuracy" not in result:  # a problem that failed for the infrastructure says nothing of the agent
-        kinds = {k.rsplit("/", 1)[1]: v for k, v in result.items() if k.startswith("eval/rollout/infra_failed/")}
+        kinds = {k.rsplit("/", 1)[1]: v for k, v in result.items() if k.startswith("eval/rollout/infra_failure/")}
         raise SystemExit(f"every problem of the evaluation of {path} failed for the infrastructure ({kinds}); "
                          f"see {services.logs / f'eval-{name}.log'}")
     result["seconds"] = time.monotonic() - start

@@ -60,7 +60,7 @@ def summary_metrics(rows: Sequence[dict[str, Any]], prefix: str = "") -> dict[st
     """
     failures = Counter(r["failure"] for r in rows if r.get("failure"))
     counts = {f"{prefix}rollout/infra_failed": float(sum(failures.values()))}
-    counts |= {f"{prefix}rollout/infra_failed/{kind}": float(n) for kind, n in sorted(failures.items())}
+    counts |= {f"{prefix}rollout/infra_failure/{kind}": float(n) for kind, n in sorted(failures.items())}
     rows = [r for r in rows if not r.get("failure")]
     if not rows:
         return counts
@@ -78,7 +78,7 @@ def summary_metrics(rows: Sequence[dict[str, Any]], prefix: str = "") -> dict[st
         f"{prefix}rollout_errors": float(sum(r["error"] for r in rows)),
         # A reward that raised scores 0: without this count a broken reward reads as a policy that never
         # answers right.
-        f"{prefix}reward_errors": float(sum(bool(r.get("reward_error")) for r in rows)),
+        f"{prefix}reward_errors/count": float(sum(bool(r.get("reward_error")) for r in rows)),
         f"{prefix}reward_errors/fraction": float(np.mean([bool(r.get("reward_error")) for r in rows])),
     }
     for reason in ("answer", "max_turns", "length", "error"):

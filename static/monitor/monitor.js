@@ -151,7 +151,7 @@
       y: { title: "per trajectory (held-out)", rangemode: "tozero" } },
     // The number of problems is a count, not a share: on the 0–1 axis it would flatten every other line.
     { id: "eval", title: "Evaluation (held-out)", keys: ["eval_accuracy"], prefix: "eval_",
-      drop: ["eval_reward_std", "eval_reward_min", "eval_reward_max", "eval_reward_errors"], y: { title: "share / reward (0–1)", rangemode: "tozero" },
+      drop: ["eval_reward_std", "eval_reward_min", "eval_reward_max", "eval_reward_errors_count"], y: { title: "share / reward (0–1)", rangemode: "tozero" },
       y2: { title: "problems", match: /^eval_problems$|^eval_sampled_n$/ } },
   ];
 

@@ -55,7 +55,7 @@ def test_with_a_tenth_of_sandboxes_killed_mid_rollout_the_update_equals_the_one_
     assert all(t.failure == "killed" and "killed from outside" in (t.failure_reason or "") for t in failed)
     assert not any(t.failure for t in collected.trajectories)  # never trained on
     metrics = rollout_metrics(everything)
-    assert metrics["rollout/infra_failed"] == metrics["rollout/infra_failed/killed"] == len(failed)
+    assert metrics["rollout/infra_failed"] == metrics["rollout/infra_failure/killed"] == len(failed)
     healthy = [t for t in everything if not t.failure]
     assert metrics["reward/mean"] == pytest.approx(sum(t.reward for t in healthy) / len(healthy))
 

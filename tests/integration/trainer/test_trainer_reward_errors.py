@@ -39,7 +39,7 @@ def test_a_job_whose_reward_raises_on_every_call_fails_with_its_traceback_after_
     assert "rollout.max_reward_error_steps" in message and "Fix the reward" in message
     metrics = [e["data"] for e in events if e["type"] == "metrics" and "reward_errors/fraction" in e["data"]]
     assert [m["reward_errors/fraction"] for m in metrics] == [1.0, 1.0]
-    assert [m["reward_errors"] for m in metrics] == [4.0, 4.0]
+    assert [m["reward_errors/count"] for m in metrics] == [4.0, 4.0]
     warnings = [e["data"] for e in events if e["type"] == "log" and e["data"]["level"] == "warning"]
     assert len(warnings) == 1 and "raised on 100% of the rollouts of step 1" in warnings[0]["message"]
     assert "KeyError" in warnings[0]["traceback"]

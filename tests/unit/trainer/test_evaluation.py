@@ -121,7 +121,7 @@ def test_a_problem_the_infrastructure_failed_on_is_counted_and_left_out_of_pass_
     lost = traj(0.0, 1, [])
     lost.failure, lost.failure_reason = "node_lost", "the node running its sandbox went away"
     m = EvalRun(SAMPLES, [traj(1.0, 2, [None]), lost, traj(0.0, 1, [])]).metrics()
-    assert m["eval/rollout/infra_failed"] == m["eval/rollout/infra_failed/node_lost"] == 1
+    assert m["eval/rollout/infra_failed"] == m["eval/rollout/infra_failure/node_lost"] == 1
     assert m["eval/problems"] == 2 and m["eval/pass_at_1"] == pytest.approx(1 / 2)
     assert m["eval/reward/mean"] == pytest.approx(1 / 2)
 
