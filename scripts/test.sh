@@ -4,7 +4,7 @@
 #   2. the vLLM tests, in a process of their own, because vLLM changes process-wide state (torch's thread
 #      count, its multiprocessing switch) for every test after it;
 #   3. the slow tests (whole demo and CLI runs, the docs guides, schemathesis, one cancel at each moment,
-#      browsers), in two shards at once (browsers and docs; the rest).
+#      browsers), in two shards at once (browsers, docs and the web app; the rest).
 # Extra arguments go to every pytest run, e.g. `bash scripts/test.sh -x`. `AGENTFLY_TEST_STEPS=default`
 # runs only the first step (a quick check before a commit). The tests marked `stress` (50 cancels at random
 # moments on PostgreSQL and 20 more on SQLite, a thousand chaotic rollouts on a Ray cluster, SmolLM2's learning
@@ -40,19 +40,19 @@ run default "${AGENTFLY_DEFAULT_LIMIT:-1200}" -m "not vllm and not slow and not 
 [ "${AGENTFLY_TEST_STEPS:-all}" = default ] && exit 0
 run vllm "${AGENTFLY_VLLM_LIMIT:-900}" -m "vllm" "$@"
 # The slow tests in two shards at once, each a pytest process with its own test database (and, from
-# tests/webapp/fixtures.py, its own Redis prefix, so its Celery queues and channel groups are its own): the browser
-# and docs tests wait on servers and pages much of the time, so the other shard's training runs fill the cores.
-# Each shard's output is shown when both have ended.
+# tests/webapp/fixtures.py, its own Redis prefix, so its Celery queues and channel groups are its own): the
+# browser, docs and web app tests wait on servers, pages and workers much of the time, so the other shard's
+# training runs fill the cores. Each shard's output is shown when both have ended.
 shard() {  # shard NAME LOG ARGS...: one shard of the slow step, its exit status in LOG.rc
     local name=$1 log=$2 rc=0
     shift 2
     DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/agentfly}_$name" \
-        run "slow-$name" "${AGENTFLY_SLOW_LIMIT:-3300}" -m "slow and not vllm and not stress" "$@" > "$log" 2>&1 || rc=$?
+        run "slow-$name" "${AGENTFLY_SLOW_LIMIT:-3300}" -m "slow and not vllm and not stress" --durations=20 "$@" > "$log" 2>&1 || rc=$?
     echo "$rc" > "$log.rc"
 }
 logs=$(mktemp -d)
-shard browser "$logs/browser" tests/e2e tests/docs "$@" &
-shard rest "$logs/rest" --ignore=tests/e2e --ignore=tests/docs "$@" &
+shard browser "$logs/browser" tests/e2e tests/docs tests/webapp "$@" &
+shard rest "$logs/rest" --ignore=tests/e2e --ignore=tests/docs --ignore=tests/webapp "$@" &
 wait
 status=0
 for name in rest browser; do
