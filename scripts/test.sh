@@ -4,9 +4,9 @@
 #   2. the vLLM tests, in a process of their own, because vLLM changes process-wide state (torch's thread
 #      count, its multiprocessing switch) for every test after it;
 #   3. the slow tests (whole demo and CLI runs, the docs guides, schemathesis, one cancel at each moment,
-#      browsers), in two shards at once (browsers, docs and the web app; the rest).
+#      browsers), in two shards at once (browsers, docs and the web app but its jobs; the rest).
 # Extra arguments go to every pytest run, e.g. `bash scripts/test.sh -x`. `AGENTFLY_TEST_STEPS=default`
-# runs only the first step (a quick check before a commit). The tests marked `stress` (50 cancels at random
+# runs only the first step (a quick check before a commit), `AGENTFLY_TEST_STEPS=slow` only the third. The tests marked `stress` (50 cancels at random
 # moments on PostgreSQL and 20 more on SQLite, a thousand chaotic rollouts on a Ray cluster, SmolLM2's learning
 # bar, the whole DeepSpeed matrix: about an hour and a half on 2 cores) are outside these steps, to keep CI
 # well under its 90 minutes: `AGENTFLY_TEST_STEPS=stress bash scripts/test.sh` runs them alone, before a
@@ -36,13 +36,16 @@ if [ "${AGENTFLY_TEST_STEPS:-all}" = stress ]; then
     run stress "${AGENTFLY_STRESS_LIMIT:-9000}" -m "stress and not vllm" "$@"
     exit 0
 fi
-run default "${AGENTFLY_DEFAULT_LIMIT:-1200}" -m "not vllm and not slow and not stress" "$@"
-[ "${AGENTFLY_TEST_STEPS:-all}" = default ] && exit 0
-run vllm "${AGENTFLY_VLLM_LIMIT:-900}" -m "vllm" "$@"
+if [ "${AGENTFLY_TEST_STEPS:-all}" != slow ]; then
+    run default "${AGENTFLY_DEFAULT_LIMIT:-1200}" -m "not vllm and not slow and not stress" "$@"
+    [ "${AGENTFLY_TEST_STEPS:-all}" = default ] && exit 0
+    run vllm "${AGENTFLY_VLLM_LIMIT:-900}" -m "vllm" "$@"
+fi
 # The slow tests in two shards at once, each a pytest process with its own test database (and, from
 # tests/webapp/fixtures.py, its own Redis prefix, so its Celery queues and channel groups are its own): the
 # browser, docs and web app tests wait on servers, pages and workers much of the time, so the other shard's
-# training runs fill the cores. Each shard's output is shown when both have ended.
+# training runs fill the cores. The web app's jobs (tests/webapp/jobs) run in the second shard, which
+# balances the two (about 23 and 27 minutes here). Each shard's output is shown when both have ended.
 shard() {  # shard NAME LOG ARGS...: one shard of the slow step, its exit status in LOG.rc
     local name=$1 log=$2 rc=0
     shift 2
@@ -51,8 +54,8 @@ shard() {  # shard NAME LOG ARGS...: one shard of the slow step, its exit status
     echo "$rc" > "$log.rc"
 }
 logs=$(mktemp -d)
-shard browser "$logs/browser" tests/e2e tests/docs tests/webapp "$@" &
-shard rest "$logs/rest" --ignore=tests/e2e --ignore=tests/docs --ignore=tests/webapp "$@" &
+shard browser "$logs/browser" tests/e2e tests/docs tests/webapp --ignore=tests/webapp/jobs "$@" &
+shard rest "$logs/rest" --ignore=tests/e2e --ignore=tests/docs --ignore-glob='tests/webapp/[!j]*' "$@" &
 wait
 status=0
 for name in rest browser; do
