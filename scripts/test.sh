@@ -6,11 +6,11 @@
 #   3. the slow tests (whole demo and CLI runs, the docs guides, schemathesis, one cancel at each moment,
 #      browsers), in two shards at once (browsers, docs and the web app but its jobs; the rest).
 # Extra arguments go to every pytest run, e.g. `bash scripts/test.sh -x`. `AGENTFLY_TEST_STEPS=default`
-# runs only the first step (a quick check before a commit), `AGENTFLY_TEST_STEPS=slow` only the third. The tests marked `stress` (50 cancels at random
-# moments on PostgreSQL and 20 more on SQLite, a thousand chaotic rollouts on a Ray cluster, SmolLM2's learning
-# bar, the whole DeepSpeed matrix: about an hour and a half on 2 cores) are outside these steps, to keep CI
-# well under its 90 minutes: `AGENTFLY_TEST_STEPS=stress bash scripts/test.sh` runs them alone, before a
-# release and whenever the code they stress changes.
+# runs only the first step (a quick check before a commit), `AGENTFLY_TEST_STEPS=slow` only the third.
+# The tests marked `stress` (50 cancels at random moments on PostgreSQL and 20 more on SQLite, a thousand
+# chaotic rollouts on a Ray cluster, SmolLM2's learning bar: about an hour and a half on 2 cores) are outside
+# these steps, to keep CI well under its 90 minutes: `AGENTFLY_TEST_STEPS=stress bash scripts/test.sh` runs
+# them alone, before a release and whenever the code they stress changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -45,7 +45,7 @@ fi
 # tests/webapp/fixtures.py, its own Redis prefix, so its Celery queues and channel groups are its own): the
 # browser, docs and web app tests wait on servers, pages and workers much of the time, so the other shard's
 # training runs fill the cores. The web app's jobs (tests/webapp/jobs) run in the second shard, which
-# balances the two (about 23 and 27 minutes here). Each shard's output is shown when both have ended.
+# balances the two (about 28 and 31 minutes here). Each shard's output is shown when both have ended.
 shard() {  # shard NAME LOG ARGS...: one shard of the slow step, its exit status in LOG.rc
     local name=$1 log=$2 rc=0
     shift 2

@@ -140,12 +140,21 @@ def wait_for_js(page: Any, expression: str, timeout: float, interval: float = 0.
     Playwright's ``wait_for_function`` given a bare expression evaluates it with ``eval`` inside the page once
     its first check fails, which the app's Content-Security-Policy (no ``'unsafe-eval'``) rightly forbids (a
     ``() => ...`` function works there too); ``page.evaluate`` goes through the DevTools protocol, so the page
-    keeps its real policy while the test waits. ``timeout`` is in
-    milliseconds, as Playwright's own waits take it.
+    keeps its real policy while the test waits; a navigation while it runs is polled again, on the new
+    document. ``timeout`` is in milliseconds, as Playwright's own waits take it.
     """
+    from playwright.sync_api import Error as PlaywrightError
+
     deadline = time.monotonic() + timeout / 1000
     while True:
-        value = page.evaluate(expression)
+        try:
+            value = page.evaluate(expression)
+        except PlaywrightError as exc:
+            # A page that reloads itself (an inspection's status page does when it ends) can navigate while
+            # the expression runs: the next poll asks the new document.
+            if "Execution context was destroyed" not in str(exc):
+                raise
+            value = None
         if value:
             return value
         if time.monotonic() > deadline:
