@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from webapp.accounts.models import Team
+from webapp.accounts.models import Team, signed_in
 
 
 class Transport(models.TextChoices):
@@ -28,7 +28,7 @@ class Status(models.TextChoices):
 class ServerQuerySet(models.QuerySet["MCPServer"]):
     def visible_to(self, user: object) -> ServerQuerySet:
         """Only the servers of ``user``'s teams: no built-ins, nothing shared."""
-        if not getattr(user, "is_authenticated", False):
+        if signed_in(user) is None:
             return self.none()
         return self.filter(team__in=Team.objects.of(user))
 

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from webapp.accounts.models import Team
+from webapp.accounts.models import Team, signed_in
 from webapp.registry.plugins import check_import_path
 
 __all__ = ["Entry", "EntryStatus", "Kind", "Version", "check_import_path"]
@@ -31,7 +31,7 @@ class EntryStatus(models.TextChoices):
 class EntryQuerySet(models.QuerySet["Entry"]):
     def visible_to(self, user: object) -> EntryQuerySet:
         """Built-ins plus the entries of ``user``'s teams."""
-        if not getattr(user, "is_authenticated", False):
+        if signed_in(user) is None:
             return self.none()
         return self.filter(Q(team__isnull=True) | Q(team__in=Team.objects.of(user)))
 
