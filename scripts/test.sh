@@ -32,13 +32,14 @@ run() {  # pytest exits 5 when a selection is empty (e.g. vLLM not installed): t
     [ "$rc" != 124 ] || echo "test.sh: step '$name' ran past its limit of $limit s" >&2
     [ "$rc" = 0 ] || [ "$rc" = 5 ] || return "$rc"
 }
-if [ "${AGENTFLY_TEST_STEPS:-all}" = stress ]; then
+steps=${AGENTFLY_TEST_STEPS:-all}  # all, default, slow or stress
+if [ "$steps" = stress ]; then
     run stress "${AGENTFLY_STRESS_LIMIT:-9000}" -m "stress and not vllm" "$@"
     exit 0
 fi
-if [ "${AGENTFLY_TEST_STEPS:-all}" != slow ]; then
+if [ "$steps" != slow ]; then
     run default "${AGENTFLY_DEFAULT_LIMIT:-1200}" -m "not vllm and not slow and not stress" "$@"
-    [ "${AGENTFLY_TEST_STEPS:-all}" = default ] && exit 0
+    [ "$steps" = default ] && exit 0
     run vllm "${AGENTFLY_VLLM_LIMIT:-900}" -m "vllm" "$@"
 fi
 # The slow tests in two shards at once, each a pytest process with its own test database (and, from
