@@ -57,7 +57,7 @@ from typing import Any
 
 from django.conf import settings
 
-from agentfly.resources.backends.cgroups import Cgroup, ResourceLimits, rlimits
+from agentfly.resources.backends.cgroups import Cgroup, ResourceLimits, limit_argv, rlimits
 from agentfly.resources.backends.local import SANDBOX_MARK
 from webapp.jobs import paths
 from webapp.jobs.body import CheckpointWatcher, Node, Outcome, TrackingError, die_with
@@ -395,10 +395,18 @@ def ray_env(config: dict[str, Any]) -> dict[str, str]:
     return {name: os.environ[name] for name in RAY_ENV if os.environ.get(name)}
 
 
-def command(sandbox: Sandbox | None, args: Sequence[str]) -> list[str]:
-    """``python -m webapp.jobs.child ARGS``, inside ``sandbox`` (None: unisolated, AGENTFLY_JOB_SANDBOX=off)."""
-    python = [sys.executable, "-P", "-m", "webapp.jobs.child", *args]
-    return python if sandbox is None else [*sandbox_argv(sandbox), *python]
+def command(args: Sequence[str]) -> list[str]:
+    """``python -m webapp.jobs.child ARGS``: the training process, as ``run_confined`` starts it."""
+    return [sys.executable, "-P", "-m", "webapp.jobs.child", *args]
+
+
+def confined(sandbox: Sandbox | None, program: Sequence[str], limits: ResourceLimits | None = None) -> list[str]:
+    """``program`` inside ``sandbox`` (None: unisolated, AGENTFLY_JOB_SANDBOX=off), under the rlimits of
+    ``limits`` set in there, by the sandbox's first process (``limit_argv``): in a non-root worker's user
+    namespace the process limit then counts the job's processes alone (``agentfly.resources.backends.cgroups``)."""
+    if sandbox is None:
+        return list(program)
+    return [*sandbox_argv(sandbox), *(limit_argv(limits) if limits is not None else []), *program]
 
 
 def process_env(sandbox: Sandbox | None, env: dict[str, str] | None = None) -> dict[str, str]:
@@ -722,6 +730,27 @@ def _spec(job: Any, config: dict[str, Any], output_dir: Path, node: Node | None)
             "output_dir": str(output_dir), "node": None if node is None else [node.rank, node.count, node.endpoint]}
 
 
+def run_confined(sandbox: Sandbox | None, program: Sequence[str], name: str, limits: ResourceLimits,
+                 env: dict[str, str], folder: JobFolder, pump: Pump, should_stop: Callable[[], bool],
+                 pass_fds: Sequence[int] = (), **kwargs: Any) -> tuple[int, Stopped | None, int]:
+    """Run ``program`` in ``sandbox`` under ``limits`` through ``run_process`` (``kwargs`` go there): in a
+    cgroup of its own (``agentfly/<name>-<random>``), removed after with every process the job left behind;
+    where the host gives none, as rlimits set inside the sandbox (``confined``), or before exec when there is
+    no sandbox. The child gets ``pass_fds`` and the descriptors its sandbox's command line names (the caller
+    closes both). Returns the exit status, how it was stopped, and how many processes its memory limit killed."""
+    group = Cgroup.create(f"{name}-{uuid.uuid4().hex[:8]}", limits)
+    inside = limits if group is None and sandbox is not None else None
+    try:
+        argv = confined(sandbox, program, inside)  # before reading sandbox.fds: making the argv adds to them
+        code, stopped = run_process(argv, env, folder, pump, should_stop, group=group,
+                                    limits=limits if sandbox is None else None,
+                                    pass_fds=[*pass_fds, *(sandbox.fds if sandbox is not None else [])], **kwargs)
+        return code, stopped, group.oom_kills() if group is not None else 0
+    finally:
+        if group is not None:
+            group.remove()  # and every process the job left behind with it
+
+
 def run_job(job: Any, config: dict[str, Any], *, output_dir: Path, sinks: Sequence[Any],
             should_stop: Callable[[], bool], on_checkpoint: Callable[..., None], on_step: Callable[[int], None],
             node: Node | None = None, env: dict[str, str] | None = None) -> Outcome:
@@ -736,21 +765,16 @@ def run_job(job: Any, config: dict[str, Any], *, output_dir: Path, sinks: Sequen
     try:
         sandbox = sandbox_for(job, output_dir, config, env) if enabled() else None
         fds.append(spec_fd(_spec(job, config, output_dir, node)))
-        argv = command(sandbox, ["run", "--spec-fd", str(fds[0])])
-        fds += sandbox.fds if sandbox is not None else []
+        program = command(["run", "--spec-fd", str(fds[0])])
         pump = Pump(Checked(job.pk, output_dir), sinks, on_checkpoint, on_step)
         started = time.monotonic()
         log_fd = folder.open_log()
         fds.append(log_fd)
         limits = job_limits(job.team.slug)
-        group = Cgroup.create(f"job-{job.pk}-{uuid.uuid4().hex[:8]}", limits)
-        try:
-            code, stopped = run_process(argv, process_env(sandbox, env), folder, pump, should_stop, log=log_fd,
-                                        pass_fds=[fd for fd in fds if fd != log_fd], group=group, limits=limits)
-            killed_for_memory = group is not None and group.oom_kills() > 0
-        finally:
-            if group is not None:
-                group.remove()  # and every process the job left behind with it
+        code, stopped, oom_kills = run_confined(
+            sandbox, program, f"job-{job.pk}", limits, process_env(sandbox, env), folder, pump, should_stop,
+            log=log_fd, pass_fds=[fd for fd in fds if fd != log_fd])
+        killed_for_memory = oom_kills > 0
         if pump.error is not None:
             raise TrackingError(pump.error)
         if killed_for_memory and pump.outcome is None:
@@ -795,18 +819,11 @@ def run_node(job: Any, config: dict[str, Any], *, output_dir: Path, node: Node, 
     try:
         sandbox = sandbox_for(job, output_dir, config, env) if enabled() else None
         fds.append(spec_fd(_spec(job, config, output_dir, node)))
-        argv = command(sandbox, ["node", "--spec-fd", str(fds[0])])
-        fds += sandbox.fds if sandbox is not None else []
+        program = command(["node", "--spec-fd", str(fds[0])])
         pump = Pump(Checked(job.pk, output_dir), [], lambda *_: None, lambda _: None)
-        limits = job_limits(job.team.slug)
-        group = Cgroup.create(f"job-{job.pk}-node-{node.rank}-{uuid.uuid4().hex[:8]}", limits)
-        try:
-            code, _ = run_process(argv, process_env(sandbox, env), folder, pump, job_ended,
-                                  stop_name=f"ENDED-node-{node.rank}", poll=2.0, pass_fds=fds, group=group,
-                                  limits=limits)
-        finally:
-            if group is not None:
-                group.remove()
+        code, _, _ = run_confined(sandbox, program, f"job-{job.pk}-node-{node.rank}", job_limits(job.team.slug),
+                                  process_env(sandbox, env), folder, pump, job_ended,
+                                  stop_name=f"ENDED-node-{node.rank}", poll=2.0, pass_fds=fds)
         return code
     finally:
         for fd in {*fds, *(sandbox.fds if sandbox is not None else [])}:

@@ -5,8 +5,13 @@ cgroup v2 is used where it has the controllers (``/sys/fs/cgroup/cgroup.controll
 ``/sys/fs/cgroup/unified``), else the v1 hierarchies ``memory``, ``pids`` and ``cpu``. The group is made below
 the cgroup this process runs in (``/proc/self/cgroup``), as ``agentfly/<name>``. Where no cgroup can be made
 (no permission, no controller), ``Cgroup.create`` returns None and the caller falls back to rlimits with the
-same numbers (``rlimits``): RLIMIT_AS for memory and RLIMIT_NPROC for processes (per uid: the job's team uid);
-CPU then has no limit, which the report says.
+same numbers: RLIMIT_AS for memory and RLIMIT_NPROC for processes; CPU then has no limit, which the report says.
+RLIMIT_NPROC counts every task of a uid in a user namespace, so where the job runs in a user namespace of its
+own (a non-root worker's sandbox) the limit is set inside it (``limit_argv``), where it counts the job's
+processes alone; set before the namespace is made, it would count every process of the worker's uid (the
+worker, its other jobs, and in a container every container of that uid: a Ray node holds hundreds of threads)
+and refuse the job its first threads. A root worker's job runs as its team's uid (``rlimits``, in the child
+between fork and exec): the limit is then shared by that team's jobs on the host.
 
 Standard library only.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -170,3 +176,18 @@ def rlimits(limits: ResourceLimits) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
     if limits.processes:
         resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
+
+
+def limit_argv(limits: ResourceLimits) -> list[str]:
+    """``prlimit`` (util-linux) setting ``limits`` as rlimits (``rlimits``' numbers), to put before a command:
+    the process that then execs it sets them, so inside a user namespace RLIMIT_NPROC counts that namespace's
+    processes alone (see the module docstring). Empty when ``limits`` sets no rlimit."""
+    flags = [f"--as={limits.memory_bytes}"] if limits.memory_bytes else []
+    flags += [f"--nproc={limits.processes}"] if limits.processes else []
+    if not flags:
+        return []
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        raise OSError("prlimit (util-linux) is not installed: it sets a job's memory and process limits where the "
+                      "host gives no cgroup (apt-get install util-linux)")
+    return [prlimit, *flags, "--"]

@@ -257,3 +257,79 @@ def test_a_job_forking_300_processes_is_held_at_its_process_limit_and_leaves_non
     assert status == 0
     assert output.startswith("started ") and int(output.split()[1]) < 64, output
     assert not [p for p in psutil.process_iter(["cmdline"]) if "time.sleep(600)" in " ".join(p.info["cmdline"] or [])]
+
+
+# A worker that is not root (the compose stack's `agentfly` user) runs each job in a user namespace of its own.
+# This runs the worker's own ``run_confined`` as such a user, where the host gives it no cgroup: in a mount
+# namespace of its own where /root (a 0700 folder holding this Python) is a tmpfs others may cross, with the
+# Python installation moved back in, so the unprivileged user runs the same interpreter and code.
+WORKER_UID = 4_242_424
+AS_A_USER_WORKER = """
+import os, sys
+import django
+django.setup()
+from pathlib import Path
+from agentfly.resources.backends.cgroups import ResourceLimits
+from webapp.jobs.isolation import Checked, JobFolder, Pump, Sandbox, run_confined, tail
+out = Path(sys.argv[1]) / "team-a" / "job-1"
+folder = JobFolder(out)
+pump = Pump(Checked(1, out), [], lambda *_: None, lambda _: None)
+log = folder.open_log()
+status, _, _ = run_confined(Sandbox(job_id=1, team_slug="team-a", output_dir=out, writable=[out]),
+                            [sys.executable, "-c", sys.argv[2]], "test", ResourceLimits(processes=64),
+                            {"PATH": "/usr/bin:/bin"}, folder, pump, lambda: False, poll=0.1, log=log)
+print(status, tail(log).strip())
+"""
+THREADS = ("import threading\nhold = threading.Event()\nstarted = 0\ntry:\n    for _ in range({n}):\n"
+           "        threading.Thread(target=hold.wait, daemon=True).start()\n        started += 1\nexcept RuntimeError:\n"
+           "    pass\nprint('started', started)\nhold.set()")
+
+
+def as_a_user_worker(code: str, runs: Path) -> tuple[int, int]:
+    """Run ``code`` as a job of a worker whose uid is ``WORKER_UID``; return its exit status and the number
+    it printed last."""
+    import subprocess
+
+    python = Path(sys.executable).resolve().parents[1]  # the installation (pyenv's or the system's)
+    move = (f"mkdir -p /run/agentfly-test-python && mount --bind {python} /run/agentfly-test-python && "
+            f"mount -t tmpfs -o mode=0711 tmpfs /root && mkdir -p {python} && "
+            f"mount --move /run/agentfly-test-python {python} && " if python.is_relative_to("/root") else "")
+    env = {k: v for k, v in os.environ.items() if k.startswith(("DATABASE", "DJANGO", "SECRET", "REDIS"))}
+    env.update({"PYTHONPATH": str(Path(__file__).resolve().parents[3]), "AGENTFLY_RUNS_DIR": str(runs),
+                "DJANGO_SETTINGS_MODULE": "webapp.settings", "DEBUG": "1", "HOME": str(runs)})
+    worker = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-ec",
+         f'{move}exec setpriv --reuid={WORKER_UID} --regid={WORKER_UID} --clear-groups -- "$@"', "sh",
+         sys.executable, "-c", AS_A_USER_WORKER, str(runs), code],
+        env=env, capture_output=True, text=True, timeout=120, cwd=runs)
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    status, *_, last = worker.stdout.split()
+    assert last.isdigit(), worker.stdout
+    return int(status), int(last)
+
+
+def test_a_non_root_workers_job_gets_its_threads_however_many_the_workers_uid_runs_and_a_fork_bomb_is_held(
+        tmp_path: Path) -> None:
+    import subprocess
+    import tempfile
+
+    assert os.geteuid() == 0, "the test plays a non-root worker by dropping root's uid: run it as root, as CI does"
+    runs = Path(tempfile.mkdtemp(prefix="agentfly-user-worker-"))
+    (runs / "team-a").mkdir()
+    for folder in (runs, runs / "team-a"):
+        os.chown(folder, WORKER_UID, WORKER_UID)
+    # The worker's uid holds 200 threads elsewhere (in the compose stack: Ray's head and node, Celery, Daphne).
+    elsewhere = subprocess.Popen(
+        ["setpriv", f"--reuid={WORKER_UID}", f"--regid={WORKER_UID}", "--clear-groups", "--", "/usr/bin/python3",
+         "-c", THREADS.format(n=200).replace("hold.set()", "import time; time.sleep(120)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert elsewhere.stdout is not None and elsewhere.stdout.readline().split() == ["started", "200"]
+        status, started = as_a_user_worker(THREADS.format(n=20), runs)
+        assert (status, started) == (0, 20)  # its limit of 64 counts its own processes, not the uid's 200
+        status, started = as_a_user_worker(THREADS.format(n=300), runs)
+        assert status == 0 and 50 < started < 64, started  # and still holds: a thread past it fails
+    finally:
+        elsewhere.kill()
+        elsewhere.wait()
+        subprocess.run(["rm", "-rf", str(runs)], check=False)
