@@ -22,6 +22,7 @@ FAILURE_KINDS: tuple[str, ...] = (
     "breaker_open",  # a circuit breaker refused the call after repeated failures
     "killed",  # a sandbox killed for a reason the agent did not cause (a limit of the host, a shutdown)
     "client_lost",  # an agent driving a rollout through the gateway stopped calling it (agentfly.gateway)
+    "no_client",  # no agent took a rollout the gateway handed out, within its take_timeout
 )
 
 

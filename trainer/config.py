@@ -356,6 +356,10 @@ class GatewayConfig:
                       "shown on the job page).", ge=0, le=65535)
     idle_timeout: float = _f(300.0, "Seconds a handed-out rollout may go without a request before it ends as an "
                                     "infrastructure failure (client_lost), kept out of the loss.", gt=0)
+    take_timeout: float | None = _f(600.0, "Seconds without any agent taking a rollout after which the rollouts "
+                                           "still queued end as an infrastructure failure (no_client), kept out of the "
+                                           "loss: a job no agent serves stops after rollout.max_infra_failed_steps "
+                                           "steps, saying so. None = wait for ever.", gt=0)
     max_inflight: int = _f(256, "Generation requests in flight at once; one more is answered 429 with Retry-After.",
                            ge=1)
     max_requests: int = _f(64, "Requests (turns) one rollout key may make.", ge=1)

@@ -50,6 +50,7 @@ def _acquire(config: Config, engine: Engine, reward: Any) -> GatewayServer:
                           system_prompt=r.system_prompt, chat_template_kwargs=r.chat_template_kwargs,
                           limits=GatewayLimits(max_inflight=g.max_inflight, max_requests=g.max_requests,
                                                max_tokens=g.max_tokens, idle_timeout=g.idle_timeout,
+                                               take_timeout=g.take_timeout,
                                                on_mismatch=g.on_mismatch))
         server = GatewayServer(gateway, host=g.host, port=g.port).start()
         _running[key] = (server, 1)

@@ -5,8 +5,10 @@ An agent takes a rollout (``GET /v1/samples`` or ``take``), drives it with OpenA
 (``chat`` / ``complete``), and ends it with a reward (``reward``) or without one (``finish``: the job's reward
 function scores the recorded trajectory). The job waits for its batch (``wait``) and trains on the
 trajectories as the rollout loop's own. A rollout whose agent stops calling it for ``idle_timeout`` seconds
-ends as an infrastructure failure (``client_lost``): it says nothing of the policy, so the trainer keeps it out
-of its group's statistics and out of the loss.
+ends as an infrastructure failure (``client_lost``); when no agent takes any rollout for ``take_timeout`` seconds,
+the rollouts waiting in the queue end as ``no_client`` (agents that are slow but there keep taking): neither says anything of the policy, so the trainer keeps them out of
+their group's statistics and out of the loss, and a job no agent serves stops after
+``rollout.max_infra_failed_steps`` steps saying so instead of waiting forever.
 
 Thread model: the HTTP server awaits ``chat``/``complete`` on its own event loop (the engine batches concurrent
 requests there); the trainer calls ``hand_out``/``wait`` from its thread. Every shared field is read and written
@@ -47,6 +49,9 @@ class GatewayLimits:
     max_requests: requests one rollout may make (its turns); beyond it, 429 ``rollout_quota_exceeded``.
     max_tokens: tokens one rollout's sequence may hold (prompt, observations and sampled turns).
     idle_timeout: seconds an active rollout may go without a request before it ends as ``client_lost``.
+    take_timeout: seconds without any rollout taken (``GET /v1/samples``, or a first request with its key) after
+        which the rollouts still queued end as ``no_client`` (a queued rollout waits at least this long from its
+        handout); None waits for ever.
     on_mismatch: ``split`` starts a new segment from the client's changed conversation (the earlier segment is
         counted and kept out of training); ``reject`` answers 409 and the rollout keeps its conversation.
     """
@@ -55,6 +60,7 @@ class GatewayLimits:
     max_requests: int = 64
     max_tokens: int | None = None
     idle_timeout: float = 300.0
+    take_timeout: float | None = 600.0
     on_mismatch: Literal["split", "reject"] = "split"
 
     def __post_init__(self) -> None:
@@ -62,6 +68,8 @@ class GatewayLimits:
             raise ValueError("GatewayLimits.max_inflight and max_requests must be >= 1")
         if self.idle_timeout <= 0:
             raise ValueError(f"GatewayLimits.idle_timeout must be > 0 seconds, got {self.idle_timeout}")
+        if self.take_timeout is not None and self.take_timeout <= 0:
+            raise ValueError(f"GatewayLimits.take_timeout must be > 0 seconds or None, got {self.take_timeout}")
         if self.on_mismatch not in ("split", "reject"):
             raise ValueError(f"GatewayLimits.on_mismatch={self.on_mismatch!r}: use 'split' or 'reject'")
 
@@ -81,7 +89,7 @@ class Rollout:
     segments: list[Conversation] = field(default_factory=list)  # the last one is the live one
     requests: int = 0
     mismatches: int = 0
-    last_seen: float = field(default_factory=time.monotonic)
+    last_seen: float = field(default_factory=time.monotonic)  # handed out, then its last request
     busy: bool = False
     reward: float | None = None
     turn_rewards: list[TurnReward] = field(default_factory=list)
@@ -131,10 +139,12 @@ class Gateway:
         self._rollouts: dict[str, Rollout] = {}
         self._by_key: dict[str, str] = {}  # sha256(key) -> rollout id
         self._queue: deque[str] = deque()  # handed out by the job, not yet taken by an agent
+        self._last_take = time.monotonic()  # when an agent last took a rollout
         self._inflight = 0
         self._renderers: dict[tuple[int, str], ChatRenderer] = {}
         self.closed = False
         self.counters: dict[str, float] = {"requests": 0, "rejected_busy": 0, "mismatches": 0, "client_lost": 0,
+                                           "no_client": 0,
                                            "prompt_tokens": 0, "completion_tokens": 0}
 
     # ------------------------------------------------------------------ the job's side
@@ -197,18 +207,27 @@ class Gateway:
         return traj
 
     def _reap_locked(self) -> None:
-        now = time.monotonic()
+        now, untaken = time.monotonic(), self.limits.take_timeout
         for rollout in self._rollouts.values():
             if rollout.state == "active" and not rollout.busy and now - rollout.last_seen > self.limits.idle_timeout:
-                rollout.state, rollout.failure = "failed", (
-                    "client_lost", f"the agent made no request for {self.limits.idle_timeout:g} s "
-                                   f"(gateway idle_timeout); the rollout ended without it")
-                self.counters["client_lost"] += 1
-                self._by_key.pop(_digest(rollout.key), None)
+                self._fail_locked(rollout, "client_lost", f"the agent made no request for "
+                                  f"{self.limits.idle_timeout:g} s (gateway idle_timeout); the rollout ended without it")
+            elif (rollout.state == "queued" and untaken is not None
+                  and now - max(rollout.last_seen, self._last_take) > untaken):
+                self._queue.remove(rollout.rollout_id)
+                self._fail_locked(rollout, "no_client", f"no agent took a rollout of this job for {untaken:g} s "
+                                  "(gateway take_timeout): point the team's agent at the job's gateway URL (the job "
+                                  "page, or <output_dir>/gateway.json) and take samples from GET /v1/samples")
         self._changed.notify_all()
 
+    def _fail_locked(self, rollout: Rollout, kind: str, reason: str) -> None:
+        rollout.state, rollout.failure = "failed", (kind, reason)
+        self.counters[kind] += 1
+        self._by_key.pop(_digest(rollout.key), None)
+
     def reap(self) -> None:
-        """End every active rollout idle past ``idle_timeout`` (the server calls it periodically)."""
+        """End every active rollout idle past ``idle_timeout``, and every queued one past ``take_timeout``
+        (the server calls it periodically, as ``wait`` does)."""
         with self._lock:
             self._reap_locked()
 
@@ -253,7 +272,7 @@ class Gateway:
                                    "from GET /v1/samples", 409, "rollout_ended")
             if rollout.state == "queued":  # used directly by key: taken
                 self._queue.remove(rollout.rollout_id)
-                rollout.state = "active"
+                rollout.state, self._last_take = "active", time.monotonic()
             rollout.last_seen = time.monotonic()
             return rollout
 
@@ -264,6 +283,7 @@ class Gateway:
             while self._queue and len(out) < n:
                 rollout = self._rollouts[self._queue.popleft()]
                 rollout.state, rollout.last_seen = "active", time.monotonic()
+                self._last_take = rollout.last_seen
                 out.append(rollout.handout(self.system_prompt))
         return out
 

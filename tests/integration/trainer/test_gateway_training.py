@@ -87,3 +87,13 @@ def test_a_gateway_job_trains_on_the_conversations_of_agents_outside_it(tiny_mod
     logs = [e["data"]["message"] for e in events if e["type"] == "log"]
     assert any("gateway serving the policy at http://127.0.0.1:" in m for m in logs)
     assert not (out / "gateway.json").exists()  # the job ended: its keys are revoked and the file is gone
+
+
+def test_a_gateway_job_no_agent_serves_stops_saying_so_instead_of_waiting_for_ever(tiny_model_dir, tmp_path,
+                                                                                   tiny_overrides):
+    from trainer.loop import InfrastructureStop
+
+    config = load_config(None, tiny_overrides(tiny_model_dir, tmp_path / "unserved", REWARD, "gateway.enabled=true",
+                                              "gateway.take_timeout=1", "rollout.max_infra_failed_steps=2"))
+    with pytest.raises(InfrastructureStop, match=r"no_client: no agent took a rollout of this job for 1 s"):
+        Trainer(config).train()

@@ -162,6 +162,25 @@ def test_a_rollout_whose_client_disappears_ends_as_client_lost_and_stays_out_of_
             model="policy", messages=gone["messages"])
 
 
+def test_rollouts_left_in_the_queue_end_as_no_client_once_no_agent_takes_any_while_a_slow_agent_is_never_cut_off(
+        serve, turns_engine):
+    server = serve(turns_engine([]), limits=GatewayLimits(take_timeout=1.5))
+    ids = server.gateway.hand_out([SAMPLE], 4, Sampling(max_new_tokens=8))
+    job = {"Authorization": f"Bearer {server.gateway.job_key}"}
+    for _ in range(3):  # a slow agent: one rollout a second, so the last it takes has queued for 3 s
+        time.sleep(1.0)
+        [handout] = take(server)
+        httpx.post(f"{server.url}/rollouts/{handout['rollout_id']}/reward", json={"reward": 1.0},
+                   headers=job).raise_for_status()
+    # ... then it stops: the rollout still queued ends once 1.5 s pass with nothing taken.
+    *served, untaken = server.gateway.wait(ids, poll=0.1)
+    assert [t.reward for t in served] == [1.0, 1.0, 1.0] and all(t.failure is None for t in served)
+    assert untaken.failure == "no_client" and "take_timeout" in (untaken.failure_reason or "")
+    assert untaken.infra_failed and untaken.num_turns == 0
+    assert server.gateway.counters["no_client"] == 1
+    assert server.gateway.stats()["queued"] == 0
+
+
 def test_a_saturated_engine_answers_429_with_retry_after_and_serves_the_rest(serve, tiny_model_dir):
     server = serve(HFEngine(tiny_model_dir), limits=GatewayLimits(max_inflight=1))
     server.gateway.hand_out([SAMPLE], 6, Sampling(max_new_tokens=200, seed=0))
