@@ -399,7 +399,8 @@ class ResourceConfig:
     min: int | None = _f(None, "Instances kept warm; None keeps the spec's.", ge=0)
     max: int | None = _f(None, "Most instances at once (acquirers beyond it wait); None keeps the spec's.",
                          ge=1)
-    acquire_timeout: float | None = _f(None, "Seconds a rollout waits for an instance; None keeps the spec's.")
+    acquire_timeout: float | None = _f(None, "Seconds a rollout waits for an instance; None keeps the spec's.",
+                                       gt=0)
     starting: int | None = _f(None, "Most instances starting at once (e.g. 4 for server processes on a small "
                                     "machine, so none times out starting); None keeps the spec's.",
                               ge=1, must=">= 1 (or null: no bound)")

@@ -18,7 +18,7 @@ from agentfly.models import smollm2
 from agentfly.resources.builtin import BUILTIN_SPECS  # names only: no spec is built here
 from agentfly.tasks import source_of, task_names
 from agentfly.tasks import tasks as registered_tasks
-from trainer.config import Config, ConfigError, from_dict
+from trainer.config import Config, ConfigError, ResourceConfig, from_dict
 from webapp import inputs
 from webapp.accounts.models import Team
 from webapp.jobs import actions, apis, paths, schema, servers
@@ -93,6 +93,12 @@ def preset_initial(name: str, user: Any) -> dict[str, Any] | None:
     if reward is not None:
         initial["reward"] = reward.pk
     return initial
+
+# What a team may set of a resource pool in the form (not ``spec``: a spec names code to import), and the
+# caps the web app puts on top of the trainer's own rules (``ResourceConfig``): instances at once and the seconds
+# a rollout may wait for one.
+POOL_KEYS = ("min", "max", "starting", "acquire_timeout", "api")
+POOL_CAPS = {"min": 1024, "max": 1024, "starting": 1024, "acquire_timeout": 3600}
 
 # The form field that fills each trainer config key (``LaunchForm.trainer_config``), so a ``ConfigError`` lands
 # on the field the user can change: the settings the config declares (``schema.FIELD_OF_KEY``) and the fields
@@ -474,24 +480,21 @@ class LaunchForm(Settings):  # type: ignore[misc,valid-type]
         for name, pool in value.items():
             if not isinstance(pool, dict):
                 raise ValidationError(f'Resource "{name}": write its pool as an object like {{"min": 0, "max": 4}}.')
-            unknown = set(pool) - {"min", "max", "starting", "acquire_timeout", "api"}
+            unknown = set(pool) - set(POOL_KEYS)
             if unknown:
                 raise ValidationError(f'Resource "{name}": unknown keys {sorted(unknown)}; only "min", "max", '
                                       '"starting", "acquire_timeout" and, for a rate-limited API, "api" (its limits, '
                                       'at most the team\'s quota).')
-            for key in ("min", "max"):
-                v = pool.get(key)
-                if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1024):
-                    raise ValidationError(f'Resource "{name}": "{key}" must be an integer from 0 to 1024.')
-            v = pool.get("starting")  # instances that start at once: server processes that time out side by side
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1024):
-                raise ValidationError(f'Resource "{name}": "starting" must be an integer from 1 to 1024.')
-            # Seconds a rollout waits for an instance: a pool smaller than the rollouts in flight queues them.
-            v = pool.get("acquire_timeout")
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 3600):
-                raise ValidationError(f'Resource "{name}": "acquire_timeout" must be seconds, more than 0 and at '
-                                      'most 3600.')
-        return value  # min <= max and max >= 1 are the trainer's rules (Config.validate, see validate_with_trainer)
+            try:  # the trainer's own rules for a pool (types, ranges): its ResourceConfig, one copy of them
+                checked = from_dict(ResourceConfig, pool, prefix=f"resources.{name}.")
+            except ConfigError as exc:
+                raise ValidationError(str(exc)) from None
+            for key, cap in POOL_CAPS.items():
+                v = getattr(checked, key)
+                if v is not None and v > cap:
+                    raise ValidationError(f"resources.{name}.{key}={v:g} is above what a job of this web app may "
+                                          f"ask for ({cap}); ask for at most {cap}.")
+        return value  # min <= max is the trainer's rule across keys (Config.validate, see validate_with_trainer)
 
     def clean(self) -> dict[str, Any]:
         data: dict[str, Any] = super().clean()
