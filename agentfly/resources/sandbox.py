@@ -16,6 +16,8 @@ is replaced instead, so no state leaks from one rollout to the next.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import shutil
 from dataclasses import dataclass
@@ -157,14 +159,18 @@ class PythonSandbox:
                 error="Timeout", restarted=True,
             )
         except ResourceError as exc:  # the process died (a crash, a limit) or broke the protocol
-            killed = self.worker.killed_from_outside()
+            kind, how = await asyncio.to_thread(self.worker.ended)
+            if kind is not None:
+                # Ended by neither its own code, its limits nor its timeout: the host's OOM killer, an operator,
+                # a node or a container engine going down. Not the agent's doing, so the rollout ends as an
+                # infrastructure failure; the next call starts a new worker (or says why it cannot).
+                with contextlib.suppress(Exception):
+                    await self._restart()
+                raise InfrastructureFailure(f"the sandbox was ended from outside: {how} ({exc})", kind) from exc
             await self._restart()
-            if killed:
-                # SIGKILLed by neither its own limits nor its timeout: the host's OOM killer, an operator, a
-                # node going down. Not the agent's doing, so the rollout ends as an infrastructure failure.
-                raise InfrastructureFailure(f"the sandbox process was killed from outside ({exc})", "killed") from exc
             return Execution(
-                text=f"Error: {exc}; the sandbox was restarted, so variables and files from earlier calls are gone.",
+                text=f"Error: {how or exc}; the sandbox was restarted, so variables and files from earlier calls are "
+                     "gone.",
                 error="Died", restarted=True,
             )
         if not reply.get("ok", False):

@@ -18,8 +18,11 @@ class SandboxWorker(Protocol):
     @property
     def alive(self) -> bool: ...
 
-    def killed_from_outside(self) -> bool:
-        """Whether it died of something neither the worker nor its limits did (an OOM kill, an operator)."""
+    def ended(self) -> tuple[str | None, str]:
+        """After it stopped answering, how it ended: the failure kind (``agentfly.failures.FAILURE_KINDS``) when
+        something neither the worker nor the sandbox's code and limits did ended it (the host's OOM killer, an
+        operator, a container engine that went away), else None (its own death: an observation the model
+        reads); and what happened, in words ("" when nothing more is known than that it stopped)."""
         ...
 
     async def start(self) -> None: ...

@@ -109,7 +109,7 @@ def apply_limits(limits: dict[str, Any]) -> dict[str, str]:
             continue
         try:
             # The CPU limit's hard bound sits a second above the soft one, so a process that spends its CPU
-            # time dies of SIGXCPU, and a SIGKILL always comes from outside (see LocalWorker.killed_from_outside).
+            # time dies of SIGXCPU, and a SIGKILL always comes from outside (see LocalWorker.ended).
             hard = int(value) + 1 if which == resource.RLIMIT_CPU else int(value)
             resource.setrlimit(which, (int(value), hard))
             applied[key] = str(value)

@@ -193,10 +193,43 @@ class DockerWorker:
     def alive(self) -> bool:
         return self.container is not None and not self._dead
 
-    def killed_from_outside(self) -> bool:
-        """A container that stopped answering is reported as the sandbox's own death (an observation): the
-        engine does not say who killed it. The local backend tells the two apart."""
-        return False
+    def ended(self) -> tuple[str | None, str]:
+        """How the container that stopped answering ended, as the engine records it (``State``):
+
+        - SIGKILLed (exit 137) or SIGTERMed (143) without the engine's OOM flag: ``killed``. The worker is the
+          container's PID 1, which ignores every signal sent from inside its PID namespace, so the code in the
+          sandbox cannot do this to itself: ``docker kill``/``stop`` by someone else, an engine shutting down.
+        - removed while it ran (the engine no longer knows it): ``killed``.
+        - the engine does not answer: ``server_down`` (the host or its daemon went away).
+        - OOM-killed by its own memory limit, or exited by itself (``os._exit``, a crash): None, the sandbox's
+          own doing, an observation the model reads.
+        """
+        import docker
+        import requests
+
+        container = self.container
+        if container is None:  # we removed it ourselves: a timeout, a reset, close
+            return None, ""
+        engine = self.engine_name or "the local engine"
+        try:
+            with contextlib.suppress(requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                container.wait(timeout=5)  # the stream closes a moment before the engine records the exit
+            container.reload()
+        except docker.errors.NotFound:
+            return "killed", f"its container was removed from outside while it ran (on {engine})"
+        except (docker.errors.APIError, requests.exceptions.RequestException, OSError) as exc:
+            return "server_down", f"the docker engine {engine} stopped answering ({type(exc).__name__})"
+        state = container.attrs.get("State", {})
+        if state.get("Running"):
+            return None, ""  # it broke the protocol and runs on
+        if state.get("OOMKilled"):
+            limit = container.attrs.get("HostConfig", {}).get("Memory") or 0
+            return None, (f"its processes together used more than the container's memory ({limit >> 20} MiB) "
+                          "and the kernel killed it")
+        code = state.get("ExitCode")
+        if code in (137, 143):
+            return "killed", f"its container was {'SIGKILLed' if code == 137 else 'SIGTERMed'} from outside (on {engine})"
+        return None, f"it exited with status {code}"
 
     def _create(self) -> None:
         import docker

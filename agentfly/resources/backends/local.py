@@ -394,11 +394,13 @@ class LocalWorker:
             return ""
         return text.decode(errors="replace").strip()
 
-    def killed_from_outside(self) -> bool:
-        """Whether the process died of a SIGKILL that neither this worker (a timeout, a reset, close) nor the
-        sandbox's own limits sent: the host's OOM killer, an operator, a node shutting down. Its CPU limit
-        ends it with SIGXCPU, so a SIGKILL is never the limit's."""
-        return self.exit_code() == -signal.SIGKILL and not self.killed_by_us
+    def ended(self) -> tuple[str | None, str]:
+        """``killed`` when the process died of a SIGKILL that neither this worker (a timeout, a reset, close)
+        nor the sandbox's own limits sent: the host's OOM killer, an operator, a node shutting down. Its CPU
+        limit ends it with SIGXCPU, so a SIGKILL is never the limit's."""
+        if self.exit_code() == -signal.SIGKILL and not self.killed_by_us:
+            return "killed", "its process was killed from outside (SIGKILL)"
+        return None, ""
 
     async def start(self) -> None:
         if self.workdir is None:

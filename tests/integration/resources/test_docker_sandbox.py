@@ -87,6 +87,44 @@ async def test_a_docker_sandbox_turns_memory_and_fork_attacks_into_observations(
     assert sandbox_containers() == []
 
 
+async def test_a_container_killed_from_outside_ends_the_rollout_as_killed_and_the_next_call_gets_a_new_one() -> None:
+    async with PythonSandbox(backend="docker") as box:
+        await box.run("x = 1")
+        running = asyncio.ensure_future(box.run("import time; time.sleep(60)", timeout=120))
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(box.worker.container.kill)  # an operator's `docker kill`, an engine stopping it
+        with pytest.raises(InfrastructureFailure) as failure:
+            await running
+        assert failure.value.kind == "killed" and "137" not in str(failure.value.kind)
+        assert "NameError" in await box.run("x")  # a new container
+    assert sandbox_containers() == []
+
+
+async def test_the_sandboxes_own_code_cannot_kill_its_container_and_its_own_exit_is_an_observation() -> None:
+    async with PythonSandbox(backend="docker") as box:
+        # The worker is the container's PID 1: a signal from inside its PID namespace is ignored, so no code
+        # in the sandbox can pass its own failure off as the infrastructure's.
+        assert await box.run("import os, signal; os.kill(1, signal.SIGKILL); os.kill(1, signal.SIGTERM); 'alive'") \
+            == "'alive'\n"
+        out = await box.run("import os; os._exit(3)")  # no InfrastructureFailure: the model reads what it did
+        assert out.startswith("Error: it exited with status 3; the sandbox was restarted"), out
+        assert await box.run("6 * 7") == "42\n"
+    assert sandbox_containers() == []
+
+
+async def test_a_container_its_own_memory_limit_kills_is_an_observation_not_an_infrastructure_failure() -> None:
+    # Each process stays under the address-space rlimit (160 MiB); together they pass the container's memory
+    # (twice that), and the kernel kills the largest, the worker (PID 1) holding 100 MiB.
+    code = ("import subprocess, sys, time\nheld = bytearray(100 << 20)\nchildren = [subprocess.Popen([sys.executable, "
+            "'-c', 'import time; b = bytearray(70 << 20); time.sleep(60)']) for _ in range(5)]\ntime.sleep(30)")
+    async with PythonSandbox(backend="docker", limits=Limits(memory_bytes=160 << 20, processes=32)) as box:
+        out = await box.run(code, timeout=60)
+        assert out.startswith("Error: its processes together used more than the container's memory (320 MiB) and "
+                              "the kernel killed it; the sandbox was restarted"), out
+        assert await box.run("1 + 1") == "2\n"
+    assert sandbox_containers() == []
+
+
 def inspect(box: PythonSandbox) -> dict[str, Any]:
     box.worker.container.reload()
     return dict(box.worker.container.attrs["HostConfig"])
@@ -216,3 +254,80 @@ async def test_a_pool_larger_than_its_engines_limits_says_how_to_fix_it() -> Non
             await second.start()
         await second.close()
     assert engines.stats()[0]["in_use"] == 0 and sandbox_containers() == []
+
+
+class Hop:
+    """A TCP hop in front of the engine's TLS port that the test can cut, as when the engine's host goes away:
+    the client's connections to it (the attached stream included) break and new ones are refused."""
+
+    def __init__(self, target: str) -> None:
+        import socket
+        import threading
+
+        host, port = target.removeprefix("tcp://").rsplit(":", 1)
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[Any] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self.sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: Any, sink: Any) -> None:
+        import contextlib
+
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        for s in (source, sink):
+            with contextlib.suppress(OSError):
+                s.shutdown(2)
+
+    def cut(self) -> None:
+        import contextlib
+        import socket
+
+        self.listener.close()
+        for s in self.sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+
+@needs_tcp
+async def test_an_engine_that_stops_answering_mid_call_ends_the_rollout_as_server_down() -> None:
+    import docker
+
+    assert TCP is not None
+    hop = Hop(TCP)
+    engine = DockerEngine(f"tcp://127.0.0.1:{hop.port}", tls_ca_cert=str(CERTS / "ca.pem"),
+                          tls_client_cert=str(CERTS / "cert.pem"), tls_client_key=str(CERTS / "key.pem"), timeout=10)
+    box = PythonSandbox(backend="docker", engines=DockerEngines([engine]))
+    try:
+        await box.start()
+        assert await box.run("6 * 7") == "42\n"
+        running = asyncio.ensure_future(box.run("import time; time.sleep(60)", timeout=120))
+        await asyncio.sleep(0.5)
+        hop.cut()
+        with pytest.raises(InfrastructureFailure) as failure:
+            await asyncio.wait_for(running, 60)
+        assert failure.value.kind == "server_down"
+    finally:
+        hop.cut()
+        await box.close()
+        for container in sandbox_containers():  # what the engine still runs for the client it lost
+            container.remove(force=True)
+    assert docker.from_env().ping()
