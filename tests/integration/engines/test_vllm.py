@@ -230,6 +230,44 @@ async def test_agent_rollouts_through_vllm_keep_the_mask_and_logprob_invariants(
     assert [t.group_id for t in trajectories] == [s["id"] for s in samples for _ in range(3)]
 
 
+def test_the_gateway_serves_an_openai_sdk_agent_from_vllm_and_records_its_samples_token_exact(
+    engine: VLLMEngine, hf_model: Any
+) -> None:
+    import openai
+
+    from agentfly.gateway import Gateway
+    from agentfly.gateway.server import GatewayServer
+
+    server = GatewayServer(Gateway(engine)).start()
+    try:
+        sampling = af.Sampling(temperature=1.0, max_new_tokens=24, seed=5)
+        [rid] = server.gateway.hand_out([{"id": "q", "question": "What is 37*48?"}], 1, sampling)
+        [handout] = server.gateway.take(1)
+        client = openai.OpenAI(base_url=server.url, api_key=handout["api_key"])
+        messages, replies = list(handout["messages"]), []
+        for follow_up in ("Are you sure?", None):  # two turns; the second request repeats the first
+            reply = client.chat.completions.create(model="policy", messages=messages)
+            replies.append(reply.choices[0].message.content or "")
+            messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+            if follow_up:
+                messages.append({"role": "user", "content": follow_up})
+        server.gateway.set_reward(rid, 1.0)
+        [traj] = server.gateway.wait([rid], poll=0.1)
+    finally:
+        server.close()
+    assert traj.failure is None and traj.reward == 1.0 and len(traj.turns) == 2
+    assert len(traj.token_ids) == len(traj.loss_mask) == len(traj.logprobs)
+    diffs = []
+    for turn, text in zip(traj.turns, replies, strict=True):
+        assert traj.loss_mask[turn.start: turn.end] == [1] * (turn.end - turn.start)
+        assert engine.tokenizer.decode(traj.token_ids[turn.start: turn.end], skip_special_tokens=True).strip() \
+            == text.strip()
+        ref = recomputed_logprobs(hf_model, traj.token_ids[: turn.start], traj.token_ids[turn.start: turn.end])
+        diffs.append((ref - torch.tensor(traj.logprobs[turn.start: turn.end])).abs())
+    assert torch.cat(diffs).mean().item() < 1e-4  # vLLM's own samples and logprobs, never a re-encoding
+    assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True) if m == 0)
+
+
 async def test_after_update_weights_vllm_and_the_trainer_forward_agree(
     engine: VLLMEngine, model_dir: Path, prompts: list[list[int]]
 ) -> None:
