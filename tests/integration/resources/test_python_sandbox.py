@@ -128,10 +128,9 @@ async def test_exhausting_memory_raises_memory_error_inside_and_the_host_does_no
 
 async def test_an_endless_loop_is_killed_at_its_timeout_and_the_sandbox_restarts(box: PythonSandbox) -> None:
     await box.run("x = 1")
-    old_pid = box.pid
-    start = time.monotonic()
+    old_pid, restarts = box.pid, box.restarts
     out = await box.run("while True:\n    pass", timeout=0.5)
-    assert time.monotonic() - start < 10  # killed at 0.5 s; the rest is starting a new interpreter
+    assert box.restarts == restarts + 1 and box.pid != old_pid  # killed at its timeout, replaced once
     assert out.startswith("Error: execution timed out after 0.5 s") and "restarted" in out
     assert not psutil.pid_exists(old_pid) or psutil.Process(old_pid).status() == psutil.STATUS_ZOMBIE
     assert "NameError" in await box.run("x")  # a fresh interpreter: the old state is gone, as it said

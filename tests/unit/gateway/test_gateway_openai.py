@@ -150,9 +150,8 @@ def test_a_rollout_whose_client_disappears_ends_as_client_lost_and_stays_out_of_
     [gone] = take(server)  # one turn, then its agent is gone
     openai.OpenAI(base_url=server.url, api_key=gone["api_key"]).chat.completions.create(
         model="policy", messages=gone["messages"])
-    started = time.monotonic()
-    rewarded, lost = server.gateway.wait(ids, poll=0.1)
-    assert time.monotonic() - started < 15
+    rewarded, lost = server.gateway.wait(ids, poll=0.1)  # returns: the reaper ended the silent one
+    assert server.gateway.counters["client_lost"] == 1
     assert lost.failure == "client_lost" and "idle_timeout" in (lost.failure_reason or "")
     assert rewarded.failure is None and rewarded.reward == 1.0
     assert lost.num_turns == 1 and infra_kept([lost, rewarded], [0, 0], "exclude") == [False, True]

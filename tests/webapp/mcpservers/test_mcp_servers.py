@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
@@ -213,9 +212,7 @@ def test_an_inspection_of_a_server_that_never_starts_fails_within_its_timeout_an
                                           created_by=alice)
         slot = take_inspection_slot(team_a, alice)  # the place its registration took
         assert register(alice_api, name="other", transport="stdio", command=["stuck.py"]).status_code == 429
-        started = time.monotonic()
         assert inspect_mcp_server(server.pk, slot=slot, timeout=3.0) == "failed"  # as the inspect worker runs it
-        assert time.monotonic() - started < 30
         server.refresh_from_db()
         assert server.status == Status.FAILED
         assert "did not list its tools within AGENTFLY_MCP_INSPECT_TIMEOUT=3 s" in server.error

@@ -7,7 +7,6 @@ test client, with a short ``AGENTFLY_TRY_TIMEOUT`` so alice's loops time out for
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -79,7 +78,6 @@ def test_one_teams_looping_tries_never_time_out_another_teams_try(
     settings.AGENTFLY_TRY_TIMEOUT = 8.0
 
     # alice's two loops: each request gives up after 8 s (504), but both loops go on running on the worker.
-    started = time.monotonic()
     for _ in range(2):
         assert try_it(alice, spin, {}).status_code == 504
     # Her third is refused, naming the per-user limit, while the first two still run.
@@ -95,7 +93,6 @@ def test_one_teams_looping_tries_never_time_out_another_teams_try(
     assert response.json()["observation"] == "still here" and not response.json()["error"]
     # It did not wait for them: alice's loops were still running when bob got his answer.
     assert _redis().zcard(slot_keys(alice.pk, team_a.pk)[2]) == 2
-    assert time.monotonic() - started < child_timeout
 
     # The loops are killed at the hard timeout, and their places come back.
     wait_for(lambda: _redis().zcard(slot_keys(alice.pk, team_a.pk)[2]) == 0, child_timeout + 30,
