@@ -80,12 +80,10 @@ def test_closing_the_sink_stores_what_is_queued_without_waiting_for_the_throttle
     sink = DatabaseEventSink(alice_job.pk, flush_interval=30.0, max_messages_per_second=0.1)
     for step in range(3):
         sink.emit(metrics_event(step, {"loss": 0.5}))
-    started = time.monotonic()
     closer = threading.Thread(target=sink.close)
     closer.start()
-    closer.join(timeout=10)
+    closer.join(timeout=9)  # the throttle would hold a second message back for 10 s
     assert not closer.is_alive()
-    assert time.monotonic() - started < 5
     assert JobEvent.objects.filter(job=alice_job).count() == 3
 
 
