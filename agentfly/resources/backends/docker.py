@@ -196,9 +196,10 @@ class DockerWorker:
     def ended(self) -> tuple[str | None, str]:
         """How the container that stopped answering ended, as the engine records it (``State``):
 
-        - SIGKILLed (exit 137) or SIGTERMed (143) without the engine's OOM flag: ``killed``. The worker is the
-          container's PID 1, which ignores every signal sent from inside its PID namespace, so the code in the
-          sandbox cannot do this to itself: ``docker kill``/``stop`` by someone else, an engine shutting down.
+        - ended by a signal the engine sent (its ``kill`` event: ``docker kill``/``stop``/``rm -f`` by someone
+          else, the engine shutting down): ``killed``. The code in the sandbox cannot do this to itself: the
+          worker is the container's PID 1, which ignores every signal sent from inside its PID namespace, and an
+          ``os._exit(137)``, which the engine records as the same status, comes with no ``kill`` event.
         - removed while it ran (the engine no longer knows it): ``killed``.
         - the engine does not answer: ``server_down`` (the host or its daemon went away).
         - OOM-killed by its own memory limit, or exited by itself (``os._exit``, a crash): None, the sandbox's
@@ -227,9 +228,30 @@ class DockerWorker:
             return None, (f"its processes together used more than the container's memory ({limit >> 20} MiB) "
                           "and the kernel killed it")
         code = state.get("ExitCode")
-        if code in (137, 143):
+        if code in (137, 143) and self._engine_killed(container, state):
             return "killed", f"its container was {'SIGKILLed' if code == 137 else 'SIGTERMed'} from outside (on {engine})"
         return None, f"it exited with status {code}"
+
+    @staticmethod
+    def _engine_killed(container: Any, state: dict[str, Any]) -> bool:
+        """Whether the engine sent the container a signal (a ``kill`` event) between its creation and its end,
+        both read on the engine's own clock, so a client whose clock is off asks for the right window."""
+        import datetime
+
+        import docker
+        import requests
+
+        def seconds(stamp: str) -> int:
+            moment = datetime.datetime.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.UTC)
+            return int(moment.timestamp())
+
+        try:
+            since, until = seconds(container.attrs["Created"]), seconds(state["FinishedAt"]) + 2
+            events = container.client.events(since=since, until=until, decode=True,
+                                             filters={"container": container.id, "event": "kill"})
+            return any(True for _ in events)
+        except (KeyError, ValueError, docker.errors.APIError, requests.exceptions.RequestException):
+            return True  # an engine that gives no times or no events: trust the status
 
     def _create(self) -> None:
         import docker

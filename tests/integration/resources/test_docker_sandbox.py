@@ -108,6 +108,9 @@ async def test_the_sandboxes_own_code_cannot_kill_its_container_and_its_own_exit
             == "'alive'\n"
         out = await box.run("import os; os._exit(3)")  # no InfrastructureFailure: the model reads what it did
         assert out.startswith("Error: it exited with status 3; the sandbox was restarted"), out
+        # The status a SIGKILL leaves, chosen by the code itself: the engine sent no signal, so it is still its own.
+        out = await box.run("import os; os._exit(137)")
+        assert out.startswith("Error: it exited with status 137; the sandbox was restarted"), out
         assert await box.run("6 * 7") == "42\n"
     assert sandbox_containers() == []
 
