@@ -13,6 +13,7 @@ revokes every key, when the last of them closes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -46,12 +47,10 @@ def _acquire(config: Config, engine: Engine, reward: Any) -> GatewayServer:
             _running[key] = (server, users + 1)
             return server
         g, r = config.gateway, config.rollout
+        # Every limit is the config's setting of the same name (gateway.<name>).
+        limits = GatewayLimits(**{f.name: getattr(g, f.name) for f in dataclasses.fields(GatewayLimits)})
         gateway = Gateway(engine, parser=r.parser, reward=make_reward(reward) if reward is not None else None,
-                          system_prompt=r.system_prompt, chat_template_kwargs=r.chat_template_kwargs,
-                          limits=GatewayLimits(max_inflight=g.max_inflight, max_requests=g.max_requests,
-                                               max_tokens=g.max_tokens, idle_timeout=g.idle_timeout,
-                                               take_timeout=g.take_timeout,
-                                               on_mismatch=g.on_mismatch))
+                          system_prompt=r.system_prompt, chat_template_kwargs=r.chat_template_kwargs, limits=limits)
         server = GatewayServer(gateway, host=g.host, port=g.port).start()
         _running[key] = (server, 1)
         write_endpoint(Path(config.output_dir), server.url, gateway.job_key)

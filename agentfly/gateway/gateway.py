@@ -5,10 +5,11 @@ An agent takes a rollout (``GET /v1/samples`` or ``take``), drives it with OpenA
 (``chat`` / ``complete``), and ends it with a reward (``reward``) or without one (``finish``: the job's reward
 function scores the recorded trajectory). The job waits for its batch (``wait``) and trains on the
 trajectories as the rollout loop's own. A rollout whose agent stops calling it for ``idle_timeout`` seconds
-ends as an infrastructure failure (``client_lost``); when no agent takes any rollout for ``take_timeout`` seconds,
-the rollouts waiting in the queue end as ``no_client`` (agents that are slow but there keep taking): neither says anything of the policy, so the trainer keeps them out of
-their group's statistics and out of the loss, and a job no agent serves stops after
-``rollout.max_infra_failed_steps`` steps saying so instead of waiting forever.
+ends as an infrastructure failure (``client_lost``); when no agent takes any rollout for ``take_timeout``
+seconds, the rollouts waiting in the queue end as ``no_client`` (agents that are slow but there keep taking).
+Neither says anything of the policy, so the trainer keeps them out of their group's statistics and out of the
+loss, and a job no agent serves stops after ``rollout.max_infra_failed_steps`` steps saying so instead of
+waiting forever.
 
 Thread model: the HTTP server awaits ``chat``/``complete`` on its own event loop (the engine batches concurrent
 requests there); the trainer calls ``hand_out``/``wait`` from its thread. Every shared field is read and written
@@ -72,6 +73,12 @@ class GatewayLimits:
             raise ValueError(f"GatewayLimits.take_timeout must be > 0 seconds or None, got {self.take_timeout}")
         if self.on_mismatch not in ("split", "reject"):
             raise ValueError(f"GatewayLimits.on_mismatch={self.on_mismatch!r}: use 'split' or 'reject'")
+
+    @property
+    def reap_every(self) -> float:
+        """Seconds between two looks for rollouts past ``idle_timeout`` or ``take_timeout``: a quarter of the
+        shorter, at most 1."""
+        return min(1.0, *(t / 4 for t in (self.idle_timeout, self.take_timeout) if t is not None))
 
 
 @dataclass
@@ -210,8 +217,8 @@ class Gateway:
         now, untaken = time.monotonic(), self.limits.take_timeout
         for rollout in self._rollouts.values():
             if rollout.state == "active" and not rollout.busy and now - rollout.last_seen > self.limits.idle_timeout:
-                self._fail_locked(rollout, "client_lost", f"the agent made no request for "
-                                  f"{self.limits.idle_timeout:g} s (gateway idle_timeout); the rollout ended without it")
+                self._fail_locked(rollout, "client_lost", f"the agent made no request for {self.limits.idle_timeout:g}"
+                                  " s (gateway idle_timeout); the rollout ended without it")
             elif (rollout.state == "queued" and untaken is not None
                   and now - max(rollout.last_seen, self._last_take) > untaken):
                 self._queue.remove(rollout.rollout_id)

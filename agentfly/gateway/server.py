@@ -232,7 +232,7 @@ def build_app(gateway: Gateway) -> Starlette:
 
     async def reaper() -> None:
         while True:
-            await asyncio.sleep(min(1.0, gateway.limits.idle_timeout / 4, (gateway.limits.take_timeout or 4) / 4))
+            await asyncio.sleep(gateway.limits.reap_every)
             gateway.reap()
 
     @contextlib.asynccontextmanager

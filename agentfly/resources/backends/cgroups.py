@@ -168,22 +168,28 @@ class Cgroup:
         return f"cgroup v{self.version} ({', '.join(str(f) for f in self.folders)})"
 
 
+# The fallback where no cgroup can be made: each limit, the rlimit that stands for it, and prlimit's flag for it.
+# Memory becomes address space; CPU has no rlimit of this kind.
+RLIMITS = (("memory_bytes", resource.RLIMIT_AS, "--as"), ("processes", resource.RLIMIT_NPROC, "--nproc"))
+
+
+def _set(limits: ResourceLimits) -> list[tuple[int, str, int]]:
+    """(rlimit, prlimit flag, value) of every limit ``limits`` sets that has an rlimit."""
+    return [(which, flag, value) for name, which, flag in RLIMITS if (value := getattr(limits, name))]
+
+
 def rlimits(limits: ResourceLimits) -> None:
-    """The fallback where no cgroup can be made: the same numbers as rlimits of the calling process (run it in
-    the child between fork and exec). Memory becomes address space (RLIMIT_AS), processes RLIMIT_NPROC (counted
-    per uid); CPU has no rlimit of this kind."""
-    if limits.memory_bytes:
-        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-    if limits.processes:
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
+    """``RLIMITS`` of the calling process (run it in the child between fork and exec): RLIMIT_NPROC counts every
+    process of the uid (see the module docstring)."""
+    for which, _, value in _set(limits):
+        resource.setrlimit(which, (value, value))
 
 
 def limit_argv(limits: ResourceLimits) -> list[str]:
-    """``prlimit`` (util-linux) setting ``limits`` as rlimits (``rlimits``' numbers), to put before a command:
-    the process that then execs it sets them, so inside a user namespace RLIMIT_NPROC counts that namespace's
-    processes alone (see the module docstring). Empty when ``limits`` sets no rlimit."""
-    flags = [f"--as={limits.memory_bytes}"] if limits.memory_bytes else []
-    flags += [f"--nproc={limits.processes}"] if limits.processes else []
+    """``prlimit`` (util-linux) setting ``RLIMITS``, to put before a command: the process that then execs it sets
+    them, so inside a user namespace RLIMIT_NPROC counts that namespace's processes alone (see the module
+    docstring). Empty when ``limits`` sets no rlimit."""
+    flags = [f"{flag}={value}" for _, flag, value in _set(limits)]
     if not flags:
         return []
     prlimit = shutil.which("prlimit")

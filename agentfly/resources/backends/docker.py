@@ -229,7 +229,8 @@ class DockerWorker:
                           "and the kernel killed it")
         code = state.get("ExitCode")
         if code in (137, 143) and self._engine_killed(container, state):
-            return "killed", f"its container was {'SIGKILLed' if code == 137 else 'SIGTERMed'} from outside (on {engine})"
+            by = "SIGKILLed" if code == 137 else "SIGTERMed"
+            return "killed", f"its container was {by} from outside (on {engine})"
         return None, f"it exited with status {code}"
 
     @staticmethod
