@@ -290,7 +290,14 @@ class DataConfig:
 class RolloutConfig:
     tools: list[str] = _f(["agentfly.tools.builtin.calculator:calculator"], "Tools as 'module:attribute'.")
     reward: str = _f("agentfly.rewards.builtin.math:math_equal", "Reward as 'module:attribute'.")
-    parser: Literal["hermes", "react"] = _f("hermes", "Tool-call format the model writes.")
+    parser: Literal["hermes", "react", "command"] = _f(
+        "hermes", "Tool-call format the model writes: hermes (<tool_call> JSON), react (Action / Action Input), or "
+        "command (a turn is one command for the one tool, the way a text game is played: 'go north').",
+        web=Web("agent", name="parser", label="Action format", optional=True,
+                help="How the model acts: a JSON tool call (hermes), ReAct's Action lines, or the bare command of "
+                     "the agent's one tool, the way a text game is played (command).",
+                choice_labels={"hermes": "Tool calls (<tool_call> JSON)", "react": "ReAct (Action / Action Input)",
+                               "command": "Bare commands for the one tool ('go north')"}))
     system_prompt: str | None = _f(None, "System message; None leaves the template's default.")
     chat_template_kwargs: dict[str, Any] = _f({}, "Extra chat template variables, e.g. {enable_thinking: false} "
                                               "for Qwen3's non-thinking mode (see the own-model guide).")
@@ -857,6 +864,10 @@ class Config:
             raise ConfigError(f"algorithm.credit={a.credit} compares the rollouts of a group, which {a.name} does not "
                               "make: use credit=turn_gae with ppo, or a group algorithm (grpo, dr_grpo, dapo, rloo, "
                               "reinforce_pp_baseline)", key="algorithm.credit")
+        if r.parser == "command" and (len(r.tools) != 1 or self.mcp):
+            raise ConfigError(f"rollout.parser=command plays one tool's commands (a turn is one command), and the "
+                              f"agent has {len(r.tools)} tools in rollout.tools{' and MCP servers' if self.mcp else ''}; "
+                              "give it exactly one tool, or use parser=hermes", key="rollout.parser")
         if r.prompts_per_step * r.group_size % a.minibatches:
             raise ConfigError(f"algorithm.minibatches={a.minibatches} must divide rollout.prompts_per_step * "
                               f"rollout.group_size = {r.prompts_per_step * r.group_size}", key="algorithm.minibatches")

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from agentfly.rollout.parsers import rewrite
 from agentfly.tasks import FlawError, Flaws, find_task, tasks
 from trainer import algorithms as algos
 from trainer.batch import collate, forward
@@ -114,7 +115,9 @@ def demonstration_trajectories(config: Config, tokenizer: Any) -> list[Any]:
         for indices in rounds:
             turns.clear()
             for i in indices:
-                turns[_question(pairs[i][1])] = [m["content"] for m in pairs[i][1] if m["role"] == "assistant"]
+                # Written in the Hermes format; replayed in the format the rollout uses (``rollout.parser``).
+                turns[_question(pairs[i][1])] = [rewrite(m["content"], agent.parser) for m in pairs[i][1]
+                                                 if m["role"] == "assistant"]
             # In chunks: all at once, tens of thousands of rollouts would queue for a bounded resource pool (the
             # key-value store's) longer than its acquire timeout.
             for start in range(0, len(indices), REPLAY_CHUNK):

@@ -100,8 +100,9 @@ class RolloutRunner:
     def __post_init__(self) -> None:
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
-        self.renderer = ChatRenderer(self.engine.tokenizer, [t.schema for t in self.tools.values()] or None,
-                                     self.chat_template_kwargs)
+        self.parser.bind(self.tools)
+        shown = [t.schema for t in self.tools.values()] if self.parser.shows_tools else []
+        self.renderer = ChatRenderer(self.engine.tokenizer, shown or None, self.chat_template_kwargs)
         limit = self.engine.max_model_len
         self.token_limit: int = min(self.max_length or limit, limit)  # what the rollout may hold
         self.max_length = self.token_limit

@@ -5,12 +5,18 @@ observation for the model and is counted), the rest as ``ToolCall``s.
 
 - ``hermes``: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, several per turn (Qwen2.5, Hermes).
 - ``react``: ``Thought: ...`` / ``Action: name`` / ``Action Input: {json}``; ``Final Answer: ...`` ends.
+- ``command``: the turn's text is one command for the rollout's one tool, the way a text game is played
+  ("go north", "take apple"); an empty turn ends the rollout. No tool schema is shown to the model.
+
+Demonstrations are written in the Hermes format; ``rewrite`` turns a written assistant turn into another
+parser's format (the SFT warm start replays them in the format the rollout uses).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -35,6 +41,8 @@ class Parser:
     name: ClassVar[str]
     # Strings that end a turn early when the format wants the runtime to answer (ReAct's Observation).
     stop: ClassVar[tuple[str, ...]] = ()
+    # Whether the chat template shows the model the tools' JSON schemas (formats that name tools and arguments).
+    shows_tools: ClassVar[bool] = True
 
     def parse(self, text: str) -> ParseResult:
         raise NotImplementedError
@@ -42,6 +50,14 @@ class Parser:
     def format_call(self, name: str, arguments: dict[str, Any]) -> str:
         """The text a model should produce to call ``name`` (used to build demonstrations)."""
         raise NotImplementedError
+
+    def format_answer(self, text: str) -> str:
+        """The text a model should produce to end the rollout with the answer ``text``."""
+        return text
+
+    def bind(self, tools: Mapping[str, Any]) -> None:
+        """Called with the rollout's tools (name -> tool) before any turn is parsed; a format that needs to know
+        them (``command``) checks and keeps what it needs, and raises ``ValueError`` naming what is wrong."""
 
 
 def _decode_call(payload: str) -> tuple[ToolCall | None, str | None]:
@@ -122,8 +138,59 @@ class ReActParser(Parser):
     def format_call(self, name: str, arguments: dict[str, Any]) -> str:
         return f"Action: {name}\nAction Input: {json.dumps(arguments)}"
 
+    def format_answer(self, text: str) -> str:
+        return f"Final Answer: {text}"
 
-PARSERS: dict[str, type[Parser]] = {"hermes": HermesParser, "react": ReActParser}
+
+class CommandParser(Parser):
+    """A turn's first line is one command for ``tool``, passed as its argument ``argument``; an empty turn
+    ends the rollout (its answer is empty). With ``tool``/``argument`` left empty, ``bind`` takes the
+    rollout's one tool and that tool's one parameter."""
+
+    name = "command"
+    shows_tools = False
+
+    def __init__(self, tool: str = "", argument: str = "") -> None:
+        self.tool, self.argument = tool, argument
+
+    def bind(self, tools: Mapping[str, Any]) -> None:
+        if not self.tool:
+            if len(tools) != 1:
+                raise ValueError(f"the command format plays one tool's commands, and the rollout has {len(tools)} "
+                                 f"tools ({', '.join(sorted(tools)) or 'none'}); give it exactly one tool, or use "
+                                 "the hermes format")
+            self.tool = next(iter(tools))
+        if self.tool not in tools:
+            raise ValueError(f"the command format's tool {self.tool!r} is not one of the rollout's tools "
+                             f"({', '.join(sorted(tools)) or 'none'})")
+        if not self.argument:
+            schema = getattr(tools[self.tool], "schema", {}) or {}
+            params = list(schema.get("function", schema).get("parameters", {}).get("properties", {}))
+            if len(params) != 1:
+                raise ValueError(f"the command format passes a turn's text as the one argument of {self.tool!r}, "
+                                 f"which takes {len(params)} ({', '.join(params) or 'none'})")
+            self.argument = params[0]
+
+    def parse(self, text: str) -> ParseResult:
+        lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+        if not lines:
+            return ParseResult(content="")
+        if not self.tool or not self.argument:
+            raise RuntimeError("CommandParser.bind was not called with the rollout's tools")
+        return ParseResult(tool_calls=[ToolCall(self.tool, {self.argument: lines[0]}, id="call_0", raw=text)])
+
+    def format_call(self, name: str, arguments: dict[str, Any]) -> str:
+        values = list(arguments.values()) if self.argument not in arguments else [arguments[self.argument]]
+        if len(values) != 1 or (self.tool and name != self.tool):
+            raise ValueError(f"the command format writes one argument of {self.tool or 'its tool'}, not a call of "
+                             f"{name} with {arguments!r}")
+        return str(values[0])
+
+    def format_answer(self, text: str) -> str:
+        return ""  # an empty turn ends the rollout; a command format has no answer text
+
+
+PARSERS: dict[str, type[Parser]] = {"hermes": HermesParser, "react": ReActParser, "command": CommandParser}
 
 
 def get_parser(parser: str | Parser) -> Parser:
@@ -133,3 +200,18 @@ def get_parser(parser: str | Parser) -> Parser:
         return PARSERS[parser]()
     except KeyError:
         raise ValueError(f"unknown tool-call parser {parser!r}; choose one of {sorted(PARSERS)}") from None
+
+
+def rewrite(content: str, parser: Parser) -> str:
+    """A written assistant turn (Hermes format: text and ``<tool_call>`` blocks) in ``parser``'s format."""
+    if isinstance(parser, HermesParser):
+        return content
+    parsed = HermesParser().parse(content)
+    if parsed.errors:
+        raise ValueError(f"a written assistant turn is not in the Hermes format: {parsed.errors[0]}")
+    if not parsed.tool_calls:
+        return parser.format_answer(parsed.content)
+    calls = "\n".join(parser.format_call(c.name, c.arguments) for c in parsed.tool_calls)
+    if isinstance(parser, CommandParser):
+        return calls  # one command, no prose
+    return f"{parsed.content}\n{calls}" if parsed.content else calls

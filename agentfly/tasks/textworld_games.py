@@ -33,9 +33,8 @@ from agentfly.tasks.base import (
     check_options,
 )
 
-PROMPT = ("You are playing a text adventure game. Act with the tw_act tool, one command per call (for example "
-          "'look', 'inventory', 'go north', 'open fridge', 'take apple'). Call tw_act with 'look' first to read "
-          "your goal, then play until you win.")
+PROMPT = ("You are playing a text adventure game. Play one command at a time (for example 'look', 'inventory', "
+          "'go north', 'open fridge', 'take apple'). Start with 'look' to read your goal, then play until you win.")
 # Each theme's options with their defaults (a value, or an inclusive [low, high] range drawn per game).
 OPTIONS: dict[str, dict[str, Any]] = {
     "custom": {"rooms": [2, 3], "objects": [3, 5], "quest_length": [1, 3]},

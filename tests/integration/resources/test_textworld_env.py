@@ -3,6 +3,7 @@ inside a pooled player that rollouts share, reset between them, and replaced whe
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -90,3 +91,31 @@ def test_a_game_compiles_once_and_a_second_ask_finds_it_in_the_cache(games, cach
     stamp = first.stat().st_mtime_ns
     assert compile_game(games[0]) == first and first.stat().st_mtime_ns == stamp
     assert first.with_suffix(".json").is_file() and not list(cache.glob(".make-*"))
+
+
+def test_in_the_command_format_a_replayed_walkthrough_samples_bare_commands_and_wins(tiny_model_dir: Path,
+                                                                                     cache: Path) -> None:
+    """The game's own action format: each assistant turn is the command itself ("go north"), the tool schema is
+    not in the prompt, and the SFT replay writes the task's Hermes demonstrations in that format."""
+    from transformers import AutoTokenizer
+
+    from trainer.config import load_config
+    from trainer.sft import demonstration_conversations, demonstration_trajectories
+
+    config = load_config(None, [
+        f"model.path={tiny_model_dir}", "data.task=textworld:custom",
+        "data.options={rooms: 1, objects: 2, quest_length: 1}", "rollout.tools=[agentfly.tools.builtin.textworld:tw_act]",
+        "rollout.reward=agentfly.rewards.builtin.env:env_score", "rollout.parser=command", "rollout.max_turns=12",
+        "sft.num_demos=2", "sft.wrong_fraction=0", "sft.habit=detour", "sft.habit_fraction=0", "resources={textworld: {max: 1}}"])
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    pairs = demonstration_conversations(config)
+    for (_, messages), t in zip(pairs, demonstration_trajectories(config, tokenizer), strict=True):
+        commands = [json.loads(m["content"].split("\n")[1])["arguments"]["command"]
+                    for m in messages if m["role"] == "assistant" and "<tool_call>" in m["content"]]
+        assert [turn.text for turn in t.turns] == commands  # the won game ends the rollout after the last one
+        assert [c.arguments for c in t.tool_calls] == [{"command": c} for c in commands]
+        assert t.reward == 1.0 and t.final_answer == "won"
+        trained = tokenizer.decode([i for i, m in zip(t.token_ids, t.loss_mask, strict=True) if m])
+        assert trained == "".join(c + "<|im_end|>" for c in commands)
+        assert "tw_act" not in tokenizer.decode(t.token_ids[:t.turns[0].start])  # no tool schema shown
+

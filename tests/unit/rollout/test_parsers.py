@@ -147,7 +147,7 @@ def test_it_looks_parsers_up_by_name_and_names_the_choices_otherwise() -> None:
     assert isinstance(get_parser("hermes"), HermesParser)
     assert isinstance(get_parser("react"), ReActParser)
     assert get_parser(hermes) is hermes
-    with pytest.raises(ValueError, match=r"unknown tool-call parser 'json'; choose one of \['hermes', 'react'\]"):
+    with pytest.raises(ValueError, match=r"unknown tool-call parser 'json'; choose one of \['command', 'hermes', 'react'\]"):
         get_parser("json")
 
 
@@ -203,3 +203,58 @@ def test_it_parses_back_any_call_it_formats(name: str, arguments: dict) -> None:
         result = parser.parse(parser.format_call(name, arguments))
         assert result.errors == [], parser.name
         assert [(c.name, c.arguments) for c in result.tool_calls] == [(name, arguments)], parser.name
+
+
+# ---------------------------------------------------------------------------------------------- command
+def _game_tools() -> dict:
+    from agentfly.tools.builtin.textworld import tw_act
+
+    return {"tw_act": tw_act}
+
+
+def test_in_the_command_format_a_turn_s_first_line_is_one_call_of_the_rollout_s_one_tool() -> None:
+    parser = get_parser("command")
+    parser.bind(_game_tools())
+    result = parser.parse("  go north \nand then I will look around")
+    assert [(c.name, c.arguments) for c in result.tool_calls] == [("tw_act", {"command": "go north"})]
+    assert result.errors == []
+
+
+def test_in_the_command_format_an_empty_turn_ends_the_rollout() -> None:
+    parser = get_parser("command")
+    parser.bind(_game_tools())
+    assert parser.parse(" \n ") == ParseResult([], [], "", None)
+
+
+def test_the_command_format_refuses_a_rollout_without_exactly_one_one_argument_tool() -> None:
+    from agentfly.tools.builtin.calculator import calculator
+
+    with pytest.raises(ValueError, match=r"one tool's commands, and the rollout has 2 tools \(calculator, tw_act\)"):
+        get_parser("command").bind({**_game_tools(), "calculator": calculator})
+    with pytest.raises(ValueError, match="'search' is not one of the rollout's tools"):
+        type(get_parser("command"))(tool="search").bind(_game_tools())
+
+
+def test_a_written_hermes_turn_is_rewritten_into_each_format_and_parses_back_to_the_same_call() -> None:
+    from agentfly.rollout.parsers import rewrite
+
+    written = '<tool_call>\n{"name": "tw_act", "arguments": {"command": "open fridge"}}\n</tool_call>'
+    command = get_parser("command")
+    command.bind(_game_tools())
+    assert rewrite(written, command) == "open fridge"
+    assert rewrite("I won the game.", command) == ""  # no answer text in a command format: an empty turn
+    assert rewrite(written, hermes) == written
+    assert rewrite("It is 4.", react) == "Final Answer: It is 4." and react.parse(rewrite("It is 4.", react)).final_answer == "It is 4."
+    for parser in (command, react):
+        calls = parser.parse(rewrite(written, parser)).tool_calls
+        assert [(c.name, c.arguments) for c in calls] == [("tw_act", {"command": "open fridge"})], parser.name
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_text)
+def test_it_never_crashes_the_command_parser(text: str) -> None:
+    parser = get_parser("command")
+    parser.bind(_game_tools())
+    result = parser.parse(text)
+    check_result(result)
+    assert len(result.tool_calls) == (1 if text.strip() else 0)

@@ -373,3 +373,10 @@ def test_a_resource_pools_bounds_name_the_pool() -> None:
     with pytest.raises(ConfigError, match=r"^resources\.python\.starting=0 must be >= 1 \(or null: no bound\)$") as bad:
         load_config(None, ["resources={python: {starting: 0}}"])
     assert bad.value.key == "resources.python.starting"
+
+
+def test_the_command_format_is_refused_for_an_agent_with_two_tools() -> None:
+    with pytest.raises(ConfigError, match=r"rollout\.parser=command plays one tool.s commands") as refused:
+        load_config(None, ["rollout.parser=command", "rollout.tools=[agentfly.tools.builtin.textworld:tw_act, "
+                           "agentfly.tools.builtin.calculator:calculator]"])
+    assert refused.value.key == "rollout.parser"

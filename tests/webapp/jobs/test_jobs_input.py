@@ -41,6 +41,7 @@ BAD_FORM_INPUT = [
     ("group_size", "1", "grpo compares responses to the same prompt, so it needs rollout.group_size >= 2"),
     ("group_size", "65", "rollout.group_size=65 must be between 1 and 64"),
     ("max_turns", "0", "rollout.max_turns=0 must be between 1 and 32"),
+    ("parser", "json", "rollout.parser: 'json' is not one of"),
     ("max_new_tokens", "0", "rollout.max_new_tokens=0 must be between 1 and 32768"),
     ("learning_rate", "0", "optim.lr=0.0 must be > 0 and <= 1"),
     ("learning_rate", "2", "optim.lr=2.0 must be > 0 and <= 1"),
@@ -110,6 +111,15 @@ def test_paths_outside_the_allowed_folders_are_refused(alice_client: Any, team_a
                                                                       model_path=str(tmp_path / "models" / "m"),
                                                                       queue="gpu"))
     assert response.status_code == 302
+
+
+def test_the_form_s_action_format_reaches_the_job_and_hermes_is_what_an_omitted_one_means(
+        alice_client: Any, team_a: Any, entries: tuple[Any, Any]) -> None:
+    assert alice_client.post(reverse("jobs:launch"), launch_data(team_a, *entries, parser="command")).status_code == 302
+    assert alice_client.post(reverse("jobs:launch"), launch_data(team_a, *entries, name="b")).status_code == 302
+    assert [j.config["rollout"].get("parser", "hermes") for j in TrainingJob.objects.order_by("pk")] == ["command",
+                                                                                                     "hermes"]
+    assert "Action format" in alice_client.get(reverse("jobs:launch")).content.decode()
 
 
 def test_a_sandboxed_tool_launches_with_the_pool_the_trainer_will_give_it(
