@@ -237,8 +237,6 @@ class Workspace:
         if self.isolation_config.filesystem != "restricted":
             raise SandboxUnavailable("a Workspace runs every command in a bubblewrap root (it mounts the repository "
                                      "at /workspace); use Isolation(filesystem='restricted')")
-        if inside_sandbox():
-            raise SandboxUnavailable("a Workspace cannot start inside another sandbox (it needs bubblewrap's mounts)")
         self._lineage = _Lineage()
         self._lineage.members += 1
         self._new_upper()
@@ -410,6 +408,13 @@ class Workspace:
         if isinstance(files, Mapping) and files:
             await self.prepare(files, key=str(sample.get("id", "")))
 
+    async def tally(self, what: str | None = None) -> dict[str, int]:
+        """Count one thing a tool did (``edits``, ``test_runs``...) for the reward's report; returns the counts so
+        far. A method, so that a rollout's tools count the same on a handle of an instance on Ray."""
+        if what is not None:
+            self.usage[what] = self.usage.get(what, 0) + 1
+        return dict(self.usage)
+
     async def sh(self, command: str, timeout: float | None = None) -> Shell:
         """Run ``command`` with bash in the workspace's current directory; the directory it ends in is kept."""
         mark = f"\x1eAF-CWD-{secrets.token_hex(8)}:"
@@ -476,7 +481,9 @@ class Workspace:
         view = sandbox_view(Isolation(iso.network, iso.filesystem, iso.own_uid, (*iso.read_paths, *extra)),
                             str(tree), [str(WORKER), str(SHELL)])
         view.pop(os.path.abspath(tree))
-        argv = bwrap_argv(view, MOUNT_POINT, iso.network)
+        # In a job's sandbox (a web-launched job) its commands get a bubblewrap root of their own too, without a
+        # /proc: the kernel refuses a second procfs there. git, pytest and the shell's programs need none.
+        argv = bwrap_argv(view, MOUNT_POINT, iso.network, proc=not inside_sandbox())
         # Before the final "--": the repository, and a /tmp of the command's own (git, pytest and pip write there).
         argv[-1:-1] = ["--bind", str(tree), MOUNT_POINT,
                        "--perms", "1777", "--size", str(self.tmp_bytes), "--tmpfs", "/tmp"]

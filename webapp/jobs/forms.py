@@ -76,6 +76,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         "tools": ["calculator"], "reward": "math_equal", "max_turns": 3, "max_new_tokens": 48, "steps": 1000,
         "max_minutes": 30, "prompts_per_step": 8, "group_size": 6, "learning_rate": 1e-5, "temperature": 1.0,
         "eval_size": 100, "eval_every": 8, "save_every": 20, "resources": ""},
+    # examples/code_repair: a coding agent in a workspace (a git repository in a sandbox of its own, forked for
+    # each group's rollouts) fixes a mutated line of a generated project; reward = the share of its tests passing.
+    "code_repair": {
+        "title": "Code repair: SmolLM2-135M-Instruct fixes a bug with bash, files and tests (real model)",
+        "name": "smollm2-code-repair", "kind": "sft_then_rl", "model_source": "smollm2", "algorithm": "grpo",
+        "task": "code_repair", "task_size": 2000, "sft_demos": 256, "sft_epochs": 1, "sft_batch_size": 2,
+        "sft_learning_rate": 5e-5, "sft_habit": "skip_check", "sft_habit_phrasings": "The unit tests",
+        "sft_habit_fraction": 0.5, "tools": ["bash", "read_file", "write_file", "run_tests"],
+        "reward": "repair_tests", "max_turns": 6, "max_new_tokens": 384, "steps": 1000, "max_minutes": 30,
+        "prompts_per_step": 4, "group_size": 6, "learning_rate": 1e-5, "temperature": 1.0, "eval_size": 50,
+        "eval_every": 10, "save_every": 20, "resources": '{"workspace": {"max": 8}}'},
 }
 HABITS = sorted({habit for task in registered_tasks() for habit in task.habits})
 

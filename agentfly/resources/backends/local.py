@@ -190,8 +190,10 @@ def _layout(view: dict[str, str]) -> tuple[list[str], list[str]]:
     return sorted(folders, key=lambda p: (p.count(os.sep), p)), mounts
 
 
-def bwrap_argv(view: dict[str, str], workdir: str, network: str) -> list[str]:
-    """The bubblewrap command line that builds a root of ``view`` alone (see ``sandbox_view``)."""
+def bwrap_argv(view: dict[str, str], workdir: str, network: str, proc: bool = True) -> list[str]:
+    """The bubblewrap command line that builds a root of ``view`` alone (see ``sandbox_view``); ``proc=False``
+    leaves out the root's /proc (a bubblewrap nested in a job's sandbox may not mount one: the kernel refuses
+    a procfs below one with covered parts, such as bubblewrap's read-only /proc/sys)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable(NO_BWRAP.format(reason="`bwrap` is not on PATH"))
@@ -205,7 +207,7 @@ def bwrap_argv(view: dict[str, str], workdir: str, network: str) -> list[str]:
     for folder in folders:
         argv += ["--perms", "0755", "--dir", folder]
     argv += mounts
-    argv += ["--proc", "/proc", "--dev", "/dev", "--dir", SANDBOX_MARK, "--chdir", workdir, "--"]
+    argv += [*(["--proc", "/proc"] if proc else []), "--dev", "/dev", "--dir", SANDBOX_MARK, "--chdir", workdir, "--"]
     return argv
 
 

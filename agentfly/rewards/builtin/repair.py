@@ -45,7 +45,8 @@ async def repair_tests(final_answer: str | None, test_files: Mapping[str, str], 
         return {"reward": float(baseline), "passed": round(baseline * n_tests), "edited_tests": 0.0, "edits": 0.0,
                 "test_runs": 0.0, "commands": 0.0}
     ws = await context.resource(RESOURCE)
-    usage = {k: float(ws.usage.get(k, 0)) for k in ("edits", "test_runs", "commands")}
+    counts = await ws.tally()  # a method: the workspace may be a handle of an instance on Ray
+    usage = {k: float(counts.get(k, 0)) for k in ("edits", "test_runs", "commands")}
     listing = await ws.sh("cd /workspace && find . -path ./.git -prune -o -type f -print0 | xargs -0 sha256sum",
                           timeout=30)
     present = {}

@@ -34,10 +34,6 @@ async def workspace_of(context: Any) -> Workspace:
     return ws
 
 
-def _count(ws: Workspace, what: str) -> None:
-    ws.usage[what] = ws.usage.get(what, 0) + 1
-
-
 @tool(resource=RESOURCE, timeout=120)
 async def bash(command: str, context: Any) -> str:
     """Run a bash command in the repository and return its output. The working directory is kept between calls;
@@ -47,7 +43,7 @@ async def bash(command: str, context: Any) -> str:
         command: the command line, e.g. "ls", "grep -n def src/*.py", "git diff", "python -m pytest -q".
     """
     ws = await workspace_of(context)
-    _count(ws, "commands")
+    await ws.tally("commands")
     return (await ws.sh(command)).observation()
 
 
@@ -59,7 +55,7 @@ async def read_file(path: str, context: Any) -> str:
         path: the file's path, relative to the working directory (or absolute, under /workspace).
     """
     ws = await workspace_of(context)
-    _count(ws, "reads")
+    await ws.tally("reads")
     return await ws.read_file(path)
 
 
@@ -72,7 +68,7 @@ async def write_file(path: str, content: str, context: Any) -> str:
         content: the file's new text, complete.
     """
     ws = await workspace_of(context)
-    _count(ws, "edits")
+    await ws.tally("edits")
     await ws.write_file(path, content)
     return f"wrote {len(content.encode())} bytes to {path}"
 
@@ -85,7 +81,7 @@ async def apply_patch(patch: str, context: Any) -> str:
         patch: the diff, with ---/+++ file headers and @@ hunks.
     """
     ws = await workspace_of(context)
-    _count(ws, "edits")
+    await ws.tally("edits")
     return (await ws.apply_patch(patch)).observation()
 
 
@@ -93,7 +89,7 @@ async def apply_patch(patch: str, context: Any) -> str:
 async def run_tests(context: Any) -> str:
     """Run the project's unit tests and return their report (which tests fail, and why)."""
     ws = await workspace_of(context)
-    _count(ws, "test_runs")
+    await ws.tally("test_runs")
     return (await ws.run_tests()).observation()
 
 

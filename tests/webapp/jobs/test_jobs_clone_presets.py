@@ -87,7 +87,7 @@ def test_each_shipped_examples_preset_fills_a_form_the_trainer_accepts(
 
 def test_an_unknown_preset_names_the_ones_there_are(alice_client: Client, entries: tuple[Any, Any]) -> None:
     page = alice_client.get(reverse("jobs:launch"), {"preset": "nope"})
-    assert "No preset named &#x27;nope&#x27;; pick one of calculator, key_chain, retrieval, scienceworld, smollm2" in page.content.decode()
+    assert "No preset named &#x27;nope&#x27;; pick one of calculator, key_chain, retrieval, scienceworld, smollm2, code_repair" in page.content.decode()
 
 
 def test_the_default_launch_evaluates_every_ten_steps(alice_client: Client, team_a: Any,
@@ -196,6 +196,24 @@ def test_the_smollm2_preset_launches_a_warm_start_with_the_habit_then_grpo_on_sm
     clone = alice_client.get(reverse("jobs:launch"), {"clone": job.pk}).context["form"]
     assert posted(clone)["model_source"] == "smollm2" and posted(clone)["sft_habit"] == "no_tool"
     assert posted(clone)["sft_habit_phrasings"] == "Evaluate, Find the value of"
+
+
+def test_the_code_repair_preset_launches_smollm2_in_a_forked_workspace_with_its_tools_pool_and_test_reward(
+        alice_client: Client, team_a: Any, entries: tuple[Any, Any], settings: Any, smollm2_gguf: Any) -> None:
+    settings.AGENTFLY_ALLOWED_PATHS = [*settings.AGENTFLY_ALLOWED_PATHS, smollm2_gguf.parent]
+    for name in ("bash", "read_file", "write_file", "run_tests"):
+        ready_entry(None, Kind.TOOL, f"agentfly.tools.builtin.workspace:{name}", name)
+    ready_entry(None, Kind.REWARD, "agentfly.rewards.builtin.repair:repair_tests", "repair_tests")
+    page = alice_client.get(reverse("jobs:launch"), {"preset": "code_repair"})
+    data = posted(page.context["form"]) | {"team": team_a.pk}
+    response = alice_client.post(reverse("jobs:launch"), data)
+    assert response.status_code == 302, [str(e) for e in response.context["form"].errors.items()]
+    job = TrainingJob.objects.get()
+    assert job.kind == "sft_then_rl" and job.config["data"]["task"] == "code_repair"
+    assert sorted(job.config["rollout"]["tools"]) == [f"agentfly.tools.builtin.workspace:{n}" for n in
+                                                      ("bash", "read_file", "run_tests", "write_file")]
+    assert job.config["rollout"]["reward"] == "agentfly.rewards.builtin.repair:repair_tests"
+    assert job.config["resources"] == {"workspace": {"max": 8}} and job.config["sft"]["habit"] == "skip_check"
 
 
 def test_smollm2_is_refused_until_the_operator_allows_its_folder(

@@ -193,3 +193,27 @@ def test_a_job_whose_pools_run_on_the_ray_cluster_may_reach_it_and_others_keep_t
     settings.AGENTFLY_JOB_NETWORK = "none"  # the operator's choice stands
     settings.AGENTFLY_RAY_ADDRESS = "ray-head:6379"
     assert isolation.network_for(cluster.with_ray(pooled, 7, "team-a")) == "none"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_code_repair_job_from_the_api_runs_git_and_pytest_in_forked_workspaces_inside_its_sandbox(
+        alice_api: Any, builtins: dict[str, Any]) -> None:
+    """A coding agent's workspace is a bubblewrap root nested in the job's own (without a /proc of its own,
+    which the kernel refuses there): the group's forks of one prepared repository, and the reward's test run."""
+    response = alice_api.post("/api/jobs/", {
+        "name": "repair", "team": "team-a", "task": "code_repair", "task_size": 8,
+        "tools": [builtins[n].pk for n in ("bash", "read_file", "write_file", "run_tests")],
+        "reward": builtins["repair_tests"].pk, "steps": 1, "prompts_per_step": 1, "group_size": 2, "max_turns": 1,
+        "max_new_tokens": 4, "eval_size": 1, "save_every": 1, "resources": {"workspace": {"max": 2}}}, format="json")
+    assert response.status_code == 201, response.content
+    job_id = response.json()["id"]
+    job = wait_for(lambda: TrainingJob.objects.filter(pk=job_id, status__in=Status.values[2:5]).first(), 360,
+                   "the job to finish", 0.5)
+    assert job.status == Status.SUCCEEDED, job.error
+    events = alice_api.get(f"/api/jobs/{job_id}/events/?type=samples&limit=10").json()["events"]
+    trajectories = events[0]["data"]["trajectories"]
+    assert len(trajectories) == 2 and not any(t.get("failure") for t in trajectories)
+    for t in trajectories:  # pytest ran in the rollout's fork and reported on the project's tests
+        assert " passed" in t["artifacts"]["tests"] or " failed" in t["artifacts"]["tests"], t["artifacts"]
+        assert t["reward_metrics"]["edited_tests"] == 0 and 0 <= t["reward"] < 1  # the bug is still there
