@@ -1,7 +1,9 @@
 """``RemoteEngine``: rollouts on a fleet of vLLM servers (OpenAI-compatible), token ids in and out.
 
-Each request sends the prompt's token ids to ``/v1/completions`` and reads back the sampled token ids
-(``return_token_ids``) and each one's logprob (``logprobs: 0``): nothing is decoded and re-encoded, so the
+Each request sends the prompt's token ids to vLLM's token-in/token-out endpoint (``/inference/v1/generate``,
+``output_mode: tokens``; the servers started here enable it with ``--enable-scale-out``) and reads back the
+sampled token ids and each one's logprob; a server without it gets ``/v1/completions`` (``return_token_ids``,
+``logprobs: 0``) instead, found on the first request. Nothing is decoded and re-encoded either way, so the
 mask and logprob invariants of the in-process engines hold unchanged. Servers must run with
 ``--logprobs-mode processed_logprobs`` (``log_softmax(logits / T)``, the convention of ``agentfly.engines.base``).
 
@@ -82,6 +84,7 @@ class Replica:
     failures: int = 0
     last_error: str | None = None
     max_in_flight: int = 0
+    tokens_api: bool | None = None  # whether it serves /inference/v1/generate (None: not asked yet)
 
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
@@ -157,11 +160,15 @@ def _free_port() -> int:
 
 
 def server_command(model_dir: str | os.PathLike[str], port: int, *, host: str = "127.0.0.1", seed: int = 0,
-                   on_cpu: bool = True, extra_args: Sequence[str] = ()) -> list[str]:
-    """The command line of one server for ``RemoteEngine``: token-exact logprobs and the weight-sync methods."""
+                   on_cpu: bool = True, extra_args: Sequence[str] = (), token_api: bool = True) -> list[str]:
+    """The command line of one server for ``RemoteEngine``: token-exact logprobs and the weight-sync methods;
+    ``token_api`` serves the token-in/token-out endpoint (False: only the OpenAI routes, as a server started
+    elsewhere may be)."""
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", os.fspath(model_dir),
            "--host", host, "--port", str(port), "--seed", str(seed), "--logprobs-mode", "processed_logprobs",
            "--worker-extension-cls", WORKER_EXTENSION, "--disable-log-stats"]
+    if token_api:
+        cmd.append("--enable-scale-out")  # /inference/v1/generate: token ids in and out, no text made
     if on_cpu:
         # float32 as the trainer computes on the CPU (logprobs agree); whole prompts per step because a split
         # prompt rewinds a seeded sampler, which CPU generators cannot do (see agentfly.engines.vllm).
@@ -172,7 +179,7 @@ def server_command(model_dir: str | os.PathLike[str], port: int, *, host: str = 
 
 def start_servers(model_dir: str | os.PathLike[str], n: int, *, seed: int = 0, log_dir: str | None = None,
                   threads: int = 1, kv_cache_gib: int = 1, extra_args: Sequence[str] = (),
-                  wait: bool = True, start_timeout: float = 300.0) -> list[ServerProcess]:
+                  wait: bool = True, start_timeout: float = 300.0, token_api: bool = True) -> list[ServerProcess]:
     """Start ``n`` vLLM servers on ``model_dir`` on free local ports; by default wait until all answer.
 
     On the CPU each server gets ``threads`` OpenMP threads bound to its own cores (round robin over the
@@ -206,7 +213,8 @@ def start_servers(model_dir: str | os.PathLike[str], n: int, *, seed: int = 0, l
             log_path = logs / f"server-{i}-{port}.log"
             with open(log_path, "wb") as log:
                 popen = subprocess.Popen(
-                    server_command(model_dir, port, seed=seed, on_cpu=not gpus, extra_args=extra_args),
+                    server_command(model_dir, port, seed=seed, on_cpu=not gpus, extra_args=extra_args,
+                                   token_api=token_api),
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                     preexec_fn=_die_with_parent,  # setsid and prctl act on the child, between fork and exec
                 )
@@ -478,6 +486,10 @@ class RemoteEngine(Engine):
         return client
 
     async def _post(self, replica: Replica, body: dict[str, Any]) -> dict[str, Any]:
+        if replica.tokens_api is not False:
+            choice = await self._post_tokens(replica, body)
+            if choice is not None:
+                return choice
         response = await self._client().post(f"{replica.url}/v1/completions", json=body)
         if response.status_code >= 500:
             raise ServerError(f"HTTP {response.status_code}: {response.text[:300]}")
@@ -490,6 +502,32 @@ class RemoteEngine(Engine):
         except (ValueError, KeyError, IndexError) as exc:
             raise ServerError(f"malformed completion: {response.text[:300]}") from exc
         return dict(choice)
+
+    async def _post_tokens(self, replica: Replica, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The request on the token-in/token-out endpoint, its choice in ``/v1/completions``' shape; None when
+        the server does not offer the endpoint (it is not asked again)."""
+        params = {k: v for k, v in body.items() if k not in ("model", "prompt", "return_token_ids")}
+        params["detokenize"] = bool(body.get("stop"))  # text only where a stop string must be matched
+        request = {"token_ids": body["prompt"], "sampling_params": params, "output_mode": "tokens"}
+        if body.get("model"):
+            request["model"] = body["model"]
+        response = await self._client().post(f"{replica.url}/inference/v1/generate", json=request)
+        if response.status_code in (403, 404, 405):  # not served here (no --enable-scale-out): the other path
+            replica.tokens_api = False
+            return None
+        if response.status_code >= 500:
+            raise ServerError(f"HTTP {response.status_code}: {response.text[:300]}")
+        if response.status_code != 200:
+            raise ValueError(f"server {replica.url} refused the request: HTTP {response.status_code}: "
+                             f"{response.text[:500]}")
+        replica.tokens_api = True
+        try:
+            choice = response.json()["choices"][0]
+            logprobs = [entry["logprob"] for entry in (choice.get("logprobs") or {}).get("content") or []]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise ServerError(f"malformed generation: {response.text[:300]}") from exc
+        return {"finish_reason": choice.get("finish_reason"), "stop_reason": choice.get("stop_reason"),
+                "token_ids": choice.get("token_ids"), "logprobs": {"token_logprobs": logprobs}}
 
     def _to_generation(self, choice: Mapping[str, Any], prompt_length: int) -> Generation:
         finish = choice.get("finish_reason")

@@ -113,11 +113,30 @@ async def test_its_logprobs_are_the_sampled_tokens_logprobs_under_the_sampling_t
         diffs.append((recomputed_logprobs(hf_model, prompt, gen.token_ids, temperature)
                       - torch.tensor(gen.logprobs)).abs())
     assert torch.cat(diffs).mean().item() < TOLERANCE
+    # Through vLLM's token-in/token-out endpoint, which the servers started here offer: no text is made.
+    assert all(r.tokens_api for r in engine.replicas if r.requests)
     if temperature == 0:  # greedy: the HF engine decodes the very same tokens
         from agentfly.engines import HFEngine
 
         theirs = await asyncio.gather(*(HFEngine(hf_model, engine.tokenizer).generate(p, sampling) for p in prompts))
         assert [g.token_ids for g in gens] == [g.token_ids for g in theirs]
+
+
+async def test_a_server_without_the_token_endpoint_is_asked_once_then_served_the_same_tokens_by_completions(
+        engine: RemoteEngine, tiny_model_dir: Path, prompts: list[list[int]], tmp_path: Path) -> None:
+    [plain] = start_servers(tiny_model_dir, 1, log_dir=str(tmp_path), token_api=False)
+    other = RemoteEngine([plain], tiny_model_dir, max_concurrency=8, request_timeout=60.0)
+    try:
+        sampling = af.Sampling(temperature=1.0, max_new_tokens=16)
+        theirs = [await other.generate(p, sampling.replace(seed=i)) for i, p in enumerate(prompts)]
+        ours = await asyncio.gather(*(engine.generate(p, sampling.replace(seed=i)) for i, p in enumerate(prompts)))
+        assert other.replicas[0].tokens_api is False and all(r.tokens_api for r in engine.replicas if r.requests)
+        assert [g.token_ids for g in theirs] == [g.token_ids for g in ours]  # a seed samples the same turn
+        assert torch.tensor([lp for g in theirs for lp in g.logprobs]) == pytest.approx(
+            torch.tensor([lp for g in ours for lp in g.logprobs]), abs=1e-4)
+    finally:
+        other.close()
+        plain.stop()
 
 
 async def test_requests_spread_over_both_replicas_within_their_limit_and_a_seed_samples_the_same_turn_on_either(
