@@ -91,12 +91,11 @@ class Learner:
         zero3 = config.deepspeed is not None and dist.zero_stage(dist.read_deepspeed_config(config.deepspeed)) == 3
         # ZeRO-3 gathers parameters in every forward, a collective: all ranks must make the same number of
         # forward calls, so the shared-prefix trick (one more call when a batch's rows share a long prompt) is off.
-        # Plain torch makes no collective in forward (`DataParallelUpdate`), so every rank makes the passes its
-        # own rows need. Under N DeepSpeed ranks the update keeps to the common prefix (two passes, the same on
-        # every rank), as it always has: the grouped passes are not verified under ZeRO-1/2.
+        # Plain torch makes no collective in forward (`DataParallelUpdate`), nor do ZeRO-1/2 (their collectives
+        # are the gradient reductions in backward, one per parameter bucket whatever the passes that made the
+        # gradient), so every rank makes the passes its own rows need: each group's prompt once, length buckets.
         return cls(config, model, value_head, ref_model, update.optimizer, scheduler, update, zero3,
-                   share_prefix=not zero3, per_group=world == 1 or not config.deepspeed, world=world,
-                   device=device)
+                   share_prefix=not zero3, per_group=not zero3, world=world, device=device)
 
     def optimise(self, batch: Batch, old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None,
                  advantages: torch.Tensor, values: torch.Tensor | None, returns: torch.Tensor | None, *,

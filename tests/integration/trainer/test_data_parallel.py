@@ -197,6 +197,9 @@ def deepspeed_runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
         cases.append({"name": f"{label}-{algorithm}",
                       "overrides": [*ALGORITHMS[algorithm], f"deepspeed={tmp / f'{label}.json'}"]})
     cases.append({"name": "resume", "resume": True, "overrides": [*ALGORITHMS["ppo"], f"deepspeed={tmp / 'zero2.json'}"]})
+    for stage in (1, 2):  # rows far apart in length: each rank's forward makes the passes its own rows need
+        cases.append({"name": f"zero{stage}-grouped", "every_rank": True, "words": GROUPED["words"],
+                      "overrides": [*GROUPED["overrides"], f"deepspeed={tmp / f'zero{stage}.json'}"]})
     return launch(tmp, tiny_model_dir, cases)
 
 
@@ -208,6 +211,19 @@ def test_one_deepspeed_step_of_2_ranks_leaves_the_parameters_of_1_rank_x_4_promp
     got = torch.load(deepspeed_runs / f"{label}-{algorithm}.pt", weights_only=False)
     # Against plain torch on one rank; DeepSpeed's flattened fp32 partitions round a little differently.
     assert_same_step(got, reference(algorithm), rel=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [1, 2])
+def test_2_zero_1_or_2_ranks_make_the_forward_passes_their_own_rows_need_and_take_the_one_process_step(
+        deepspeed_runs: Path, tiny_model_dir: Path, tmp_path: Path, stage: int) -> None:
+    ranks = [torch.load(deepspeed_runs / f"zero{stage}-grouped.pt", weights_only=False),
+             torch.load(deepspeed_runs / f"zero{stage}-grouped-rank1.pt", weights_only=False)]
+    # ZeRO-1/2 make no collective in forward: the ranks' grouped passes differ and nothing waits on them.
+    assert max(max(r["forwards"]) for r in ranks) > 2
+    assert ranks[0]["forwards"] != ranks[1]["forwards"]
+    reference = pw.one_step(str(tiny_model_dir), tmp_path, GROUPED["overrides"], words=GROUPED["words"])
+    assert_same_step(ranks[0], reference, rel=1e-4)
 
 
 @pytest.mark.slow
@@ -281,8 +297,9 @@ def test_a_deepspeed_resume_on_another_world_size_is_refused_before_loading(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("deepspeed", [None, "zero1_bf16.json", "zero2_bf16.json"])
 def test_2_ranks_whose_batches_group_and_bucket_differently_train_without_waiting_on_each_other(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
+        tiny_model_dir: Path, tmp_path: Path, deepspeed: str | None) -> None:
     # At 16 prompts x 4 rollouts a rank, the ranks' update forwards would take different numbers of passes
     # (group runs, length buckets); under DDP, which syncs buffers in every pass, the ranks waited on each other
     # for ever.
@@ -292,8 +309,10 @@ def test_2_ranks_whose_batches_group_and_bucket_differently_train_without_waitin
             "rollout.prompts_per_step=32", "rollout.group_size=4", "rollout.max_new_tokens=24",
             "rollout.max_turns=2", "data.train_size=256", "data.eval_size=2", "eval.max_new_tokens=4",
             "log_samples=0", "save_every=0"]
+    # Under ZeRO-1/2 too: their collectives are the gradient reductions in backward, whatever the passes.
+    ds = ["--deepspeed", str(ROOT / "examples" / "deepspeed" / deepspeed)] if deepspeed else []
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-           "trainer.cli", "train", *[a for s in sets for a in ("--set", s)]]
+           "trainer.cli", "train", *ds, *[a for s in sets for a in ("--set", s)]]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["step"] == 2
