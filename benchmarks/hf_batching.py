@@ -80,7 +80,7 @@ def theirs(path: Path, batch: list[list[int]], tokens: int, repeats: int, cache_
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
-    model.eval()
+    model.to("cuda" if torch.cuda.is_available() else "cpu").eval()  # where HFEngine puts its model
     config = GenerationConfig(max_new_tokens=tokens, do_sample=False, eos_token_id=stop, pad_token_id=stop[0])
     cfg = model.config
     heads = getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)

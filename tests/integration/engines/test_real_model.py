@@ -132,3 +132,40 @@ async def test_vllm_samples_smollm2_with_the_logprobs_the_trainer_recomputes(eng
         assert ours == theirs
     finally:
         vllm_engine.close()
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(1200)
+async def test_the_remote_fleet_samples_smollm2_token_in_token_out_with_the_logprobs_the_trainer_recomputes(
+        engine: HFEngine, tmp_path: Path) -> None:
+    """SmolLM2 on every engine: the converted checkpoint behind one vLLM server started here, reached through
+    the token-in/token-out endpoint; its logprobs match a plain forward and greedy decoding the HF engine's."""
+    pytest.importorskip("vllm")
+    from agentfly.engines.remote import RemoteEngine, start_servers
+    from agentfly.models.smollm2 import checkpoint_dir
+
+    folder = checkpoint_dir()
+    servers = start_servers(folder, 1, log_dir=str(tmp_path), extra_args=["--max-model-len", "1024"])
+    remote = RemoteEngine(servers, folder, request_timeout=120.0)
+    try:
+        tok = remote.tokenizer
+        prompts = [tok(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                               tokenize=False), add_special_tokens=False)["input_ids"]
+                   for q in ("What is 37*48?", "Name a colour.")]
+        model = engine.model.eval()
+        diffs = []
+        for i, prompt in enumerate(prompts):
+            gen = await remote.generate(prompt, af.Sampling(temperature=1.0, max_new_tokens=16, seed=i))
+            with torch.inference_mode():
+                logits = model(input_ids=torch.tensor([prompt + gen.token_ids])).logits[0, len(prompt) - 1: -1]
+            ref = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
+            diffs.append((ref - torch.tensor(gen.logprobs)).abs())
+        assert torch.cat(diffs).mean().item() < 1e-4
+        assert remote.replicas[0].tokens_api is True
+        greedy = af.Sampling(temperature=0.0, max_new_tokens=12)
+        assert [(await remote.generate(p, greedy)).token_ids for p in prompts] == \
+            [(await engine.generate(p, greedy)).token_ids for p in prompts]
+    finally:
+        remote.close()
+        for server in servers:
+            server.stop()
