@@ -109,6 +109,11 @@ def generation_and_sync(name: str, path: Path, args: argparse.Namespace) -> str 
     try:
         if generate:
             rows["remote (1 server)"] = measure(remote, args.batches, args.max_new_tokens, args.repeats)
+            # The same server through /v1/completions, the path before the token endpoint (and the one a server
+            # without --enable-scale-out gets): what the token-in/token-out endpoint saves, in this run.
+            for replica in remote.replicas:
+                replica.tokens_api = False
+            rows["remote, /v1/completions"] = measure(remote, args.batches, args.max_new_tokens, args.repeats)
         state = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
         params = sum(t.numel() for t in state.values())
         sync = []
@@ -125,14 +130,14 @@ def generation_and_sync(name: str, path: Path, args: argparse.Namespace) -> str 
         for engine_name, r in rows.items():
             print(f"| {engine_name} | " + " | ".join(f"{r[f'tok_s@{b}']:.0f}" for b in args.batches)
                   + f" | {r['request_s'] * 1000:.1f} |")
-        if len(rows) == 2:
+        if "in-process vLLM" in rows:
             local, far = rows["in-process vLLM"], rows["remote (1 server)"]
             print(f"per-request overhead (remote - in-process): {(far['request_s'] - local['request_s']) * 1000:.1f} ms;"
                   " tokens/s remote / in-process: "
                   + ", ".join(f"{far[f'tok_s@{b}'] / local[f'tok_s@{b}']:.2f}x @ {b}" for b in args.batches))
     print(f"{name}: weight sync of {params / 1e6:.1f} M parameters to 1 server: {min(sync):.2f} s (best of 3)")
     print(json.dumps({"model": name, "params": params, "sync_s": min(sync), "generation": rows}))
-    if len(rows) < 2:
+    if "in-process vLLM" not in rows:
         return None
     top = max(args.batches)
     ratio = rows["remote (1 server)"][f"tok_s@{top}"] / rows["in-process vLLM"][f"tok_s@{top}"]

@@ -39,7 +39,8 @@ def cluster() -> Iterator[Cluster]:
 @pytest.mark.timeout(600)
 async def test_a_repair_rollout_edits_and_tests_its_repository_on_a_workspace_on_a_sandbox_node(cluster: Cluster) -> None:
     first, second = get_task("code_repair").samples("test", 2, 0)
-    spec = on_ray(WORKSPACE.replace(pool=Pool(0, 1), acquire_timeout=180))
+    spec = on_ray(WORKSPACE.replace(pool=Pool(0, 1), acquire_timeout=180,
+                                    options={"ray": {"resources": {"sandbox": 1}}}))
     head = ray.get_runtime_context().get_node_id()
     engine = ResourceEngine([spec], ray=RaySettings(job="workspace-ray", lease_check_interval=0.5, orphan_timeout=30))
     async with engine:
