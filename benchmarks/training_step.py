@@ -3,6 +3,7 @@ of one full training step goes.
 
     python benchmarks/training_step.py
     python benchmarks/training_step.py --prompts 16 --group 8 --repeats 10
+    python benchmarks/training_step.py --model smollm2 --threads 2   # SmolLM2-135M-Instruct, both cores
 
 Part 1, the update. A batch of real trajectories of the calculator task is made by the rollout layer with
 the turns written by ``ReplayEngine`` (call the calculator, then answer, right or wrong at random, so groups
@@ -167,6 +168,11 @@ def stage_breakdown(trainer: Any, args: argparse.Namespace) -> None:
     print(f"{'step (wall)':<40}{step * 1e3:>9.1f}{1:>8.0%}")
     if cpu is not None:
         print(f"{'step (this process, CPU time)':<40}{cpu * 1e3:>9.1f}")
+        # The machine's limit is every thread busy for the whole step: CPU seconds / (wall seconds x threads).
+        print(f"{f'use of {args.threads} threads (CPU / wall x threads)':<40}{cpu / (step * args.threads):>17.0%}")
+    import resource
+
+    print(f"{'peak memory of this process (MiB)':<40}{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:>9.0f}")
 
 
 def default_model(af: Any) -> Path:
@@ -188,7 +194,8 @@ def main(argv: list[str] | None = None) -> float:
     ap.add_argument("--repeats", type=int, default=5, help="timed updates per variant (the median counts)")
     ap.add_argument("--stage-steps", type=int, default=3, help="training steps for the stage breakdown")
     ap.add_argument("--no-stages", action="store_true", help="skip the stage breakdown")
-    ap.add_argument("--model", default=None, help="model dir (default: build the tiny model)")
+    ap.add_argument("--model", default=None,
+                    help="model dir, or smollm2 (its converted checkpoint); default: build the tiny model")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (1: least disturbed by other load on a shared machine)")
     ap.add_argument("--seed", type=int, default=0)
@@ -196,7 +203,12 @@ def main(argv: list[str] | None = None) -> float:
 
     import agentfly as af
 
-    model_dir = Path(args.model) if args.model else default_model(af)
+    if args.model == "smollm2":
+        from agentfly.models.smollm2 import checkpoint_dir
+
+        model_dir = checkpoint_dir()
+    else:
+        model_dir = Path(args.model) if args.model else default_model(af)
     repo = Path(__file__).resolve().parents[1]
     shown = model_dir.resolve().relative_to(repo) if model_dir.resolve().is_relative_to(repo) else model_dir
     print(f"model: {shown}")

@@ -58,6 +58,7 @@ async def test_a_thousand_chaotic_rollouts_leave_every_pool_empty_and_every_inst
     await engine.start()
     limit = asyncio.Semaphore(64)
     outcomes = {"done": 0, "cancelled": 0, "infra_failed": 0}
+    timed_out: set[int] = set()
 
     async def rollout(i: int) -> str | None:
         ctx = RolloutContext(sample={"i": i}, rollout_id=f"r{i}", group_id=f"g{i // 4}", resources=engine)
@@ -70,6 +71,7 @@ async def test_a_thousand_chaotic_rollouts_leave_every_pool_empty_and_every_inst
                         ctx.mark_unhealthy("pad")
                     await asyncio.sleep(rng.random() * 0.002)
             except InfrastructureFailure:  # an acquire timeout ends the rollout, as the rollout loop does
+                timed_out.add(i)  # here: a cancel may still land in the release below and end the task
                 return "infra_failed"
             finally:
                 await asyncio.shield(ctx.aclose())
@@ -105,7 +107,8 @@ async def test_a_thousand_chaotic_rollouts_leave_every_pool_empty_and_every_inst
     pad = stats["pad"]
     assert violations == []
     assert sum(outcomes.values()) == ROLLOUTS and outcomes["cancelled"] > 0
-    assert outcomes["infra_failed"] == pad["timeouts"] > 0  # each acquire timeout ended its rollout, typed
+    assert len(timed_out) == pad["timeouts"] > 0  # each acquire timeout ended its rollout, typed
+    assert outcomes["infra_failed"] <= len(timed_out)  # the rest were cancelled while they released
     assert pad["in_use"] == 0 and pad["waiting"] == 0 and pad["resetting"] == 0 and pad["creating"] == 0
     assert 2 <= pad["size"] <= 8
     assert peaks["size"] <= 8
