@@ -864,6 +864,10 @@ class Config:
             raise ConfigError(f"algorithm.credit={a.credit} compares the rollouts of a group, which {a.name} does not "
                               "make: use credit=turn_gae with ppo, or a group algorithm (grpo, dr_grpo, dapo, rloo, "
                               "reinforce_pp_baseline)", key="algorithm.credit")
+        if r.parser == "command" and self.gateway.enabled:
+            raise ConfigError("rollout.parser=command with gateway.enabled: a gateway's agents send their own tools "
+                              "with each request and get OpenAI tool calls back; use parser=hermes (or react)",
+                              key="rollout.parser")
         if r.parser == "command" and (len(r.tools) != 1 or self.mcp):
             raise ConfigError(f"rollout.parser=command plays one tool's commands (a turn is one command), and the "
                               f"agent has {len(r.tools)} tools in rollout.tools{' and MCP servers' if self.mcp else ''}; "

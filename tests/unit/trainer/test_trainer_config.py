@@ -375,8 +375,11 @@ def test_a_resource_pools_bounds_name_the_pool() -> None:
     assert bad.value.key == "resources.python.starting"
 
 
-def test_the_command_format_is_refused_for_an_agent_with_two_tools() -> None:
+def test_the_command_format_is_refused_for_an_agent_with_two_tools_and_behind_the_gateway() -> None:
     with pytest.raises(ConfigError, match=r"rollout\.parser=command plays one tool.s commands") as refused:
         load_config(None, ["rollout.parser=command", "rollout.tools=[agentfly.tools.builtin.textworld:tw_act, "
                            "agentfly.tools.builtin.calculator:calculator]"])
+    assert refused.value.key == "rollout.parser"
+    with pytest.raises(ConfigError, match=r"gateway's agents send their own tools") as refused:
+        load_config(None, ["rollout.parser=command", "gateway.enabled=true"])
     assert refused.value.key == "rollout.parser"
