@@ -34,6 +34,7 @@ from agentfly.resources.backends.ray import (  # noqa: E402
 )
 from agentfly.resources.scratchpad import Scratchpad  # noqa: E402
 from agentfly.resources.spec import InfrastructureFailure, ResourceClosed, ResourceTimeout  # noqa: E402
+from tests.ray_cluster import ray_cluster  # noqa: E402
 
 OWNER = Path(__file__).with_name("_ray_owner.py")
 FAST_HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 8, "health_check_timeout_ms": 2000}
@@ -41,17 +42,8 @@ FAST_HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": False, "_system_config": FAST_HEALTH})
-    c.add_node(num_cpus=1, resources={"sandbox": 4})
-    c.add_node(num_cpus=1, resources={"sandbox": 4})
-    c.wait_for_nodes()
-    ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
-    try:
+    with ray_cluster({"sandbox": 4}, {"sandbox": 4}, system_config=FAST_HEALTH) as c:
         yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
 
 
 def pad(name: str = "box", max: int = 4, **options: Any) -> ResourceSpec:

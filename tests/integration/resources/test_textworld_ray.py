@@ -22,6 +22,7 @@ from agentfly.resources.backends.ray import RaySettings, on_ray  # noqa: E402
 from agentfly.rewards.builtin.env import env_score  # noqa: E402
 from agentfly.tasks import get_task  # noqa: E402
 from agentfly.tools.builtin.textworld import tw_act  # noqa: E402
+from tests.ray_cluster import ray_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(textworld_available() is not None, reason=str(textworld_available()))]
@@ -30,16 +31,10 @@ pytestmark = [pytest.mark.slow,
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     os.environ["AGENTFLY_TEXTWORLD_CACHE"] = str(tmp_path_factory.mktemp("textworld-ray-cache"))
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    c.add_node(num_cpus=1, resources={"environment": 2})
-    c.add_node(num_cpus=1, resources={"environment": 2})
-    c.wait_for_nodes()
-    ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
     try:
-        yield c
+        with ray_cluster({"environment": 2}, {"environment": 2}) as c:
+            yield c
     finally:
-        ray.shutdown()
-        c.shutdown()
         os.environ.pop("AGENTFLY_TEXTWORLD_CACHE", None)
 
 

@@ -19,21 +19,15 @@ from agentfly.rewards.builtin.repair import repair_tests  # noqa: E402
 from agentfly.rollout.trajectory import Trajectory  # noqa: E402
 from agentfly.tasks import get_task  # noqa: E402
 from agentfly.tools.builtin.workspace import WORKSPACE, bash, read_file, run_tests, write_file  # noqa: E402
+from tests.ray_cluster import ray_cluster  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    c.add_node(num_cpus=1, resources={"sandbox": 2})
-    c.wait_for_nodes()
-    ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
-    try:
+    with ray_cluster({"sandbox": 2}) as c:
         yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
 
 
 @pytest.mark.timeout(600)
