@@ -95,8 +95,7 @@ def theirs(path: Path, batch: list[list[int]], tokens: int, repeats: int, cache_
         with torch.inference_mode():
             done = model.generate_batch(inputs=batch, generation_config=config, continuous_batching_config=cb,
                                         progress_bar=False, warmup=False, persistent_manager=True)
-        by_id = sorted(done.items(), key=lambda kv: int(kv[0].rsplit("_", 1)[-1]) if kv[0].rsplit("_", 1)[-1].isdigit()
-                       else kv[0])
+        by_id = sorted(done.items(), key=lambda kv: int(kv[0].removeprefix("req_")))  # in the order asked
         return [list(out.generated_tokens) for _, out in by_id]
 
     try:

@@ -90,6 +90,16 @@ class Replica:
         self.url = self.url.rstrip("/")
 
 
+def _check_status(replica: Replica, response: Any) -> None:
+    """Raise for a reply that is not a 200: ``ServerError`` for a 5xx (the replica is at fault: another may take
+    the request), ``ValueError`` otherwise (the request itself is wrong: no other replica would take it)."""
+    if response.status_code >= 500:
+        raise ServerError(f"HTTP {response.status_code}: {response.text[:300]}")
+    if response.status_code != 200:
+        raise ValueError(f"server {replica.url} refused the request: HTTP {response.status_code}: "
+                         f"{response.text[:500]}")
+
+
 class SyncPeers(Protocol):
     """The training processes that share one fleet (data-parallel ranks). Every one of them calls
     ``update_weights`` at the same point; the ``leader`` alone changes the servers' weights."""
@@ -491,12 +501,7 @@ class RemoteEngine(Engine):
             if choice is not None:
                 return choice
         response = await self._client().post(f"{replica.url}/v1/completions", json=body)
-        if response.status_code >= 500:
-            raise ServerError(f"HTTP {response.status_code}: {response.text[:300]}")
-        if response.status_code != 200:
-            # The request itself is wrong (a caller's bug, not the server's): no other replica would take it.
-            raise ValueError(f"server {replica.url} refused the request: HTTP {response.status_code}: "
-                             f"{response.text[:500]}")
+        _check_status(replica, response)
         try:
             choice = response.json()["choices"][0]
         except (ValueError, KeyError, IndexError) as exc:
@@ -515,11 +520,7 @@ class RemoteEngine(Engine):
         if response.status_code in (403, 404, 405):  # not served here (no --enable-scale-out): the other path
             replica.tokens_api = False
             return None
-        if response.status_code >= 500:
-            raise ServerError(f"HTTP {response.status_code}: {response.text[:300]}")
-        if response.status_code != 200:
-            raise ValueError(f"server {replica.url} refused the request: HTTP {response.status_code}: "
-                             f"{response.text[:500]}")
+        _check_status(replica, response)
         replica.tokens_api = True
         try:
             choice = response.json()["choices"][0]

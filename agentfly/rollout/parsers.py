@@ -55,6 +55,11 @@ class Parser:
         """The text a model should produce to end the rollout with the answer ``text``."""
         return text
 
+    def format_turn(self, content: str, calls: list[ToolCall]) -> str:
+        """The text of a turn that says ``content`` and makes ``calls``."""
+        written = "\n".join(self.format_call(c.name, c.arguments) for c in calls)
+        return f"{content}\n{written}" if content else written
+
     def bind(self, tools: Mapping[str, Any]) -> None:
         """Called with the rollout's tools (name -> tool) before any turn is parsed; a format that needs to know
         them (``command``) checks and keeps what it needs, and raises ``ValueError`` naming what is wrong."""
@@ -164,8 +169,7 @@ class CommandParser(Parser):
             raise ValueError(f"the command format's tool {self.tool!r} is not one of the rollout's tools "
                              f"({', '.join(sorted(tools)) or 'none'})")
         if not self.argument:
-            schema = getattr(tools[self.tool], "schema", {}) or {}
-            params = list(schema.get("function", schema).get("parameters", {}).get("properties", {}))
+            params = list(getattr(tools[self.tool], "parameters", {}).get("properties", {}))
             if len(params) != 1:
                 raise ValueError(f"the command format passes a turn's text as the one argument of {self.tool!r}, "
                                  f"which takes {len(params)} ({', '.join(params) or 'none'})")
@@ -189,6 +193,9 @@ class CommandParser(Parser):
     def format_answer(self, text: str) -> str:
         return ""  # an empty turn ends the rollout; a command format has no answer text
 
+    def format_turn(self, content: str, calls: list[ToolCall]) -> str:
+        return "\n".join(self.format_call(c.name, c.arguments) for c in calls)  # the command alone, no prose
+
 
 PARSERS: dict[str, type[Parser]] = {"hermes": HermesParser, "react": ReActParser, "command": CommandParser}
 
@@ -211,7 +218,4 @@ def rewrite(content: str, parser: Parser) -> str:
         raise ValueError(f"a written assistant turn is not in the Hermes format: {parsed.errors[0]}")
     if not parsed.tool_calls:
         return parser.format_answer(parsed.content)
-    calls = "\n".join(parser.format_call(c.name, c.arguments) for c in parsed.tool_calls)
-    if isinstance(parser, CommandParser):
-        return calls  # one command, no prose
-    return f"{parsed.content}\n{calls}" if parsed.content else calls
+    return parser.format_turn(parsed.content, parsed.tool_calls)
