@@ -274,8 +274,10 @@ def test_a_training_run_on_the_fleet_syncs_each_update_and_reports_the_logprob_m
 
 
 def served_requests(server: ServerProcess) -> int:
-    """Completions the server answered, from its own access log (counted by the server, not a client)."""
-    return server.log_path.read_text(errors="replace").count('"POST /v1/completions HTTP/1.1" 200')
+    """Generations the server answered, from its own access log (counted by the server, not a client): on the
+    token endpoint the engine uses, or on the completions endpoint it falls back to."""
+    log = server.log_path.read_text(errors="replace")
+    return sum(log.count(f'"POST {path} HTTP/1.1" 200') for path in ("/inference/v1/generate", "/v1/completions"))
 
 
 @pytest.mark.timeout(900)
