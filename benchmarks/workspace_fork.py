@@ -2,13 +2,15 @@
 
     python benchmarks/workspace_fork.py                   # 8 and 64 copies of a generated code-repair project
     python benchmarks/workspace_fork.py --copies 8 --repeats 5
+    python benchmarks/workspace_fork.py --backend docker  # a container per workspace, forks by docker commit
 
 Preparing a workspace is what a GRPO group would do per rollout without forks: start it, write the task's
 project, make it a git repository (``git init``, ``add``, ``commit``: one sandboxed command). Forking is what a
 group does with them: prepare one, then ``fork(n)``. Both are timed until every copy is usable, and each copy
 then runs the same command (``git status``), to show a fork answers as a fresh one does. Bytes per copy are
 the disk blocks of what each copy holds on its own (a fresh one: its project and repository; a fork: its empty
-upper folders), measured with ``st_blocks``. The last line is the ratio of the preparation's time to the
+upper folders), measured with ``st_blocks``; on docker, what the engine counts as each container's own writes
+(``SizeRw``) plus, for forks, an equal share of the image the fork committed. The last line is the ratio of the preparation's time to the
 fork's at the largest count (target: at least 10x).
 """
 
@@ -35,11 +37,22 @@ def disk_bytes(paths: list[Path]) -> int:
     return total
 
 
-async def measure(n: int, files: dict[str, str]) -> dict[str, float]:
+def container_bytes(workspaces: list, image: str | None = None) -> int:
+    """Bytes the docker engine holds for these workspaces' containers alone, and the fork image if named."""
+    import docker
+
+    api = docker.from_env().api
+    total = sum(api.inspect_container(w._box.container.id, size=True).get("SizeRw") or 0 for w in workspaces)
+    if image is not None:
+        total += api.history(image)[0]["Size"]
+    return total
+
+
+async def measure(n: int, files: dict[str, str], backend: str) -> dict[str, float]:
     from agentfly.resources.workspace import Workspace
 
     async def fresh() -> Workspace:
-        ws = Workspace()
+        ws = Workspace(backend=backend)
         await ws.start()
         await ws.prepare(files)
         return ws
@@ -47,7 +60,10 @@ async def measure(n: int, files: dict[str, str]) -> dict[str, float]:
     start = time.perf_counter()
     fresh_ones = await asyncio.gather(*(fresh() for _ in range(n)))
     prepare_s = time.perf_counter() - start
-    fresh_bytes = disk_bytes([w.folder for w in fresh_ones if w.folder]) / n
+    if backend == "docker":
+        fresh_bytes = container_bytes(fresh_ones) / n
+    else:
+        fresh_bytes = disk_bytes([w.folder for w in fresh_ones if w.folder]) / n
     start = time.perf_counter()
     await asyncio.gather(*(w.sh("git status --short") for w in fresh_ones))
     fresh_cmd_s = time.perf_counter() - start
@@ -56,8 +72,10 @@ async def measure(n: int, files: dict[str, str]) -> dict[str, float]:
     start = time.perf_counter()
     forks = await parent.fork(n)
     fork_s = time.perf_counter() - start
-    own = [p for w in forks for p in (w._upper, w._work, w._mount) if p is not None]
-    fork_bytes = disk_bytes(own) / n
+    if backend == "docker":
+        fork_bytes = container_bytes(forks, parent._family.images[-1]) / n
+    else:
+        fork_bytes = disk_bytes([p for w in forks for p in (w._upper, w._work, w._mount) if p is not None]) / n
     start = time.perf_counter()
     await asyncio.gather(*(w.sh("git status --short") for w in forks))
     fork_cmd_s = time.perf_counter() - start
@@ -71,18 +89,21 @@ def main(argv: list[str] | None = None) -> float:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--copies", type=int, nargs="+", default=[8, 64], help="copies per measurement")
     ap.add_argument("--repeats", type=int, default=2, help="runs per count; the median counts")
+    ap.add_argument("--backend", choices=["local", "docker"], default="local",
+                    help="local: bubblewrap roots (forks: overlays); docker: containers of the workspace image")
     args = ap.parse_args(argv)
     from agentfly.resources.workspace import overlay_available
     from agentfly.tasks.code_repair import generate
 
     files = generate(1, 0, "test")[0]["files"]
-    print(f"project: {len(files)} files, {sum(len(t) for t in files.values())} bytes; forks by "
-          f"{'overlay' if overlay_available() is None else 'copy: ' + str(overlay_available())}")
+    how = ("docker commit" if args.backend == "docker" else
+           "overlay" if overlay_available() is None else "copy: " + str(overlay_available()))
+    print(f"project: {len(files)} files, {sum(len(t) for t in files.values())} bytes; forks by {how}")
     print(f"{'copies':>6} | {'prepare n (s)':>13} | {'fork(n) (s)':>11} | {'faster':>7} | {'KiB/copy fresh':>14} | "
           f"{'KiB/copy fork':>13} | {'1st cmd fresh/fork (s)':>22}")
     ratio = 0.0
     for n in args.copies:
-        runs = [asyncio.run(measure(n, files)) for _ in range(args.repeats)]
+        runs = [asyncio.run(measure(n, files, args.backend)) for _ in range(args.repeats)]
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         ratio = med["prepare_s"] / med["fork_s"]
         print(f"{n:>6} | {med['prepare_s']:>13.3f} | {med['fork_s']:>11.4f} | {ratio:>6.0f}x | "

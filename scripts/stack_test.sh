@@ -7,9 +7,9 @@
 #    needs them). 2. Starts dockerd when none answers, on its socket and, TLS-verified, on 127.0.0.1:2376 (the
 #    "second host" of the multi-engine tests); stops it at the end. 3. Makes the base image from Debian's
 #    packages with debootstrap of this machine's release (no registry), once, cached in $STACK_CACHE.
-#    4. Builds the app image from the Dockerfile on it, and the Redis, PostgreSQL and sandbox images from
-#    deploy/. 5. Runs the tests marked `stack` (compose up, a job through the REST API and its websocket,
-#    compose down -v) and the docker sandbox tests.
+#    4. Builds the app image from the Dockerfile on it, and the Redis, PostgreSQL, sandbox and workspace images
+#    from deploy/. 5. Runs the tests marked `stack` (compose up, a job through the REST API and its websocket,
+#    compose down -v) and the docker sandbox and workspace tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -102,12 +102,14 @@ build agentfly:latest Dockerfile . --build-arg TORCH_INDEX=
 build agentfly-redis:local deploy/redis.Dockerfile deploy
 build agentfly-postgres:local deploy/postgres.Dockerfile deploy
 build agentfly-sandbox:local deploy/sandbox.Dockerfile deploy
+build agentfly-workspace:local deploy/workspace.Dockerfile deploy
 docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep '^agentfly' | sed 's/^/stack:   /'
 
 # ---------------------------------------------------------------- 5. the tests
 export AGENTFLY_STACK=1 AGENTFLY_REDIS_IMAGE=agentfly-redis:local AGENTFLY_POSTGRES_IMAGE=agentfly-postgres:local \
-    AGENTFLY_SANDBOX_IMAGE=agentfly-sandbox:local PYTHONUNBUFFERED=1
+    AGENTFLY_SANDBOX_IMAGE=agentfly-sandbox:local AGENTFLY_WORKSPACE_IMAGE=agentfly-workspace:local PYTHONUNBUFFERED=1
 rc=0
-.venv/bin/python -m pytest -q -p no:cacheprovider -rs -m "stack or docker" tests/stack tests/integration/resources/test_docker_sandbox.py || rc=$?
+.venv/bin/python -m pytest -q -p no:cacheprovider -rs -m "stack or docker" tests/stack tests/integration/resources/test_docker_sandbox.py \
+    tests/integration/resources/test_docker_workspace.py || rc=$?
 say "done (pytest exit $rc)"
 exit "$rc"

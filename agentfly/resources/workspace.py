@@ -90,6 +90,22 @@ class Shell:
         return text or "(no output)"
 
 
+def command_env(cwd: str, path: str) -> dict[str, str]:
+    """The environment of a workspace's command on every backend: nothing of the host's but a ``PATH``."""
+    return {
+        "PATH": path,
+        "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat",
+        "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+        # A project's tests run with pytest alone, not with the plugins installed beside it.
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "GIT_AUTHOR_NAME": "agent", "GIT_AUTHOR_EMAIL": "agent@workspace", "GIT_COMMITTER_NAME": "agent",
+        "GIT_COMMITTER_EMAIL": "agent@workspace",
+        # Each command runs under a uid of its own, and the repository's owner is another one.
+        "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*",
+        "AF_CWD": cwd,
+    }
+
+
 @cache
 def overlay_available() -> str | None:
     """None when a workspace can be an overlay (forks share files), else why it is a plain folder."""
@@ -185,16 +201,25 @@ class Workspace:
         files: {relative path: text} prepared at start and after each reset (a fixed repository).
         tmp_bytes: the size of each command's private ``/tmp``.
         overlay: False to use copied folders even where overlays work (the benchmark's baseline, tests).
+        backend: "docker" for a container per workspace (``DockerWorkspace``: its ``image`` and ``engines``);
+            else (the spec's backend when omitted) a bubblewrap root per command on this host.
     """
 
     kind = "sandbox"
     # Rollouts of one group get forks of one prepared instance (``ResourceEngine.fork_group``).
     group_forks = True
 
+    def __new__(cls, spec: Any = None, **kwargs: Any) -> Workspace:
+        # One class to name in a spec: backend="docker" (the spec's or the keyword) makes it a container's.
+        if cls is Workspace and (kwargs.get("backend") or getattr(spec, "backend", None)) == "docker":
+            cls = DockerWorkspace
+        return super().__new__(cls)
+
     def __init__(
         self,
         spec: Any = None,
         *,
+        backend: str | None = None,
         limits: Limits | None = None,
         isolation: Isolation | None = None,
         timeout: float = 30.0,
@@ -335,10 +360,14 @@ class Workspace:
         self._drop_upper()
         self._new_upper()
 
+    def _settings(self) -> dict[str, Any]:
+        """The keywords that make another workspace like this one (a fork's)."""
+        return {"limits": self.limits, "isolation": self.isolation_config, "timeout": self.timeout,
+                "max_output": self.max_output, "test_command": self.test_command, "files": self.files,
+                "tmp_bytes": self.tmp_bytes, "overlay": self.overlay}
+
     def _sibling(self) -> Workspace:
-        kid = Workspace(limits=self.limits, isolation=self.isolation_config, timeout=self.timeout,
-                        max_output=self.max_output, test_command=self.test_command, files=self.files,
-                        tmp_bytes=self.tmp_bytes, overlay=self.overlay)
+        kid = type(self)(**self._settings())
         kid.cwd, kid.prepared, kid.report, kid.usage = self.cwd, self.prepared, dict(self.report), dict(self.usage)
         kid.test_command, kid._spec_test_command = self.test_command, self._spec_test_command
         return kid
@@ -377,27 +406,36 @@ class Workspace:
             return
         async with self._lock:
             self._check()
-            assert self._upper is not None
-            if self.prepared is not None or self._layers or any(self._upper.iterdir()):
+            if self.prepared is not None or self._holds_files():
                 raise ResourceError(f"this workspace already holds files ({self.prepared or 'written by commands'}); "
                                     "prepare a task only in a fresh or reset workspace")
-            # Written from the host before any command ran, into a folder no sandbox has seen yet.
-            for rel, content in files.items():
+            for rel in files:
                 parts = Path(rel).parts
                 if os.path.isabs(rel) or ".." in parts or not parts:
                     raise ValueError(f"workspace file {rel!r}: give a relative path inside the repository")
-                path = self._upper.joinpath(*parts)
-                for parent in reversed(path.relative_to(self._upper).parents[:-1]):
-                    folder = self._upper / parent
-                    folder.mkdir(exist_ok=True)
-                    folder.chmod(0o777)
-                path.write_bytes(content.encode() if isinstance(content, str) else content)
-                path.chmod(0o666)
+            await self._load(files)
         if git:
             done = await self.sh("git init -q && git add -A && git commit -qm 'the task as given'", timeout=60)
             if not done.ok:
                 raise ResourceError(f"could not make the workspace a git repository: {done.observation()[-500:]}")
         self.prepared = key if key is not None else ""
+
+    def _holds_files(self) -> bool:
+        assert self._upper is not None
+        return bool(self._layers) or any(self._upper.iterdir())
+
+    async def _load(self, files: Mapping[str, str | bytes]) -> None:
+        """Write ``files`` (checked relative paths) into the empty workspace, from the host, into a folder no
+        sandbox has seen yet."""
+        assert self._upper is not None
+        for rel, content in files.items():
+            path = self._upper.joinpath(*Path(rel).parts)
+            for parent in reversed(path.relative_to(self._upper).parents[:-1]):
+                folder = self._upper / parent
+                folder.mkdir(exist_ok=True)
+                folder.chmod(0o777)
+            path.write_bytes(content.encode() if isinstance(content, str) else content)
+            path.chmod(0o666)
 
     async def prepare_sample(self, sample: Mapping[str, Any]) -> None:
         """Prepare this workspace for a task sample: its ``files`` (a repository), once per sample id; and its
@@ -504,18 +542,8 @@ class Workspace:
         return argv
 
     def _env(self, extra: dict[str, str]) -> dict[str, str]:
-        return {
-            "PATH": f"{sys.prefix}/bin:/usr/local/bin:/usr/bin:/bin",
-            "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat",
-            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-            # A project's tests run with pytest alone, not with the plugins installed beside it.
-            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-            "GIT_AUTHOR_NAME": "agent", "GIT_AUTHOR_EMAIL": "agent@workspace", "GIT_COMMITTER_NAME": "agent",
-            "GIT_COMMITTER_EMAIL": "agent@workspace",
-            # Each command runs under a uid of its own, and the repository's owner is another one.
-            "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*",
-            "AF_CWD": self.cwd, "AGENTFLY_SANDBOX": self._config, **extra,
-        }
+        return {**command_env(self.cwd, f"{sys.prefix}/bin:/usr/local/bin:/usr/bin:/bin"),
+                "AGENTFLY_SANDBOX": self._config, **extra}
 
     async def _run(self, mode: str, args: list[str], stdin: bytes, timeout: float | None, env: dict[str, str],
                    merge: bool = True) -> tuple[bytes, int | None, bool, int]:
@@ -592,3 +620,246 @@ class Workspace:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+# ---------------------------------------------------------------------------------- the docker backend
+DEFAULT_WORKSPACE_IMAGE = os.environ.get("AGENTFLY_WORKSPACE_IMAGE", "agentfly-workspace:local")
+# One command in the container, run by bash as nobody: the per-process limits, then the command or a file
+# operation; on exit the working directory (after the mark) and every process the command left is killed
+# (``kill -1`` spares the shell itself and the container's PID 1).
+_DOCKER_PROLOGUE = (
+    'ulimit $AF_ULIMIT 2>/dev/null\n'
+    'cd -- "$AF_CWD" 2>/dev/null || cd /workspace\n'
+)
+_DOCKER_MODES = {
+    "bash": _DOCKER_PROLOGUE + 'trap \'printf "\\n%s%s" "$AF_MARK" "$PWD"; kill -9 -1 2>/dev/null\' EXIT\n'
+                               'eval "$AF_CMD"\n',
+    "write": _DOCKER_PROLOGUE + 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"\n',
+    "read": _DOCKER_PROLOGUE + 'head -c "$AF_LIMIT" -- "$1" || exit 1\n'
+                               'printf \'\\n{"size": %s}\' "$(stat -L -c %s -- "$1")"\n',
+}
+
+
+class _Images:
+    """The fork images a docker workspace and its forks share: removed when the last of them closes."""
+
+    def __init__(self) -> None:
+        self.images: list[str] = []
+        self.members = 0
+        self.client: Any = None
+
+    def leave(self) -> None:
+        from agentfly.resources.backends.docker import ExecContainer
+
+        self.members -= 1
+        if self.members == 0 and self.images and self.client is not None:
+            ExecContainer.remove_images(self.client, self.images)
+            self.images = []
+
+
+class DockerWorkspace(Workspace):
+    """The workspace on the docker backend (``Workspace(backend="docker")``, or a spec with ``backend="docker"``):
+    one container per workspace, from an image with bash, git, Python and pytest (``image``, default
+    ``$AGENTFLY_WORKSPACE_IMAGE`` or ``agentfly-workspace:local``; ``deploy/workspace.Dockerfile`` builds it).
+
+    The container runs as nobody with no network, no capabilities, ``no-new-privileges``, cgroup limits on
+    memory, CPU and processes (``limits``, ``cpus``) and a tmpfs ``/tmp``; each command is a ``docker exec``
+    with the per-process limits on top, and what it leaves running is killed when it ends. The repository is
+    ``/workspace`` in the container's own files, so a fork is ``docker commit`` and one container per copy
+    from that image: the engine's copy-on-write layers, shared by the copies. Containers may run on another
+    host's engine (``engines``, as for ``PythonSandbox``); a fork runs on its parent's. A container that is
+    removed, killed from outside or whose engine stops answering is an ``InfrastructureFailure``.
+    """
+
+    def __init__(self, spec: Any = None, *, image: str | None = None, engines: Any = None, cpus: float = 1.0,
+                 **kwargs: Any) -> None:
+        kwargs["overlay"] = False
+        super().__init__(spec, **kwargs)
+        options = dict(getattr(spec, "options", None) or {})
+        self.image = str(image or options.get("image") or DEFAULT_WORKSPACE_IMAGE)
+        self.cpus = float(options.get("cpus", cpus))
+        spec_options = getattr(spec, "options", None)
+        # The spec's own dict, not a copy: the docker engines' counts are shared by the whole pool.
+        self.docker_options: dict[str, Any] = (
+            {"engines": engines} if engines is not None
+            else spec_options if isinstance(spec_options, dict) else options)
+        self._box: Any = None
+        self._family: _Images | None = None
+        self._depth = 0  # fork images below this one's container
+        self._dirty = False  # a command ran: the workspace may hold files
+        self._lost = False  # its container stopped by the code's own doing
+
+    def _new_box(self, image: str | None = None) -> Any:
+        from agentfly.resources.backends.docker import ExecContainer, engines_of
+
+        return ExecContainer(image or self.image, limits=self.limits, cpus=self.cpus, tmp_bytes=self.tmp_bytes,
+                             engines=engines_of(self.docker_options))
+
+    async def _open(self, box: Any, on: int | None = None) -> None:
+        """Start ``box`` and make its ``/workspace`` nobody's (any image with bash, git and Python serves)."""
+        def create() -> None:
+            box.create(on)
+            if on is None:
+                box.put_archive("/", _tar({"workspace/": None}))
+        try:
+            await asyncio.to_thread(create)
+        except BaseException:
+            await asyncio.to_thread(box.remove)
+            raise
+
+    async def start(self) -> None:
+        self._family = _Images()
+        self._family.members += 1
+        self._box = self._new_box()
+        await self._open(self._box)
+        self._family.client = self._box.client
+        if self.files:
+            await self.prepare(self.files)
+
+    async def reset(self) -> None:
+        async with self._lock:
+            self._check()
+            old, family = self._box, self._family
+            self._box, self._family = self._new_box(), _Images()
+            self._family.members += 1
+            await asyncio.to_thread(self._drop, old, family)
+            await self._open(self._box)
+            self._family.client = self._box.client
+            self.cwd, self.prepared, self.usage, self._depth, self._dirty, self._lost = MOUNT_POINT, None, {}, 0, False, False
+            self.test_command = self._spec_test_command
+        if self.files:
+            await self.prepare(self.files)
+
+    @staticmethod
+    def _drop(box: Any, family: _Images | None) -> None:
+        if box is not None:
+            box.remove()
+        if family is not None:
+            family.leave()
+
+    async def health(self) -> bool:
+        return (not self.closed and not self._lost and self._box is not None
+                and await asyncio.to_thread(self._box.alive))
+
+    async def close(self) -> None:
+        if not self.closed:
+            await asyncio.to_thread(self.kill)
+
+    def kill(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        box, family, self._box, self._family = self._box, self._family, None, None
+        self._drop(box, family)
+
+    def _kill_running(self) -> None:
+        if self._box is not None:
+            self._box.kill_commands()
+
+    def _check(self) -> None:
+        if self.closed or self._box is None:
+            raise ResourceError("this Workspace is closed or was never started; acquire one from a ResourceEngine "
+                                "or await start()")
+
+    def isolation(self) -> dict[str, Any]:
+        box = self._box
+        return {"network": "none (container)", "user": "65534 (nobody)", "capabilities": "none",
+                "image": self.image, "engine": box.engine_name if box is not None else None,
+                "forks": "docker commit (the engine's copy-on-write layers)"}
+
+    def _settings(self) -> dict[str, Any]:
+        return {**super()._settings(), "image": self.image, "cpus": self.cpus,
+                "engines": self.docker_options.get("engines")}
+
+    async def fork(self, n: int) -> list[Workspace]:
+        if n < 0:
+            raise ValueError(f"fork(n={n}): n must be >= 0")
+        async with self._lock:
+            self._check()
+            if self._depth >= MAX_LAYERS:
+                raise ResourceError(f"this workspace was forked {MAX_LAYERS} times deep; the image's layers take no "
+                                    "more. Fork from an earlier copy, or prepare a fresh workspace")
+            assert self._family is not None
+            image = await asyncio.to_thread(self._box.commit)
+            self._family.images.append(image)
+            kids: list[DockerWorkspace] = []
+            for _ in range(n):
+                kid = self._sibling()
+                assert isinstance(kid, DockerWorkspace)
+                kid._family, kid._depth, kid._dirty = self._family, self._depth + 1, True
+                self._family.members += 1
+                kid._box = kid._new_box(image)
+                kids.append(kid)
+            opened = await asyncio.gather(*(k._open(k._box, on=self._box.engine_index) for k in kids),
+                                          return_exceptions=True)
+            failed = next((r for r in opened if isinstance(r, BaseException)), None)
+            if failed is not None:
+                for kid in kids:
+                    await asyncio.to_thread(kid.kill)
+                raise failed
+            return list(kids)
+
+    def _holds_files(self) -> bool:
+        return self._dirty or self._depth > 0
+
+    async def _load(self, files: Mapping[str, str | bytes]) -> None:
+        tree: dict[str, bytes | None] = {}
+        for rel, content in files.items():
+            parts = Path(rel).parts
+            for k in range(1, len(parts)):
+                tree["workspace/" + "/".join(parts[:k]) + "/"] = None
+            tree["workspace/" + "/".join(parts)] = content.encode() if isinstance(content, str) else content
+        await asyncio.to_thread(self._box.put_archive, "/", _tar(tree))
+
+    async def _run(self, mode: str, args: list[str], stdin: bytes, timeout: float | None, env: dict[str, str],
+                   merge: bool = True) -> tuple[bytes, int | None, bool, int]:
+        from agentfly.resources.backends.docker import ContainerGone
+
+        timeout = self.timeout if timeout is None else float(timeout)
+        out, err = _Bounded(self.max_output), _Bounded(4000)
+        async with self._lock:
+            self._check()
+            box = self._box
+            argv = ["bash", "--noprofile", "--norc", "-c", _DOCKER_MODES[mode], "bash", *args]
+            full_env = {**command_env(self.cwd, "/usr/local/bin:/usr/bin:/bin"), "AF_ULIMIT": box.ulimits(), **env}
+            self.commands += 1
+            self._dirty = True
+            call = asyncio.ensure_future(asyncio.to_thread(box.run, argv, stdin, full_env, timeout, out,
+                                                           None if merge else err))
+            try:
+                code, timed_out = await asyncio.shield(call)
+            except ContainerGone as gone:
+                kind, why = gone.args
+                if kind is not None:
+                    raise InfrastructureFailure(f"the workspace's container stopped: {why}", kind) from None
+                self._lost = True  # the code's own doing: the model reads it, and the pool replaces the container
+                return f"[the workspace's container stopped: {why}]".encode(), 137, False, 0
+            except asyncio.CancelledError:
+                await asyncio.to_thread(box.kill_commands)  # the thread's command ends, and with it the thread
+                with contextlib.suppress(BaseException):
+                    await call
+                raise
+        said = out.bytes() if merge else err.bytes()
+        if not merge and code != 0:
+            return said, code, timed_out, 0
+        return out.bytes(), code, timed_out, out.dropped
+
+
+def _tar(tree: Mapping[str, bytes | None]) -> bytes:
+    """A tar of ``tree`` (a name ending in "/" is a folder, else a file's bytes), every entry nobody's."""
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in tree.items():
+            info = tarfile.TarInfo(name.rstrip("/"))
+            info.uid = info.gid = 65534
+            info.uname = info.gname = "nobody"
+            if data is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            else:
+                info.size, info.mode = len(data), 0o644
+                tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()

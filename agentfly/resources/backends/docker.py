@@ -27,6 +27,7 @@ import struct
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from time import time_ns
 from typing import Any
 
 from agentfly.resources.backends.local import WORKER, Limits
@@ -110,14 +111,16 @@ class DockerEngines:
         self._clients: dict[int, Any] = {}
         self._lock = threading.Lock()
 
-    def place(self) -> tuple[int, Any]:
-        """Reserve room on the engine with the most left; returns (index, client). Raises when all are full."""
+    def place(self, on: int | None = None) -> tuple[int, Any]:
+        """Reserve room on the engine with the most left (or on engine ``on``: where a fork's image is); returns
+        (index, client). Raises when all are full."""
         with self._lock:
             def room(i: int) -> float:
                 limit = self.engines[i].max
                 return float("inf") if limit is None else limit - self.in_use[i]
 
-            best = max(range(len(self.engines)), key=lambda i: (room(i), -self.in_use[i]))
+            candidates = range(len(self.engines)) if on is None else [on]
+            best = max(candidates, key=lambda i: (room(i), -self.in_use[i]))
             if room(best) <= 0:
                 usage = ", ".join(f"{e.name} {n}/{e.max}" for e, n in zip(self.engines, self.in_use, strict=True))
                 raise ResourceError(
@@ -162,6 +165,78 @@ def engines_of(options: dict[str, Any]) -> DockerEngines:
     return placed
 
 
+def container_end(container: Any, engine_name: str | None) -> tuple[str | None, str]:
+    """How a container that stopped answering ended, as the engine records it (``State``):
+
+    - ended by a signal the engine sent (its ``kill`` event: ``docker kill``/``stop``/``rm -f`` by someone
+      else, the engine shutting down): ``killed``. The code in the sandbox cannot do this to itself: the
+      container's PID 1 ignores every signal sent from inside its PID namespace, and an ``os._exit(137)``,
+      which the engine records as the same status, comes with no ``kill`` event.
+    - removed while it ran (the engine no longer knows it): ``killed``.
+    - the engine does not answer: ``server_down`` (the host or its daemon went away).
+    - OOM-killed by its own memory limit, or exited by itself (``os._exit``, a crash): None, the sandbox's
+      own doing, an observation the model reads.
+    """
+    import docker
+    import requests
+
+    engine = engine_name or "the local engine"
+    try:
+        with contextlib.suppress(requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            container.wait(timeout=5)  # the stream closes a moment before the engine records the exit
+        container.reload()
+    except docker.errors.NotFound:
+        return "killed", f"its container was removed from outside while it ran (on {engine})"
+    except (docker.errors.APIError, requests.exceptions.RequestException, OSError) as exc:
+        return "server_down", f"the docker engine {engine} stopped answering ({type(exc).__name__})"
+    state = container.attrs.get("State", {})
+    if state.get("Running"):
+        return None, ""  # it broke the protocol and runs on
+    if state.get("OOMKilled"):
+        limit = container.attrs.get("HostConfig", {}).get("Memory") or 0
+        return None, (f"its processes together used more than the container's memory ({limit >> 20} MiB) "
+                      "and the kernel killed it")
+    code = state.get("ExitCode")
+    if code in (137, 143) and _engine_killed(container, state):
+        by = "SIGKILLed" if code == 137 else "SIGTERMed"
+        return "killed", f"its container was {by} from outside (on {engine})"
+    return None, f"it exited with status {code}"
+
+
+def _engine_killed(container: Any, state: dict[str, Any]) -> bool:
+    """Whether the engine sent the container a signal (a ``kill`` event) between its creation and its end,
+    both read on the engine's own clock, so a client whose clock is off asks for the right window."""
+    import datetime
+
+    import docker
+    import requests
+
+    def seconds(stamp: str) -> int:
+        moment = datetime.datetime.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.UTC)
+        return int(moment.timestamp())
+
+    try:
+        since, until = seconds(container.attrs["Created"]), seconds(state["FinishedAt"]) + 2
+        events = container.client.events(since=since, until=until, decode=True,
+                                         filters={"container": container.id, "event": "kill"})
+        return any(True for _ in events)
+    except (KeyError, ValueError, docker.errors.APIError, requests.exceptions.RequestException):
+        return True  # an engine that gives no times or no events: trust the status
+
+
+def require_image(client: Any, image: str, engine_name: str) -> None:
+    """Raise ``ResourceError`` naming the fix when ``image`` is not on the engine (sandboxes pull nothing)."""
+    import docker
+
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound as exc:
+        raise ResourceError(
+            f"docker image {image!r} is not present on {engine_name}; run `docker pull {image}` there first (the "
+            "sandbox has no network to pull it at run time)"
+        ) from exc
+
+
 class DockerWorker:
     """One container speaking the worker protocol; the same interface as ``LocalWorker``."""
 
@@ -190,72 +265,30 @@ class DockerWorker:
         self._kill_lock = threading.Lock()
 
     @property
+    def stays(self, seconds: float) -> bool:
+        """Whether the container is still running after ``seconds`` (False as soon as it stops)."""
+        import requests
+
+        if self.container is None:
+            return False
+        try:
+            self.container.wait(timeout=seconds)
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            return self.alive()
+        except Exception:
+            return False
+        return False
+
     def alive(self) -> bool:
         return self.container is not None and not self._dead
 
     def ended(self) -> tuple[str | None, str]:
-        """How the container that stopped answering ended, as the engine records it (``State``):
-
-        - ended by a signal the engine sent (its ``kill`` event: ``docker kill``/``stop``/``rm -f`` by someone
-          else, the engine shutting down): ``killed``. The code in the sandbox cannot do this to itself: the
-          worker is the container's PID 1, which ignores every signal sent from inside its PID namespace, and an
-          ``os._exit(137)``, which the engine records as the same status, comes with no ``kill`` event.
-        - removed while it ran (the engine no longer knows it): ``killed``.
-        - the engine does not answer: ``server_down`` (the host or its daemon went away).
-        - OOM-killed by its own memory limit, or exited by itself (``os._exit``, a crash): None, the sandbox's
-          own doing, an observation the model reads.
-        """
-        import docker
-        import requests
-
-        container = self.container
-        if container is None:  # we removed it ourselves: a timeout, a reset, close
+        """How the container that stopped answering ended (``container_end``); None when we removed it."""
+        if self.container is None:  # we removed it ourselves: a timeout, a reset, close
             return None, ""
-        engine = self.engine_name or "the local engine"
-        try:
-            with contextlib.suppress(requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-                container.wait(timeout=5)  # the stream closes a moment before the engine records the exit
-            container.reload()
-        except docker.errors.NotFound:
-            return "killed", f"its container was removed from outside while it ran (on {engine})"
-        except (docker.errors.APIError, requests.exceptions.RequestException, OSError) as exc:
-            return "server_down", f"the docker engine {engine} stopped answering ({type(exc).__name__})"
-        state = container.attrs.get("State", {})
-        if state.get("Running"):
-            return None, ""  # it broke the protocol and runs on
-        if state.get("OOMKilled"):
-            limit = container.attrs.get("HostConfig", {}).get("Memory") or 0
-            return None, (f"its processes together used more than the container's memory ({limit >> 20} MiB) "
-                          "and the kernel killed it")
-        code = state.get("ExitCode")
-        if code in (137, 143) and self._engine_killed(container, state):
-            by = "SIGKILLed" if code == 137 else "SIGTERMed"
-            return "killed", f"its container was {by} from outside (on {engine})"
-        return None, f"it exited with status {code}"
-
-    @staticmethod
-    def _engine_killed(container: Any, state: dict[str, Any]) -> bool:
-        """Whether the engine sent the container a signal (a ``kill`` event) between its creation and its end,
-        both read on the engine's own clock, so a client whose clock is off asks for the right window."""
-        import datetime
-
-        import docker
-        import requests
-
-        def seconds(stamp: str) -> int:
-            moment = datetime.datetime.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.UTC)
-            return int(moment.timestamp())
-
-        try:
-            since, until = seconds(container.attrs["Created"]), seconds(state["FinishedAt"]) + 2
-            events = container.client.events(since=since, until=until, decode=True,
-                                             filters={"container": container.id, "event": "kill"})
-            return any(True for _ in events)
-        except (KeyError, ValueError, docker.errors.APIError, requests.exceptions.RequestException):
-            return True  # an engine that gives no times or no events: trust the status
+        return container_end(self.container, self.engine_name)
 
     def _create(self) -> None:
-        import docker
 
         with self._kill_lock:
             self.engine_index, client = self.engines.place()
@@ -270,13 +303,7 @@ class DockerWorker:
                                           "file_size_bytes": self.limits.file_size_bytes}.items() if v},
             "network": "host", "filesystem": "host", "own_uid": False,
         }
-        try:
-            client.images.get(self.image)
-        except docker.errors.ImageNotFound as exc:
-            raise ResourceError(
-                f"docker image {self.image!r} is not present on {self.engines.engines[self.engine_index or 0].name}; "
-                f"run `docker pull {self.image}` there first (the sandbox has no network to pull it at run time)"
-            ) from exc
+        require_image(client, self.image, self.engines.engines[self.engine_index or 0].name)
         self.container = client.containers.create(
             self.image,
             command=["python", "-I", "-c", WORKER.read_text()],
@@ -396,6 +423,232 @@ class DockerWorker:
 
     def kill_strays(self) -> int:
         return 0  # nothing outlives the container
+
+
+# PID 1 of an exec container: reaps the orphans of finished commands (each would otherwise stay a zombie and
+# count against the container's process limit) and waits. As PID 1 it gets no signal from inside the container.
+REAPER = """
+import os, signal
+def reap(*_):
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+signal.signal(signal.SIGCHLD, reap)
+while True:
+    signal.pause()
+"""
+
+
+class ExecContainer:
+    """A long-lived container that runs one command at a time, each a ``docker exec`` (a coding workspace's):
+    its files persist between commands, and nothing else does (``run`` kills what a command left running).
+
+    Created as nobody with no network, no capabilities, ``no-new-privileges``, memory, CPU and process limits
+    on the container (cgroups), and a tmpfs ``/tmp``; the rest of its root is the image's, where nobody writes
+    only what the image lets it (a workspace image has a world-writable ``/workspace``). ``commit`` freezes its
+    files into an image, from which ``ExecContainer(image=...)`` makes copies: the docker backend's fork.
+    Its calls block (the SDK's do): run them in worker threads.
+    """
+
+    USER = "65534:65534"  # the commands'
+    KEEPER = "65533:65533"  # PID 1's: a uid no command runs as
+
+    def __init__(self, image: str, *, limits: Limits, cpus: float = 1.0, tmp_bytes: int = 64 << 20,
+                 engines: DockerEngines | None = None) -> None:
+        self.image = image
+        self.limits = limits
+        self.cpus = cpus
+        self.tmp_bytes = tmp_bytes
+        self.engines = engines or DockerEngines()
+        self.engine_index: int | None = None
+        self.client: Any = None
+        self.container: Any = None
+        self.removed = False
+        # Held by the whole of a creation: a removal (from another thread: a close, a cancelled start) waits for
+        # it, so no container is made after its removal.
+        self._lock = threading.RLock()
+
+    @property
+    def engine_name(self) -> str | None:
+        index = self.engine_index
+        return None if index is None else self.engines.engines[index].name
+
+    def create(self, on: int | None = None) -> None:
+        """Start the container, on engine ``on`` when given (a fork must run where its image is)."""
+        with self._lock:
+            if self.removed:
+                raise ResourceError("the workspace was closed while its container was being made")
+            self.engine_index, self.client = self.engines.place(on)
+            self._make()
+
+    def _make(self) -> None:
+        try:
+            require_image(self.client, self.image, self.engine_name or "the local engine")
+            memory = self.limits.memory_bytes
+            self.container = self.client.containers.run(
+                self.image, command=["python3", "-I", "-c", REAPER], detach=True, user=self.KEEPER,
+                network_mode="none", tmpfs={"/tmp": f"size={self.tmp_bytes},mode=1777"},
+                # The container's processes together, as cgroups count them; each command also gets the
+                # per-process limits (ulimit) in ``run``.
+                mem_limit=None if memory is None else memory * 2,
+                memswap_limit=None if memory is None else memory * 2,
+                nano_cpus=int(self.cpus * 1e9),
+                pids_limit=None if self.limits.processes is None else self.limits.processes + 2,
+                cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                labels={"agentfly.sandbox": "1"})
+        except BaseException:
+            self.remove()
+            raise
+
+    def ulimits(self) -> str:
+        """The shell's per-process limits for one command (the container's cgroup holds all of them together)."""
+        lim = self.limits
+        parts = [f"-t {lim.cpu_seconds}" if lim.cpu_seconds else "",
+                 f"-v {lim.memory_bytes >> 10}" if lim.memory_bytes else "",
+                 f"-n {lim.open_files}" if lim.open_files else "",
+                 f"-f {lim.file_size_bytes >> 10}" if lim.file_size_bytes else ""]
+        return " ".join(p for p in parts if p)
+
+    def run(self, argv: list[str], stdin: bytes, env: dict[str, str], timeout: float,
+            out: Any, err: Any | None = None) -> tuple[int | None, bool]:
+        """Run ``argv`` as nobody with ``env``, feeding it ``stdin``; its stdout (and stderr, unless ``err``
+        takes it) go to ``out.add(bytes)``. Returns (exit code, timed out); on a timeout every process of the
+        command is killed. A container the engine lost raises ``ContainerGone``."""
+        import socket
+        import time
+
+        import docker
+        import requests
+
+        api = self.client.api
+        try:
+            exec_id = api.exec_create(self.container.id, argv, stdin=True, stdout=True, stderr=True,
+                                      user=self.USER, environment=env)["Id"]
+            sock = api.exec_start(exec_id, socket=True)
+        except (docker.errors.APIError, requests.exceptions.RequestException, OSError) as exc:
+            raise ContainerGone(*self.end()) from exc
+        raw = getattr(sock, "_sock", sock)
+        deadline = time.monotonic() + timeout
+        timed_out = False
+        try:
+            if stdin:
+                raw.sendall(stdin)
+            raw.shutdown(socket.SHUT_WR)  # the command's stdin ends here
+            buffer = b""
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    timed_out = True
+                    break
+                raw.settimeout(left)
+                try:
+                    chunk = raw.recv(65536)
+                except TimeoutError:
+                    timed_out = True
+                    break
+                if not chunk:
+                    break
+                buffer += chunk
+                # Without a TTY docker multiplexes the streams: 8-byte header (stream, 0, 0, 0, big-endian size).
+                while len(buffer) >= 8:
+                    stream, size = struct.unpack(">BxxxL", buffer[:8])
+                    if len(buffer) < 8 + size:
+                        break
+                    payload, buffer = buffer[8:8 + size], buffer[8 + size:]
+                    (err if stream == 2 and err is not None else out).add(payload)
+        except OSError as exc:
+            raise ContainerGone(*self.end()) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                sock.close()
+        if timed_out:
+            self.kill_commands()
+            return None, True
+        try:
+            code = api.exec_inspect(exec_id).get("ExitCode")
+        except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
+            raise ContainerGone(*self.end()) from exc
+        # A command SIGKILLed, or a stream that ended before the engine recorded an exit: the container itself
+        # may be going (removed, killed from outside, its engine stopping), which the engine records a moment
+        # after the command's end.
+        if code in (None, 137) and not self.stays(1.0):
+            raise ContainerGone(*self.end())
+        return (int(code) if code is not None else None), False
+
+    def kill_commands(self) -> None:
+        """SIGKILL every command's process (``kill -1`` as the commands' uid: PID 1 is another's)."""
+        with contextlib.suppress(Exception):
+            self.client.api.exec_start(
+                self.client.api.exec_create(self.container.id, ["kill", "-9", "-1"], user=self.USER)["Id"])
+
+    def commit(self) -> str:
+        """The container's files as a new image (its id); the container pauses while the engine copies them."""
+        image = self.container.commit(repository="agentfly-workspace-fork", tag=f"x{id(self):x}{time_ns():x}",
+                                      conf={"Labels": {"agentfly.sandbox": "1"}})
+        return str(image.id)
+
+    def put_archive(self, path: str, tar: bytes) -> None:
+        if not self.container.put_archive(path, tar):
+            raise ResourceError(f"the docker engine refused the files for {path}")
+
+    def stays(self, seconds: float) -> bool:
+        """Whether the container is still running after ``seconds`` (False as soon as it stops)."""
+        import requests
+
+        if self.container is None:
+            return False
+        try:
+            self.container.wait(timeout=seconds)
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            return self.alive()
+        except Exception:
+            return False
+        return False
+
+    def alive(self) -> bool:
+        if self.container is None:
+            return False
+        try:
+            self.container.reload()
+        except Exception:
+            return False
+        return bool(self.container.attrs.get("State", {}).get("Running"))
+
+    def end(self) -> tuple[str | None, str]:
+        """Why the container stopped (``container_end``): removed or killed from outside, or its engine gone,
+        is the infrastructure's failure (a kind); anything else (its memory limit's OOM kill) is the doing of
+        the code inside (None), which a command cannot otherwise bring about: PID 1 runs under a uid of its own
+        that the commands can neither signal nor trace."""
+        if self.container is None:
+            return "killed", "the workspace's container was removed"
+        kind, why = container_end(self.container, self.engine_name)
+        return kind, why or "the workspace's container stopped"
+
+    def remove(self) -> None:
+        """Remove the container (killed first); safe to call more than once, from any thread."""
+        with self._lock:
+            self.removed = True
+            if self.container is not None:
+                with contextlib.suppress(Exception):
+                    self.container.remove(force=True)
+                self.container = None
+            if self.engine_index is not None:
+                self.engines.release(self.engine_index)
+                self.engine_index = None
+
+    @staticmethod
+    def remove_images(client: Any, images: list[str]) -> None:
+        """Remove fork images (newest first: a later one is built on the earlier); what the engine refuses stays
+        for a sweep of the ``agentfly.sandbox`` label."""
+        for image in reversed(images):
+            with contextlib.suppress(Exception):
+                client.images.remove(image, force=True)
+
+
+class ContainerGone(Exception):
+    """The container stopped under a command: (kind, why) of ``ExecContainer.end``."""
 
 
 # ---------------------------------------------------------------------------------- an image without a registry
