@@ -265,20 +265,6 @@ class DockerWorker:
         self._kill_lock = threading.Lock()
 
     @property
-    def stays(self, seconds: float) -> bool:
-        """Whether the container is still running after ``seconds`` (False as soon as it stops)."""
-        import requests
-
-        if self.container is None:
-            return False
-        try:
-            self.container.wait(timeout=seconds)
-        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-            return self.alive()
-        except Exception:
-            return False
-        return False
-
     def alive(self) -> bool:
         return self.container is not None and not self._dead
 
