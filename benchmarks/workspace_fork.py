@@ -42,7 +42,9 @@ def container_bytes(workspaces: list, image: str | None = None) -> int:
     import docker
 
     api = docker.from_env().api
-    total = sum(api.inspect_container(w._box.container.id, size=True).get("SizeRw") or 0 for w in workspaces)
+    ids = {w._box.container.id for w in workspaces}
+    listed = api.containers(all=True, size=True, filters={"label": "agentfly.sandbox=1"})
+    total = sum(c.get("SizeRw") or 0 for c in listed if c["Id"] in ids)
     if image is not None:
         total += api.history(image)[0]["Size"]
     return total
