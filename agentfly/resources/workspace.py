@@ -40,6 +40,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from agentfly.resources.backends.docker import blocking
 from agentfly.resources.backends.local import (
     WORKER,
     Isolation,
@@ -702,9 +703,9 @@ class DockerWorkspace(Workspace):
             if on is None:
                 box.put_archive("/", _tar({"workspace/": None}))
         try:
-            await asyncio.to_thread(create)
+            await blocking(create)
         except BaseException:
-            await asyncio.to_thread(box.remove)
+            await blocking(box.remove)
             raise
 
     async def start(self) -> None:
@@ -722,7 +723,7 @@ class DockerWorkspace(Workspace):
             old, family = self._box, self._family
             self._box, self._family = self._new_box(), _Images()
             self._family.members += 1
-            await asyncio.to_thread(self._drop, old, family)
+            await blocking(self._drop, old, family)
             await self._open(self._box)
             self._family.client = self._box.client
             self.cwd, self.prepared, self.usage, self._depth, self._dirty, self._lost = MOUNT_POINT, None, {}, 0, False, False
@@ -739,11 +740,11 @@ class DockerWorkspace(Workspace):
 
     async def health(self) -> bool:
         return (not self.closed and not self._lost and self._box is not None
-                and await asyncio.to_thread(self._box.alive))
+                and await blocking(self._box.alive))
 
     async def close(self) -> None:
         if not self.closed:
-            await asyncio.to_thread(self.kill)
+            await blocking(self.kill)
 
     def kill(self) -> None:
         if self.closed:
@@ -780,7 +781,7 @@ class DockerWorkspace(Workspace):
                 raise ResourceError(f"this workspace was forked {MAX_LAYERS} times deep; the image's layers take no "
                                     "more. Fork from an earlier copy, or prepare a fresh workspace")
             assert self._family is not None
-            image = await asyncio.to_thread(self._box.commit)
+            image = await blocking(self._box.commit)
             self._family.images.append(image)
             kids: list[DockerWorkspace] = []
             for _ in range(n):
@@ -795,7 +796,7 @@ class DockerWorkspace(Workspace):
             failed = next((r for r in opened if isinstance(r, BaseException)), None)
             if failed is not None:
                 for kid in kids:
-                    await asyncio.to_thread(kid.kill)
+                    await blocking(kid.kill)
                 raise failed
             return list(kids)
 
@@ -809,7 +810,7 @@ class DockerWorkspace(Workspace):
             for k in range(1, len(parts)):
                 tree["workspace/" + "/".join(parts[:k]) + "/"] = None
             tree["workspace/" + "/".join(parts)] = content.encode() if isinstance(content, str) else content
-        await asyncio.to_thread(self._box.put_archive, "/", _tar(tree))
+        await blocking(self._box.put_archive, "/", _tar(tree))
 
     async def _run(self, mode: str, args: list[str], stdin: bytes, timeout: float | None, env: dict[str, str],
                    merge: bool = True) -> tuple[bytes, int | None, bool, int]:
@@ -824,7 +825,7 @@ class DockerWorkspace(Workspace):
             full_env = {**command_env(self.cwd, "/usr/local/bin:/usr/bin:/bin"), "AF_ULIMIT": box.ulimits(), **env}
             self.commands += 1
             self._dirty = True
-            call = asyncio.ensure_future(asyncio.to_thread(box.run, argv, stdin, full_env, timeout, out,
+            call = asyncio.ensure_future(blocking(box.run, argv, stdin, full_env, timeout, out,
                                                            None if merge else err))
             try:
                 code, timed_out = await asyncio.shield(call)
@@ -835,7 +836,7 @@ class DockerWorkspace(Workspace):
                 self._lost = True  # the code's own doing: the model reads it, and the pool replaces the container
                 return f"[the workspace's container stopped: {why}]".encode(), 137, False, 0
             except asyncio.CancelledError:
-                await asyncio.to_thread(box.kill_commands)  # the thread's command ends, and with it the thread
+                await blocking(box.kill_commands)  # the thread's command ends, and with it the thread
                 with contextlib.suppress(BaseException):
                     await call
                 raise

@@ -20,20 +20,33 @@ Sandboxes need not run where the trainer runs. A pool names the engine (``Docker
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import json
 import os
 import struct
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from time import time_ns
-from typing import Any
+from typing import Any, TypeVar
 
 from agentfly.resources.backends.local import WORKER, Limits
 from agentfly.resources.spec import ResourceError
 
+T = TypeVar("T")
+
 DEFAULT_IMAGE = os.environ.get("AGENTFLY_SANDBOX_IMAGE", "python:3.11-slim")
+# The docker SDK's calls block, and a workspace's command holds its thread for as long as it runs: they get
+# threads of their own, enough for every command of a large pool at once (the event loop's default executor
+# has the cores + 4, and would queue a group's commands behind each other).
+_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=128, thread_name_prefix="agentfly-docker")
+
+
+async def blocking(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on one of the docker calls' threads."""
+    return await asyncio.get_running_loop().run_in_executor(_THREADS, functools.partial(fn, *args))
 
 
 @dataclass(frozen=True)

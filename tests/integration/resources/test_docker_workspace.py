@@ -155,6 +155,19 @@ async def test_64_docker_forks_leave_no_container_or_image_after_they_close() ->
     assert _ours() == before
 
 
+async def test_a_groups_commands_on_docker_forks_run_at_once_not_queued_behind_each_other() -> None:
+    async with Workspace(backend="docker") as parent:
+        await parent.prepare(PROJECT)
+        kids = await parent.fork(12)  # twice the event loop's default threads on two cores
+        try:
+            spans = await asyncio.gather(*(k.sh("date +%s.%N; sleep 3; date +%s.%N") for k in kids))
+            starts, ends = zip(*((float(a), float(b)) for a, b in (s.text.split() for s in spans)), strict=True)
+            assert max(starts) < min(ends), spans  # every command was running at one moment
+        finally:
+            for kid in kids:
+                await kid.close()
+
+
 async def test_a_docker_workspace_whose_container_is_removed_from_outside_fails_as_infrastructure() -> None:
     import docker
 
