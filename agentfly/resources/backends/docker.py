@@ -24,6 +24,7 @@ import concurrent.futures
 import contextlib
 import functools
 import json
+import logging
 import os
 import struct
 import threading
@@ -36,6 +37,7 @@ from agentfly.resources.backends.local import WORKER, Limits
 from agentfly.resources.spec import ResourceError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 DEFAULT_IMAGE = os.environ.get("AGENTFLY_SANDBOX_IMAGE", "python:3.11-slim")
 # The docker SDK's calls block, and a workspace's command holds its thread for as long as it runs: they get
@@ -639,11 +641,23 @@ class ExecContainer:
 
     @staticmethod
     def remove_images(client: Any, images: list[str]) -> None:
-        """Remove fork images (newest first: a later one is built on the earlier); what the engine refuses stays
-        for a sweep of the ``agentfly.sandbox`` label."""
+        """Remove fork images, newest first (a later one is built on an earlier). The engine may refuse while
+        a removed container's last layer is still being let go: each is tried again for a few seconds, and one
+        still refused is logged with its id (``docker image rm`` removes it)."""
+        import time
+
         for image in reversed(images):
-            with contextlib.suppress(Exception):
-                client.images.remove(image, force=True)
+            for attempt in range(10):
+                try:
+                    client.images.remove(image, force=True)
+                    break
+                except Exception as exc:
+                    if type(exc).__name__ == "ImageNotFound":
+                        break
+                    if attempt == 9:
+                        log.warning("could not remove the workspace fork image %s: %s", image, exc)
+                    else:
+                        time.sleep(0.5)
 
 
 class ContainerGone(Exception):
