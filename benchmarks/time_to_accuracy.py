@@ -74,9 +74,9 @@ def eval_curve(run_dir: Path) -> list[tuple[int, float, float]]:
     return out
 
 
-def held_out_accuracy(checkpoint: str, test: Path | None, n: int) -> float:
+def held_out_accuracy(checkpoint: str, test: Path | None, n: int, example: Path = EXAMPLE) -> float:
     """Greedy accuracy on the held-out problems (``test``, or the calculator example's test split), with
-    AgentFly's evaluator (``agentfly eval``'s path)."""
+    AgentFly's evaluator (``agentfly eval``'s path) under ``example``'s settings (tools, parser, budgets)."""
     import torch
 
     from agentfly.engines.hf import HFEngine
@@ -89,7 +89,7 @@ def held_out_accuracy(checkpoint: str, test: Path | None, n: int) -> float:
     overrides = [f"model.path={checkpoint}", f"data.eval_size={n}", "threads=2"]
     if test is not None:
         overrides.append(f"data.eval_path={test}")
-    config = load_config(str(EXAMPLE), overrides)
+    config = load_config(str(example), overrides)
     samples = load_jsonl(test)[:n] if test is not None else arithmetic.generate(n, seed=config.data.seed, split="test")
     model, tokenizer = load_policy(config, setup_torch(config), path=checkpoint)
     model.eval()
@@ -99,7 +99,7 @@ def held_out_accuracy(checkpoint: str, test: Path | None, n: int) -> float:
     return float(metrics["eval/accuracy"])
 
 
-def time_to_target(side: dict[str, Any], test: Path | None, n: int, target: float) -> None:
+def time_to_target(side: dict[str, Any], test: Path | None, n: int, target: float, example: Path = EXAMPLE) -> None:
     """Scores the side's saves in order until one reaches ``target``, then its last save; fills in
     ``reached`` (training seconds at the first save at or above the target, or None) and ``final``."""
     side["reached"], side["reached_step"], side["curve"] = None, None, []
@@ -107,7 +107,7 @@ def time_to_target(side: dict[str, Any], test: Path | None, n: int, target: floa
     for i, save in enumerate(saves):
         if side["reached"] is not None and i != len(saves) - 1:
             continue
-        acc = held_out_accuracy(save["path"], test, n)
+        acc = held_out_accuracy(save["path"], test, n, example)
         side["curve"].append((save["step"], round(save["seconds"], 1), acc))
         print(f"  {side['framework']}: step {save['step']} at {save['seconds']:.0f} s: {acc:.3f}", file=sys.stderr,
               flush=True)

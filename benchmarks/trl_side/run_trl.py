@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, required=True)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--chat-template", default=None,
+                    help="a Jinja file to use as the tokenizer's chat template (SmolLM2's own renders no tool calls, "
+                         "which TRL refuses: benchmarks/trl_side/smollm2_tools.jinja adds them)")
     ap.add_argument("--temperature", type=float, default=1.0)
     # The learning comparison: train for a wall-clock budget, saving the weights every N steps with the
     # training seconds spent so far (saving excluded), for AgentFly's evaluator to score afterwards.
@@ -91,6 +94,8 @@ def main(argv: list[str] | None = None) -> None:
         [{"prompt": [{"role": "user", "content": r["question"]}], "answer": str(r["answer"])} for r in rows])
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
+    if args.chat_template:
+        tokenizer.chat_template = Path(args.chat_template).read_text()
     # The tiny model's template is the Qwen2.5/Hermes convention (ChatML, <tool_call>{json}</tool_call>) but not
     # byte-identical to a template TRL recognises, so name the parser TRL uses for Qwen's tool calls.
     tokenizer.response_template = qwen3_template
