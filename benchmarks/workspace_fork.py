@@ -59,30 +59,36 @@ async def measure(n: int, files: dict[str, str], backend: str) -> dict[str, floa
         await ws.prepare(files)
         return ws
 
-    start = time.perf_counter()
-    fresh_ones = await asyncio.gather(*(fresh() for _ in range(n)))
-    prepare_s = time.perf_counter() - start
-    if backend == "docker":
-        fresh_bytes = container_bytes(fresh_ones) / n
-    else:
-        fresh_bytes = disk_bytes([w.folder for w in fresh_ones if w.folder]) / n
-    start = time.perf_counter()
-    await asyncio.gather(*(w.sh("git status --short") for w in fresh_ones))
-    fresh_cmd_s = time.perf_counter() - start
+    opened: list[Workspace] = []  # closed however the measurement ends: a docker workspace is a container
+    try:
+        start = time.perf_counter()
+        fresh_ones = await asyncio.gather(*(fresh() for _ in range(n)))
+        opened += fresh_ones
+        prepare_s = time.perf_counter() - start
+        if backend == "docker":
+            fresh_bytes = container_bytes(fresh_ones) / n
+        else:
+            fresh_bytes = disk_bytes([w.folder for w in fresh_ones if w.folder]) / n
+        start = time.perf_counter()
+        await asyncio.gather(*(w.sh("git status --short") for w in fresh_ones))
+        fresh_cmd_s = time.perf_counter() - start
 
-    parent = await fresh()
-    start = time.perf_counter()
-    forks = await parent.fork(n)
-    fork_s = time.perf_counter() - start
-    if backend == "docker":
-        fork_bytes = container_bytes(forks, parent._family.images[-1]) / n
-    else:
-        fork_bytes = disk_bytes([p for w in forks for p in (w._upper, w._work, w._mount) if p is not None]) / n
-    start = time.perf_counter()
-    await asyncio.gather(*(w.sh("git status --short") for w in forks))
-    fork_cmd_s = time.perf_counter() - start
-    for w in (*fresh_ones, *forks, parent):
-        await w.close()
+        parent = await fresh()
+        opened.append(parent)
+        start = time.perf_counter()
+        forks = await parent.fork(n)
+        opened += forks
+        fork_s = time.perf_counter() - start
+        if backend == "docker":
+            fork_bytes = container_bytes(forks, parent._family.images[-1]) / n
+        else:
+            fork_bytes = disk_bytes([p for w in forks for p in (w._upper, w._work, w._mount) if p is not None]) / n
+        start = time.perf_counter()
+        await asyncio.gather(*(w.sh("git status --short") for w in forks))
+        fork_cmd_s = time.perf_counter() - start
+    finally:
+        for w in opened:
+            await w.close()
     return {"prepare_s": prepare_s, "fork_s": fork_s, "fresh_bytes": fresh_bytes, "fork_bytes": fork_bytes,
             "fresh_cmd_s": fresh_cmd_s, "fork_cmd_s": fork_cmd_s}
 

@@ -488,8 +488,9 @@ class ExecContainer:
         try:
             require_image(self.client, self.image, self.engine_name or "the local engine")
             memory = self.limits.memory_bytes
-            self.container = self.client.containers.run(
-                self.image, command=["python3", "-I", "-c", REAPER], detach=True, user=self.KEEPER,
+            # Created, then started: a start that fails leaves a container this object holds and removes.
+            self.container = self.client.containers.create(
+                self.image, command=["python3", "-I", "-c", REAPER], user=self.KEEPER,
                 network_mode="none", tmpfs={"/tmp": f"size={self.tmp_bytes},mode=1777"},
                 # The container's processes together, as cgroups count them; each command also gets the
                 # per-process limits (ulimit) in ``run``.
@@ -499,6 +500,7 @@ class ExecContainer:
                 pids_limit=None if self.limits.processes is None else self.limits.processes + 2,
                 cap_drop=["ALL"], security_opt=["no-new-privileges"],
                 labels={"agentfly.sandbox": "1"})
+            self.container.start()
         except BaseException:
             self.remove()
             raise

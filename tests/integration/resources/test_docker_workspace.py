@@ -137,21 +137,26 @@ async def test_an_edit_in_one_docker_fork_is_seen_in_no_other_fork_nor_in_the_pa
 async def test_64_docker_forks_leave_no_container_or_image_after_they_close() -> None:
     before = _ours()
     root = Workspace(backend="docker")
-    await root.start()
-    await root.prepare(PROJECT)
-    kids = await root.fork(64)
-    results = await asyncio.gather(*(k.sh(f"(sleep 30 &); echo {i} > mine.txt; cat mine.txt")
-                                     for i, k in enumerate(kids)))
-    assert [r.text.strip() for r in results] == [str(i) for i in range(64)]
-    grandkids = await kids[5].fork(2)
-    assert (await grandkids[1].read_file("mine.txt")) == "5\n"
-    containers, images = _ours()
-    assert len(containers - before[0]) == 1 + 64 + 2 and len(images - before[1]) == 2
-    for w in (*kids, *grandkids):
-        await w.close()
-    assert (await root.sh("ls mine.txt 2>&1")).exit_code != 0
-    assert len(_ours()[1] - before[1]) == 2  # the parent still stands on the images' lineage
-    await root.close()
+    kids: list[Workspace] = []
+    grandkids: list[Workspace] = []
+    try:
+        await root.start()
+        await root.prepare(PROJECT)
+        kids = await root.fork(64)
+        results = await asyncio.gather(*(k.sh(f"(sleep 30 &); echo {i} > mine.txt; cat mine.txt")
+                                         for i, k in enumerate(kids)))
+        assert [r.text.strip() for r in results] == [str(i) for i in range(64)]
+        grandkids = await kids[5].fork(2)
+        assert (await grandkids[1].read_file("mine.txt")) == "5\n"
+        containers, images = _ours()
+        assert len(containers - before[0]) == 1 + 64 + 2 and len(images - before[1]) == 2
+        for w in (*kids, *grandkids):
+            await w.close()
+        assert (await root.sh("ls mine.txt 2>&1")).exit_code != 0
+        assert len(_ours()[1] - before[1]) == 2  # the parent still stands on the images' lineage
+    finally:
+        for w in (*kids, *grandkids, root):
+            await w.close()
     assert _ours() == before
 
 
