@@ -99,7 +99,8 @@ FUNCTIONS: tuple[Template, ...] = (
              lambda r, c: [(r.randint(2, 6),), (1,), (0,)]),
     Template("between", lambda r: (r.randint(-5, 5), r.randint(6, 15)),
              lambda n, c: f"def {n}(x):\n    return {c[0]} <= x and x < {c[1]}\n",
-             lambda r, c: [(c[0],), (c[1],), (c[0] - 1,), (r.randint(c[0] + 1, c[1] - 1),)]),
+             # A value strictly inside; with no room between the bounds (5 and 6) the upper bound again.
+             lambda r, c: [(c[0],), (c[1],), (c[0] - 1,), (r.randint(c[0] + 1, max(c[0] + 1, c[1] - 1)),)]),
 )
 
 

@@ -91,3 +91,17 @@ async def test_the_reward_is_the_pass_share_after_the_fix_and_nothing_for_edited
         # Never touched: the baseline, without running anything.
         ctx = RolloutContext(sample=sample, rollout_id="r", group_id="g", resources=resources)
         assert (await repair_tests.score("done", None, ctx, sample)).reward == pytest.approx(sample["baseline"])
+
+
+def test_every_function_family_draws_its_test_cases_for_any_constants_it_draws() -> None:
+    # "between" once drew no case for its bounds 5 and 6 (an empty range), which ended a generation of a few
+    # thousand projects (an SFT run's training samples) with a ValueError.
+    import random
+
+    from agentfly.tasks.code_repair import FUNCTIONS
+
+    for template in FUNCTIONS:
+        for seed in range(3000):
+            rng = random.Random(seed)
+            constants = template.constants(rng)
+            assert template.cases(rng, constants), (template.kind, constants)
