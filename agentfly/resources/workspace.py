@@ -324,8 +324,11 @@ class Workspace:
             self._layers = []
             self._lineage.leave()
 
+    def _started(self) -> bool:
+        return self._lineage is not None
+
     def _check(self) -> None:
-        if self.closed or self._lineage is None:
+        if self.closed or not self._started():
             raise ResourceError("this Workspace is closed or was never started; acquire one from a ResourceEngine "
                                 "or await start()")
 
@@ -341,10 +344,13 @@ class Workspace:
             raise ValueError(f"fork(n={n}): n must be >= 0")
         async with self._lock:
             self._check()
-            if not self.overlay:
-                return [await self._copy() for _ in range(n)]
-            self._freeze()
-            return [self._child() for _ in range(n)]
+            return await self._fork(n)
+
+    async def _fork(self, n: int) -> list[Workspace]:
+        if not self.overlay:
+            return [await self._copy() for _ in range(n)]
+        self._freeze()
+        return [self._child() for _ in range(n)]
 
     def _freeze(self) -> None:
         """Make this instance's writes a shared read-only layer, and give it a fresh upper on top."""
@@ -708,24 +714,25 @@ class DockerWorkspace(Workspace):
             await blocking(box.remove)
             raise
 
-    async def start(self) -> None:
-        self._family = _Images()
+    async def _fresh(self) -> None:
+        """A new container of the image, with a lineage of its own, in place of the one this workspace had. The
+        new one is this workspace's before it starts, so a ``kill`` meanwhile removes it (its start then refuses)."""
+        old, family = self._box, self._family
+        self._box, self._family = self._new_box(), _Images()
         self._family.members += 1
-        self._box = self._new_box()
+        await blocking(self._drop, old, family)
         await self._open(self._box)
         self._family.client = self._box.client
+
+    async def start(self) -> None:
+        await self._fresh()
         if self.files:
             await self.prepare(self.files)
 
     async def reset(self) -> None:
         async with self._lock:
             self._check()
-            old, family = self._box, self._family
-            self._box, self._family = self._new_box(), _Images()
-            self._family.members += 1
-            await blocking(self._drop, old, family)
-            await self._open(self._box)
-            self._family.client = self._box.client
+            await self._fresh()
             self.cwd, self.prepared, self.usage, self._depth, self._dirty, self._lost = MOUNT_POINT, None, {}, 0, False, False
             self.test_command = self._spec_test_command
         if self.files:
@@ -757,10 +764,8 @@ class DockerWorkspace(Workspace):
         if self._box is not None:
             self._box.kill_commands()
 
-    def _check(self) -> None:
-        if self.closed or self._box is None:
-            raise ResourceError("this Workspace is closed or was never started; acquire one from a ResourceEngine "
-                                "or await start()")
+    def _started(self) -> bool:
+        return self._box is not None
 
     def isolation(self) -> dict[str, Any]:
         box = self._box
@@ -772,33 +777,29 @@ class DockerWorkspace(Workspace):
         return {**super()._settings(), "image": self.image, "cpus": self.cpus,
                 "engines": self.docker_options.get("engines")}
 
-    async def fork(self, n: int) -> list[Workspace]:
-        if n < 0:
-            raise ValueError(f"fork(n={n}): n must be >= 0")
-        async with self._lock:
-            self._check()
-            if self._depth >= MAX_LAYERS:
-                raise ResourceError(f"this workspace was forked {MAX_LAYERS} times deep; the image's layers take no "
-                                    "more. Fork from an earlier copy, or prepare a fresh workspace")
-            assert self._family is not None
-            image = await blocking(self._box.commit)
-            self._family.images.append(image)
-            kids: list[DockerWorkspace] = []
-            for _ in range(n):
-                kid = self._sibling()
-                assert isinstance(kid, DockerWorkspace)
-                kid._family, kid._depth, kid._dirty = self._family, self._depth + 1, True
-                self._family.members += 1
-                kid._box = kid._new_box(image)
-                kids.append(kid)
-            opened = await asyncio.gather(*(k._open(k._box, on=self._box.engine_index) for k in kids),
-                                          return_exceptions=True)
-            failed = next((r for r in opened if isinstance(r, BaseException)), None)
-            if failed is not None:
-                for kid in kids:
-                    await blocking(kid.kill)
-                raise failed
-            return list(kids)
+    async def _fork(self, n: int) -> list[Workspace]:
+        if self._depth >= MAX_LAYERS:
+            raise ResourceError(f"this workspace was forked {MAX_LAYERS} times deep; the image's layers take no "
+                                "more. Fork from an earlier copy, or prepare a fresh workspace")
+        assert self._family is not None
+        image = await blocking(self._box.commit)
+        self._family.images.append(image)
+        kids: list[DockerWorkspace] = []
+        for _ in range(n):
+            kid = self._sibling()
+            assert isinstance(kid, DockerWorkspace)
+            kid._family, kid._depth, kid._dirty = self._family, self._depth + 1, True
+            self._family.members += 1
+            kid._box = kid._new_box(image)
+            kids.append(kid)
+        opened = await asyncio.gather(*(k._open(k._box, on=self._box.engine_index) for k in kids),
+                                      return_exceptions=True)
+        failed = next((r for r in opened if isinstance(r, BaseException)), None)
+        if failed is not None:
+            for kid in kids:
+                await blocking(kid.kill)
+            raise failed
+        return list(kids)
 
     def _holds_files(self) -> bool:
         return self._dirty or self._depth > 0

@@ -290,7 +290,6 @@ class DockerWorker:
         return container_end(self.container, self.engine_name)
 
     def _create(self) -> None:
-
         with self._kill_lock:
             self.engine_index, client = self.engines.place()
         config = {

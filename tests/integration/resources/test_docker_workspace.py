@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from agentfly.resources import InfrastructureFailure, Pool, ResourceError
+from agentfly.resources import InfrastructureFailure, Pool
 from agentfly.resources.sandbox import docker_available
 from agentfly.resources.workspace import DEFAULT_WORKSPACE_IMAGE, DockerWorkspace, Workspace
 from agentfly.tools.builtin.workspace import WORKSPACE
-from tests.integration.resources.test_workspace import PROJECT
+from tests.integration.resources.test_workspace import PROJECT, edits_stay_in_their_fork
 
 
 def _skip_reason() -> str | None:
@@ -109,28 +109,7 @@ async def test_a_docker_workspaces_shell_keeps_its_directory_and_a_long_command_
 
 async def test_an_edit_in_one_docker_fork_is_seen_in_no_other_fork_nor_in_the_parent() -> None:
     async with Workspace(backend="docker") as parent:
-        await parent.prepare(PROJECT)
-        await parent.sh("cd tests && echo draft > notes.txt")
-        kids = await parent.fork(3)
-        try:
-            assert all(k.cwd == "/workspace/tests" for k in kids)  # the shell's directory came along
-            await kids[0].write_file("../calc.py", "def add(a, b):\n    return a + b\n")
-            await kids[0].sh("rm notes.txt && git -C .. commit -qam fixed")
-            await kids[1].sh("echo other >> notes.txt")
-            assert "2 passed" in (await kids[0].run_tests()).text
-            assert "1 failed" in (await kids[2].run_tests()).text and "1 failed" in (await parent.run_tests()).text
-            assert (await parent.read_file("notes.txt")) == "draft\n"
-            assert (await kids[1].read_file("notes.txt")) == "draft\nother\n"
-            assert (await kids[2].read_file("notes.txt")) == "draft\n"
-            logs = await asyncio.gather(*(w.sh("git log --oneline | wc -l") for w in (parent, *kids)))
-            assert [int(x.text) for x in logs] == [1, 2, 1, 1]
-            await parent.write_file("calc.py", "broken(")
-            assert "2 passed" in (await kids[0].run_tests()).text and "1 failed" in (await kids[2].run_tests()).text
-            with pytest.raises(ResourceError, match="already holds files"):
-                await kids[2].prepare(PROJECT)
-        finally:
-            for kid in kids:
-                await kid.close()
+        await edits_stay_in_their_fork(parent)
 
 
 @pytest.mark.timeout(600)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agentfly.resources import ResourceError
 from agentfly.resources.workspace import Workspace, overlay_available
 
 PROJECT = {
@@ -99,30 +100,38 @@ async def test_the_shell_keeps_its_directory_and_a_long_command_is_killed_with_w
         assert (await ws.sh("pwd")).text.strip() == "/workspace/tests"
 
 
+async def edits_stay_in_their_fork(parent: Workspace) -> None:
+    """The fork test of every backend: in a started ``parent``, prepare the project, fork it three times and
+    check that no copy (nor the parent) sees another's edits, commits or later writes."""
+    await parent.prepare(PROJECT)
+    await parent.sh("cd tests && echo draft > notes.txt")
+    kids = await parent.fork(3)
+    try:
+        assert all(k.cwd == "/workspace/tests" for k in kids)  # the shell's directory came along
+        await kids[0].write_file("../calc.py", "def add(a, b):\n    return a + b\n")
+        await kids[0].sh("rm notes.txt && git -C .. commit -qam fixed")
+        await kids[1].sh("echo other >> notes.txt")
+        assert "2 passed" in (await kids[0].run_tests()).text
+        assert "1 failed" in (await kids[2].run_tests()).text and "1 failed" in (await parent.run_tests()).text
+        assert (await parent.read_file("notes.txt")) == "draft\n"
+        assert (await kids[1].read_file("notes.txt")) == "draft\nother\n"
+        assert (await kids[2].read_file("notes.txt")) == "draft\n"
+        logs = await asyncio.gather(*(w.sh("git log --oneline | wc -l") for w in (parent, *kids)))
+        assert [int(x.text) for x in logs] == [1, 2, 1, 1]
+        # The parent goes on writing after the fork, and no copy sees it.
+        await parent.write_file("calc.py", "broken(")
+        assert "2 passed" in (await kids[0].run_tests()).text and "1 failed" in (await kids[2].run_tests()).text
+        with pytest.raises(ResourceError, match="already holds files"):
+            await kids[2].prepare(PROJECT)
+    finally:
+        for kid in kids:
+            await kid.close()
+
+
 @pytest.mark.skipif(overlay_available() is not None, reason=f"forks are copies here: {overlay_available()}")
 async def test_an_edit_in_one_fork_is_seen_in_no_other_fork_nor_in_the_parent() -> None:
     async with Workspace() as parent:
-        await parent.prepare(PROJECT)
-        await parent.sh("cd tests && echo draft > notes.txt")
-        kids = await parent.fork(3)
-        try:
-            assert all(k.cwd == "/workspace/tests" for k in kids)  # the shell's directory came along
-            await kids[0].write_file("../calc.py", "def add(a, b):\n    return a + b\n")
-            await kids[0].sh("rm notes.txt && git -C .. commit -qam fixed")
-            await kids[1].sh("echo other >> notes.txt")
-            assert "2 passed" in (await kids[0].run_tests()).text
-            assert "1 failed" in (await kids[2].run_tests()).text and "1 failed" in (await parent.run_tests()).text
-            assert (await parent.read_file("notes.txt")) == "draft\n"
-            assert (await kids[1].read_file("notes.txt")) == "draft\nother\n"
-            assert (await kids[2].read_file("notes.txt")) == "draft\n"
-            logs = await asyncio.gather(*(w.sh("git log --oneline | wc -l") for w in (parent, *kids)))
-            assert [int(x.text) for x in logs] == [1, 2, 1, 1]
-            # The parent goes on writing after the fork, and no copy sees it.
-            await parent.write_file("calc.py", "broken(")
-            assert "2 passed" in (await kids[0].run_tests()).text and "1 failed" in (await kids[2].run_tests()).text
-        finally:
-            for kid in kids:
-                await kid.close()
+        await edits_stay_in_their_fork(parent)
 
 
 async def test_64_forks_leave_no_file_process_or_mount_after_they_close() -> None:
