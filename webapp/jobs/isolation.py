@@ -250,7 +250,7 @@ def _with_parent_folders(mounts: Sequence[str]) -> list[str]:
     folder above its mount point that no earlier bind holds: bubblewrap makes missing ones 0700, which the
     team's uid could not traverse (a Python installation below /root, a runs folder below a 0700 temp folder).
     A folder is made again after a tmpfs is mounted above it (the tmpfs hides it)."""
-    two = {"--ro-bind", "--bind", "--dev-bind", "--symlink", "--ro-bind-data", "--ro-bind-fd"}
+    two = {"--ro-bind", "--ro-bind-try", "--bind", "--dev-bind", "--symlink", "--ro-bind-data", "--ro-bind-fd"}
     one = {"--proc", "--dev", "--tmpfs", "--perms"}
     out: list[str] = []
     bound: list[str] = []
@@ -331,7 +331,10 @@ def sandbox_argv(sandbox: Sandbox) -> list[str]:
     for name in CODE:
         mounts += _bind("--ro-bind", ROOT / name)
     for path in sandbox.readable:
-        mounts += _bind("--ro-bind", path)
+        # "-try": a plugin folder listed when the job was planned may be gone when bubblewrap starts (a team
+        # removing its folder); the job then runs without it (an import names what is missing), never fails to
+        # start on a folder it was only allowed to read.
+        mounts += _bind("--ro-bind-try", path)
     for fd, where in sandbox.readable_fds:
         mounts += ["--ro-bind-fd", str(fd), where]
     for path in sandbox.writable:

@@ -185,7 +185,9 @@ def _layout(view: dict[str, str]) -> tuple[list[str], list[str]]:
         if os.path.islink(path) and os.path.dirname(path) == "/":
             mounts += ["--symlink", os.readlink(path), path]  # /bin -> usr/bin stays a link
             continue
-        mounts += ["--bind" if view[path] == "rw" else "--ro-bind", path, path]
+        # A read-only path that is gone by the time bubblewrap starts (a plugin folder removed meanwhile) is
+        # left out rather than failing the start; a writable one must be there.
+        mounts += ["--bind" if view[path] == "rw" else "--ro-bind-try", path, path]
         bound.append(path)
     return sorted(folders, key=lambda p: (p.count(os.sep), p)), mounts
 

@@ -210,6 +210,38 @@ def test_a_link_flipped_before_the_check_is_refused_and_nothing_is_mounted(
         isolation.config_mounts({"model": {"path": str(link)}}, team_a)
 
 
+def test_a_plugin_folder_removed_after_the_job_was_planned_leaves_the_job_starting_without_it(
+        runs: Path, team_a: Any, tmp_path: Path, settings: Any) -> None:
+    import subprocess
+
+    from webapp.jobs import isolation
+
+    plugins = tmp_path / "plugins"
+    (plugins / "team-a").mkdir(parents=True)
+    (plugins / "shared_words.py").write_text("WORDS = 1\n")
+    for folder in (tmp_path, plugins, plugins / "team-a"):
+        folder.chmod(0o755)
+    settings.AGENTFLY_PLUGIN_DIRS = [plugins]
+    readable = isolation.plugin_mounts("team-a")
+    assert plugins / "team-a" in readable
+    (plugins / "team-a").rmdir()  # the race: the team's folder goes after the plan, before bubblewrap starts
+    output = runs / "team-a" / "job-1"
+    output.mkdir()
+    uid = isolation.TEAM_UID_BASE + team_a.pk
+    os.chown(output, uid, uid)
+    sandbox = isolation.Sandbox(job_id=1, team_slug="team-a", output_dir=output, writable=[output], uid=uid,
+                                readable=readable)
+    argv = [*isolation.sandbox_argv(sandbox), "/bin/sh", "-c", f"cat {plugins}/shared_words.py; echo started"]
+    try:
+        done = subprocess.run(argv, env=isolation.process_env(sandbox), capture_output=True, text=True,
+                              timeout=60, pass_fds=sandbox.fds)
+    finally:
+        for fd in sandbox.fds:
+            os.close(fd)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["WORDS = 1", "started"]
+
+
 def run_limited(folder: JobFolder, code: str, limits: Any) -> tuple[int, str, int]:
     """Run ``python -c code`` in a cgroup with ``limits``, as the worker runs a job; return its exit status,
     its output's tail and how many of its processes the memory limit killed. The group is removed after."""
