@@ -104,6 +104,26 @@ def trim(batch: Batch, width: int) -> Batch:
                  batch.rollout_logprobs[:, : width - 1], batch.rewards, batch.group_ids)
 
 
+def micro_batches(rows: torch.Tensor, lengths: torch.Tensor, max_rows: int,
+                  max_tokens: int | None = None) -> list[torch.Tensor]:
+    """``rows`` (indices sorted by ``lengths``, shortest first) cut into micro-batches of at most ``max_rows``
+    rows and, with ``max_tokens``, at most that many padded tokens each (its rows x its longest row): what one
+    forward pass holds, logits included (tokens x vocabulary). A row longer than ``max_tokens`` goes alone."""
+    if max_tokens is None:
+        return list(rows.split(max_rows))
+    out: list[list[int]] = []
+    chunk: list[int] = []
+    for row in rows.tolist():
+        width = int(lengths[row])
+        if chunk and (len(chunk) == max_rows or (len(chunk) + 1) * width > max_tokens):
+            out.append(chunk)
+            chunk = []
+        chunk.append(row)
+    if chunk:
+        out.append(chunk)
+    return [torch.tensor(c, dtype=rows.dtype) for c in out]
+
+
 def agg_denominator(mask: torch.Tensor, mode: str, minimum: float = 1.0) -> float:
     """What ``aggregate_loss`` divides by for ``mode``: trained tokens, sequences with trained tokens, or
     rows (``seq-mean-token-sum-norm``'s constant length cancels between micro-batch and minibatch).
@@ -221,6 +241,34 @@ def forward(model: Any, batch: Batch, temperature: float, *, entropy: bool = Fal
     P = shared_prefix_length(batch, first_trained)
     return _shared_forward(model, batch, temperature, P, group_prefixes(batch, P) if per_group else None,
                            entropy=entropy, hidden=hidden, buckets=per_group)
+
+
+def bounded_forward(model: Any, batch: Batch, temperature: float, max_rows: int, max_tokens: int | None, *,
+                    hidden: bool = False, share_prefix: bool = True,
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``forward``'s logprobs [B, L-1] (and last hidden states) without a gradient, in passes of at most
+    ``max_rows`` rows and ``max_tokens`` padded tokens (``micro_batches``), each cut to its longest row:
+    the batch's logits never exist at once. Positions past a row's end hold 0 (their mask is 0)."""
+    B, L = batch.input_ids.shape
+    lengths = batch.attention_mask.sum(-1).cpu()
+    order = torch.argsort(lengths, stable=True)
+    parts = micro_batches(order, lengths, max_rows, max_tokens)
+    if len(parts) == 1:
+        logp, _, states = forward(model, batch, temperature, hidden=hidden, share_prefix=share_prefix)
+        return logp, states
+    logp = batch.rollout_logprobs.new_zeros(B, L - 1)
+    states_all: torch.Tensor | None = None
+    for cpu_idx in parts:
+        idx = cpu_idx.to(batch.input_ids.device)
+        width = int(lengths[cpu_idx].max())
+        part_logp, _, states = forward(model, trim(batch.rows(idx), width), temperature, hidden=hidden,
+                                       share_prefix=share_prefix)
+        logp[idx, : width - 1] = part_logp.to(logp.dtype)
+        if states is not None:
+            if states_all is None:
+                states_all = states.new_zeros(B, L - 1, states.shape[-1])
+            states_all[idx, : width - 1] = states
+    return logp, states_all
 
 
 def _token_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float,

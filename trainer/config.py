@@ -619,7 +619,8 @@ class EvalConfig:
                     show_if=_RL))
     size: int | None = _f(None, "Problems per evaluation; None = data.eval_size.", ge=1)
     max_new_tokens: int = _f(64, "Most tokens per turn in evaluation (greedy).", ge=1, le=32_768)
-    batch_size: int = _f(500, "Evaluation rollouts in flight at once.")
+    batch_size: int = _f(500, "Evaluation rollouts in flight at once; never more than the smallest rollout-scoped "
+                              "resource pool's max (a rollout queued behind long episodes would time out).")
     pass_k: list[int] = _f([], "k values of pass@k (the unbiased estimator of Chen et al. 2021), e.g. [1, 4]: every "
                                "problem is also rolled out `eval.samples` times at `eval.temperature`, which costs "
                                "that many greedy evaluations. Empty: greedy pass@1 alone (the default).")
@@ -755,6 +756,17 @@ class Config:
     micro_batch_size: int = _f(32, "Rows per forward/backward; rows are length-sorted so each micro-batch is "
                                "padded only to its own longest row, and gradients accumulate to the minibatch's.",
                                ge=1)
+    micro_batch_tokens: int | None = _f(None, "At most this many padded tokens (rows x the longest row) per "
+                                        "forward/backward and per no-gradient logprob pass, besides "
+                                        "micro_batch_size; a longer row goes alone. A pass holds tokens x "
+                                        "vocabulary logits (SmolLM2: 200 KB a token in fp32), so long "
+                                        "multi-turn rows need it. None: rows alone bound it. Plain torch only "
+                                        "(DeepSpeed takes a minibatch per backward).", ge=1, le=10_000_000,
+                                        web=Web("algorithm", name="micro_batch_tokens", label="Tokens per pass",
+                                                optional=True, blank=None,
+                                                help="At most this many padded tokens per forward/backward pass "
+                                                     "(long multi-turn rollouts: a pass holds tokens x "
+                                                     "vocabulary logits). Empty: no bound.", show_if=_RL))
     save_every: int = _f(0, "Save a checkpoint every N steps (and at the end); 0 = only at the end.",
                          ge=0, le=100_000, web=Web("algorithm", initial=1,
                          help="Checkpoint every N steps (0: only at the end).", show_if=_RL))

@@ -114,9 +114,10 @@ class EvalRun:
 def run_eval(agent: Agent, samples: Sequence[dict[str, Any]], max_new_tokens: int, batch_size: int = 500,
              sampled: Sampled | None = None) -> EvalRun:
     """Roll the agent out on ``samples``: greedily once each, and ``sampled.n`` times each when given.
-    ``batch_size`` rollouts are in flight at once."""
+    ``batch_size`` rollouts are in flight at once, and no more than the agent's pools hold (``Agent.in_flight``)."""
     import agentfly as af
 
+    batch_size = agent.in_flight(batch_size)
     samples = list(samples)
     greedy: list[Trajectory] = []
     sampling = af.Sampling(temperature=0.0, max_new_tokens=max_new_tokens)

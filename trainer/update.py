@@ -20,7 +20,7 @@ import torch
 
 from trainer import algorithms as algos
 from trainer import distributed as dist
-from trainer.batch import Batch, agg_denominator, forward, trim
+from trainer.batch import Batch, agg_denominator, forward, micro_batches, trim
 from trainer.config import Config
 from trainer.metrics import reduce_metrics
 from trainer.optim import Actor, Update, make_scheduler, make_update
@@ -135,7 +135,11 @@ class Learner:
                 tokens_total = max(total[1], 1.0) / self.world
                 parts: dict[str, float] = {}
                 self.update.zero_grad()
-                micro = rows.split(self.update.micro_batch_size or batch.size)
+                if self.update.micro_batch_size is None:  # DeepSpeed: the minibatch is its micro-batch
+                    micro = [rows]
+                else:
+                    micro = micro_batches(rows, lengths, self.update.micro_batch_size,
+                                          self.config.micro_batch_tokens)
                 for cpu_idx in micro:
                     idx = cpu_idx.to(self.device)
                     width = int(lengths[cpu_idx].max())

@@ -127,6 +127,13 @@ class ResourceEngine:
         pool = self._pool(name)
         return await pool.acquire(owner, pool.spec.acquire_timeout if timeout is None else timeout)
 
+    def rollout_capacity(self) -> int | None:
+        """How many rollouts (or groups, whose rollouts share one instance) can each hold an instance of every
+        rollout-scoped pool at once: the smallest such pool's ``max`` (None: no such pool). Starting more
+        leaves the rest waiting in the pools' queues, where a long episode makes them time out."""
+        maxima = [spec.pool.max for spec in self.specs.values() if spec.scope == "rollout"]
+        return min(maxima) if maxima else None
+
     def group_forks(self, name: str) -> bool:
         """Whether the rollouts of one group share one prepared instance of ``name``, each holding a fork of it
         (the spec's ``options["group_forks"]``, else its factory's ``group_forks``: the workspace's is True).

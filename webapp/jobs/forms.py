@@ -86,7 +86,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sft_habit_fraction": 0.5, "tools": ["bash", "read_file", "write_file", "run_tests"],
         "reward": "repair_tests", "max_turns": 6, "max_new_tokens": 384, "steps": 1000, "max_minutes": 30,
         "prompts_per_step": 4, "group_size": 6, "learning_rate": 1e-5, "temperature": 1.0, "eval_size": 50,
-        "eval_every": 10, "save_every": 20, "resources": '{"workspace": {"max": 8}}'},
+        "eval_every": 10, "save_every": 20, "micro_batch_tokens": 8192,  # whole-file writes: bound each pass
+        "resources": '{"workspace": {"max": 8}}'},
 }
 HABITS = sorted({habit for task in registered_tasks() for habit in task.habits})
 

@@ -94,6 +94,23 @@ def test_micro_batches_accumulate_to_the_same_update_as_one_batch(tiny_model_dir
     assert torch.allclose(wa, wb, rtol=1e-3, atol=1e-7)
 
 
+def test_a_token_bound_per_pass_gives_the_same_ppo_update_with_kl_as_one_batch(tiny_model_dir, tmp_path,
+                                                                                tiny_overrides):
+    import torch
+
+    runs = []
+    for bound in ([], ["micro_batch_tokens=1"]):  # 1: every row alone, in the update and the no-grad passes
+        trainer = Trainer(load_config(None, tiny_overrides(
+            tiny_model_dir, tmp_path / f"b{len(bound)}", REWARD, "steps=1", "rollout.prompts_per_step=2",
+            "rollout.group_size=4", "optim.lr=0.003", "algorithm.name=ppo", "algorithm.kl_coef=0.05", *bound)))
+        metrics = trainer.train_step()
+        runs.append((metrics, torch.cat([p.grad.flatten() for p in trainer.model.parameters()])))
+    (a, wa), (b, wb) = runs
+    for key in ("loss/policy", "grad_norm", "kl", "entropy", "logprob_mismatch"):
+        assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    assert torch.allclose(wa, wb, rtol=1e-3, atol=1e-7)
+
+
 def test_tools_that_declare_a_resource_get_a_pool_whose_stats_are_events(tiny_model_dir, tmp_path, tiny_overrides):
     events: list[dict] = []
     config = load_config(None, tiny_overrides(

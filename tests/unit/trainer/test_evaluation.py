@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import pytest
 
@@ -135,3 +136,34 @@ def test_a_split_whose_every_problem_failed_for_the_infrastructure_is_a_row_of_d
     rows = table(rep).splitlines()[2:-1]
     assert rows[0].split()[:3] == ["all", "1", "1.000"]  # the problem the agent got is still counted
     assert rows[2].split() == ["hard", "-", "-", "-", "-"]
+
+
+def test_an_evaluation_larger_than_its_pool_runs_every_problem_instead_of_timing_the_rest_out(
+        tiny_tokenizer: Any) -> None:
+    import asyncio
+    import json
+
+    import agentfly as af
+    from trainer.evaluation import run_eval
+
+    @af.tool(resource="notes")
+    async def slow_note(context: Any) -> str:
+        """Write a note, taking longer than a queued rollout may wait for the pool."""
+        pad = await context.resource("notes")
+        pad.write("k", "v")
+        await asyncio.sleep(0.6)
+        return "noted"
+
+    call = "<tool_call>\n" + json.dumps({"name": "slow_note", "arguments": {}}) + "\n</tool_call>"
+    spec = af.ResourceSpec(name="notes", factory=af.resources.Scratchpad, kind="other", backend="inprocess",
+                           pool=af.Pool(min=0, max=2), acquire_timeout=0.3)
+    engine = af.ResourceEngine([spec])
+    agent = af.Agent(model=af.ReplayEngine(tiny_tokenizer, lambda p: call if "<tool_response>" not in p else "done"),
+                     tools=[slow_note], resources=engine, max_turns=3)
+    try:
+        run = run_eval(agent, [{"question": f"q{i}"} for i in range(6)], max_new_tokens=64, batch_size=500)
+    finally:
+        agent.close()
+        engine.close()
+    assert [t.failure for t in run.greedy] == [None] * 6
+    assert all(t.tool_calls and t.tool_calls[0].observation == "noted" for t in run.greedy)

@@ -183,3 +183,32 @@ def test_with_the_common_prefix_only_a_batch_takes_two_forward_calls_whatever_it
     assert grouped_calls > 2 and common_calls == 2
     assert torch.allclose(c_logp, p_logp, rtol=1e-4, atol=1e-6 * float(p_logp.abs().max()))
     assert torch.allclose(c_grads, p_grads, rtol=1e-4, atol=1e-6 * float(p_grads.abs().max()))
+
+
+def test_a_token_bound_cuts_length_sorted_rows_so_no_pass_holds_more_padded_tokens_than_it():
+    from trainer.batch import micro_batches
+
+    lengths = torch.tensor([300, 40, 900, 120, 2500, 60, 700])
+    rows = torch.argsort(lengths, stable=True)
+    parts = micro_batches(rows, lengths, max_rows=32, max_tokens=1000)
+    assert torch.cat(parts).tolist() == rows.tolist()  # every row once, in order
+    for part in parts:
+        assert len(part) * int(lengths[part].max()) <= 1000 or len(part) == 1
+    assert [p.tolist() for p in parts][-1] == [4]  # the 2500-token row goes alone
+    assert [len(p) for p in micro_batches(rows, lengths, max_rows=2)] == [2, 2, 2, 1]
+
+
+def test_bounded_passes_give_the_batchs_logprobs_and_hidden_states(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from trainer.batch import bounded_forward
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    _, batch = _batch()
+    with torch.no_grad():
+        whole, whole_states = bounded_forward(model, batch, 1.0, 32, None, hidden=True)
+        cut, cut_states = bounded_forward(model, batch, 1.0, 32, 1, hidden=True)
+    assert whole_states is not None and cut_states is not None
+    mask = batch.mask.bool()
+    assert torch.allclose(whole[mask], cut[mask], atol=1e-5)
+    assert torch.allclose(whole_states[mask], cut_states[mask], atol=1e-5)

@@ -214,6 +214,7 @@ def test_the_code_repair_preset_launches_smollm2_in_a_forked_workspace_with_its_
                                                       ("bash", "read_file", "run_tests", "write_file")]
     assert job.config["rollout"]["reward"] == "agentfly.rewards.builtin.repair:repair_tests"
     assert job.config["resources"] == {"workspace": {"max": 8}} and job.config["sft"]["habit"] == "skip_check"
+    assert job.config["micro_batch_tokens"] == 8192  # six-turn rows with whole-file writes: each pass bounded
 
 
 def test_smollm2_is_refused_until_the_operator_allows_its_folder(

@@ -139,8 +139,8 @@ def other_value(s: schema.Setting) -> Any:
         return next(c for c in s.choices if c != s.initial and c is not None)
     if s.type is bool:
         return not s.initial
-    if s.type is int:
-        return s.initial + 1
+    if s.type is int:  # an optional one may start empty (None): one above its lower bound then
+        return (s.bounds.get("ge", 0) if s.initial is None else s.initial) + 1
     if s.type is float:
         return s.initial / 2 if s.initial else s.bounds.get("ge", s.bounds.get("gt", 0)) + 1
     return f"{s.initial} again"
