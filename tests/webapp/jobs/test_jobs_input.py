@@ -385,6 +385,7 @@ def test_each_trainer_key_the_form_maps_is_one_it_fills_from_that_field(alice: A
     judge.current_version.save(update_fields=["resource"])
     form = LaunchForm(launch_data(team_a, entries[0], judge, queue="gpu", kind="sft_then_rl", judge_source="policy",
                                   judge_rubric="Right?", max_minutes=15, loss_agg="token-mean", sft_habit="no_tool",
+                                  micro_batch_tokens=8192,
                                   sft_habit_phrasings="Evaluate"),
                       user=alice)  # every section, and the keys written only when set
     assert form.is_valid(), form.errors
