@@ -252,7 +252,13 @@ class ModelConfig:
                                      "and chat template come from the file. Checkpoints are saved as safetensors, so "
                                      "`agentfly eval` and `model.path=<checkpoint>` load them without it.")
     dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "Parameter dtype; bfloat16 on GPUs.")
-    gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory: each layer's "
+                                             "attention and activations exist one layer at a time (long rows: a "
+                                             "3,000-token row's attention is 0.3 GB a layer on SmolLM2), for about "
+                                             "one more forward pass of compute.",
+                                      web=Web("model", label="Gradient checkpointing",
+                                              help="Recompute activations in backward: far less memory for long "
+                                                   "rollouts, for about one more forward pass of compute."))
     lora: LoraConfig = _f(LoraConfig(), "LoRA settings.")
 
 

@@ -94,8 +94,11 @@ class Learner:
         # Plain torch makes no collective in forward (`DataParallelUpdate`), nor do ZeRO-1/2 (their collectives
         # are the gradient reductions in backward, one per parameter bucket whatever the passes that made the
         # gradient), so every rank makes the passes its own rows need: each group's prompt once, length buckets.
+        # Gradient checkpointing: transformers turns the KV cache off in training, and the shared-prefix passes
+        # continue each row from the prefix's cache, so the update makes one plain pass per micro-batch.
+        checkpointed = config.model.gradient_checkpointing
         return cls(config, model, value_head, ref_model, update.optimizer, scheduler, update, zero3,
-                   share_prefix=not zero3, per_group=not zero3, world=world, device=device)
+                   share_prefix=not zero3 and not checkpointed, per_group=not zero3, world=world, device=device)
 
     def optimise(self, batch: Batch, old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None,
                  advantages: torch.Tensor, values: torch.Tensor | None, returns: torch.Tensor | None, *,

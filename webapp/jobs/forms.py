@@ -87,6 +87,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "reward": "repair_tests", "max_turns": 6, "max_new_tokens": 384, "steps": 1000, "max_minutes": 30,
         "prompts_per_step": 4, "group_size": 6, "learning_rate": 1e-5, "temperature": 1.0, "eval_size": 50,
         "eval_every": 10, "save_every": 20, "micro_batch_tokens": 8192,  # whole-file writes: bound each pass
+        "model_gradient_checkpointing": True,  # and its attention: one layer's at a time
         "resources": '{"workspace": {"max": 8}}'},
 }
 HABITS = sorted({habit for task in registered_tasks() for habit in task.habits})
@@ -651,7 +652,7 @@ class LaunchForm(Settings):  # type: ignore[misc,valid-type]
             "threads": 1 if d["queue"] == Queue.CPU else 0,
             "device": "cpu" if d["queue"] == Queue.CPU else "auto",
             "progress": False,
-            "model": self.model_config(),
+            "model": config.get("model", {}) | self.model_config(),  # the declared settings, then the source
             "resources": d.get("resources") or {},
             "mcp": {s.name: stored_config(s, tools) for s, tools in self.chosen_mcp_servers().items()},
             **self.warm_start_config(sft),

@@ -111,6 +111,23 @@ def test_a_token_bound_per_pass_gives_the_same_ppo_update_with_kl_as_one_batch(t
     assert torch.allclose(wa, wb, rtol=1e-3, atol=1e-7)
 
 
+def test_gradient_checkpointing_trains_a_step_to_the_same_gradient_as_without(tiny_model_dir, tmp_path,
+                                                                              tiny_overrides):
+    import torch
+
+    runs = []
+    for checkpointed in ("false", "true"):
+        trainer = Trainer(load_config(None, tiny_overrides(
+            tiny_model_dir, tmp_path / f"gc-{checkpointed}", REWARD, "steps=1", "rollout.prompts_per_step=2",
+            "rollout.group_size=4", "optim.lr=0.003", f"model.gradient_checkpointing={checkpointed}")))
+        metrics = trainer.train_step()
+        runs.append((metrics, torch.cat([p.grad.flatten() for p in trainer.model.parameters()])))
+    (a, wa), (b, wb) = runs
+    for key in ("loss/policy", "grad_norm", "entropy"):
+        assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    assert torch.allclose(wa, wb, rtol=1e-3, atol=1e-7)
+
+
 def test_tools_that_declare_a_resource_get_a_pool_whose_stats_are_events(tiny_model_dir, tmp_path, tiny_overrides):
     events: list[dict] = []
     config = load_config(None, tiny_overrides(

@@ -187,7 +187,8 @@ def test_the_smollm2_preset_launches_a_warm_start_with_the_habit_then_grpo_on_sm
     job = TrainingJob.objects.get()
     assert job.kind == "sft_then_rl"
     assert job.config["model"] | {"tiny_seed": 0} == {"path": str(smollm2_gguf.parent), "gguf_file": smollm2_gguf.name,
-                                                       "build_tiny": False, "tiny_seed": 0}
+                                                       "build_tiny": False, "tiny_seed": 0,
+                                                       "gradient_checkpointing": False}
     sft = job.config["sft"]
     assert (sft["habit"], sft["habit_phrasings"], sft["habit_fraction"]) == (
         "no_tool", ["Evaluate", "Find the value of"], 0.7)
@@ -215,6 +216,7 @@ def test_the_code_repair_preset_launches_smollm2_in_a_forked_workspace_with_its_
     assert job.config["rollout"]["reward"] == "agentfly.rewards.builtin.repair:repair_tests"
     assert job.config["resources"] == {"workspace": {"max": 8}} and job.config["sft"]["habit"] == "skip_check"
     assert job.config["micro_batch_tokens"] == 8192  # six-turn rows with whole-file writes: each pass bounded
+    assert job.config["model"]["gradient_checkpointing"] is True
 
 
 def test_smollm2_is_refused_until_the_operator_allows_its_folder(

@@ -56,7 +56,8 @@ def test_the_form_launches_the_key_chain_job_from_the_shipped_warm_start_and_its
     assert response.status_code == 302, response.context["form"].errors
     config = TrainingJob.objects.get().config
     assert config["data"]["task"] == "key_chain" and config["data"]["train_size"] == 8
-    assert config["model"] == {"path": str(WARM_START), "build_tiny": False, "tiny_seed": 0}
+    assert config["model"] == {"path": str(WARM_START), "build_tiny": False, "tiny_seed": 0,
+                               "gradient_checkpointing": False}
     assert config["rollout"]["tools"] == ["agentfly.tools.builtin.lookup:lookup"]
     assert config["rollout"]["reward"] == "agentfly.rewards.builtin.chain:chain_answer"
     # What the worker's trainer builds from that config: a pool of key-chain stores, sized as asked.
