@@ -38,7 +38,7 @@ import torch
 
 from trainer import algorithms as algos
 from trainer import distributed as dist
-from trainer.batch import bounded_forward, collate, turn_layout
+from trainer.batch import collate, turn_layout
 from trainer.builders import (
     DataCursor,
     build_agent,
@@ -299,16 +299,6 @@ class Trainer:
             "nothing was trained; fix what the reason names and resume from the last checkpoint, or raise "
             "rollout.max_infra_failed_steps (0 never stops)")
 
-    def _logprobs(self, model: Any, batch: Any, hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The batch's logprobs (and last hidden states) under ``model``, no gradient: one pass, or with
-        ``micro_batch_tokens`` passes in the update's micro-batch bounds (not under ZeRO-3, where every rank
-        must make the same forward calls)."""
-        rows, tokens = self.config.micro_batch_size, self.config.micro_batch_tokens
-        if tokens is None or self.learner.zero3:
-            rows, tokens = batch.size, None
-        return bounded_forward(model, batch, self.config.rollout.temperature, rows, tokens, hidden=hidden,
-                               share_prefix=self.learner.share_prefix)
-
     def _update(self, trajectories: Sequence[Trajectory], rewards: Sequence[float], groups: Sequence[int],
                 timer: StageTimer, placeholder: bool = False) -> dict[str, float]:
         cfg, a = self.config, self.config.algorithm
@@ -331,13 +321,13 @@ class Trainer:
             ref_logp = None
             with torch.no_grad():
                 if recompute or need_values:
-                    logp_now, hidden = self._logprobs(self.model, batch, hidden=need_values)
+                    logp_now, hidden = self.learner.logprobs(self.model, batch, hidden=need_values)
                     if recompute:
                         old_logp = logp_now
                     if need_values:
                         values = self.learner.value_head(hidden)  # type: ignore[misc]
                 if self.learner.ref_model is not None:
-                    ref_logp, _ = self._logprobs(self.learner.ref_model, batch)
+                    ref_logp, _ = self.learner.logprobs(self.learner.ref_model, batch)
         with timer("advantages"):
             kl_reward = None
             if ref_logp is not None and a.kl_in_reward:

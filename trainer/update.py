@@ -20,7 +20,7 @@ import torch
 
 from trainer import algorithms as algos
 from trainer import distributed as dist
-from trainer.batch import Batch, agg_denominator, forward, micro_batches, trim
+from trainer.batch import Batch, agg_denominator, bounded_forward, forward, micro_batches, trim
 from trainer.config import Config
 from trainer.metrics import reduce_metrics
 from trainer.optim import Actor, Update, make_scheduler, make_update
@@ -99,6 +99,16 @@ class Learner:
         checkpointed = config.model.gradient_checkpointing
         return cls(config, model, value_head, ref_model, update.optimizer, scheduler, update, zero3,
                    share_prefix=not zero3 and not checkpointed, per_group=not zero3, world=world, device=device)
+
+    def logprobs(self, model: Any, batch: Batch, hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``batch``'s logprobs (and last hidden states) under ``model`` (the policy or the KL reference), no
+        gradient: one pass, or with ``micro_batch_tokens`` passes in the update's micro-batch bounds (not under
+        ZeRO-3, where every rank must make the same forward calls)."""
+        rows, tokens = self.config.micro_batch_size, self.config.micro_batch_tokens
+        if tokens is None or self.zero3:
+            rows, tokens = batch.size, None
+        return bounded_forward(model, batch, self.config.rollout.temperature, rows, tokens, hidden=hidden,
+                               share_prefix=self.share_prefix)
 
     def optimise(self, batch: Batch, old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None,
                  advantages: torch.Tensor, values: torch.Tensor | None, returns: torch.Tensor | None, *,

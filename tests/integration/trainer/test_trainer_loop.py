@@ -74,58 +74,46 @@ def test_lora_trains_only_the_adapters_and_its_checkpoint_resumes_and_loads(tiny
     assert lora_a and all(torch.equal(p, dict(trainer.model.named_parameters())[n]) for n, p in lora_a.items())
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-def test_micro_batches_accumulate_to_the_same_update_as_one_batch(tiny_model_dir, tmp_path, agg, tiny_overrides):
+def assert_same_step(tiny_model_dir, tmp_path, tiny_overrides, common: list[str], variants: list[list[str]],
+                     keys: tuple[str, ...]) -> None:
+    """One training step of the tiny model under ``common`` plus each of the two ``variants``: the same metrics
+    at ``keys`` and the same gradients. (The gradients stay on the parameters after the step. Weights are not
+    compared: Adam's first step is about lr * sign(g), so float noise on a near-zero gradient flips a whole lr.)"""
     import torch
 
     runs = []
-    for micro in (1, 64):
+    for i, variant in enumerate(variants):
         trainer = Trainer(load_config(None, tiny_overrides(
-            tiny_model_dir, tmp_path / f"m{micro}", REWARD, "steps=1", f"micro_batch_size={micro}",
-            "rollout.prompts_per_step=2", "rollout.group_size=4", "optim.lr=0.003", f"algorithm.loss_agg={agg}",
-            "algorithm.kl_coef=0.05", "algorithm.entropy_coef=0.01")))
+            tiny_model_dir, tmp_path / f"variant-{i}", REWARD, "steps=1", "rollout.prompts_per_step=2",
+            "rollout.group_size=4", "optim.lr=0.003", *common, *variant)))
         metrics = trainer.train_step()
-        # The gradients stay on the parameters after the step. (Weights are not compared: Adam's first step
-        # is about lr * sign(g), so float noise on a near-zero gradient flips a whole lr.)
         runs.append((metrics, torch.cat([p.grad.flatten() for p in trainer.model.parameters()])))
     (a, wa), (b, wb) = runs
-    for key in ("loss/policy", "grad_norm", "kl", "entropy", "logprob_mismatch"):
+    for key in keys:
         assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
     assert torch.allclose(wa, wb, rtol=1e-3, atol=1e-7)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_micro_batches_accumulate_to_the_same_update_as_one_batch(tiny_model_dir, tmp_path, agg, tiny_overrides):
+    assert_same_step(tiny_model_dir, tmp_path, tiny_overrides,
+                     [f"algorithm.loss_agg={agg}", "algorithm.kl_coef=0.05", "algorithm.entropy_coef=0.01"],
+                     [["micro_batch_size=1"], ["micro_batch_size=64"]],
+                     ("loss/policy", "grad_norm", "kl", "entropy", "logprob_mismatch"))
 
 
 def test_a_token_bound_per_pass_gives_the_same_ppo_update_with_kl_as_one_batch(tiny_model_dir, tmp_path,
                                                                                 tiny_overrides):
-    import torch
-
-    runs = []
-    for bound in ([], ["micro_batch_tokens=1"]):  # 1: every row alone, in the update and the no-grad passes
-        trainer = Trainer(load_config(None, tiny_overrides(
-            tiny_model_dir, tmp_path / f"b{len(bound)}", REWARD, "steps=1", "rollout.prompts_per_step=2",
-            "rollout.group_size=4", "optim.lr=0.003", "algorithm.name=ppo", "algorithm.kl_coef=0.05", *bound)))
-        metrics = trainer.train_step()
-        runs.append((metrics, torch.cat([p.grad.flatten() for p in trainer.model.parameters()])))
-    (a, wa), (b, wb) = runs
-    for key in ("loss/policy", "grad_norm", "kl", "entropy", "logprob_mismatch"):
-        assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
-    assert torch.allclose(wa, wb, rtol=1e-3, atol=1e-7)
+    # 1 token: every row alone, in the update and in the no-gradient passes (values, the KL reference).
+    assert_same_step(tiny_model_dir, tmp_path, tiny_overrides, ["algorithm.name=ppo", "algorithm.kl_coef=0.05"],
+                     [[], ["micro_batch_tokens=1"]], ("loss/policy", "grad_norm", "kl", "entropy", "logprob_mismatch"))
 
 
 def test_gradient_checkpointing_trains_a_step_to_the_same_gradient_as_without(tiny_model_dir, tmp_path,
                                                                               tiny_overrides):
-    import torch
-
-    runs = []
-    for checkpointed in ("false", "true"):
-        trainer = Trainer(load_config(None, tiny_overrides(
-            tiny_model_dir, tmp_path / f"gc-{checkpointed}", REWARD, "steps=1", "rollout.prompts_per_step=2",
-            "rollout.group_size=4", "optim.lr=0.003", f"model.gradient_checkpointing={checkpointed}")))
-        metrics = trainer.train_step()
-        runs.append((metrics, torch.cat([p.grad.flatten() for p in trainer.model.parameters()])))
-    (a, wa), (b, wb) = runs
-    for key in ("loss/policy", "grad_norm", "entropy"):
-        assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
-    assert torch.allclose(wa, wb, rtol=1e-3, atol=1e-7)
+    assert_same_step(tiny_model_dir, tmp_path, tiny_overrides, [],
+                     [["model.gradient_checkpointing=false"], ["model.gradient_checkpointing=true"]],
+                     ("loss/policy", "grad_norm", "entropy"))
 
 
 def test_tools_that_declare_a_resource_get_a_pool_whose_stats_are_events(tiny_model_dir, tmp_path, tiny_overrides):

@@ -167,6 +167,28 @@ def flip(link: Path, target: str) -> None:
     new.replace(link)
 
 
+def run_sandboxed(runs: Path, team: Any, script: str, **sandbox: Any) -> Any:
+    """Run ``sh -c script`` in job 1's sandbox of ``team`` (its output folder made and handed to the team's
+    uid, ``sandbox`` as the rest of the ``Sandbox``) as the worker starts a job; the descriptors it passes are
+    closed after. Returns the finished process."""
+    import subprocess
+
+    from webapp.jobs import isolation
+
+    output = runs / team.slug / "job-1"
+    output.mkdir()
+    uid = isolation.TEAM_UID_BASE + team.pk
+    os.chown(output, uid, uid)
+    box = isolation.Sandbox(job_id=1, team_slug=team.slug, output_dir=output, writable=[output], uid=uid, **sandbox)
+    try:
+        return subprocess.run([*isolation.sandbox_argv(box), "/bin/sh", "-c", script],
+                              env=isolation.process_env(box), capture_output=True, text=True, timeout=60,
+                              pass_fds=box.fds)
+    finally:
+        for fd in box.fds:
+            os.close(fd)
+
+
 def test_a_link_flipped_in_the_team_folder_after_the_check_mounts_only_what_was_checked(
         runs: Path, shared_model: Path, team_a: Any) -> None:
     from webapp.jobs import isolation
@@ -176,22 +198,8 @@ def test_a_link_flipped_in_the_team_folder_after_the_check_mounts_only_what_was_
     planned = isolation.config_mounts({"model": {"path": str(link)}}, team_a)
     assert [where for _, where in planned] == [str(shared_model)]
     flip(link, "/run/postgresql")  # the race: after the check, before the sandbox starts
-    output = runs / "team-a" / "job-1"
-    output.mkdir()
-    uid = isolation.TEAM_UID_BASE + team_a.pk
-    os.chown(output, uid, uid)
-    sandbox = isolation.Sandbox(job_id=1, team_slug="team-a", output_dir=output, writable=[output], uid=uid,
-                                readable_fds=planned, fds=[fd for fd, _ in planned])
-    argv = [*isolation.sandbox_argv(sandbox), "/bin/sh", "-c",
-            f"cat {shared_model}/weights.txt; ls /run/postgresql 2>&1 | head -1"]
-    try:
-        import subprocess
-
-        done = subprocess.run(argv, env=isolation.process_env(sandbox), capture_output=True, text=True,
-                              timeout=60, pass_fds=sandbox.fds)
-    finally:
-        for fd in sandbox.fds:
-            os.close(fd)
+    done = run_sandboxed(runs, team_a, f"cat {shared_model}/weights.txt; ls /run/postgresql 2>&1 | head -1",
+                         readable_fds=planned, fds=[fd for fd, _ in planned])
     assert done.returncode == 0, done.stderr
     first, second = done.stdout.splitlines()
     assert first == "allowed weights"
@@ -212,8 +220,6 @@ def test_a_link_flipped_before_the_check_is_refused_and_nothing_is_mounted(
 
 def test_a_plugin_folder_removed_after_the_job_was_planned_leaves_the_job_starting_without_it(
         runs: Path, team_a: Any, tmp_path: Path, settings: Any) -> None:
-    import subprocess
-
     from webapp.jobs import isolation
 
     plugins = tmp_path / "plugins"
@@ -225,19 +231,7 @@ def test_a_plugin_folder_removed_after_the_job_was_planned_leaves_the_job_starti
     readable = isolation.plugin_mounts("team-a")
     assert plugins / "team-a" in readable
     (plugins / "team-a").rmdir()  # the race: the team's folder goes after the plan, before bubblewrap starts
-    output = runs / "team-a" / "job-1"
-    output.mkdir()
-    uid = isolation.TEAM_UID_BASE + team_a.pk
-    os.chown(output, uid, uid)
-    sandbox = isolation.Sandbox(job_id=1, team_slug="team-a", output_dir=output, writable=[output], uid=uid,
-                                readable=readable)
-    argv = [*isolation.sandbox_argv(sandbox), "/bin/sh", "-c", f"cat {plugins}/shared_words.py; echo started"]
-    try:
-        done = subprocess.run(argv, env=isolation.process_env(sandbox), capture_output=True, text=True,
-                              timeout=60, pass_fds=sandbox.fds)
-    finally:
-        for fd in sandbox.fds:
-            os.close(fd)
+    done = run_sandboxed(runs, team_a, f"cat {plugins}/shared_words.py; echo started", readable=readable)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["WORDS = 1", "started"]
 
