@@ -52,7 +52,7 @@ def main() -> None:
     spec.loader.exec_module(worker)
     worker.die_with_parent(config.get("parent_pid"))
     if config.get("launcher") == "bwrap":
-        # As the sandbox worker does (``receive_identity``): under bubblewrap this process is pid 2 of its own
+        # As the sandbox worker does (``receive_identity``): under bubblewrap this process is pid 1 of its own
         # process namespace, so the parent names the private uid on stdin's first line. Without it every server
         # became uid 100002, so one sandbox's cleanup (which kills its uid's processes) killed every other
         # server, and RLIMIT_NPROC counted them all together. Read byte by byte: the rest of stdin is MCP's.

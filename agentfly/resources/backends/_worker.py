@@ -25,6 +25,10 @@ because each step needs the privileges the next one drops:
    sandbox's own /proc, writes only in the working directory and the POSIX devices (/dev/null, /dev/zero,
    /dev/full, /dev/random, /dev/urandom).
 Each step reports whether it took effect; the parent shows that in the pool stats.
+
+Before these, the worker becomes PID 1 of a process namespace (``become_pid_1``; bubblewrap's ``--as-pid-1``
+when not root), where the kernel drops every signal the sandbox's code or children send it that it has no
+handler for, SIGKILL included: code cannot make its own death look like a kill from outside.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 CLONE_NEWNET = 0x40000000
+CLONE_NEWPID = 0x20000000
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAPBSET_READ, PR_CAPBSET_DROP = 23, 24
@@ -109,7 +114,8 @@ def apply_limits(limits: dict[str, Any]) -> dict[str, str]:
             continue
         try:
             # The CPU limit's hard bound sits a second above the soft one, so a process that spends its CPU
-            # time dies of SIGXCPU, and a SIGKILL always comes from outside (see LocalWorker.ended).
+            # time dies of SIGXCPU; the hard bound's SIGKILL comes only to code that ignored that signal, and
+            # LocalWorker.ended tells it from a SIGKILL from outside by the CPU time spent.
             hard = int(value) + 1 if which == resource.RLIMIT_CPU else int(value)
             resource.setrlimit(which, (int(value), hard))
             applied[key] = str(value)
@@ -344,8 +350,9 @@ def harden(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def receive_identity(channel: Channel, config: dict[str, Any]) -> None:
-    """Under bubblewrap: take the private uid the parent names on the first line (its own pid is 2 in its
-    process namespace, so it cannot name one itself), and die with bubblewrap's process from now on."""
+    """Under bubblewrap: take the private uid the parent names on the first line (its own pid is 1 in its
+    process namespace, so it cannot name one itself), and die with bubblewrap's process from now on (its
+    parent is outside the namespace, where ``getppid()`` reads 0)."""
     if config.get("launcher") != "bwrap":
         return
     config["parent_pid"] = os.getppid()
@@ -354,6 +361,47 @@ def receive_identity(channel: Channel, config: dict[str, Any]) -> None:
     uid = identity.get("uid")
     if isinstance(uid, int) and uid >= 100000:
         config["uid"] = uid
+
+
+def become_pid_1() -> None:
+    """Go on as PID 1 of a process namespace of our own (under bubblewrap, as root, before the uid changes).
+
+    There the kernel drops every signal the sandbox's code or its children send this process that it has no
+    handler for, SIGKILL included, so code cannot make its own death look like a kill from outside
+    (``LocalWorker.ended``). Bubblewrap's ``--as-pid-1`` does that without a fork, but then this process's
+    parent is bubblewrap's outer process, which holds no capability: once this process is a private uid, the
+    kernel refuses the parent-death signal bubblewrap sends it, and the sandbox outlived its owner. Here
+    bubblewrap's init stays PID 1 of its namespace (root, and it dies with bubblewrap), and when it dies the
+    kernel kills every process of that namespace, those of ours below it included.
+
+    One fork: the child goes on; the parent (PID 2 of bubblewrap's namespace, which the sandbox's code can
+    neither see nor signal) closes every descriptor, drops every capability and exits with the child's status.
+    """
+    if _libc().unshare(CLONE_NEWPID) != 0:
+        raise OSError(ctypes.get_errno(), f"unshare(CLONE_NEWPID) failed: {_errno_text()}")
+    child = os.fork()
+    if child == 0:
+        return
+    os.closerange(0, os.sysconf("SC_OPEN_MAX"))  # the protocol pipes close when the child's copies do
+    drop_bounding_set()
+    drop_capabilities()
+    while True:
+        try:
+            status = os.waitpid(child, 0)[1]
+            break
+        except InterruptedError:
+            continue
+    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+
+
+def namespace_pids() -> list[int]:
+    """This process's pid in each process namespace from the one its /proc shows down to its own (NSpid), by
+    which the parent finds it among its descendants (``local.host_pid``)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("NSpid:"):
+                return [int(n) for n in line.split()[1:]]
+    return [os.getpid()]
 
 
 class Channel:
@@ -507,11 +555,17 @@ def main() -> None:
     os.chdir(workdir)
     try:
         receive_identity(channel, config)
+        if config.get("pid_namespace") == "own":
+            become_pid_1()
+            config["parent_pid"] = None  # bubblewrap's init takes this namespace with it when it dies
+        pids = namespace_pids()
         report = harden(config)
     except Exception as exc:  # never run user code half-isolated: report and exit
         channel.write({"ok": False, "ready": False, "error": f"isolation failed: {type(exc).__name__}: {exc}"})
         return
-    channel.write({"ok": True, "ready": True, "pid": os.getpid(), "isolation": report})
+    if config.get("pid_namespace"):
+        report["process"] = "PID 1 of its own process namespace (signals from inside it are dropped)"
+    channel.write({"ok": True, "ready": True, "pid": os.getpid(), "pids": pids, "isolation": report})
     serve(channel, python_handlers(workdir, channel))
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -28,9 +29,11 @@ import shutil
 import signal
 import site
 import stat
+import struct
 import sys
 import sysconfig
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -192,14 +195,22 @@ def _layout(view: dict[str, str]) -> tuple[list[str], list[str]]:
     return sorted(folders, key=lambda p: (p.count(os.sep), p)), mounts
 
 
-def bwrap_argv(view: dict[str, str], workdir: str, network: str, proc: bool = True) -> list[str]:
+def bwrap_argv(view: dict[str, str], workdir: str, network: str, proc: bool = True,
+               as_pid_1: bool = False) -> list[str]:
     """The bubblewrap command line that builds a root of ``view`` alone (see ``sandbox_view``); ``proc=False``
     leaves out the root's /proc (a bubblewrap nested in a job's sandbox may not mount one: the kernel refuses
-    a procfs below one with covered parts, such as bubblewrap's read-only /proc/sys)."""
+    a procfs below one with covered parts, such as bubblewrap's read-only /proc/sys). ``as_pid_1`` runs the
+    program as PID 1 of its process namespace, where the kernel drops every signal its own processes send it
+    that it has no handler for, SIGKILL included (see ``LocalWorker.ended``)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable(NO_BWRAP.format(reason="`bwrap` is not on PATH"))
-    argv = [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    # --new-session: the program's own session and process group. In bubblewrap's (this process's child's),
+    # a ``kill(0, SIGKILL)`` inside reached bubblewrap's own process outside the namespace.
+    argv = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try"]
+    if as_pid_1:
+        argv.append("--as-pid-1")
     if network == "none":
         argv.append("--unshare-net")
     if os.geteuid() != 0:
@@ -250,6 +261,38 @@ def start_time(pid: int) -> int | None:
     return int(fields[19]) if fields[0] not in ("Z", "X") else None
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time ``pid`` has used so far, all its threads together (None when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+# PIDFD_GET_INFO (Linux 6.15): _IOWR(0xFF, 11, struct pidfd_info), of which the first 64 bytes are asked for;
+# with PIDFD_INFO_EXIT the kernel keeps a process's wait status for whoever holds a pidfd of it, after any
+# parent reaped it. ``exit_code`` sits at byte 60.
+PIDFD_GET_INFO = 0xC040FF0B
+PIDFD_INFO_EXIT = 0x8
+
+
+def reaped_status(pidfd: int) -> int | None:
+    """The wait status (``os.WIFSIGNALED`` and the rest read it) of the process behind ``pidfd`` once its
+    parent reaped it; None while it runs, or where the kernel keeps none (before Linux 6.15)."""
+    info = bytearray(64)
+    struct.pack_into("Q", info, 0, PIDFD_INFO_EXIT)
+    try:
+        fcntl.ioctl(pidfd, PIDFD_GET_INFO, info, True)
+    except OSError:
+        return None
+    if not struct.unpack_from("Q", info, 0)[0] & PIDFD_INFO_EXIT:
+        return None
+    status: int = struct.unpack_from("i", info, 60)[0]
+    return status
+
+
 def make_sandbox_folder() -> Path:
     """A fresh folder for one sandbox, named after its owner (this process) so a sweep knows when it is dead."""
     folder = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-{start_time(os.getpid()) or 0}-", dir=sandbox_root()))
@@ -263,16 +306,21 @@ def _owner_alive(name: str) -> bool:
     started, _, _ = rest.partition("-")
     if not (pid.isdigit() and started.isdigit()):
         return True  # not ours to judge: leave it
-    now = start_time(int(pid))
-    if int(started) == 0:  # no /proc when the folder was made (not Linux): the pid is all we know
+    return process_alive(int(pid), int(started))
+
+
+def process_alive(pid: int, started: int) -> bool:
+    """Whether process ``pid`` that started at ``started`` (``start_time``; 0: unknown) still runs, and is
+    not another process that got its pid since."""
+    if started == 0:  # no /proc when it was recorded (not Linux): the pid is all we know
         try:
-            os.kill(int(pid), 0)
+            os.kill(pid, 0)
         except PermissionError:
             return True  # alive, another user's
         except (ProcessLookupError, OverflowError):
             return False
         return True
-    return now == int(started)
+    return start_time(pid) == started
 
 
 def _sessions() -> dict[int, list[tuple[int, int]]]:
@@ -374,18 +422,33 @@ class LocalWorker:
         self.killed_by_us = False
         self.launcher: str | None = None  # "bwrap" when the process is bubblewrap, with the worker below it
         self.worker_pid: int | None = None  # the worker's pid (below bubblewrap's), as the host sees it
+        self.pidfd: int | None = None  # the worker's, which keeps its exact wait status (``worker_status``)
+        self.status: int | None = None  # that status, once read
+        # The worker's CPU seconds and the monotonic clock when the last request was sent (``ended``).
+        self.cpu_mark: tuple[float, float] | None = None
 
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.returncode is None
 
     def exit_code(self) -> int | None:
-        """The worker's exit status as ``Popen.returncode`` gives it: bubblewrap reports a worker killed by a
-        signal as 128 + the signal, which is turned back into minus the signal."""
+        """The worker's exit status as ``Popen.returncode`` gives it. Bubblewrap reports a worker killed by a
+        signal as 128 + the signal, as it does one that exited with that number: the worker's own wait status
+        (``worker_status``) tells which; where the kernel keeps none, 128 + N is read as signal N."""
         code = self.proc.returncode if self.proc is not None else None
         if code is not None and self.launcher == "bwrap" and 128 < code < 128 + 65:
+            status = self.worker_status()
+            if status is not None:
+                return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
             return 128 - code
         return code
+
+    def worker_status(self) -> int | None:
+        """The worker's own wait status under bubblewrap, from its pidfd once it has ended (None before, or
+        where the kernel keeps none)."""
+        if self.status is None and self.pidfd is not None:
+            self.status = reaped_status(self.pidfd)
+        return self.status
 
     async def printed(self) -> str:
         """What the process wrote to its stderr so far, up to 4000 bytes, waiting at most 2 s ("" when it has
@@ -400,11 +463,39 @@ class LocalWorker:
 
     def ended(self) -> tuple[str | None, str]:
         """``killed`` when the process died of a SIGKILL that neither this worker (a timeout, a reset, close)
-        nor the sandbox's own limits sent: the host's OOM killer, an operator, a node shutting down. Its CPU
-        limit ends it with SIGXCPU, so a SIGKILL is never the limit's."""
-        if self.exit_code() == -signal.SIGKILL and not self.killed_by_us:
-            return "killed", "its process was killed from outside (SIGKILL)"
-        return None, ""
+        nor the sandbox's code and limits can have sent: the host's OOM killer, an operator, a node shutting
+        down. Only bubblewrap's root shows that:
+
+        - bubblewrap's own process, SIGKILLed: the sandbox cannot see it (it is outside its process namespace);
+        - the worker, SIGKILLed by its exact wait status (``worker_status``): it is PID 1 of its namespace,
+          where the kernel drops the SIGKILL its own code or children send it, and an ``os._exit(137)`` reads
+          as an exit; unless its CPU time may have reached its hard limit (the one SIGKILL the kernel sends
+          for the sandbox's own doing: code that ignores the SIGXCPU a second before).
+
+        Anything else is the sandbox's own death, which the model reads: an unconfined worker (no process
+        namespace: its code could SIGKILL itself), or a kernel before 6.15 (no exact status for the worker).
+        """
+        if self.killed_by_us or self.launcher != "bwrap" or self.proc is None:
+            return None, ""
+        if self.proc.returncode == -signal.SIGKILL:
+            return "killed", "its bubblewrap process was killed from outside (SIGKILL)"
+        status = self.worker_status()
+        if status is None or not os.WIFSIGNALED(status) or os.WTERMSIG(status) != signal.SIGKILL:
+            return None, ""
+        if self.cpu_limit_in_reach():
+            return None, "killed by SIGKILL: its CPU time may have reached its limit"
+        return "killed", "its process was killed from outside (SIGKILL)"
+
+    def cpu_limit_in_reach(self) -> bool:
+        """Whether the worker's CPU time may have reached its CPU limit by now: what it had used when the last
+        request was sent, plus every core busy since (an upper bound; True when nothing is known)."""
+        limit = self.limits.cpu_seconds if self.harden else None
+        if limit is None:
+            return False
+        if self.cpu_mark is None:
+            return True
+        used, since = self.cpu_mark
+        return used + (time.monotonic() - since) * (os.cpu_count() or 1) >= limit
 
     async def start(self) -> None:
         if self.workdir is None:
@@ -429,13 +520,20 @@ class LocalWorker:
             if iso.filesystem == "restricted" and not inside_sandbox():
                 if iso.own_uid and os.geteuid() == 0:
                     refuse_unreadable(view)
-                argv = [*bwrap_argv(view, self.workdir, iso.network), *argv]
+                # The sandbox's interpreter is PID 1 of a process namespace (``_worker.become_pid_1``): as root,
+                # of one it makes below bubblewrap's; otherwise bubblewrap's own, where it keeps bubblewrap's
+                # uid, so the parent-death signal bubblewrap sends it is allowed.
+                interpreter = WORKER_ARG in argv
+                root = os.geteuid() == 0
+                argv = [*bwrap_argv(view, self.workdir, iso.network, as_pid_1=interpreter and not root), *argv]
+                if interpreter:
+                    config["pid_namespace"] = "own" if root else "bubblewrap"
                 # Landlock may list the folders bubblewrap made to hold ``read_paths`` (a plugin folder with only
                 # the entries this sandbox may see, for the import system): in its root they hold nothing else.
                 made = set(_layout(view)[0])
                 config["list_paths"] = sorted({os.path.dirname(os.path.abspath(p)) for p in iso.read_paths} & made)
                 # Its parent is bubblewrap (which dies with us), and its private uid is told on stdin once the
-                # launcher's pid, which names it, is known (its own pid is 2 in its process namespace).
+                # launcher's pid, which names it, is known (its own pid is 1 in its process namespace).
                 config.update(parent_pid=None, launcher="bwrap")
                 confined = True
         env = {
@@ -486,7 +584,10 @@ class LocalWorker:
             await self.kill_async()
             raise ResourceError(f"sandbox process did not start: {hello.get('error', hello)}")
         if confined:
-            self.worker_pid = host_pid(self.pid, int(hello.get("pid", 0)))
+            self.worker_pid = host_pid(self.pid, hello.get("pids") or [int(hello.get("pid", 0))])
+            if self.worker_pid is not None:
+                with contextlib.suppress(OSError):
+                    self.pidfd = os.pidfd_open(self.worker_pid)
         self.report = hello.get("isolation", {})
         user = str(self.report.get("user", ""))
         # Only a uid the sandbox moved to is its own ("uid N" alone); "uid N (not root ...)" is the one it was
@@ -524,6 +625,9 @@ class LocalWorker:
             if not self.alive:
                 raise ResourceError("sandbox process is not running")
             assert self.proc is not None and self.proc.stdin is not None
+            if self.worker_pid is not None:
+                used = cpu_seconds(self.worker_pid)
+                self.cpu_mark = None if used is None else (used, time.monotonic())
             try:
                 self.proc.stdin.write(json.dumps(message).encode() + b"\n")
                 await self.proc.stdin.drain()
@@ -541,6 +645,10 @@ class LocalWorker:
         working directory."""
         _live_workers.discard(self)
         self.killed_by_us = True
+        if self.pidfd is not None:
+            self.worker_status()  # kept for ``exit_code`` if it has ended already
+            os.close(self.pidfd)
+            self.pidfd = None
         if self.pid is not None:
             strays = descendants(self.pid)  # before the worker dies and its tree is handed to init
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -627,15 +735,18 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def host_pid(root: int, inner: int) -> int | None:
-    """The host's pid of the descendant of ``root`` whose pid in its own process namespace is ``inner``."""
+def host_pid(root: int, inner: int | Sequence[int]) -> int | None:
+    """The host's pid of the descendant of ``root`` whose pid in its own process namespace is ``inner`` (or
+    whose pids in the innermost namespaces are the list ``inner``, outermost first: bubblewrap's init and a
+    worker below it are each PID 1 of a namespace)."""
+    tail = [str(p) for p in ([inner] if isinstance(inner, int) else inner)]
     for pid in descendants(root):
         try:
             with open(f"/proc/{pid}/status") as f:
                 ids = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
         except OSError:
             continue
-        if ids and ids[-1] == str(inner):
+        if ids[-len(tail):] == tail:
             return pid
     return None
 

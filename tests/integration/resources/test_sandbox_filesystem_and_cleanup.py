@@ -135,6 +135,50 @@ def test_a_sandbox_dies_with_its_sigkilled_parent(boxes: Path) -> None:
     assert gone_within([report["pid"]], 5), "the sandbox outlived its parent"
 
 
+NOT_ROOT = textwrap.dedent("""
+    import asyncio, json, os, signal
+    from agentfly.resources import InfrastructureFailure, PythonSandbox
+
+    async def main():
+        box = PythonSandbox()
+        await box.start()
+        faked = await box.run("import os, signal; os.kill(os.getpid(), signal.SIGKILL); print('still here')")
+        asyncio.get_running_loop().call_later(0.3, os.kill, box.pid, signal.SIGKILL)
+        try:
+            await box.run("import time; time.sleep(10)")
+            outside = None
+        except InfrastructureFailure as exc:
+            outside = exc.kind
+        print(json.dumps({"euid": os.geteuid(), "faked": faked, "outside": outside, "pid": box.pid,
+                          "process": box.isolation().get("process", "")}), flush=True)
+        await box.run("import time; time.sleep(120)", timeout=300)
+
+    asyncio.run(main())
+""")
+
+
+def test_a_sandbox_of_an_owner_that_is_not_root_cannot_fake_an_outside_kill_and_dies_with_its_owner(
+        boxes: Path) -> None:
+    # Not root, the interpreter keeps its owner's uid and is PID 1 of bubblewrap's own namespace (``--as-pid-1``);
+    # root makes a namespace of its own below bubblewrap's (the tests above). A user namespace that maps the
+    # owner to uid 1000 makes a real owner that is not root, with bubblewrap and the kernel as they are.
+    env = {**os.environ, "AGENTFLY_SANDBOX_DIR": str(boxes), "PYTHONPATH": str(ROOT)}
+    owner = subprocess.Popen(["unshare", "--user", "--map-user=1000", "--map-group=1000", sys.executable, "-c",
+                              NOT_ROOT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert owner.stdout is not None
+    try:
+        line = owner.stdout.readline()
+        assert line, owner.stderr.read() if owner.stderr else ""
+        report = json.loads(line)
+    finally:
+        owner.kill()  # SIGKILL: the sandbox must go with it
+        owner.wait(10)
+    assert report["euid"] == 1000 and report["process"].startswith("PID 1")
+    assert report["faked"] == "still here\n"  # its own SIGKILL was dropped
+    assert report["outside"] == "killed"  # one from outside is the infrastructure's
+    assert gone_within([report["pid"]], 5), "the sandbox outlived its owner"
+
+
 def test_the_sweep_removes_work_dirs_of_dead_owners(boxes: Path) -> None:
     report = orphan_a_sandbox(boxes)
     assert gone_within([report["pid"]], 5)

@@ -55,18 +55,37 @@ async def test_a_sandbox_killed_from_outside_ends_the_rollout_as_an_infrastructu
 
 async def test_code_that_kills_or_exhausts_its_own_sandbox_stays_an_observation_for_the_model(
         tiny_tokenizer: Any) -> None:
-    # The agent's own doing (its process ends itself, or spends its CPU limit) is not the infrastructure's.
+    # The agent's own doing (its process ends itself, or spends its CPU limit) is not the infrastructure's, and
+    # none of the ways code has to make its death look like an outside SIGKILL (which keeps a rollout out of
+    # the loss: a policy could learn to hide its failures so) is taken for one.
     spec = af.ResourceSpec(name="python", factory=af.resources.PythonSandbox, pool=af.Pool(min=0, max=2),
                            acquire_timeout=30, options={"limits": af.resources.Limits(cpu_seconds=1)})
-    scripts = [call("python_code", code="import os; os._exit(3)"), call("python_code", code="while True: pass")]
+    ends_itself = {
+        "exits": "import os; os._exit(3)",
+        "spends its CPU limit": "while True: pass",
+        "exits with a SIGKILL's status": "import os; os._exit(137)",
+        "ignores SIGXCPU until the hard CPU limit's SIGKILL":
+            "import signal; signal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True: pass",
+    }
+    survives = {  # the kernel drops these: the interpreter is PID 1 of its process namespace
+        "SIGKILLs itself": "import os, signal; os.kill(os.getpid(), signal.SIGKILL); print('still here')",
+        "has a child SIGKILL it": "import os, subprocess; subprocess.run(['kill', '-9', str(os.getpid())]); "
+                                  "print('still here')",
+        "SIGKILLs its process group": "import os, signal; os.killpg(0, signal.SIGKILL); print('still here')",
+    }
     async with af.ResourceEngine([spec]) as engine:
-        for code_call in scripts:
-            agent = af.Agent(model=af.ReplayEngine(tiny_tokenizer, once(code_call)), tools=[python_code],
-                             resources=engine, max_turns=3)
+        for how, code in {**ends_itself, **survives}.items():
+            agent = af.Agent(model=af.ReplayEngine(tiny_tokenizer, once(call("python_code", code=code))),
+                             tools=[python_code], resources=engine, max_turns=3)
             [traj] = await agent.run([{"question": "go"}])
-            assert traj.failure is None and traj.finish_reason == "answer", traj.error
-            assert traj.tool_calls[0].observation.startswith("Error:")
-            assert "sandbox was restarted" in traj.tool_calls[0].observation
+            assert traj.failure is None and traj.finish_reason == "answer", (how, traj.error, traj.failure_reason)
+            observation = traj.tool_calls[0].observation
+            if how in survives:
+                assert observation == "still here\n", (how, observation)
+                continue
+            assert observation.startswith("Error:") and "sandbox was restarted" in observation, (how, observation)
+            if how == "exits with a SIGKILL's status":
+                assert "exit code 137" in observation, observation  # told apart from a signal exactly
 
 
 async def test_a_service_that_stopped_answering_ends_the_rollout_with_its_kind_and_reason(tiny_tokenizer: Any) -> None:
@@ -85,7 +104,9 @@ async def test_an_acquire_timeout_is_an_infrastructure_failure_and_bad_arguments
     async with af.ResourceEngine([spec]) as engine:
         agent = af.Agent(model=af.ReplayEngine(tiny_tokenizer, once(slow)), tools=[python_code], resources=engine,
                          max_turns=3)
-        first, second = await agent.run([{"question": "a"}, {"question": "b"}])
+        # Two runs at once on one pool (each admits no more rollouts than the pool holds, but not the two
+        # together): one rollout waits in the pool's queue past its timeout.
+        [first], [second] = await asyncio.gather(agent.run([{"question": "a"}]), agent.run([{"question": "b"}]))
         failed = [t for t in (first, second) if t.failure]
         assert [t.failure for t in failed] == ["acquire_timeout"]
         bad = af.Agent(model=af.ReplayEngine(tiny_tokenizer, once(call("python_code", source="1"))),
