@@ -114,10 +114,9 @@ class EvalRun:
 def run_eval(agent: Agent, samples: Sequence[dict[str, Any]], max_new_tokens: int, batch_size: int = 500,
              sampled: Sampled | None = None) -> EvalRun:
     """Roll the agent out on ``samples``: greedily once each, and ``sampled.n`` times each when given.
-    ``batch_size`` rollouts are in flight at once, and no more than the agent's pools hold (``Agent.in_flight``)."""
+    ``batch_size`` rollouts are given to the agent at once; it starts no more than its pools hold."""
     import agentfly as af
 
-    batch_size = agent.in_flight(batch_size)
     samples = list(samples)
     greedy: list[Trajectory] = []
     sampling = af.Sampling(temperature=0.0, max_new_tokens=max_new_tokens)

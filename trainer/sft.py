@@ -118,11 +118,9 @@ def demonstration_trajectories(config: Config, tokenizer: Any) -> list[Any]:
                 # Written in the Hermes format; replayed in the format the rollout uses (``rollout.parser``).
                 turns[_question(pairs[i][1])] = [rewrite(m["content"], agent.parser) for m in pairs[i][1]
                                                  if m["role"] == "assistant"]
-            # In chunks no larger than the resource pools hold (``Agent.in_flight``): all at once, the rollouts
-            # would queue for a bounded pool (the key-value store's, the workspaces') past its acquire timeout.
-            per_chunk = agent.in_flight(REPLAY_CHUNK)
-            for start in range(0, len(indices), per_chunk):
-                chunk = indices[start:start + per_chunk]
+            # The rollout layer starts no more of a chunk than the resource pools hold.
+            for start in range(0, len(indices), REPLAY_CHUNK):
+                chunk = indices[start:start + REPLAY_CHUNK]
                 done = agent.run_sync([pairs[i][0] for i in chunk], group_size=1,
                                       sampling=af.Sampling(temperature=1.0, max_new_tokens=512))
                 replayed.update(zip(chunk, done, strict=True))

@@ -142,13 +142,6 @@ class Agent:
         """The resource pools this agent's tools draw from (None when it has none)."""
         return self.runner.resources
 
-    def in_flight(self, wanted: int) -> int:
-        """How many of ``wanted`` one-rollout groups to start at once: no more than the rollout-scoped pools
-        hold (``ResourceEngine.rollout_capacity``). More would wait in a pool's queue, and behind a pool's whole
-        max of long episodes they time out: lost rollouts, not slow ones."""
-        capacity = getattr(self.resources, "rollout_capacity", lambda: None)()
-        return max(1, wanted if capacity is None else min(wanted, capacity))
-
     async def __aenter__(self) -> Agent:
         return self
 

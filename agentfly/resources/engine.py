@@ -127,12 +127,11 @@ class ResourceEngine:
         pool = self._pool(name)
         return await pool.acquire(owner, pool.spec.acquire_timeout if timeout is None else timeout)
 
-    def rollout_capacity(self) -> int | None:
-        """How many rollouts (or groups, whose rollouts share one instance) can each hold an instance of every
-        rollout-scoped pool at once: the smallest such pool's ``max`` (None: no such pool). Starting more
-        leaves the rest waiting in the pools' queues, where a long episode makes them time out."""
-        maxima = [spec.pool.max for spec in self.specs.values() if spec.scope == "rollout"]
-        return min(maxima) if maxima else None
+    def rollout_pools(self) -> dict[str, int]:
+        """Each rollout-scoped pool's ``max``, by name: how many rollouts (or groups, whose rollouts share a
+        forked instance) can hold one of its instances at once. The rollout layer admits no more than that
+        (``RolloutRunner.run``); more would wait in the pool's queue, where a long episode makes them time out."""
+        return {name: spec.pool.max for name, spec in self.specs.items() if spec.scope == "rollout"}
 
     def group_forks(self, name: str) -> bool:
         """Whether the rollouts of one group share one prepared instance of ``name``, each holding a fork of it

@@ -19,13 +19,14 @@ resources (``finally``), including cancellation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import enum
 import hashlib
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -244,11 +245,18 @@ class RolloutRunner:
         if self.reward is not None:
             for sample in samples:
                 self.reward.check_sample(sample)
-        limit = asyncio.Semaphore(max_concurrency or len(samples) * group_size or 1)
         groups = _GroupForks(self.resources, self.tools.values(), group_size)
+        # Admitted no faster than the rollout-scoped pools hold instances (``ResourceEngine.rollout_pools``): a
+        # rollout that queued for one behind whole episodes would time out there, lost rather than slow. A
+        # pool the groups fork holds one instance a group, from its first rollout's start to its last one's end;
+        # any other holds one a rollout.
+        pools: dict[str, int] = getattr(self.resources, "rollout_pools", dict)()
+        bounds = [m for name, m in pools.items() if name not in groups.names]
+        limit = asyncio.Semaphore(min([max_concurrency or len(samples) * group_size or 1, *bounds]))
+        groups.admit(min((m for name, m in pools.items() if name in groups.names), default=None))
 
         async def one(i: int, sample: Mapping[str, Any], k: int) -> Trajectory:
-            async with limit:
+            async with groups.admitted(i), limit:
                 group = str(sample.get("id", i))
                 held = groups.held(i, sample, k, owner=group) if groups.names else None
                 return await self.run_one(sample, sampling, index=first_index + i * group_size + k, group_id=group,
@@ -406,7 +414,8 @@ class Episode:
 
 class _GroupForks:
     """The resources whose instances a group shares by forking (``ResourceEngine.group_forks``): per sample,
-    one instance is prepared for it and forked once per rollout; released when ``run`` ends."""
+    one instance is prepared for it and forked once per rollout; released when the group's last rollout ends
+    (or when ``run`` does)."""
 
     def __init__(self, resources: ResourceProvider | None, tools: Iterable[Tool], group_size: int) -> None:
         wants = getattr(resources, "group_forks", None)
@@ -415,39 +424,79 @@ class _GroupForks:
         self.resources = resources
         self.group_size = group_size
         self.groups: dict[int, asyncio.Task[dict[str, list[Any]]]] = {}
-        self.leases: list[Any] = []
+        self.leases: dict[int, list[Any]] = {}
         self.handed: set[tuple[int, int]] = set()
+        self.gate: asyncio.Semaphore | None = None
+        self.entries: dict[int, asyncio.Future[Any]] = {}
+        self.left: dict[int, int] = {}
+
+    def admit(self, slots: int | None) -> None:
+        """Let no more than ``slots`` groups hold their prepared instances at once (None: no bound)."""
+        self.gate = asyncio.Semaphore(slots) if slots is not None and self.names else None
+
+    @contextlib.asynccontextmanager
+    async def admitted(self, i: int) -> AsyncIterator[None]:
+        """Rollout ``i``'s group holds a slot from its first rollout's entry to its last one's exit, when the
+        group's prepared instances go back to their pools."""
+        if self.gate is not None:
+            if i not in self.entries:
+                self.entries[i] = asyncio.ensure_future(self.gate.acquire())
+            await asyncio.shield(self.entries[i])
+        try:
+            yield
+        finally:
+            self.left[i] = self.left.get(i, 0) + 1
+            if self.left[i] == self.group_size:
+                await asyncio.shield(self._end(i))
+
+    async def _end(self, i: int) -> None:
+        task = self.groups.get(i)
+        if task is not None and task.done():
+            await self._close_group(i, task)
+        entry = self.entries.get(i)
+        if self.gate is not None and entry is not None and entry.done() and not entry.cancelled():
+            self.gate.release()
+
+    async def _close_group(self, i: int, task: asyncio.Task[dict[str, list[Any]]]) -> None:
+        """Close the forks of group ``i`` no rollout took (it was cancelled first) and release its instances."""
+        del self.groups[i]
+        if not task.cancelled() and task.exception() is None:
+            for forks in task.result().values():
+                for k, fork in enumerate(forks):
+                    if (i, k) not in self.handed:
+                        await fork.close()
+        for lease in self.leases.pop(i, []):
+            assert self.resources is not None
+            await self.resources.release(lease)
 
     def held(self, i: int, sample: Mapping[str, Any], k: int,
              owner: str) -> Callable[[], Awaitable[Mapping[str, Any]]]:
         async def take() -> Mapping[str, Any]:
             if i not in self.groups:
-                self.groups[i] = asyncio.ensure_future(self._prepare(sample, owner))
+                self.groups[i] = asyncio.ensure_future(self._prepare(i, sample, owner))
             copies = await asyncio.shield(self.groups[i])
             self.handed.add((i, k))
             return {name: forks[k] for name, forks in copies.items()}
 
         return take
 
-    async def _prepare(self, sample: Mapping[str, Any], owner: str) -> dict[str, list[Any]]:
+    async def _prepare(self, i: int, sample: Mapping[str, Any], owner: str) -> dict[str, list[Any]]:
         copies: dict[str, list[Any]] = {}
         for name in self.names:
             lease, forks = await self.resources.fork_group(name, self.group_size, sample=sample,  # type: ignore[union-attr]
                                                            owner=owner)
-            self.leases.append(lease)
+            self.leases.setdefault(i, []).append(lease)
             copies[name] = forks
         return copies
 
     async def aclose(self) -> None:
-        """Close the forks no rollout took (it was cancelled first) and release the prepared instances."""
-        for i, task in self.groups.items():
-            if not task.done() or task.cancelled() or task.exception() is not None:
+        """End the groups still open when ``run`` ends: a preparation still running is cancelled (its
+        instance goes back unhealthy), the rest closed as their last rollout would have."""
+        for i, task in list(self.groups.items()):
+            if not task.done():
                 task.cancel()
-                continue
-            for forks in task.result().values():
-                for k, fork in enumerate(forks):
-                    if (i, k) not in self.handed:
-                        await fork.close()
-        for lease in self.leases:
-            assert self.resources is not None
-            await self.resources.release(lease)
+                with contextlib.suppress(BaseException):
+                    await task
+            await self._close_group(i, task)
+        for entry in self.entries.values():
+            entry.cancel()

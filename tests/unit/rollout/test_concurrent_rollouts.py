@@ -112,6 +112,31 @@ async def test_max_concurrency_bounds_the_rollouts_in_flight(scripted_engine: Ca
     assert all(t.finish_reason == "answer" for t in trajectories)
 
 
+@af.tool(resource="notes")
+async def slow_note(context: Any) -> str:
+    """Write a note, taking longer than a queued rollout may wait for the pool."""
+    pad = await context.resource("notes")
+    pad.write("k", "v")
+    await asyncio.sleep(0.6)
+    return "noted"
+
+
+async def test_a_training_batch_larger_than_its_pool_runs_every_rollout_instead_of_timing_the_rest_out(
+        tiny_tokenizer: Any) -> None:
+    # 4 prompts x 3 rollouts against a pool of 2 whose queue gives up after 0.3 s: the rollout layer admits no
+    # more rollouts than the pool holds, so none waits in its queue behind a whole episode.
+    note = "<tool_call>\n" + json.dumps({"name": "slow_note", "arguments": {}}) + "\n</tool_call>"
+    spec = af.ResourceSpec(name="notes", factory=af.resources.Scratchpad, kind="other", backend="inprocess",
+                           pool=af.Pool(min=0, max=2), acquire_timeout=0.3)
+    async with af.ResourceEngine([spec]) as engine:
+        agent = af.Agent(model=af.ReplayEngine(tiny_tokenizer, lambda p: note if "<tool_response>" not in p else "done"),
+                         tools=[slow_note], resources=engine, max_turns=3)
+        trajectories = await agent.run(samples(4), group_size=3)
+        assert [t.failure for t in trajectories] == [None] * 12, {t.failure_reason for t in trajectories}
+        assert all(t.tool_calls[0].observation == "noted" for t in trajectories)
+        assert engine.stats()["notes"]["created"] <= 2
+
+
 async def test_rollouts_on_the_hf_engine_share_batches_and_reproduce_with_a_seed(tiny_model_dir: Path) -> None:
     agent = af.Agent(model=tiny_model_dir, tools=[slow_lookup], max_turns=2, engine="hf")
     qs = [{"id": f"q{i}", "question": f"What is {i}*{i + 7}?", "answer": str(i * (i + 7))} for i in range(3)]

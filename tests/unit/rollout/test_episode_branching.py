@@ -52,6 +52,26 @@ async def test_a_groups_rollouts_hold_forks_of_one_workspace_prepared_once(tiny_
         assert all(not any(slot.resource.folder.glob("u*/*")) for slot in pool.instances)  # type: ignore[union-attr]
 
 
+async def test_more_groups_than_the_workspace_pool_holds_take_turns_and_none_times_out(tiny_tokenizer: Any) -> None:
+    # One workspace for three groups, and a queue that gives up after 2 s, less than a group's episodes take:
+    # a group's prepared workspace goes back when its last rollout ends, and the next group starts then.
+    def script(prompt: str) -> str:
+        if "<tool_response>" not in prompt:
+            return call("bash", command="sleep 1; echo $RANDOM >> log.txt; wc -l < log.txt")
+        return "done"
+
+    spec = WORKSPACE.replace(pool=af.Pool(min=0, max=1), acquire_timeout=2)
+    async with af.ResourceEngine([spec]) as resources:
+        agent = af.Agent(model=ReplayEngine(tiny_tokenizer, script), tools=[bash], resources=resources)
+        samples = [{"id": f"task{i}", "question": f"task {i}", "files": REPO} for i in range(3)]
+        trajectories = await agent.run(samples, group_size=2)
+        assert [t.failure for t in trajectories] == [None] * 6, {t.failure_reason for t in trajectories}
+        assert [t.tool_calls[0].observation for t in trajectories] == ["1"] * 6
+        await resources.settle()
+        stats = resources.stats()["workspace"]
+        assert stats["acquires"] == 3 and stats["created"] == 1 and stats["in_use"] == 0
+
+
 async def test_a_branched_episode_continues_two_ways_that_diverge_in_conversation_and_files(
         tiny_tokenizer: Any) -> None:
     def script(prompt: str, seed: int | None) -> str:
