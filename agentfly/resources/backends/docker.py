@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from time import time_ns
 from typing import Any, TypeVar
 
-from agentfly.resources.backends.local import WORKER, Limits
+from agentfly.resources.backends.local import WORKER, Limits, process_alive, start_time
 from agentfly.resources.spec import ResourceError
 
 T = TypeVar("T")
@@ -49,6 +49,71 @@ _THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=128, thread_name_pr
 async def blocking(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` on one of the docker calls' threads."""
     return await asyncio.get_running_loop().run_in_executor(_THREADS, functools.partial(fn, *args))
+
+
+# ------------------------------------------------------------------ what a process leaves on an engine
+# Every container (and fork image) this backend makes is labelled with the process that made it. A trainer
+# that was SIGKILLed never closed its pools, so its containers would run on; the first use of an engine by a
+# later process on the same host removes those whose owner is gone (``sweep_engine``).
+SANDBOX_LABEL = "agentfly.sandbox"
+OWNER_LABEL = "agentfly.owner"
+_swept: set[str] = set()  # the engines this process has swept
+_swept_lock = threading.Lock()
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _host() -> str:
+    return _read("/etc/machine-id") or os.uname().nodename
+
+
+@functools.cache
+def owner() -> str:
+    """This process, as the owner label of what it makes: ``host:boot:pid:start`` (host: the machine id, so
+    a sweep on another host sharing the engine leaves it alone; boot and start time: so a pid reused since is
+    not taken for the owner)."""
+    return f"{_host()}:{_read('/proc/sys/kernel/random/boot_id')}:{os.getpid()}:{start_time(os.getpid()) or 0}"
+
+
+def owner_gone(label: str) -> bool:
+    """Whether the process an owner label names is known to be gone: on this host, and either made before
+    its last boot or no longer running. Another host's label is never judged here."""
+    host, boot, pid, started = [*label.split(":"), "", "", "", ""][:4]
+    if host != _host() or not (pid.isdigit() and started.isdigit()):
+        return False
+    if boot != _read("/proc/sys/kernel/random/boot_id"):
+        return True
+    return not process_alive(int(pid), int(started))
+
+
+def labels() -> dict[str, str]:
+    return {SANDBOX_LABEL: "1", OWNER_LABEL: owner()}
+
+
+def sweep_engine(client: Any) -> list[str]:
+    """Remove the containers, then the fork images, on ``client``'s engine whose owner is gone
+    (``owner_gone``); return their names and ids. One listing each when nothing is left over."""
+    removed = []
+    for container in client.containers.list(all=True, filters={"label": f"{SANDBOX_LABEL}=1"}):
+        if owner_gone(container.labels.get(OWNER_LABEL, "")):
+            with contextlib.suppress(Exception):
+                container.remove(force=True)
+                removed.append(container.name)
+    for image in client.images.list(filters={"label": f"{SANDBOX_LABEL}=1"}):
+        if owner_gone((image.labels or {}).get(OWNER_LABEL, "")):
+            with contextlib.suppress(Exception):  # still the image of a live container: its owner's sweep
+                client.images.remove(image.id)
+                removed.append(image.id)
+    if removed:
+        log.warning("removed %d containers and images left on the docker engine by processes that are gone: %s",
+                    len(removed), ", ".join(removed[:10]))
+    return removed
 
 
 @dataclass(frozen=True)
@@ -106,6 +171,19 @@ class DockerEngine:
         client.api._version = client.api._retrieve_server_version()
         return client
 
+    def connect(self) -> Any:
+        """``client()``, after sweeping the engine of what dead processes of this host left, once a process."""
+        client = self.client()
+        with _swept_lock:
+            first = self.name not in _swept
+            _swept.add(self.name)
+        if first:
+            try:
+                sweep_engine(client)
+            except Exception as exc:  # a sweep that fails must not stop the sandbox that asked
+                log.warning("could not sweep the docker engine %s: %s", self.name, exc)
+        return client
+
 
 class DockerEngines:
     """The engines one pool spreads its sandboxes over: each new container goes to the engine with the most
@@ -145,7 +223,7 @@ class DockerEngines:
             self.in_use[best] += 1
             if best not in self._clients:
                 try:
-                    self._clients[best] = self.engines[best].client()
+                    self._clients[best] = self.engines[best].connect()
                 except Exception:
                     self.in_use[best] -= 1
                     raise
@@ -323,7 +401,7 @@ class DockerWorker:
             pids_limit=self.limits.processes,
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
-            labels={"agentfly.sandbox": "1"},
+            labels=labels(),
         )
         # Attach before starting so the worker's first line (its ready message) cannot be missed.
         self.socket = self.container.attach_socket(params={"stdin": 1, "stdout": 1, "stream": 1})
@@ -498,7 +576,7 @@ class ExecContainer:
                 nano_cpus=int(self.cpus * 1e9),
                 pids_limit=None if self.limits.processes is None else self.limits.processes + 2,
                 cap_drop=["ALL"], security_opt=["no-new-privileges"],
-                labels={"agentfly.sandbox": "1"})
+                labels=labels())
             self.container.start()
         except BaseException:
             self.remove()
@@ -588,7 +666,7 @@ class ExecContainer:
     def commit(self) -> str:
         """The container's files as a new image (its id); the container pauses while the engine copies them."""
         image = self.container.commit(repository="agentfly-workspace-fork", tag=f"x{id(self):x}{time_ns():x}",
-                                      conf={"Labels": {"agentfly.sandbox": "1"}})
+                                      conf={"Labels": labels()})
         return str(image.id)
 
     def put_archive(self, path: str, tar: bytes) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from agentfly.resources import (
     ResourceError,
     ResourceSpec,
 )
-from agentfly.resources.backends.docker import DEFAULT_IMAGE, DockerEngine, DockerEngines
+from agentfly.resources.backends.docker import DEFAULT_IMAGE, DockerEngine, DockerEngines, sweep_engine
 from agentfly.resources.sandbox import docker_available
 from agentfly.tools import tool
 
@@ -334,3 +336,45 @@ async def test_an_engine_that_stops_answering_mid_call_ends_the_rollout_as_serve
         for container in sandbox_containers():  # what the engine still runs for the client it lost
             container.remove(force=True)
     assert docker.from_env().ping()
+
+
+# A trainer holding a docker sandbox: prints its container's id, then waits to be killed.
+HOLDER = """
+import asyncio
+from agentfly.resources import PythonSandbox
+
+async def main():
+    box = PythonSandbox(backend="docker")
+    await box.start()
+    print(box.worker.container.id, flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+NEXT = ("import asyncio\nfrom agentfly.resources import PythonSandbox\n"
+        "async def main():\n    async with PythonSandbox(backend='docker') as box:\n        print(await box.run('1 + 1'))\n"
+        "asyncio.run(main())")
+
+
+def test_containers_a_sigkilled_trainer_left_are_removed_by_the_next_process_that_uses_the_engine() -> None:
+    # A SIGKILLed trainer never closes its pools, and a container has no parent to die with: it would run on.
+    # The next process on this host to use the engine removes it, and leaves a live trainer's alone.
+    import docker
+
+    client = docker.from_env()
+    holders = [subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        killed_id, live_id = (h.stdout.readline().strip() for h in holders)  # type: ignore[union-attr]
+        holders[0].kill()
+        holders[0].wait()
+        assert client.containers.get(killed_id).status == "running"  # left behind
+        done = subprocess.run([sys.executable, "-c", NEXT], capture_output=True, text=True, timeout=120)
+        assert done.stdout.strip() == "2", done.stderr[-2000:]
+        ids = {c.id for c in sandbox_containers()}
+        assert killed_id not in ids and live_id in ids
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+        sweep_engine(client)
+    assert sandbox_containers() == []
