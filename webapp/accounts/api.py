@@ -128,7 +128,7 @@ class InvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet[Invitatio
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):
             return Invitation.objects.none()
-        return Invitation.objects.of(self.request.user).select_related("team", "created_by", "used_by")
+        return Invitation.objects.visible_to(self.request.user).select_related("team", "created_by", "used_by")
 
     @extend_schema(request=CreateInvitationSerializer, responses={
         201: NewInvitationSerializer,

@@ -16,7 +16,7 @@ import re
 import secrets
 import sys
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeGuard, cast
+from typing import TYPE_CHECKING, Any, Self, TypeGuard, TypeVar, cast
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -34,6 +34,19 @@ def signed_in(user: object) -> User | None:
     """``user`` when it is a signed-in user, else None. ``user`` is whatever a caller holds (``request.user``,
     a websocket scope's user, an anonymous user, None): this is where it becomes a typed one."""
     return cast("User", user) if getattr(user, "is_authenticated", False) else None
+
+
+M = TypeVar("M", bound=models.Model)
+
+
+class TeamOwnedQuerySet(models.QuerySet[M]):
+    """Rows of a model that belongs to a team (a ``team`` foreign key). A user sees its teams' rows: this is
+    the one filter that says so, for jobs, sweeps, alert rules, MCP servers and invitations (the registry adds
+    the built-ins to it)."""
+
+    def visible_to(self, user: object) -> Self:
+        """The rows of ``user``'s teams (none for anonymous users)."""
+        return self.filter(team__in=Team.objects.of(user))
 
 
 class TeamQuerySet(models.QuerySet["Team"]):
@@ -195,11 +208,7 @@ def invitation_digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-class InvitationQuerySet(models.QuerySet["Invitation"]):
-    def of(self, user: object) -> InvitationQuerySet:
-        """Invitations of ``user``'s teams."""
-        return self.filter(team__in=Team.objects.of(user))
-
+class InvitationQuerySet(TeamOwnedQuerySet["Invitation"]):
     def usable(self) -> InvitationQuerySet:
         return self.filter(used_at__isnull=True, revoked_at__isnull=True, expires_at__gt=timezone.now())
 

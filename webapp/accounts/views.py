@@ -235,7 +235,7 @@ def invitation_create(request: HttpRequest, slug: str) -> HttpResponse:
 @login_required
 @require_POST
 def invitation_revoke(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
-    invitation = get_object_or_404(Invitation.objects.of(request.user).filter(team__slug=slug), pk=pk)
+    invitation = get_object_or_404(Invitation.objects.visible_to(request.user).filter(team__slug=slug), pk=pk)
     try:
         invitation = do_revoke_invitation(invitation, request.user)
     except NotTeamAdmin as exc:

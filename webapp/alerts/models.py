@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from webapp.accounts.models import Team
+from webapp.accounts.models import Team, TeamOwnedQuerySet
 
 
 class Event(models.TextChoices):
@@ -14,9 +14,8 @@ class Event(models.TextChoices):
     FINISHED = "finished", "the job finished (succeeded)"
 
 
-class RuleQuerySet(models.QuerySet["AlertRule"]):
-    def visible_to(self, user: object) -> RuleQuerySet:
-        return self.filter(team__in=Team.objects.of(user))
+class RuleQuerySet(TeamOwnedQuerySet["AlertRule"]):
+    pass
 
 
 class AlertRule(models.Model):

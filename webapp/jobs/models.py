@@ -21,7 +21,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from trainer.events import RUN_STATES
-from webapp.accounts.models import Team
+from webapp.accounts.models import Team, TeamOwnedQuerySet
 from webapp.registry.models import Version
 
 # A job's states are the trainer's run states (``trainer.events.RUN_STATES``): one vocabulary for both, and
@@ -56,9 +56,8 @@ def kind_choices_text() -> str:
     return f"{', '.join(values[:-1])} or {values[-1]}"
 
 
-class JobQuerySet(models.QuerySet["TrainingJob"]):
-    def visible_to(self, user: object) -> JobQuerySet:
-        return self.filter(team__in=Team.objects.of(user))
+class JobQuerySet(TeamOwnedQuerySet["TrainingJob"]):
+    pass
 
 
 class TrainingJob(models.Model):

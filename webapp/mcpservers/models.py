@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from webapp.accounts.models import Team, signed_in
+from webapp.accounts.models import Team, TeamOwnedQuerySet
 
 
 class Transport(models.TextChoices):
@@ -25,12 +25,8 @@ class Status(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
-class ServerQuerySet(models.QuerySet["MCPServer"]):
-    def visible_to(self, user: object) -> ServerQuerySet:
-        """Only the servers of ``user``'s teams: no built-ins, nothing shared."""
-        if signed_in(user) is None:
-            return self.none()
-        return self.filter(team__in=Team.objects.of(user))
+class ServerQuerySet(TeamOwnedQuerySet["MCPServer"]):
+    """Only the servers of ``user``'s teams are visible to them: no built-ins, nothing shared."""
 
 
 class MCPServer(models.Model):

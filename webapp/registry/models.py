@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from webapp.accounts.models import Team, signed_in
+from webapp.accounts.models import Team, TeamOwnedQuerySet, signed_in
 from webapp.registry.plugins import check_import_path
 
 __all__ = ["Entry", "EntryStatus", "Kind", "Version", "check_import_path"]
@@ -28,12 +28,12 @@ class EntryStatus(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
-class EntryQuerySet(models.QuerySet["Entry"]):
+class EntryQuerySet(TeamOwnedQuerySet["Entry"]):
     def visible_to(self, user: object) -> EntryQuerySet:
-        """Built-ins plus the entries of ``user``'s teams."""
+        """Built-ins plus the entries of ``user``'s teams (nothing for anonymous users)."""
         if signed_in(user) is None:
             return self.none()
-        return self.filter(Q(team__isnull=True) | Q(team__in=Team.objects.of(user)))
+        return self.filter(team__isnull=True) | super().visible_to(user)
 
     def tools(self) -> EntryQuerySet:
         return self.filter(kind=Kind.TOOL)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from webapp.accounts.models import Team
+from webapp.accounts.models import Team, TeamOwnedQuerySet
 
 
 class Kind(models.TextChoices):
@@ -18,9 +18,8 @@ class Goal(models.TextChoices):
     MIN = "min", "lower is better"
 
 
-class SweepQuerySet(models.QuerySet["Sweep"]):
-    def visible_to(self, user: object) -> SweepQuerySet:
-        return self.filter(team__in=Team.objects.of(user))
+class SweepQuerySet(TeamOwnedQuerySet["Sweep"]):
+    pass
 
 
 class Sweep(models.Model):
