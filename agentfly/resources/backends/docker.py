@@ -43,7 +43,12 @@ DEFAULT_IMAGE = os.environ.get("AGENTFLY_SANDBOX_IMAGE", "python:3.11-slim")
 # The docker SDK's calls block, and a workspace's command holds its thread for as long as it runs: they get
 # threads of their own, enough for every command of a large pool at once (the event loop's default executor
 # has the cores + 4, and would queue a group's commands behind each other).
-_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=128, thread_name_prefix="agentfly-docker")
+# A client keeps as many connections per pool (the SDK's pools are per URL: all container creations share
+# one), so that a connection coming back never finds its pool full. The SDK's "pool is full" path read the
+# pool after another thread's call had closed it (its cache of 25 pools drops and closes the oldest), and 64
+# workspaces forked at once failed in urllib3: 'NoneType' object has no attribute 'qsize'.
+THREADS = 128
+_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="agentfly-docker")
 
 
 async def blocking(fn: Callable[..., T], *args: Any) -> T:
@@ -155,7 +160,7 @@ class DockerEngine:
         import docker
 
         if self.base_url is None and self.tls_ca_cert is None and self.tls_client_cert is None:
-            return docker.from_env(timeout=int(self.timeout))
+            return docker.from_env(timeout=int(self.timeout), max_pool_size=THREADS)
         tls: Any = False
         if self.tls_ca_cert or self.tls_client_cert:
             cert = (self.tls_client_cert, self.tls_client_key) if self.tls_client_cert else None
@@ -166,7 +171,7 @@ class DockerEngine:
         # from its first request on. So the client is made without asking the engine's API version (its first
         # request), and asks once trust_env is off.
         client = docker.DockerClient(base_url=base_url, tls=tls, timeout=int(self.timeout),
-                                     version=docker.constants.MINIMUM_DOCKER_API_VERSION)
+                                     version=docker.constants.MINIMUM_DOCKER_API_VERSION, max_pool_size=THREADS)
         client.api.trust_env = False
         client.api._version = client.api._retrieve_server_version()
         return client
