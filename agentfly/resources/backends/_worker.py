@@ -52,6 +52,8 @@ from typing import Any
 CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+INIT_NAME = b"sandbox-init"  # the process that waits above a sandbox's interpreter (``become_pid_1``)
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAPBSET_READ, PR_CAPBSET_DROP = 23, 24
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
@@ -383,6 +385,7 @@ def become_pid_1() -> None:
     if child == 0:
         return
     os.closerange(0, os.sysconf("SC_OPEN_MAX"))  # the protocol pipes close when the child's copies do
+    _libc().prctl(PR_SET_NAME, INIT_NAME, 0, 0, 0)  # what ps and the host's process lists show for it
     drop_bounding_set()
     drop_capabilities()
     while True:

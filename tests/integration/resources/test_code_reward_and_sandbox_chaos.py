@@ -51,11 +51,12 @@ async def test_code_tests_borrows_a_clean_sandbox_from_the_jobs_pool_not_the_rol
 
 def our_processes(launchers: bool = False) -> list[psutil.Process]:
     """Live sandbox interpreters this test process started (other fixtures' children are not counted, nor the
-    bubblewrap processes each sandbox runs under: they end with it)."""
+    bubblewrap processes each sandbox runs under, nor the process that waits above its interpreter as root:
+    they end with it)."""
     found = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if (p.status() != psutil.STATUS_ZOMBIE and (launchers or p.name() != "bwrap")
+            if (p.status() != psutil.STATUS_ZOMBIE and (launchers or p.name() not in ("bwrap", "sandbox-init"))
                     and any("_worker.py" in part for part in p.cmdline())):
                 found.append(p)
         except psutil.Error:
