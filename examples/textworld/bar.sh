@@ -4,6 +4,8 @@
 #   bash examples/textworld/bar.sh                      # seed 0, outcome-only credit, 30 minutes
 #   SEEDS="0 1 2" CREDITS="outcome turn step" bash examples/textworld/bar.sh   # the per-turn credit comparison
 #   SKIP_SFT=1 MINUTES=10 bash examples/textworld/bar.sh
+#   TRAIN_ARGS="--set eval.every=0" bash examples/textworld/bar.sh   # more overrides for GRPO (here: no evaluations
+#                                                                     # inside the 30 minutes, only the final one)
 # Results: runs/textworld/bar.jsonl (one line a run: win rate, turns, seconds, time to TARGET held-out win rate).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,6 +14,8 @@ PY=${PY:-.venv/bin/python}
 SEEDS=${SEEDS:-"0"}
 CREDITS=${CREDITS:-"outcome"}
 MINUTES=${MINUTES:-30}
+MORE=()
+if [ -n "${TRAIN_ARGS:-}" ]; then read -r -a MORE <<< "$TRAIN_ARGS"; fi
 GGUF=$("$PY" -c 'from agentfly.models.smollm2 import MISSING, gguf_path; import sys; p = gguf_path(); print(p or sys.exit(MISSING))')
 OUT=runs/textworld
 RESULTS=$OUT/bar.jsonl
@@ -34,7 +38,7 @@ for credit in $CREDITS; do
         run=grpo-$credit-seed$seed
         start=$(date +%s)
         "$AGENTFLY" train examples/textworld/grpo.yaml --set seed="$seed" --set output_dir=$OUT/$run \
-            --set algorithm.credit="$credit" --set max_minutes="$MINUTES"
+            --set algorithm.credit="$credit" --set max_minutes="$MINUTES" "${MORE[@]}"
         final=$("$AGENTFLY" eval $OUT/$run --split test | tail -n 1)
         record "$run" "$final" $(( $(date +%s) - start )) \
             "$("$PY" benchmarks/time_to_accuracy.py $OUT/$run --target "$TARGET" --from-events | tail -n 1)"
