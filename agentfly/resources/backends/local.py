@@ -251,24 +251,25 @@ def sandbox_root() -> Path:
     return root
 
 
-def start_time(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks since boot), so a reused pid is never mistaken for the original."""
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` after the command name (field 3, the state, first); None when ``pid`` is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+            return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return int(fields[19]) if fields[0] not in ("Z", "X") else None
+
+
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot), so a reused pid is never mistaken for the original."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields and fields[0] not in ("Z", "X") else None
 
 
 def cpu_seconds(pid: int) -> float | None:
     """The CPU time ``pid`` has used so far, all its threads together (None when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
+    fields = _stat(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # PIDFD_GET_INFO (Linux 6.15): _IOWR(0xFF, 11, struct pidfd_info), of which the first 64 bytes are asked for;

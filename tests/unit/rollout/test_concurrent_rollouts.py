@@ -121,15 +121,21 @@ async def slow_note(context: Any) -> str:
     return "noted"
 
 
+NOTE = "<tool_call>\n" + json.dumps({"name": "slow_note", "arguments": {}}) + "\n</tool_call>"
+
+
+def notes_pool() -> af.ResourceSpec:
+    """A pool of 2 scratchpads whose queue gives up after 0.3 s, less than one ``slow_note`` holds one."""
+    return af.ResourceSpec(name="notes", factory=af.resources.Scratchpad, kind="other", backend="inprocess",
+                           pool=af.Pool(min=0, max=2), acquire_timeout=0.3)
+
+
 async def test_a_training_batch_larger_than_its_pool_runs_every_rollout_instead_of_timing_the_rest_out(
         tiny_tokenizer: Any) -> None:
     # 4 prompts x 3 rollouts against a pool of 2 whose queue gives up after 0.3 s: the rollout layer admits no
     # more rollouts than the pool holds, so none waits in its queue behind a whole episode.
-    note = "<tool_call>\n" + json.dumps({"name": "slow_note", "arguments": {}}) + "\n</tool_call>"
-    spec = af.ResourceSpec(name="notes", factory=af.resources.Scratchpad, kind="other", backend="inprocess",
-                           pool=af.Pool(min=0, max=2), acquire_timeout=0.3)
-    async with af.ResourceEngine([spec]) as engine:
-        agent = af.Agent(model=af.ReplayEngine(tiny_tokenizer, lambda p: note if "<tool_response>" not in p else "done"),
+    async with af.ResourceEngine([notes_pool()]) as engine:
+        agent = af.Agent(model=af.ReplayEngine(tiny_tokenizer, lambda p: NOTE if "<tool_response>" not in p else "done"),
                          tools=[slow_note], resources=engine, max_turns=3)
         trajectories = await agent.run(samples(4), group_size=3)
         assert [t.failure for t in trajectories] == [None] * 12, {t.failure_reason for t in trajectories}

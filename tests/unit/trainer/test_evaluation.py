@@ -140,25 +140,12 @@ def test_a_split_whose_every_problem_failed_for_the_infrastructure_is_a_row_of_d
 
 def test_an_evaluation_larger_than_its_pool_runs_every_problem_instead_of_timing_the_rest_out(
         tiny_tokenizer: Any) -> None:
-    import asyncio
-    import json
-
     import agentfly as af
+    from tests.unit.rollout.test_concurrent_rollouts import NOTE, notes_pool, slow_note
     from trainer.evaluation import run_eval
 
-    @af.tool(resource="notes")
-    async def slow_note(context: Any) -> str:
-        """Write a note, taking longer than a queued rollout may wait for the pool."""
-        pad = await context.resource("notes")
-        pad.write("k", "v")
-        await asyncio.sleep(0.6)
-        return "noted"
-
-    call = "<tool_call>\n" + json.dumps({"name": "slow_note", "arguments": {}}) + "\n</tool_call>"
-    spec = af.ResourceSpec(name="notes", factory=af.resources.Scratchpad, kind="other", backend="inprocess",
-                           pool=af.Pool(min=0, max=2), acquire_timeout=0.3)
-    engine = af.ResourceEngine([spec])
-    agent = af.Agent(model=af.ReplayEngine(tiny_tokenizer, lambda p: call if "<tool_response>" not in p else "done"),
+    engine = af.ResourceEngine([notes_pool()])
+    agent = af.Agent(model=af.ReplayEngine(tiny_tokenizer, lambda p: NOTE if "<tool_response>" not in p else "done"),
                      tools=[slow_note], resources=engine, max_turns=3)
     try:
         run = run_eval(agent, [{"question": f"q{i}"} for i in range(6)], max_new_tokens=64, batch_size=500)
